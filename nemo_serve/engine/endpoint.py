@@ -1,0 +1,87 @@
+"""Endpoint rules: when a segment is final.
+
+sherpa-onnx's three rules are the defaults (online-recognizer endpoint config): a segment ends when
+  rule 1: >= 2.4 s of trailing blank frames, decoded text or not;
+  rule 2: >= 1.2 s of trailing blank frames after some decoded text;
+  rule 3: the segment reaches 20 s, whatever it holds.
+Silence is measured in encoder frames without an emitted token, so it is the model's idea of
+silence, not an energy detector.
+
+An endpoint only closes a segment (is_final, segment += 1). The encoder caches and the decoder
+state carry on untouched, so the tokens of all segments concatenated equal the tokens with
+endpointing off, and equal NeMo's own loop. Resetting state at an endpoint (sherpa-onnx's
+default) would make the next segment start cold: different tokens, and a context loss exactly
+where a speaker pauses mid-sentence. NeMo 3.0's pipeline keeps state across EOU for the same reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EndpointRule:
+    must_contain_nonsilence: bool
+    min_trailing_silence_s: float
+    min_utterance_length_s: float
+
+    def fires(self, has_text: bool, trailing_silence_s: float, utterance_length_s: float) -> bool:
+        if self.must_contain_nonsilence and not has_text:
+            return False
+        return trailing_silence_s >= self.min_trailing_silence_s and utterance_length_s >= self.min_utterance_length_s
+
+
+@dataclass(frozen=True)
+class EndpointConfig:
+    enabled: bool = True
+    rule1_min_trailing_silence_s: float = 2.4
+    rule2_min_trailing_silence_s: float = 1.2
+    rule3_min_utterance_length_s: float = 20.0
+
+    @property
+    def rules(self) -> tuple[EndpointRule, ...]:
+        return (
+            EndpointRule(False, self.rule1_min_trailing_silence_s, 0.0),
+            EndpointRule(True, self.rule2_min_trailing_silence_s, 0.0),
+            EndpointRule(False, 0.0, self.rule3_min_utterance_length_s),
+        )
+
+    @classmethod
+    def off(cls) -> "EndpointConfig":
+        return cls(enabled=False)
+
+    def validated(self) -> "EndpointConfig":
+        for name in ("rule1_min_trailing_silence_s", "rule2_min_trailing_silence_s", "rule3_min_utterance_length_s"):
+            v = getattr(self, name)
+            if not (0.0 < v <= 3600.0):
+                raise ValueError(f"endpoint {name} must be in (0, 3600] seconds, got {v}")
+        return self
+
+
+class EndpointDetector:
+    """Per-stream segment bookkeeping in encoder frames. Loop thread only."""
+
+    def __init__(self, config: EndpointConfig, frame_s: float) -> None:
+        self.config = config
+        self.frame_s = frame_s
+        self.segment_start_frame = 0
+        self.last_token_frame = -1  # global frame of the last token in this segment, -1 if none
+
+    def on_tokens(self, frames: list[int]) -> None:
+        if frames:
+            self.last_token_frame = frames[-1]
+
+    def is_endpoint(self, decoded_frames: int) -> bool:
+        if not self.config.enabled:
+            return False
+        has_text = self.last_token_frame >= self.segment_start_frame
+        silent_from = self.last_token_frame + 1 if has_text else self.segment_start_frame
+        trailing_s = (decoded_frames - silent_from) * self.frame_s
+        length_s = (decoded_frames - self.segment_start_frame) * self.frame_s
+        if decoded_frames <= self.segment_start_frame:
+            return False
+        return any(r.fires(has_text, trailing_s, length_s) for r in self.config.rules)
+
+    def new_segment(self, decoded_frames: int) -> None:
+        self.segment_start_frame = decoded_frames
+        self.last_token_frame = -1

@@ -1,0 +1,164 @@
+"""Per-stream incremental log-mel features, bit-exact with NeMo's whole-file features.
+
+Frame t of NeMo's (centred) STFT reads samples [t*hop - n_fft/2, t*hop + n_fft/2) and, through
+pre-emphasis, one sample before that. So frames [t0, t1) can be computed from the segment
+[t0*hop - M, (t1-1)*hop + M) with M = hop * ceil((n_fft/2 + 1) / hop) (two hops for 16 kHz,
+n_fft 512): run the same preprocessor on the segment, keep local frames M/hop ... M/hop + n.
+Samples before 0 are zeros, exactly what centre padding gives the whole file; at the end of a
+stream, `length` = the real samples in the segment reproduces NeMo's end-of-file masking,
+including the one extra all-zero frame (NeMo's buffer has floor(L/hop) + 1 frames; the last is
+masked to 0.0 and its loop treats it as data).
+
+Alternatives rejected: per-chunk preprocessing (centre padding inside every chunk, error up
+to 2.9 log-mel) and NeMo 3.0's one-hop look-back bufferer (differs at chunk edges); see notes 3.3.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from bisect import bisect_left
+
+import numpy as np
+import torch
+
+
+class AudioBuffer:
+    """One stream's raw samples. `push` runs on the network side; everything else on the loop thread.
+
+    Pushed packets land in a small locked list; the loop moves them into a contiguous array
+    (`absorb`), so the network side never waits for the model and never copies big arrays.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._inbox: list[tuple[np.ndarray, float]] = []  # (samples, arrival time)
+        self._inbox_samples = 0
+        self._finished = False
+        self.finish_time: float | None = None  # server time of end of input
+        # Loop-thread state: samples [offset, offset + len(view)) are held in _data[:_used].
+        self._data = np.zeros(16000, dtype=np.float32)
+        self._used = 0
+        self.offset = 0  # global index of _data[0]
+        self.num_samples = 0  # samples absorbed so far (global end)
+        self.finished = False  # end of input absorbed
+        # (global sample end, arrival time) per absorbed packet, for latency accounting.
+        self._arrival_ends: list[int] = []
+        self._arrival_times: list[float] = []
+
+    # -- network side -------------------------------------------------------------------------
+    def push(self, samples: np.ndarray) -> None:
+        with self._lock:
+            if self._finished:
+                raise RuntimeError("audio pushed after end of input")
+            self._inbox.append((samples, time.time()))
+            self._inbox_samples += len(samples)
+
+    def finish(self) -> None:
+        with self._lock:
+            if not self._finished:
+                self._finished = True
+                self.finish_time = time.time()
+
+    # -- loop side ----------------------------------------------------------------------------
+    def absorb(self) -> bool:
+        """Move pushed packets into the contiguous buffer; True if anything changed."""
+        with self._lock:
+            packets, self._inbox, self._inbox_samples = self._inbox, [], 0
+            finished = self._finished
+        changed = bool(packets) or (finished and not self.finished)
+        for samples, arrived in packets:
+            n = len(samples)
+            if n == 0:
+                continue
+            if self._used + n > len(self._data):
+                new = np.zeros(max(2 * len(self._data), self._used + n), dtype=np.float32)
+                new[: self._used] = self._data[: self._used]
+                self._data = new
+            self._data[self._used : self._used + n] = samples
+            self._used += n
+            self.num_samples += n
+            self._arrival_ends.append(self.num_samples)
+            self._arrival_times.append(arrived)
+        self.finished = finished
+        return changed
+
+    def segment(self, start: int, end: int) -> np.ndarray:
+        """Samples [start, end) in global indices; zeros outside [0, num_samples)."""
+        out = np.zeros(end - start, dtype=np.float32)
+        lo, hi = max(start, self.offset), min(end, self.num_samples)
+        if hi > lo:
+            out[lo - start : hi - start] = self._data[lo - self.offset : hi - self.offset]
+        return out
+
+    def arrival_time(self, sample_end: int) -> float:
+        """Server time at which sample `sample_end - 1` arrived (the latest one if beyond)."""
+        if not self._arrival_times:
+            return time.time()
+        i = min(bisect_left(self._arrival_ends, sample_end), len(self._arrival_ends) - 1)
+        return self._arrival_times[i]
+
+    def discard_before(self, start: int) -> None:
+        """Forget samples before global index `start` (they will never be read again)."""
+        k = start - self.offset
+        if k <= 0:
+            return
+        k = min(k, self._used)
+        if k * 2 >= len(self._data) or k >= 64000:
+            self._data[: self._used - k] = self._data[k : self._used].copy()
+            self._used -= k
+            self.offset += k
+        i = bisect_left(self._arrival_ends, start)
+        if i > 1:  # keep one entry before `start` so arrival_time stays defined
+            del self._arrival_ends[: i - 1], self._arrival_times[: i - 1]
+
+
+class FeatureExtractor:
+    """Computes feature frames [t0, t0 + n) for many streams with one preprocessor call per shape."""
+
+    def __init__(self, preprocessor: torch.nn.Module, hop: int, n_fft: int, device: torch.device) -> None:
+        self.pre = preprocessor
+        self.hop = hop
+        self.margin = hop * math.ceil((n_fft // 2 + 1) / hop)
+        self.margin_frames = self.margin // hop
+        self.device = device
+
+    @classmethod
+    def for_model(cls, model) -> "FeatureExtractor":
+        fb = model.preprocessor.featurizer
+        return cls(model.preprocessor, fb.hop_length, fb.n_fft, model.device)
+
+    def frames_available(self, audio: AudioBuffer) -> int:
+        """Frames whose every input sample has arrived (all of them once input has finished)."""
+        if audio.finished:
+            return audio.num_samples // self.hop + 1 if audio.num_samples > 0 else 0
+        if audio.num_samples < self.margin:
+            return 0
+        return (audio.num_samples - self.margin) // self.hop + 1
+
+    def first_sample_needed(self, t0: int) -> int:
+        return t0 * self.hop - self.margin
+
+    def last_sample_needed(self, t1: int) -> int:
+        """Exclusive end of the samples that frames before t1 read."""
+        return (t1 - 1) * self.hop + self.margin
+
+    @torch.inference_mode()
+    def compute(self, audios: list[AudioBuffer], t0s: list[int], n: int) -> torch.Tensor:
+        """Frames [t0, t0 + n) for each stream -> [B, F, n] fp32 on the device.
+
+        Streams whose input has ended get their true sample count as `length`, so the
+        frames past the end are NeMo's masked zeros.
+        """
+        seg_len = (n - 1) * self.hop + 2 * self.margin
+        batch = np.zeros((len(audios), seg_len), dtype=np.float32)
+        lengths = np.full(len(audios), seg_len, dtype=np.int64)
+        for i, (a, t0) in enumerate(zip(audios, t0s)):
+            start = self.first_sample_needed(t0)
+            batch[i] = a.segment(start, start + seg_len)
+            if a.finished:
+                lengths[i] = min(seg_len, a.num_samples - start)
+        x = torch.from_numpy(batch).to(self.device)
+        feats, _ = self.pre(input_signal=x, length=torch.from_numpy(lengths).to(self.device))
+        return feats[:, :, self.margin_frames : self.margin_frames + n]

@@ -1,0 +1,91 @@
+"""One batched model step over a group of slots: encoder chunk + prompt + RNN-T greedy decoding.
+
+All rows of one call share the chunk mode (one per server), the drop count (first chunks drop
+0, later chunks drop 2) and the chunk width (only a stream's final chunk may be shorter: its
+cache is discarded afterwards, and the encoder masks its padding). See notes 1.2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .slots import EncoderCache, SlotPool
+
+
+@dataclass
+class StepBatch:
+    rows: torch.Tensor  # [B] slot indices, long, on the device
+    features: torch.Tensor  # [B, F, W] fp32, new frames only (right-padded)
+    num_frames: list[int]  # new frames per row (<= W)
+    is_first: bool  # first chunks: no pre-encode history, drop 0
+    languages: torch.Tensor | None  # [B] prompt index per row (prompt models)
+
+
+@dataclass
+class StepResult:
+    token_ids: list[list[int]]  # new tokens per row
+    token_frames: list[list[int]]  # global encoder frame of each new token
+    decoded_frames: list[int]  # encoder frames decoded per row after this step
+
+
+def apply_prompt(model, encoded: torch.Tensor, languages: torch.Tensor) -> torch.Tensor:
+    """Per-row language prompt: what PromptStreamingMixin._apply_prompt_to_encoded does for one
+    global language, with a one-hot per row so one batch can mix languages."""
+    x = encoded.transpose(1, 2)  # [B, T, D]
+    b, t, _ = x.shape
+    prompt = torch.zeros(b, t, model.num_prompts, dtype=x.dtype, device=x.device)
+    prompt.scatter_(2, languages.view(b, 1, 1).expand(-1, t, -1), 1.0)
+    out = model.nemo.prompt_kernel(torch.cat([x, prompt], dim=-1)).to(x.dtype)
+    return out.transpose(1, 2)  # [B, D, T]
+
+
+@torch.inference_mode()
+def run_step(model, pool: SlotPool, batch: StepBatch) -> StepResult:
+    g = model.geometry
+    rows = batch.rows
+    # 1. input: [history | new frames] for later chunks, new frames alone for first chunks.
+    history = pool.gather_history(rows)  # [B, F, 9]
+    with_history = torch.cat([history, batch.features], dim=-1)
+    pool.scatter_history(rows, with_history[:, :, -g.pre_cache_frames :])  # only used if the chunk was full
+    lengths = torch.tensor(batch.num_frames, dtype=torch.long)
+    if batch.is_first:
+        signal, drop = batch.features, 0
+    else:
+        signal, drop = with_history, g.drop_frames
+        lengths = lengths + g.pre_cache_frames
+    signal = signal.to(model.dtype)
+    lengths = lengths.to(signal.device)
+    # 2. encoder, caches gathered from and written back to the slot rows.
+    cache = pool.gather_encoder(rows)
+    encoded, encoded_len, c_ch, c_t, c_len = model.nemo.encoder.cache_aware_stream_step(
+        processed_signal=signal,
+        processed_signal_length=lengths,
+        cache_last_channel=cache.cache_last_channel,
+        cache_last_time=cache.cache_last_time,
+        cache_last_channel_len=cache.cache_last_channel_len,
+        keep_all_outputs=False,
+        drop_extra_pre_encoded=drop,
+    )
+    pool.scatter_encoder(rows, EncoderCache(c_ch, c_t, c_len))
+    if batch.languages is not None:
+        encoded = apply_prompt(model, encoded, batch.languages)
+    # 3. RNN-T greedy label-looping decoding from the rows' carried state.
+    state = pool.gather_decoder(rows)
+    hyps, new_state = model.decoding_computer(
+        x=encoded.transpose(1, 2), out_len=encoded_len, prev_batched_state=state
+    )
+    pool.scatter_decoder(rows, new_state)
+    # 4. one device->host copy for everything the results need.
+    n = len(batch.num_frames)
+    lens = hyps.current_lengths[:n].cpu().tolist()
+    width = max(lens) if lens else 0
+    ids = hyps.transcript[:n, :width].cpu().tolist()
+    frames = hyps.timestamps[:n, :width].cpu().tolist()
+    decoded = new_state.decoded_lengths[:n].cpu().tolist()
+    return StepResult(
+        token_ids=[r[:k] for r, k in zip(ids, lens)],
+        token_frames=[r[:k] for r, k in zip(frames, lens)],
+        decoded_frames=decoded,
+    )

@@ -1,0 +1,1 @@
+"""Training recipe for the embedded demo model (corpus generation, training, streaming evaluation)."""

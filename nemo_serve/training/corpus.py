@@ -1,0 +1,349 @@
+"""Synthetic English speech corpus for the embedded demo model.
+
+Speech is generated with espeak-ng (8 English voices x ~60 voice variants, varied rate and
+pitch) and, for one held-out set only, with flite (a second synthesizer never used in
+training).  Every waveform is resampled to 16 kHz mono and lightly augmented (gain, white/pink
+noise at 15-45 dB SNR, leading/trailing silence).  Sentences are drawn from templates over a
+fixed vocabulary: digits, numbers up to a thousand, ordinals, days, months, a few hundred common
+English words and voice-assistant commands.
+
+Splits (NeMo-style JSONL manifests, ``audio_filepath`` relative to the manifest directory):
+
+* ``train``             training sentences, training voices/variants (espeak-ng)
+* ``dev``               unseen sentences, training voices (espeak-ng) - used for checkpoint choice
+* ``heldout_sentences`` unseen sentences, training voices (espeak-ng)
+* ``heldout_voices``    unseen sentences, voice variants never used in training (espeak-ng)
+* ``flite``             unseen sentences, flite voices (never used in training)
+
+Usage::
+
+    python -m nemo_serve.training.corpus --out work_data/corpus --n-train 20000
+
+Deterministic for a given ``--seed``.  About 3-4 minutes for 20k training utterances on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+SR = 16000
+
+# --------------------------------------------------------------------------------------------
+# Vocabulary and sentence generator
+# --------------------------------------------------------------------------------------------
+
+ONES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+TEENS = ["ten", "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen",
+         "eighteen", "nineteen"]
+TENS = ["", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
+ORDINALS = ["first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth",
+            "tenth", "eleventh", "twelfth", "thirteenth", "fourteenth", "fifteenth", "sixteenth",
+            "seventeenth", "eighteenth", "nineteenth", "twentieth", "twenty first", "twenty second",
+            "twenty third", "twenty fourth", "twenty fifth", "twenty sixth", "twenty seventh",
+            "twenty eighth", "twenty ninth", "thirtieth", "thirty first"]
+DAYS = ["monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday"]
+MONTHS = ["january", "february", "march", "april", "may", "june", "july", "august", "september",
+          "october", "november", "december"]
+
+COMMON = """the of and to a in is it you that he was for on are with as i his they be at one have
+this from or had by word but what some we can out other were all there when up use your how said
+an each she which do their time if will way about many then them write would like so these her
+long make thing see him two has look more day could go come did number sound no most people my
+over know water than call first who may down side been now find any new work part take get place
+made live where after back little only round man year came show every good me give our under name
+very through just form sentence great think say help low line differ turn cause much mean before
+move right boy old too same tell does set three want air well also play small end put home read
+hand port large spell add even land here must big high such follow act why ask men change went
+light kind off need house picture try us again animal point mother world near build self earth
+father head stand own page should country found answer school grow study still learn plant cover
+food sun four between state keep eye never last let thought city tree cross farm hard start might
+story saw far sea draw left late run while press close night real life few north open seem together
+next white children begin got walk example ease paper group always music those both mark often
+letter until mile river car feet care second book carry took science eat room friend began idea
+fish mountain stop once base hear horse cut sure watch color face wood main enough plain girl
+usual young ready above ever red list though feel talk bird soon body dog family direct pose leave
+song measure door product black short numeral class wind question happen complete ship area half
+rock order fire south problem piece told knew pass since top whole king space heard best hour
+better true during hundred five remember step early hold west ground interest reach fast verb sing
+listen six table travel less morning ten simple several vowel toward war lay against pattern slow
+center love person money serve appear road map rain rule govern pull cold notice voice unit power
+town fine certain fly fall lead cry dark machine note wait plan figure star box noun field rest
+correct able pound done beauty drive stood contain front teach week final gave green oh quick
+develop ocean warm free minute strong special mind behind clear tail produce fact street inch
+multiply nothing course stay wheel full force blue object decide surface deep moon island foot
+system busy test record boat common gold possible plane stead dry wonder laugh thousand ago ran
+check game shape equate hot miss brought heat snow tire bring yes distant fill east paint language
+among""".split()
+
+COMMAND_WORDS = """please turn on off set timer alarm remind me what is weather today tomorrow tonight
+play pause stop resume next previous song music volume up down louder quieter lights kitchen
+bedroom living room bathroom garage temperature degrees call send message text open close lock
+unlock door window thermostat heat cool fan minutes seconds hours wake at am pm noon midnight
+morning evening afternoon add shopping list calendar meeting schedule cancel show news read
+navigate home work directions traffic how long will it take hey assistant thanks thank you yes
+no okay cancel repeat skip shuffle radio station podcast battery brightness screen camera photo
+start stop timer weekend week month year percent half quarter past to""".split()
+
+ROOMS = ["kitchen", "bedroom", "living room", "bathroom", "garage", "office", "hallway", "garden"]
+DEVICES = ["lights", "fan", "heater", "radio", "television", "music", "camera", "alarm", "lamp"]
+TASKS = ["call mother", "buy milk", "water the plants", "check the mail", "feed the dog",
+         "read the news", "pay the bill", "clean the house", "walk the dog", "go to school",
+         "take the medicine", "send the letter", "start the car", "close the window", "open the door",
+         "write the story", "study for the test", "call my friend", "book a table", "plan the trip"]
+UNITS = ["minutes", "seconds", "hours", "days", "weeks", "degrees", "percent", "miles", "pounds",
+         "dollars", "people", "books", "songs", "steps"]
+
+
+def number_words(n: int) -> str:
+    """0..1000 in words, American style without 'and' (e.g. 'three hundred twenty one')."""
+    if n < 10:
+        return ONES[n]
+    if n < 20:
+        return TEENS[n - 10]
+    if n < 100:
+        t, o = divmod(n, 10)
+        return TENS[t] + ("" if o == 0 else " " + ONES[o])
+    if n < 1000:
+        h, r = divmod(n, 100)
+        return ONES[h] + " hundred" + ("" if r == 0 else " " + number_words(r))
+    if n == 1000:
+        return "one thousand"
+    raise ValueError(n)
+
+
+def rand_number(rng: random.Random) -> str:
+    r = rng.random()
+    if r < 0.35:
+        return number_words(rng.randint(0, 20))
+    if r < 0.7:
+        return number_words(rng.randint(21, 99))
+    return number_words(rng.randint(100, 1000))
+
+
+def rand_time(rng: random.Random) -> str:
+    h = number_words(rng.randint(1, 12))
+    m = rng.choice(["", " fifteen", " thirty", " forty five", " " + number_words(rng.randint(10, 59))])
+    ap = rng.choice(["", " am", " pm", " in the morning", " in the evening"])
+    return h + m + ap
+
+
+def rand_date(rng: random.Random) -> str:
+    d, m = rng.choice(ORDINALS), rng.choice(MONTHS)
+    return rng.choice([f"{m} {d}", f"the {d} of {m}", f"{rng.choice(DAYS)} {m} {d}"])
+
+
+def rand_words(rng: random.Random, pool: list[str], lo: int, hi: int) -> str:
+    return " ".join(rng.choice(pool) for _ in range(rng.randint(lo, hi)))
+
+
+TEMPLATES = [
+    lambda r: f"set a timer for {rand_number(r)} {r.choice(['minutes', 'seconds', 'hours'])}",
+    lambda r: f"set an alarm for {rand_time(r)}",
+    lambda r: f"wake me up at {rand_time(r)} on {r.choice(DAYS)}",
+    lambda r: f"turn {r.choice(['on', 'off'])} the {r.choice(ROOMS)} {r.choice(DEVICES)}",
+    lambda r: f"please turn {r.choice(['up', 'down'])} the volume",
+    lambda r: f"set the volume to {rand_number(r)} percent",
+    lambda r: f"set the temperature to {rand_number(r)} degrees",
+    lambda r: f"what is the weather {r.choice(['today', 'tomorrow', 'tonight', 'on ' + r.choice(DAYS)])}",
+    lambda r: f"remind me to {r.choice(TASKS)} on {r.choice(DAYS)}",
+    lambda r: f"remind me to {r.choice(TASKS)} at {rand_time(r)}",
+    lambda r: f"add {rand_number(r)} {r.choice(['apples', 'eggs', 'books', 'boxes'])} to the shopping list",
+    lambda r: f"schedule a meeting on {rand_date(r)}",
+    lambda r: f"my birthday is on {rand_date(r)}",
+    lambda r: f"today is {r.choice(DAYS)} {rand_date(r)}",
+    lambda r: f"the next meeting is on {r.choice(DAYS)} at {rand_time(r)}",
+    lambda r: f"{r.choice(['play', 'pause', 'stop', 'skip', 'shuffle', 'repeat'])} the {r.choice(['music', 'song', 'radio', 'podcast'])}",
+    lambda r: f"{r.choice(['open', 'close', 'lock', 'unlock'])} the {r.choice(['door', 'window', 'garage', 'front door'])}",
+    lambda r: f"call {r.choice(['mother', 'father', 'my friend', 'the school', 'home', 'work'])}",
+    lambda r: f"how long will it take to drive {r.choice(['home', 'to work', 'to school', 'to the city'])}",
+    lambda r: f"the number is {' '.join(r.choice(ONES) for _ in range(r.randint(3, 8)))}",
+    lambda r: " ".join(r.choice(ONES) for _ in range(r.randint(2, 9))),
+    lambda r: f"{rand_number(r)} {r.choice(UNITS)}",
+    lambda r: f"{rand_number(r)} {r.choice(['plus', 'minus', 'times'])} {rand_number(r)}",
+    lambda r: f"in {r.choice(MONTHS)} there are {rand_number(r)} {r.choice(UNITS)}",
+    lambda r: f"{r.choice(DAYS)} {r.choice(['morning', 'afternoon', 'evening', 'night'])}",
+    lambda r: f"{r.choice(MONTHS)} {r.choice(ORDINALS)}",
+    lambda r: rand_words(r, COMMON, 3, 9),
+    lambda r: rand_words(r, COMMON, 3, 9),
+    lambda r: rand_words(r, COMMON, 3, 9),
+    lambda r: rand_words(r, COMMON + COMMAND_WORDS, 3, 8),
+    lambda r: f"{rand_words(r, COMMAND_WORDS, 1, 3)} {rand_words(r, COMMON, 2, 5)}",
+    lambda r: f"hey assistant {rand_words(r, COMMAND_WORDS, 2, 5)}",
+]
+
+
+def make_sentence(rng: random.Random) -> str:
+    s = rng.choice(TEMPLATES)(rng)
+    return " ".join(s.lower().split())
+
+
+def vocabulary() -> set[str]:
+    words = set(ONES + TEENS + TENS[2:] + DAYS + MONTHS + COMMON + COMMAND_WORDS + ROOMS + DEVICES + UNITS)
+    for o in ORDINALS:
+        words.update(o.split())
+    for t in TASKS:
+        words.update(t.split())
+    words.update("hundred thousand plus minus times apples eggs books boxes front".split())
+    return {w for w in words if w}
+
+
+# --------------------------------------------------------------------------------------------
+# Voices
+# --------------------------------------------------------------------------------------------
+
+ESPEAK_VOICES = ["en-us", "en", "en-gb-scotland", "en-gb-x-gbclan", "en-gb-x-rp", "en-gb-x-gbcwmd",
+                 "en-029", "en-us-nyc"]
+# Variants that sound like speech (whisper / novelty variants excluded).
+TRAIN_VARIANTS = ["", "m1", "m2", "m3", "m4", "m5", "m6", "m7", "f1", "f2", "f3", "f4", "adam", "Alex",
+                  "Alicia", "Andrea", "antonio", "belinda", "benjamin", "boris", "caleb", "david",
+                  "Denis", "Diogo", "ed", "edward", "Gene", "gustave", "Henrique", "Hugo", "iven",
+                  "iven2", "Jacky", "john", "Lee", "marcelo", "Marco", "Mario", "max", "Michael",
+                  "michel", "miguel", "pablo", "paul", "pedro", "quincy", "rob", "robert", "steph",
+                  "steph2", "zac", "anika", "grandpa", "grandma", "klatt", "klatt2", "klatt4", "croak",
+                  "norbert", "aunty", "sandro", "shelby", "travis", "victor", "announcer"]
+# Never used in training (the unseen-voice-variant held-out set).
+HELDOUT_VARIANTS = ["Annie", "linda", "Mike", "Andy", "edward2", "Gene2", "iven3", "steph3", "f5",
+                    "klatt3", "klatt5", "m8"]
+FLITE_VOICES = ["slt", "rms", "awb", "kal16", "kal"]
+
+
+def espeak_wave(text: str, voice: str, rate: int, pitch: int) -> tuple[np.ndarray, int]:
+    cmd = ["espeak-ng", "-v", voice, "-s", str(rate), "-p", str(pitch), "--stdout", text]
+    out = subprocess.run(cmd, check=True, capture_output=True).stdout
+    return _parse_wav_bytes(out)
+
+
+def flite_wave(text: str, voice: str, tmp: str) -> tuple[np.ndarray, int]:
+    subprocess.run(["flite", "-voice", voice, "-t", text, "-o", tmp], check=True, capture_output=True)
+    import soundfile as sf
+    x, sr = sf.read(tmp, dtype="float32")
+    return x, sr
+
+
+def _parse_wav_bytes(b: bytes) -> tuple[np.ndarray, int]:
+    # espeak-ng --stdout writes a streaming RIFF header with bogus sizes; find 'data' chunk.
+    sr = int.from_bytes(b[24:28], "little")
+    i = b.find(b"data", 12)
+    pcm = np.frombuffer(b[i + 8:len(b) - ((len(b) - i - 8) % 2)], dtype="<i2")
+    return pcm.astype(np.float32) / 32768.0, sr
+
+
+def augment(x: np.ndarray, rng: np.random.Generator, clean: bool = False) -> np.ndarray:
+    x = x.astype(np.float32)
+    peak = float(np.abs(x).max()) + 1e-6
+    x = x / peak * (10 ** (rng.uniform(-18, -1) / 20))  # peak between -18 and -1 dBFS
+    lead = int(SR * rng.uniform(0.05, 0.5))
+    tail = int(SR * rng.uniform(0.1, 0.5))
+    x = np.concatenate([np.zeros(lead, np.float32), x, np.zeros(tail, np.float32)])
+    if not clean and rng.random() < 0.8:
+        snr = rng.uniform(15, 45)
+        sig_pow = float(np.mean(x[lead:len(x) - tail] ** 2)) + 1e-10
+        n = rng.standard_normal(len(x)).astype(np.float32)
+        if rng.random() < 0.5:  # pink-ish: one-pole low-pass
+            from scipy.signal import lfilter
+            n = lfilter([1.0], [1.0, -0.95], n).astype(np.float32)
+        n *= np.sqrt(sig_pow / (np.mean(n ** 2) + 1e-10) / (10 ** (snr / 10)))
+        x = x + n
+    else:
+        x = x + rng.standard_normal(len(x)).astype(np.float32) * 1e-5  # avoid exact digital silence
+    return np.clip(x, -1.0, 1.0)
+
+
+def _job(args):
+    idx, text, engine, voice, rate, pitch, seed, out_wav, clean = args
+    import soundfile as sf
+    import soxr
+    if engine == "espeak":
+        x, sr = espeak_wave(text, voice, rate, pitch)
+    else:
+        x, sr = flite_wave(text, voice, out_wav + ".tmp.wav")
+        os.remove(out_wav + ".tmp.wav")
+    if sr != SR:
+        x = soxr.resample(x, sr, SR)
+    rng = np.random.default_rng(seed)
+    # trim synthesizer's own leading/trailing silence before adding ours
+    nz = np.nonzero(np.abs(x) > 1e-3)[0]
+    if len(nz):
+        x = x[max(0, nz[0] - 160): nz[-1] + 160]
+    x = augment(x, rng, clean=clean)
+    sf.write(out_wav, x, SR, subtype="PCM_16")
+    return idx, len(x) / SR
+
+
+def build_split(name: str, sentences: list[str], engine: str, voices: list[str], variants: list[str],
+                out: Path, seed: int, workers: int, clean: bool = False) -> None:
+    rng = random.Random(seed)
+    wav_dir = out / name
+    wav_dir.mkdir(parents=True, exist_ok=True)
+    jobs, meta = [], []
+    for i, text in enumerate(sentences):
+        if engine == "espeak":
+            v = rng.choice(voices)
+            var = rng.choice(variants)
+            voice = v + ("+" + var if var else "")
+            rate, pitch = rng.randint(120, 230), rng.randint(20, 80)
+        else:
+            voice, rate, pitch = rng.choice(voices), 0, 0
+        rel = f"{name}/{i:06d}.wav"
+        jobs.append((i, text, engine, voice, rate, pitch, seed * 1000003 + i, str(out / rel), clean))
+        meta.append({"audio_filepath": rel, "text": text, "voice": voice, "rate": rate, "pitch": pitch})
+    with ProcessPoolExecutor(workers) as ex:
+        for idx, dur in ex.map(_job, jobs, chunksize=32):
+            meta[idx]["duration"] = round(dur, 3)
+    with open(out / f"{name}.jsonl", "w") as f:
+        for m in meta:
+            f.write(json.dumps(m) + "\n")
+    hours = sum(m["duration"] for m in meta) / 3600
+    print(f"{name}: {len(meta)} utterances, {hours:.2f} h", flush=True)
+
+
+def unique_sentences(rng: random.Random, n: int, exclude: set[str], max_words: int = 14) -> list[str]:
+    out, seen = [], set(exclude)
+    while len(out) < n:
+        s = make_sentence(rng)
+        if s in seen or len(s.split()) > max_words:
+            continue
+        seen.add(s)
+        out.append(s)
+    return out
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True)
+    p.add_argument("--n-train", type=int, default=20000)
+    p.add_argument("--n-eval", type=int, default=300, help="utterances per held-out set")
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 2)
+    a = p.parse_args(argv)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(a.seed)
+    # Evaluation sentences first; training sentences exclude all of them.
+    dev = unique_sentences(rng, a.n_eval, set())
+    hs = unique_sentences(rng, a.n_eval, set(dev))
+    hv = unique_sentences(rng, a.n_eval, set(dev) | set(hs))
+    fl = unique_sentences(rng, a.n_eval, set(dev) | set(hs) | set(hv))
+    held = set(dev) | set(hs) | set(hv) | set(fl)
+    train = [make_sentence(rng) for _ in range(a.n_train * 2)]
+    train = [s for s in train if s not in held and len(s.split()) <= 14][: a.n_train]
+    with open(out / "train_text.txt", "w") as f:
+        f.write("\n".join(train) + "\n")
+    build_split("dev", dev, "espeak", ESPEAK_VOICES, TRAIN_VARIANTS, out, a.seed + 1, a.workers)
+    build_split("heldout_sentences", hs, "espeak", ESPEAK_VOICES, TRAIN_VARIANTS, out, a.seed + 2, a.workers)
+    build_split("heldout_voices", hv, "espeak", ESPEAK_VOICES, HELDOUT_VARIANTS, out, a.seed + 3, a.workers)
+    build_split("flite", fl, "flite", FLITE_VOICES, [], out, a.seed + 4, a.workers)
+    build_split("train", train, "espeak", ESPEAK_VOICES, TRAIN_VARIANTS, out, a.seed + 5, a.workers)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,230 @@
+"""`nemo-serve --selftest N`: the engine's tokens against NeMo's own cache-aware loop.
+
+Each utterance is transcribed twice:
+  oracle: NeMo's loop (nemo_serve.oracle), one utterance at a time, whole-file features;
+  engine: the serving engine, streams starting at staggered times, audio pushed in random
+          packet sizes (1 sample to 1.5 s), several streams sharing every batch.
+The run passes only if every utterance's token ids are identical.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .engine.endpoint import EndpointConfig
+from .engine.loop import Engine
+from .model import ServedModel, load_model
+from .oracle import oracle_transcribe
+
+BUNDLED_MANIFEST = Path(__file__).parent / "assets" / "demo" / "utterances" / "manifest.jsonl"
+
+
+@dataclass
+class Utterance:
+    name: str
+    audio: np.ndarray  # float32 at the model's sample rate
+    language: str | None = None
+    text: str | None = None  # reference transcript, if known
+
+
+@dataclass
+class Outcome:
+    utt: Utterance
+    oracle_ids: list[int]
+    oracle_text: str
+    engine_ids: list[int] = field(default_factory=list)
+    engine_text: str = ""
+
+    @property
+    def identical(self) -> bool:
+        return self.engine_ids == self.oracle_ids
+
+
+# ----------------------------------------------------------------------------- inputs
+
+
+def read_wav(path: Path, sample_rate: int) -> np.ndarray:
+    import soundfile as sf
+    import soxr
+
+    audio, sr = sf.read(str(path), dtype="float32", always_2d=True)
+    audio = audio.mean(axis=1)
+    if sr != sample_rate:
+        audio = soxr.resample(audio, sr, sample_rate).astype(np.float32)
+    return np.ascontiguousarray(audio, dtype=np.float32)
+
+
+def load_utterances(source: str | Path, sample_rate: int) -> list[Utterance]:
+    """A directory of WAV files or a JSONL manifest (audio_filepath, text, language)."""
+    source = Path(source)
+    if source.is_dir():
+        wavs = sorted(source.glob("*.wav"))
+        if not wavs:
+            raise FileNotFoundError(f"no .wav files in {source}")
+        return [Utterance(p.name, read_wav(p, sample_rate)) for p in wavs]
+    utts = []
+    for line in source.read_text().splitlines():
+        if not line.strip():
+            continue
+        entry = json.loads(line)
+        path = Path(entry["audio_filepath"])
+        if not path.is_absolute():
+            path = source.parent / path
+        utts.append(Utterance(path.name, read_wav(path, sample_rate), entry.get("language") or entry.get("lang"), entry.get("text")))
+    return utts
+
+
+def synthetic_utterances(n: int, sample_rate: int, seed: int) -> list[Utterance]:
+    """Chirps, tones and noise bursts: used only when no demo utterances are bundled."""
+    rng = np.random.default_rng(seed)
+    utts = []
+    for i in range(n):
+        length = int(rng.uniform(1.0, 6.0) * sample_rate)
+        t = np.arange(length) / sample_rate
+        f0 = rng.uniform(100, 400)
+        voiced = (np.sin(2 * np.pi * rng.uniform(1, 4) * t) > -0.2).astype(np.float32)
+        x = 0.3 * np.sin(2 * np.pi * f0 * t * (1 + rng.uniform(0.1, 1.0) * t)) * voiced
+        x += 0.03 * rng.standard_normal(length)
+        utts.append(Utterance(f"synthetic-{i:03d}", x.astype(np.float32)))
+    return utts
+
+
+def pick_utterances(model: ServedModel, n: int, audio: str | None, seed: int) -> list[Utterance]:
+    sr = model.geometry.sample_rate
+    if audio is not None:
+        pool = load_utterances(audio, sr)
+    elif BUNDLED_MANIFEST.exists():
+        pool = load_utterances(BUNDLED_MANIFEST, sr)
+    else:
+        pool = synthetic_utterances(n, sr, seed)
+    utts = [pool[i % len(pool)] for i in range(n)]
+    if model.prompt_dictionary is not None and audio is None:
+        # Bundled audio carries no language: give neighbours different ones so batches mix prompts.
+        codes = sorted(model.prompt_dictionary)[:4]
+        utts = [Utterance(u.name, u.audio, codes[i % len(codes)], u.text) for i, u in enumerate(utts)]
+    return utts
+
+
+# ----------------------------------------------------------------------------- engine run
+
+
+def run_engine(model: ServedModel, utts: list[Utterance], num_slots: int, max_batch: int | None, seed: int):
+    """Feed all utterances through one engine like many clients would; return token ids per utterance."""
+    rng = random.Random(seed)
+    results: list[list] = [[] for _ in utts]
+    done = [threading.Event() for _ in utts]
+    batch_sizes: list[int] = []
+    engine = Engine(
+        model,
+        num_slots=num_slots,
+        max_batch=max_batch,
+        endpoint=EndpointConfig(),  # endpointing on: segments must not change tokens
+        on_step=lambda b, _s: batch_sizes.append(b),
+    ).start()
+
+    def on_result(i: int, r) -> None:
+        results[i].append(r)
+        if r.done:
+            done[i].set()
+
+    try:
+        waiting = list(range(len(utts)))
+        # Staggered starts: each utterance becomes due 0-60 ms after the previous one (and needs a free slot).
+        due = np.cumsum([rng.uniform(0.0, 0.06) for _ in utts])
+        active: dict[int, tuple] = {}  # utterance -> (stream, samples pushed)
+        t_begin = time.monotonic()
+        while waiting or active:
+            now = time.monotonic() - t_begin
+            while waiting and engine.num_free_slots > 0 and now >= due[waiting[0]]:
+                i = waiting.pop(0)
+                stream = engine.open_stream(lambda r, i=i: on_result(i, r), language=utts[i].language)
+                active[i] = (stream, 0)
+            for i, (stream, pos) in list(active.items()):
+                x = utts[i].audio
+                n = rng.choice([1, 7, 160, 333, 1280, 4000, 8000, 24000])
+                engine.push(stream, x[pos : pos + n])
+                pos += n
+                if pos >= len(x):
+                    engine.finish(stream)
+                    del active[i]
+                else:
+                    active[i] = (stream, pos)
+            time.sleep(0.001)
+            if engine.error is not None:
+                raise RuntimeError("engine loop crashed") from engine.error
+        for i, ev in enumerate(done):
+            if not ev.wait(timeout=600):
+                raise TimeoutError(f"utterance {utts[i].name} got no final result")
+    finally:
+        engine.stop()
+    ids = [[t for r in rs for t in r.new_token_ids] for rs in results]
+    texts = [" ".join(r.text for r in rs if r.is_final and r.text) for rs in results]
+    return ids, texts, batch_sizes
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def run_selftest(
+    n: int = 20,
+    model: str | None = None,
+    context_right: int | None = None,
+    dtype: str = "fp32",
+    device: str = "cpu",
+    audio: str | None = None,
+    json_path: str | None = None,
+    num_slots: int | None = None,
+    max_batch: int | None = None,
+    seed: int = 0,
+    out=sys.stdout,
+) -> int:
+    """Run the parity check; returns the process exit code (0 only if all N are token-identical)."""
+    served = load_model(model, context_right=context_right, dtype=dtype, device=device)
+    slots = num_slots or max(2, min(n, 8))
+    print(served.summary(slots), file=out, flush=True)
+    utts = pick_utterances(served, n, audio, seed)
+    outcomes = []
+    for u in utts:
+        o = oracle_transcribe(served, u.audio, u.language)
+        outcomes.append(Outcome(u, o.token_ids, o.text))
+    ids, texts, batch_sizes = run_engine(served, utts, slots, max_batch, seed)
+    for o, i, t in zip(outcomes, ids, texts):
+        o.engine_ids, o.engine_text = i, t
+    k = 0
+    for idx, o in enumerate(outcomes):
+        k += o.identical
+        mark = "ok  " if o.identical else "DIFF"
+        lang = f" lang={o.utt.language}" if o.utt.language else ""
+        line = f"[{mark}] {idx:3d} {o.utt.name:<18} {len(o.utt.audio) / served.geometry.sample_rate:5.2f}s{lang} {len(o.oracle_ids):4d} tokens  {o.oracle_text[:60]!r}"
+        if not o.identical:
+            first = next((j for j, (a, b) in enumerate(zip(o.engine_ids, o.oracle_ids)) if a != b), min(len(o.engine_ids), len(o.oracle_ids)))
+            line += f"\n       engine {len(o.engine_ids)} tokens, first difference at token {first}: {o.engine_text[:60]!r}"
+        print(line, file=out)
+    if batch_sizes:
+        multi = sum(b > 1 for b in batch_sizes)
+        print(f"engine: {len(batch_sizes)} batched steps, max batch {max(batch_sizes)}, {multi} steps with >1 stream, {slots} slots", file=out)
+    g = served.geometry
+    print(f"{k}/{n} token-identical ({served.name}, context-right {g.context_right} = {g.chunk_ms:.0f} ms, {dtype}, {device})", file=out, flush=True)
+    if json_path:
+        Path(json_path).write_text(json.dumps([
+            {
+                "name": o.utt.name,
+                "language": o.utt.language,
+                "reference": o.utt.text,
+                "identical": o.identical,
+                "engine_token_ids": o.engine_ids,
+                "engine_text": o.engine_text,
+                "oracle_token_ids": o.oracle_ids,
+                "oracle_text": o.oracle_text,
+            }
+            for o in outcomes
+        ], indent=1))
+    return 0 if k == n else 1

@@ -1,0 +1,12 @@
+import os
+
+# One intra-op thread per test process: CI has 2 cores, and the tests compare tokens, not speed.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: builds the large architectures; deselect with -m 'not slow'")

@@ -1,0 +1,94 @@
+"""Factories shared by the engine tests: models, audio, a deterministic single-thread driver."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from nemo_serve.engine.endpoint import EndpointConfig
+from nemo_serve.engine.loop import Engine
+from nemo_serve.model import load_model
+from nemo_serve.selftest import BUNDLED_MANIFEST, load_utterances, synthetic_utterances
+
+
+@functools.lru_cache(maxsize=8)
+def model(spec: str | None = None, context_right: int | None = None, dtype: str = "fp32"):
+    return load_model(spec, context_right=context_right, dtype=dtype)
+
+
+def utterances(n: int, sample_rate: int = 16000, seed: int = 0) -> list[np.ndarray]:
+    """Bundled demo utterances when shipped, else deterministic synthetic ones."""
+    if BUNDLED_MANIFEST.exists():
+        pool = [u.audio for u in load_utterances(BUNDLED_MANIFEST, sample_rate)]
+        return [pool[(seed + i) % len(pool)] for i in range(n)]
+    return [u.audio for u in synthetic_utterances(n, sample_rate, seed)]
+
+
+@dataclass
+class Driven:
+    results: list[list] = field(default_factory=list)
+
+    def tokens(self, i: int) -> list[int]:
+        return [t for r in self.results[i] for t in r.new_token_ids]
+
+    def finals(self, i: int) -> list:
+        return [r for r in self.results[i] if r.is_final]
+
+
+def drive(
+    engine: Engine,
+    audios: list[np.ndarray],
+    *,
+    packet: int | list[int] = 1600,
+    start_tick: list[int] | None = None,
+    languages: list[str | None] | None = None,
+    abort: dict[int, int] | None = None,
+    max_ticks: int = 100000,
+) -> Driven:
+    """Step-synchronous clients: stream i opens at tick start_tick[i] and pushes one packet per tick;
+    the engine iterates once per tick on this thread. `abort` maps stream -> tick of abort."""
+    n = len(audios)
+    start_tick = start_tick or [0] * n
+    languages = languages or [None] * n
+    abort = abort or {}
+    out = Driven([[] for _ in range(n)])
+    sizes = packet if isinstance(packet, list) else [packet]
+    streams, pos = {}, [0] * n
+    finished = set()
+    for tick in range(max_ticks):
+        for i in range(n):
+            if tick == start_tick[i]:
+                streams[i] = engine.open_stream(out.results[i].append, language=languages[i])
+            if i in streams and i not in finished:
+                if abort.get(i) == tick:
+                    engine.abort(streams[i], "test abort")
+                    finished.add(i)
+                    continue
+                k = sizes[(tick + i) % len(sizes)]
+                engine.push(streams[i], audios[i][pos[i] : pos[i] + k])
+                pos[i] += k
+                if pos[i] >= len(audios[i]):
+                    engine.finish(streams[i])
+                    finished.add(i)
+        engine.iterate()
+        if len(finished) == n and all(
+            (i in abort) or (out.results[i] and out.results[i][-1].done) for i in range(n)
+        ):
+            engine.iterate()  # release
+            return out
+    raise AssertionError("streams did not finish")
+
+
+def assert_engine_empty(engine: Engine) -> None:
+    """No slot or stream left behind."""
+    engine.iterate()
+    assert engine.num_open_streams == 0
+    assert engine.pool.num_free == engine.pool.num_slots
+    assert not engine.pool.stream_to_slot
+    assert not engine._streams
+
+
+def new_engine(m, num_slots: int = 8, endpoint: EndpointConfig | None = None, **kw) -> Engine:
+    return Engine(m, num_slots=num_slots, endpoint=endpoint or EndpointConfig.off(), **kw)

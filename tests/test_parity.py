@@ -1,0 +1,104 @@
+"""The engine's tokens equal NeMo's own cache-aware loop, however streams arrive and batch."""
+
+import io
+
+import numpy as np
+import pytest
+
+from nemo_serve.model import UnsupportedModeError, load_model
+from nemo_serve.oracle import oracle_transcribe
+from nemo_serve.selftest import run_selftest
+
+from . import helpers
+
+DEFAULT_MODES = helpers.model(None, None).trained_context_right
+
+
+@pytest.mark.parametrize("context_right", DEFAULT_MODES)
+def test_selftest_every_trained_mode_fp32(context_right):
+    out = io.StringIO()
+    code = run_selftest(6, context_right=context_right, num_slots=4, seed=context_right, out=out)
+    assert code == 0, out.getvalue()
+    assert "6/6 token-identical" in out.getvalue()
+
+
+def test_selftest_bf16():
+    # NeMo's loop runs a bf16 model on CPU too; both sides at the same precision.
+    out = io.StringIO()
+    code = run_selftest(4, context_right=DEFAULT_MODES[-1], dtype="bf16", num_slots=4, out=out)
+    assert code == 0, out.getvalue()
+
+
+def test_staggered_fill_levels_and_ragged_packets_match_oracle():
+    m = helpers.model(None, DEFAULT_MODES[0])
+    audios = helpers.utterances(4, seed=1)
+    driven = helpers.drive(helpers.new_engine(m, 4), audios, packet=[1, 4000, 333, 16000], start_tick=[0, 1, 3, 7])
+    for i, a in enumerate(audios):
+        assert driven.tokens(i) == oracle_transcribe(m, a).token_ids
+
+
+def test_abort_mid_stream_leaves_neighbours_unchanged():
+    m = helpers.model(None, DEFAULT_MODES[-1])
+    audios = helpers.utterances(3, seed=2)
+    eng = helpers.new_engine(m, 3)
+    driven = helpers.drive(eng, audios, packet=1600, abort={1: 6})
+    for i in (0, 2):
+        assert driven.tokens(i) == oracle_transcribe(m, audios[i]).token_ids
+    assert not any(r.done for r in driven.results[1])
+    helpers.assert_engine_empty(eng)
+
+
+def test_untrained_mode_is_refused_with_the_valid_list():
+    spec = None
+    valid = helpers.model(spec, None).trained_context_right
+    bad = next(r for r in range(1, 30) if r not in valid)
+    with pytest.raises(UnsupportedModeError) as e:
+        load_model(spec, context_right=bad)
+    assert all(str(v) in str(e.value) for v in valid)
+
+
+def test_prompt_model_mixed_language_batch_matches_each_language_alone():
+    m = helpers.model("builtin:tiny-prompt", 3)
+    codes = sorted(m.prompt_dictionary)[:3]
+    audio = helpers.utterances(1, seed=5)[0]
+    audios = [audio] * len(codes)  # same audio, different languages, one batch
+    eng = helpers.new_engine(m, 4)
+    driven = helpers.drive(eng, audios, packet=3200, languages=codes)
+    refs = [oracle_transcribe(m, audio, language=c).token_ids for c in codes]
+    for i in range(len(codes)):
+        assert driven.tokens(i) == refs[i]
+    assert len({tuple(r) for r in refs}) > 1, "languages should change the tokens of this model"
+    assert eng.stats.stream_steps > eng.stats.steps  # they really shared batches
+
+
+def test_prompt_model_refuses_unknown_language():
+    m = helpers.model("builtin:tiny-prompt", 3)
+    eng = helpers.new_engine(m, 2)
+    with pytest.raises(ValueError) as e:
+        eng.open_stream(lambda r: None, language="xx-XX")
+    assert "en-US" in str(e.value)
+    assert eng.num_free_slots == 2
+
+
+def test_no_free_slot_raises_and_leaks_nothing():
+    from nemo_serve.engine.slots import NoFreeSlotError
+
+    m = helpers.model(None, DEFAULT_MODES[0])
+    eng = helpers.new_engine(m, 1)
+    s = eng.open_stream(lambda r: None)
+    with pytest.raises(NoFreeSlotError):
+        eng.open_stream(lambda r: None)
+    eng.abort(s)
+    helpers.assert_engine_empty(eng)
+    assert eng.num_free_slots == 1
+
+
+def test_empty_stream_gets_a_final():
+    m = helpers.model(None, DEFAULT_MODES[0])
+    eng = helpers.new_engine(m, 1)
+    got = []
+    s = eng.open_stream(got.append)
+    eng.finish(s)
+    eng.iterate()
+    assert got and got[-1].done and got[-1].text == ""
+    helpers.assert_engine_empty(eng)

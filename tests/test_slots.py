@@ -1,0 +1,73 @@
+"""Slot pool: allocate, free, exhaust, zero on reuse, gather/scatter round trip."""
+
+import pytest
+import torch
+
+from nemo_serve.engine.slots import EncoderCache, NoFreeSlotError, SlotPool
+
+from . import helpers
+
+
+@pytest.fixture(scope="module")
+def m():
+    return helpers.model("builtin:tiny-char", 3)
+
+
+def test_allocate_until_exhausted_then_refuse(m):
+    pool = SlotPool(m, 3)
+    slots = [pool.allocate(f"s{i}") for i in range(3)]
+    assert sorted(slots) == [0, 1, 2]
+    assert pool.num_free == 0
+    with pytest.raises(NoFreeSlotError):
+        pool.allocate("s3")
+    pool.free("s1")
+    assert pool.allocate("s4") == slots[1]
+    assert pool.num_free + pool.num_used == pool.num_slots
+
+
+def test_free_is_idempotent_and_duplicate_ids_rejected(m):
+    pool = SlotPool(m, 2)
+    pool.allocate("a")
+    with pytest.raises(ValueError):
+        pool.allocate("a")
+    pool.free("a")
+    pool.free("a")
+    assert pool.num_free == 2
+
+
+def test_freed_row_is_reset_and_neighbours_untouched(m):
+    pool = SlotPool(m, 3)
+    a, b = pool.allocate("a"), pool.allocate("b")
+    rows = torch.tensor([a, b])
+    enc = pool.gather_encoder(rows)
+    filled = EncoderCache(
+        torch.randn_like(enc.cache_last_channel), torch.randn_like(enc.cache_last_time), torch.tensor([7, 9])
+    )
+    pool.scatter_encoder(rows, filled)
+    dec = pool.gather_decoder(rows)
+    dec.predictor_states = [torch.randn_like(s) for s in dec.predictor_states]
+    dec.labels = torch.tensor([5, 6])
+    dec.decoded_lengths = torch.tensor([11, 12])
+    pool.scatter_decoder(rows, dec)
+    # Round trip: gather returns exactly what was scattered.
+    again = pool.gather_encoder(rows)
+    assert torch.equal(again.cache_last_channel, filled.cache_last_channel)
+    assert torch.equal(again.cache_last_time, filled.cache_last_time)
+    assert pool.gather_decoder(rows).decoded_lengths.tolist() == [11, 12]
+    pool.free("a")
+    assert pool.cache_last_channel[:, a].abs().sum() == 0
+    assert pool.cache_last_time[:, a].abs().sum() == 0
+    assert pool.cache_last_channel_len[a] == 0
+    assert pool.decoded_lengths[a] == 0
+    assert pool.labels[a] == m.blank_id  # <SOS> is the blank id
+    assert torch.equal(pool.cache_last_channel[:, b], filled.cache_last_channel[:, 1])
+    assert pool.decoded_lengths[b] == 12
+
+
+def test_cache_shapes_follow_model(m):
+    pool = SlotPool(m, 4)
+    (n_layers, c, d), (_, d2, k) = m.cache_shapes
+    assert pool.cache_last_channel.shape == (n_layers, 4, c, d)  # [L, S, C, D]
+    assert pool.cache_last_time.shape == (n_layers, 4, d2, k)  # [L, S, D, K-1]
+    assert pool.cache_last_channel_len.shape == (4,)
+    assert m.cache_bytes_per_stream == (n_layers * c * d + n_layers * d2 * k) * 4

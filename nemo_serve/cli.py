@@ -1,0 +1,154 @@
+"""`nemo-serve`: load the model, print its summary, serve until SIGTERM (or run --selftest N).
+
+Every flag also reads NEMO_SERVE_<NAME> from the environment (config.py). Errors in flags or
+in loading the model print one line and exit with status 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import logging
+import sys
+
+from .config import Settings, SettingsError
+
+EXIT_USAGE = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="nemo-serve",
+        description="Streaming speech recognition server for NeMo cache-aware models (WebSocket).",
+        epilog="Every option can also be set as NEMO_SERVE_<OPTION> (e.g. NEMO_SERVE_AUTH_TOKEN).",
+    )
+    a = p.add_argument
+    # Every default is None: config.Settings holds the real defaults and the env fallback.
+    m = p.add_argument_group("model and engine")
+    m.add_argument("--model", help="a .nemo file, builtin:NAME, or a pretrained name (default: the shipped demo model)")
+    m.add_argument("--context-right", type=int, help="right context r of att_context [L, r]: chunk = (r+1) x 80 ms")
+    m.add_argument("--dtype", choices=["fp32", "bf16"])
+    m.add_argument("--device", help="cpu, cuda or cuda:N (default cpu)")
+    m.add_argument("--num-slots", type=int, help="streams served at once (default 16)")
+    m.add_argument("--max-batch", type=int, help="most streams in one model step (default: num-slots)")
+    n = p.add_argument_group("network and security")
+    n.add_argument("--host", help="bind address (default 127.0.0.1; 0.0.0.0 for all interfaces)")
+    n.add_argument("--port", type=int, help="default 8000")
+    n.add_argument("--ssl-certfile", help="TLS certificate (PEM): serves https:// and wss://")
+    n.add_argument("--ssl-keyfile", help="TLS private key (PEM)")
+    n.add_argument("--auth-token", help="require this bearer token (better: NEMO_SERVE_AUTH_TOKEN)")
+    lim = p.add_argument_group("limits")
+    lim.add_argument("--max-message-bytes", type=int, help="largest WebSocket message (default 1 MiB)")
+    lim.add_argument("--idle-timeout-s", type=float, help="close a stream that sends nothing for this long (30)")
+    lim.add_argument("--ping-interval-s", type=float, help="keepalive ping period, 0 = off (20)")
+    lim.add_argument("--ping-timeout-s", type=float, help="close when a ping gets no pong in this time (20)")
+    lim.add_argument("--max-stream-s", type=float, help="end a stream's input after this much audio or wall time (3600)")
+    lim.add_argument("--drain-timeout-s", type=float, help="on SIGTERM, how long open streams get to finish (30)")
+    e = p.add_argument_group("endpointing (defaults; each stream may override them)")
+    e.add_argument("--endpoint", dest="endpoint", action="store_const", const=True, help="split segments at pauses (default)")
+    e.add_argument("--no-endpoint", dest="endpoint", action="store_const", const=False, help="one segment per stream")
+    e.add_argument("--rule1-min-trailing-silence", type=float, help="s of silence, with or without text (2.4)")
+    e.add_argument("--rule2-min-trailing-silence", type=float, help="s of silence after text (1.2)")
+    e.add_argument("--rule3-min-utterance-length", type=float, help="longest segment in s (20)")
+    a("--log-level", choices=["critical", "error", "warning", "info", "debug"])
+    s = p.add_argument_group("self-test (parity with NeMo's own streaming loop; no server)")
+    s.add_argument("--selftest", type=int, metavar="N", help="stream N utterances through the engine and compare")
+    s.add_argument("--audio", help="directory of WAV files or a NeMo manifest for --selftest")
+    s.add_argument("--json", dest="json_path", metavar="FILE", help="write the self-test report here")
+    s.add_argument("--seed", type=int, help="seed for --selftest's synthetic audio")
+    return p
+
+
+def _fail(msg: str) -> int:
+    print(f"nemo-serve: error: {msg}", file=sys.stderr, flush=True)
+    return EXIT_USAGE
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    flags = vars(args)
+    try:
+        settings = Settings.from_sources(flags)
+    except SettingsError as e:
+        return _fail(str(e))
+    _configure_logging(settings.log_level)
+    if args.selftest is not None:
+        return _selftest(args, settings)
+    return _serve(settings)
+
+
+def _selftest(args, settings: Settings) -> int:
+    from . import selftest
+
+    kwargs = dict(
+        n=args.selftest,
+        model=settings.model,
+        context_right=settings.context_right,
+        dtype=settings.dtype,
+        device=settings.device,
+        audio=args.audio,
+        json_path=args.json_path,
+        num_slots=settings.num_slots,
+        max_batch=settings.max_batch,
+    )
+    if args.seed is not None:
+        if "seed" not in inspect.signature(selftest.run_selftest).parameters:
+            return _fail("--seed is not supported by this self-test")
+        kwargs["seed"] = args.seed
+    return int(selftest.run_selftest(**kwargs))
+
+
+def _serve(settings: Settings) -> int:
+    from .engine.loop import Engine
+    from .model import ModelLoadError, UnsupportedModeError, load_model
+
+    try:
+        model = load_model(settings.model, context_right=settings.context_right, dtype=settings.dtype, device=settings.device)
+    except (ModelLoadError, UnsupportedModeError, FileNotFoundError) as e:
+        return _fail(str(e))
+    except ValueError as e:  # unknown builtin name, bad dtype
+        return _fail(str(e))
+    print(model.summary(settings.num_slots), flush=True)
+
+    from .server.app import create_app
+    from .server.context import ServerContext
+    from .server.metrics import ServerMetrics
+    from .server.runner import serve
+
+    engine = Engine(model, num_slots=settings.num_slots, max_batch=settings.max_batch, endpoint=settings.endpoint_config)
+    metrics = ServerMetrics(settings.num_slots, lambda: engine.num_free_slots)
+    engine.on_step = metrics.on_step
+    ctx = ServerContext(engine=engine, settings=settings, metrics=metrics)
+    _print_urls(settings)
+    serve(create_app(ctx), ctx, settings)
+    return 0
+
+
+def _print_urls(s: Settings) -> None:
+    host = "localhost" if s.host in ("127.0.0.1", "0.0.0.0", "::") else s.host
+    http, ws = ("https", "wss") if s.tls else ("http", "ws")
+    print(
+        f"page {http}://{host}:{s.port}/  stream {ws}://{host}:{s.port}/ws  "
+        f"metrics {http}://{host}:{s.port}/metrics  ready {http}://{host}:{s.port}/readyz",
+        flush=True,
+    )
+    if not s.tls and s.host not in ("127.0.0.1", "localhost", "::1"):
+        print(
+            "note: without --ssl-certfile, browsers allow the microphone only on localhost pages",
+            flush=True,
+        )
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if level != "debug":
+        try:  # NeMo's INFO chatter while a model loads is not what an operator needs to read
+            from nemo.utils import logging as nemo_logging
+
+            nemo_logging.setLevel(logging.WARNING)
+        except Exception:  # noqa: BLE001 - logging cosmetics must never stop the server
+            pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,322 @@
+"""`nemo-serve-client`: stream a WAV file (or the microphone) to a nemo-serve server.
+
+    nemo-serve-client speech.wav                     # real-time pace, partials in place
+    nemo-serve-client speech.wav --speed 0           # as fast as the socket takes it
+    nemo-serve-client --mic                          # needs the optional `sounddevice` package
+
+Importable:
+
+    async with StreamingClient("ws://localhost:8000/ws", sample_rate=8000, encoding="pcm_s16le") as c:
+        await c.send_audio(int16_samples)
+        await c.end()
+        async for msg in c.messages():
+            ...
+
+    transcript = asyncio.run(stream_file("ws://localhost:8000/ws", "speech.wav", speed=0))
+    print(transcript.text)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+DEFAULT_URL = "ws://127.0.0.1:8000/ws"
+
+
+class ServerRefused(RuntimeError):
+    """The server refused the stream (no free slot, draining, bad token, bad config)."""
+
+    def __init__(self, reason: str, status: int | None = None, close_code: int | None = None) -> None:
+        super().__init__(reason)
+        self.reason, self.status, self.close_code = reason, status, close_code
+
+
+@dataclass
+class Transcript:
+    ready: dict | None = None
+    finals: list[dict] = field(default_factory=list)
+    messages: list[dict] = field(default_factory=list)
+    done: dict | None = None
+    error: dict | None = None
+    close_code: int | None = None
+
+    @property
+    def text(self) -> str:
+        return " ".join(f["text"] for f in self.finals if f["text"])
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [t for f in self.finals for t in f["token_ids"]]
+
+
+class StreamingClient:
+    """One stream over one WebSocket: config -> ready -> audio -> end -> results -> done."""
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        *,
+        sample_rate: int = 16000,
+        encoding: str = "pcm_s16le",
+        interim_results: bool = True,
+        language: str | None = None,
+        stream_id: str | None = None,
+        token: str | None = None,
+        endpointing: dict | None = None,
+        max_message_bytes: int = 1 << 20,
+    ) -> None:
+        self.url = url
+        self.token = token
+        self.config = {"type": "config", "sample_rate": sample_rate, "encoding": encoding, "interim_results": interim_results}
+        for key, value in (("language", language), ("id", stream_id), ("endpointing", endpointing)):
+            if value is not None:
+                self.config[key] = value
+        self.dtype = np.dtype("<i2") if encoding in ("pcm_s16le", "int16", "s16le") else np.dtype("<f4")
+        self.max_message_bytes = max_message_bytes
+        self.ready: dict | None = None
+        self._ws = None
+
+    async def __aenter__(self) -> "StreamingClient":
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
+        try:
+            self._ws = await connect(self.url, additional_headers=headers, max_size=None, compression=None)
+        except InvalidStatus as e:
+            body = e.response.body.decode(errors="replace") if e.response.body else ""
+            try:
+                reason = json.loads(body)["reason"]
+            except (ValueError, KeyError, TypeError):
+                reason = body or f"HTTP {e.response.status_code}"
+            raise ServerRefused(reason, status=e.response.status_code) from None
+        await self._ws.send(json.dumps(self.config))
+        first = await self._receive_json()
+        if first is None or first["type"] != "ready":
+            reason = first["reason"] if first and first["type"] == "error" else "closed before ready"
+            code = self._ws.close_code
+            await self._ws.close()
+            raise ServerRefused(reason, close_code=code)
+        self.ready = first
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self._ws.close()
+
+    @property
+    def close_code(self) -> int | None:
+        return self._ws.close_code if self._ws else None
+
+    async def send_audio(self, samples: np.ndarray | bytes) -> None:
+        """Samples in the encoding given at construction (or raw bytes); split to fit the message limit."""
+        data = samples if isinstance(samples, bytes) else np.asarray(samples, dtype=self.dtype).tobytes()
+        step = self.max_message_bytes // self.dtype.itemsize * self.dtype.itemsize
+        for i in range(0, len(data), step):
+            await self._ws.send(data[i : i + step])
+
+    async def force_final(self) -> None:
+        await self._ws.send(json.dumps({"type": "force_final"}))
+
+    async def end(self) -> None:
+        await self._ws.send(json.dumps({"type": "end"}))
+
+    async def messages(self) -> AsyncIterator[dict]:
+        """Server messages until the server closes (after `done` or `error`)."""
+        while (msg := await self._receive_json()) is not None:
+            yield msg
+
+    async def _receive_json(self) -> dict | None:
+        try:
+            return json.loads(await self._ws.recv())
+        except ConnectionClosed:
+            return None
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def read_audio(path: str | Path) -> tuple[np.ndarray, int, str]:
+    """(mono samples, sample rate, encoding): 16-bit files stay int16, anything else float32."""
+    try:
+        import soundfile
+    except ImportError:  # stdlib fallback: 16-bit PCM WAV only
+        import wave
+
+        with wave.open(str(path)) as w:
+            if w.getsampwidth() != 2:
+                raise ValueError(f"{path}: only 16-bit PCM WAV without the soundfile package") from None
+            data = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").reshape(-1, w.getnchannels())
+            return _mono(data), w.getframerate(), "pcm_s16le"
+    info = soundfile.info(str(path))
+    if info.subtype in ("PCM_16", "PCM_S8", "PCM_U8"):
+        data, rate = soundfile.read(str(path), dtype="int16", always_2d=True)
+        return _mono(data), rate, "pcm_s16le"
+    data, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
+    return _mono(data), rate, "pcm_f32le"
+
+
+def _mono(data: np.ndarray) -> np.ndarray:
+    if data.shape[1] == 1:
+        return data[:, 0]
+    return data.mean(axis=1).astype(data.dtype)
+
+
+async def stream_file(
+    url: str,
+    path: str | Path,
+    *,
+    speed: float = 1.0,
+    chunk_ms: float = 100.0,
+    on_message: Callable[[dict], None] | None = None,
+    **client_options,
+) -> Transcript:
+    """Stream a file at `speed` x real time (0: as fast as possible); collect every message."""
+    samples, rate, encoding = read_audio(path)
+    client_options["encoding"] = encoding  # the samples are sent as read
+    async with StreamingClient(url, sample_rate=rate, **client_options) as client:
+        out = Transcript(ready=client.ready, messages=[client.ready])
+        if on_message is not None:
+            on_message(client.ready)
+        sender = asyncio.create_task(_send_paced(client, samples, rate, speed, chunk_ms))
+        try:
+            async for msg in client.messages():
+                out.messages.append(msg)
+                if msg["type"] == "final":
+                    out.finals.append(msg)
+                elif msg["type"] == "done":
+                    out.done = msg
+                elif msg["type"] == "error":
+                    out.error = msg
+                if on_message is not None:
+                    on_message(msg)
+        finally:
+            sender.cancel()
+            await asyncio.gather(sender, return_exceptions=True)
+        out.close_code = client.close_code
+    return out
+
+
+async def _send_paced(client: StreamingClient, samples: np.ndarray, rate: int, speed: float, chunk_ms: float) -> None:
+    step = max(1, int(rate * chunk_ms / 1000))
+    t0 = time.monotonic()
+    for i in range(0, len(samples), step):
+        await client.send_audio(samples[i : i + step])
+        if speed > 0:  # sleep until this chunk's end, on the file's clock scaled by speed
+            await asyncio.sleep(max(0.0, t0 + (i + step) / rate / speed - time.monotonic()))
+    await client.end()
+
+
+# ----------------------------------------------------------------------------- microphone
+
+
+async def stream_microphone(url: str, on_message: Callable[[dict], None], rate: int = 16000, **options) -> None:
+    try:
+        import sounddevice
+    except (ImportError, OSError) as e:  # OSError: the package is there but PortAudio is not
+        raise SystemExit(
+            f"nemo-serve-client: --mic needs the 'sounddevice' package and PortAudio ({e}); "
+            "install with: pip install sounddevice"
+        ) from None
+    loop = asyncio.get_running_loop()
+    blocks: asyncio.Queue = asyncio.Queue()
+
+    def callback(indata, frames, time_info, status) -> None:  # PortAudio's thread
+        loop.call_soon_threadsafe(blocks.put_nowait, bytes(indata))
+
+    async with StreamingClient(url, sample_rate=rate, encoding="pcm_s16le", **options) as client:
+        print("listening; Ctrl-C to finish", file=sys.stderr)
+
+        async def send() -> None:
+            with sounddevice.RawInputStream(samplerate=rate, channels=1, dtype="int16", blocksize=rate // 10, callback=callback):
+                try:
+                    while True:
+                        await client.send_audio(await blocks.get())
+                except asyncio.CancelledError:
+                    pass
+            await client.end()
+
+        sender = asyncio.create_task(send())
+        loop.add_signal_handler(signal.SIGINT, sender.cancel)  # SIGINT: stop capturing, then wait for the final
+        async for msg in client.messages():
+            on_message(msg)
+        await asyncio.gather(sender, return_exceptions=True)
+
+
+# ----------------------------------------------------------------------------- printing
+
+
+class Printer:
+    """Partials overwrite one terminal line; finals get lines of their own."""
+
+    def __init__(self, out=sys.stdout, as_json: bool = False) -> None:
+        self.out = out
+        self.as_json = as_json
+        self.tty = out.isatty()
+        self.width = shutil.get_terminal_size().columns
+
+    def __call__(self, msg: dict) -> None:
+        if self.as_json:
+            print(json.dumps(msg), file=self.out, flush=True)
+        elif msg["type"] == "partial" and self.tty:
+            text = msg["text"][-(self.width - 12) :]
+            self.out.write(f"\r\x1b[K  ... {text}")
+            self.out.flush()
+        elif msg["type"] == "final":
+            clear = "\r\x1b[K" if self.tty else ""
+            if msg["text"]:
+                print(f"{clear}[{msg['start_time']:7.2f}s] {msg['text']}", file=self.out, flush=True)
+            elif self.tty:
+                self.out.write(clear)
+        elif msg["type"] == "error":
+            print(f"\nerror: {msg['reason']}", file=sys.stderr, flush=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nemo-serve-client", description="Stream audio to a nemo-serve server.")
+    p.add_argument("file", nargs="?", help="audio file (WAV, FLAC, ...; any sample rate)")
+    p.add_argument("--mic", action="store_true", help="stream the default microphone instead of a file")
+    p.add_argument("--url", default=DEFAULT_URL, help=f"server WebSocket URL (default {DEFAULT_URL})")
+    p.add_argument("--speed", type=float, default=1.0, help="x real time; 0 = as fast as possible (default 1)")
+    p.add_argument("--chunk-ms", type=float, default=100.0, help="audio per message (default 100)")
+    p.add_argument("--language", help="language code, for a multilingual model")
+    p.add_argument("--no-interim", action="store_true", help="ask for final results only")
+    p.add_argument("--token", help="bearer token (or NEMO_SERVE_AUTH_TOKEN)")
+    p.add_argument("--json", action="store_true", help="print every server message as a JSON line")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    import os
+
+    args = build_parser().parse_args(argv)
+    if args.mic == bool(args.file):
+        print("nemo-serve-client: give a FILE or --mic", file=sys.stderr)
+        return 2
+    options = dict(language=args.language, interim_results=not args.no_interim, token=args.token or os.environ.get("NEMO_SERVE_AUTH_TOKEN"))
+    printer = Printer(as_json=args.json)
+    try:
+        if args.mic:
+            asyncio.run(stream_microphone(args.url, printer, **options))
+            return 0
+        t = asyncio.run(stream_file(args.url, args.file, speed=args.speed, chunk_ms=args.chunk_ms, on_message=printer, **options))
+    except ServerRefused as e:
+        print(f"nemo-serve-client: refused: {e.reason}", file=sys.stderr)
+        return 1
+    except (OSError, ValueError) as e:
+        print(f"nemo-serve-client: {e}", file=sys.stderr)
+        return 1
+    return 1 if t.error else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""One validated settings object for the server, from command-line flags and the environment.
+
+Precedence: a flag given on the command line, else the environment variable
+NEMO_SERVE_<FIELD NAME IN CAPITALS> (NEMO_SERVE_AUTH_TOKEN, NEMO_SERVE_NUM_SLOTS, ...), else
+the default here. The token is best passed through the environment: flags show in `ps`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .engine.endpoint import EndpointConfig
+
+ENV_PREFIX = "NEMO_SERVE_"
+
+PositiveSeconds = Annotated[float, Field(gt=0, le=7 * 24 * 3600)]
+
+
+class SettingsError(ValueError):
+    """A flag or environment value is invalid; the message is one line."""
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", protected_namespaces=())
+
+    # model and engine
+    model: str | None = None  # .nemo path, builtin:NAME or pretrained name; None: the shipped demo model
+    context_right: Annotated[int, Field(ge=0)] | None = None  # None: the model's first trained mode
+    dtype: Literal["fp32", "bf16"] = "fp32"
+    device: Annotated[str, Field(pattern=r"^(cpu|cuda(:\d+)?)$")] = "cpu"
+    num_slots: Annotated[int, Field(ge=1, le=65536)] = 16
+    max_batch: Annotated[int, Field(ge=1, le=65536)] | None = None  # None: num_slots
+    # network
+    host: str = "127.0.0.1"  # loopback by default: exposing the port is a deliberate --host 0.0.0.0
+    port: Annotated[int, Field(ge=0, le=65535)] = 8000
+    ssl_certfile: Path | None = None
+    ssl_keyfile: Path | None = None
+    auth_token: Annotated[str, Field(min_length=1)] | None = None
+    # limits
+    max_message_bytes: Annotated[int, Field(ge=1024, le=1 << 30)] = 1 << 20  # sherpa-onnx's default
+    idle_timeout_s: PositiveSeconds = 30.0  # no message from the client while input is open
+    ping_interval_s: Annotated[float, Field(ge=0, le=3600)] = 20.0  # 0: no keepalive pings
+    ping_timeout_s: PositiveSeconds = 20.0
+    max_stream_s: PositiveSeconds = 3600.0  # wall time and audio time of one stream
+    drain_timeout_s: PositiveSeconds = 30.0  # SIGTERM: how long open streams get to finish
+    # endpointing defaults (each stream may override them in its config message)
+    endpoint: bool = True
+    rule1_min_trailing_silence: PositiveSeconds = 2.4
+    rule2_min_trailing_silence: PositiveSeconds = 1.2
+    rule3_min_utterance_length: PositiveSeconds = 20.0
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+
+    @model_validator(mode="after")
+    def _check(self) -> "Settings":
+        if self.ssl_keyfile is not None and self.ssl_certfile is None:
+            raise ValueError("ssl_keyfile needs ssl_certfile")
+        for p in (self.ssl_certfile, self.ssl_keyfile):
+            if p is not None and not p.is_file():
+                raise ValueError(f"TLS file not found: {p}")
+        return self
+
+    @property
+    def endpoint_config(self) -> EndpointConfig:
+        return EndpointConfig(
+            enabled=self.endpoint,
+            rule1_min_trailing_silence_s=self.rule1_min_trailing_silence,
+            rule2_min_trailing_silence_s=self.rule2_min_trailing_silence,
+            rule3_min_utterance_length_s=self.rule3_min_utterance_length,
+        ).validated()
+
+    @property
+    def tls(self) -> bool:
+        return self.ssl_certfile is not None
+
+    @classmethod
+    def from_sources(cls, flags: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> "Settings":
+        """Flags (None = not given) over NEMO_SERVE_* environment variables over defaults."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for name in cls.model_fields:
+            if flags.get(name) is not None:
+                values[name] = flags[name]
+            elif ENV_PREFIX + name.upper() in environ:
+                raw = environ[ENV_PREFIX + name.upper()]
+                values[name] = _env_bool(raw) if cls.model_fields[name].annotation is bool else raw
+        try:
+            return cls(**values)
+        except ValidationError as e:
+            first = e.errors()[0]
+            name = ".".join(str(p) for p in first["loc"]) or "settings"
+            flag = "--" + name.replace("_", "-")
+            raise SettingsError(f"{flag} (or {ENV_PREFIX}{name.upper()}): {first['msg']}") from None
+
+
+def _env_bool(raw: str) -> Any:
+    low = raw.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    return raw  # pydantic refuses it with a message

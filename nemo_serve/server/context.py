@@ -1,0 +1,88 @@
+"""What every socket shares: the engine, the settings, the metrics, the set of open sessions.
+
+Owner: the event loop. Sessions add and remove themselves; drain and the engine watchdog walk
+the set. Nothing here is touched by the step loop thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..config import Settings
+from ..engine.loop import Engine
+from .metrics import ServerMetrics
+from .protocol import CLOSE_GOING_AWAY, CLOSE_SERVER_ERROR
+
+if TYPE_CHECKING:
+    from .session import Session
+
+log = logging.getLogger("nemo_serve.server")
+
+
+@dataclass
+class ServerContext:
+    engine: Engine
+    settings: Settings
+    metrics: ServerMetrics
+    sessions: set["Session"] = field(default_factory=set)  # accepted sockets not yet closed
+    draining: bool = False
+    _idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def model(self):
+        return self.engine.model
+
+    @property
+    def engine_alive(self) -> bool:
+        return self.engine.error is None
+
+    def refusal_reason(self) -> str | None:
+        """Why a new stream would be refused now, or None. Checked at the handshake."""
+        if self.draining:
+            return "server is draining (shutting down); retry another instance"
+        if not self.engine_alive:
+            return "engine failed; see /healthz"
+        if self.engine.num_free_slots <= 0:
+            return f"no free slot (all {self.engine.num_slots} in use); retry later"
+        return None
+
+    def add(self, session: "Session") -> None:
+        self.sessions.add(session)
+        self._idle.clear()
+
+    def remove(self, session: "Session") -> None:
+        self.sessions.discard(session)
+        if not self.sessions:
+            self._idle.set()
+
+    async def drain(self) -> None:
+        """Stop admitting; end every open stream's input so it gets its final; wait, bounded."""
+        self.draining = True
+        self.metrics.draining.set(1)
+        log.info("draining: %d open sessions, up to %.0f s", len(self.sessions), self.settings.drain_timeout_s)
+        for s in list(self.sessions):
+            s.drain()
+        if self.sessions:
+            try:
+                await asyncio.wait_for(self._idle.wait(), self.settings.drain_timeout_s)
+            except TimeoutError:
+                pass
+        for s in list(self.sessions):
+            s.fail("server shut down before the stream finished (drain timeout)", CLOSE_GOING_AWAY, "drain_timeout")
+        # Let the send tasks put their close frames on the wire before uvicorn tears down.
+        for _ in range(50):
+            if not self.sessions:
+                break
+            await asyncio.sleep(0.02)
+        log.info("drained")
+
+    async def watch_engine(self, period_s: float = 0.5) -> None:
+        """If the step loop dies, every open stream gets an error instead of hanging forever."""
+        while self.engine_alive:
+            await asyncio.sleep(period_s)
+        log.error("step loop failed: %r; failing %d open streams", self.engine.error, len(self.sessions))
+        for s in list(self.sessions):
+            s.fail(f"engine failed: {type(self.engine.error).__name__}", CLOSE_SERVER_ERROR, "engine")

@@ -1,0 +1,181 @@
+"""The WebSocket protocol: typed messages, close codes and the per-socket state machine.
+
+Client -> server
+  text   {"type": "config", ...}         optional, first message only (ConfigMessage)
+  binary PCM samples                      any number of whole samples per frame
+  text   {"type": "force_final"}          close the current segment now (a final result)
+  text   {"type": "end"} or "Done"        end of input ("Done" is what sherpa-onnx clients send)
+Server -> client (JSON text frames)
+  ready -> partial* / final* -> done, or error at any point; then the server closes.
+
+docs/protocol.md is the user-facing description of the same thing; keep the two in step.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+# Close codes (RFC 6455 section 7.4.1). Every close but 1000 is preceded by an `error` message,
+# except 1009, which the transport sends itself (the oversized frame is never read).
+CLOSE_NORMAL = 1000
+CLOSE_PROTOCOL_ERROR = 1008  # policy violation: bad message, bad audio, limits, idle
+CLOSE_TOO_BIG = 1009
+CLOSE_SERVER_ERROR = 1011
+CLOSE_GOING_AWAY = 1012  # service restart: drain deadline passed
+CLOSE_TRY_AGAIN_LATER = 1013  # no free slot
+
+END_OF_INPUT_TEXT = "Done"
+
+ENCODING_ALIASES = {
+    "pcm_f32le": "pcm_f32le",
+    "f32le": "pcm_f32le",
+    "float32": "pcm_f32le",
+    "pcm_s16le": "pcm_s16le",
+    "s16le": "pcm_s16le",
+    "int16": "pcm_s16le",
+}
+
+
+class ProtocolError(ValueError):
+    """The client broke the protocol; the reason goes on the wire."""
+
+
+class ProtocolState(enum.Enum):
+    """Where one socket is. Only the transitions in _TRANSITIONS are legal."""
+
+    CONNECTED = "connected"  # accepted, no slot yet: waiting for the first message
+    STREAMING = "streaming"  # slot held, audio accepted
+    ENDING = "ending"  # input ended (client, drain or limit); waiting for the final result
+    CLOSED = "closed"
+
+
+_TRANSITIONS = {
+    ProtocolState.CONNECTED: {ProtocolState.STREAMING, ProtocolState.CLOSED},
+    ProtocolState.STREAMING: {ProtocolState.ENDING, ProtocolState.CLOSED},
+    ProtocolState.ENDING: {ProtocolState.CLOSED},
+    ProtocolState.CLOSED: set(),
+}
+
+
+def check_transition(old: ProtocolState, new: ProtocolState) -> ProtocolState:
+    if new not in _TRANSITIONS[old]:
+        raise RuntimeError(f"illegal protocol transition {old.value} -> {new.value}")
+    return new
+
+
+# ----------------------------------------------------------------------------- client -> server
+
+
+class _Strict(BaseModel):
+    # Unknown fields are refused: a misspelt option should fail loudly, not be ignored.
+    model_config = ConfigDict(extra="forbid")
+
+
+class EndpointOptions(_Strict):
+    """Per-stream override of the server's endpoint rules; omitted fields keep the server's value."""
+
+    enabled: bool | None = None
+    rule1_min_trailing_silence_s: Annotated[float, Field(gt=0, le=3600)] | None = None
+    rule2_min_trailing_silence_s: Annotated[float, Field(gt=0, le=3600)] | None = None
+    rule3_min_utterance_length_s: Annotated[float, Field(gt=0, le=3600)] | None = None
+
+
+class ConfigMessage(_Strict):
+    type: Literal["config"] = "config"
+    id: Annotated[str, Field(max_length=128)] | None = None  # chosen by the client, echoed in every reply
+    sample_rate: Annotated[int, Field(ge=8000, le=192000)] | None = None  # None: the model's rate
+    encoding: str = "pcm_f32le"
+    interim_results: bool = True
+    endpointing: EndpointOptions | None = None
+    language: Annotated[str, Field(max_length=32)] | None = None
+
+    @field_validator("encoding")
+    @classmethod
+    def _encoding(cls, v: str) -> str:
+        try:
+            return ENCODING_ALIASES[v.lower()]
+        except KeyError:
+            raise ValueError(f"encoding must be one of {sorted(set(ENCODING_ALIASES.values()))}") from None
+
+
+class EndMessage(_Strict):
+    type: Literal["end"]
+
+
+class ForceFinalMessage(_Strict):
+    type: Literal["force_final"]
+
+
+ClientMessage = ConfigMessage | EndMessage | ForceFinalMessage
+_CLIENT_TYPES = {"config": ConfigMessage, "end": EndMessage, "force_final": ForceFinalMessage}
+
+
+def parse_client_text(text: str) -> ClientMessage:
+    """A text frame -> message; raises ProtocolError with a reason fit for the wire."""
+    if text.strip() == END_OF_INPUT_TEXT:
+        return EndMessage(type="end")
+    try:
+        obj = json.loads(text)
+    except (json.JSONDecodeError, RecursionError):
+        raise ProtocolError("text frame is neither JSON nor 'Done'") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError("a JSON message must be an object")
+    kind = obj.get("type")
+    if kind not in _CLIENT_TYPES:
+        raise ProtocolError(f"unknown message type {kind!r}; expected one of {sorted(_CLIENT_TYPES)}")
+    try:
+        return _CLIENT_TYPES[kind].model_validate(obj)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or kind
+        raise ProtocolError(f"invalid {kind} message: {where}: {first['msg']}") from None
+
+
+# ----------------------------------------------------------------------------- server -> client
+
+
+class ReadyMessage(BaseModel):
+    type: Literal["ready"] = "ready"
+    id: str | None
+    stream_id: str
+    chunk_ms: float  # audio per model step
+    sample_rate: int  # the model's rate; other input rates are resampled on the server
+    input_sample_rate: int
+    encoding: str
+    interim_results: bool
+    language: str | None
+    max_message_bytes: int
+
+
+class ResultMessage(BaseModel):
+    type: Literal["partial", "final"]
+    id: str | None
+    stream_id: str
+    segment: int
+    is_final: bool
+    text: str  # the segment's text so far (partial) or all of it (final)
+    tokens: list[str]  # the segment's tokens ...
+    token_ids: list[int]
+    timestamps: list[float]  # ... and their start times in seconds from the start of the stream
+    start_time: float  # start of the segment, seconds from the start of the stream
+    audio_processed: float  # seconds of audio the model has consumed
+    audio_arrival_time: float  # server clock (unix s) when the audio that produced this arrived
+    sent_time: float  # server clock (unix s) when this was sent
+
+
+class ErrorMessage(BaseModel):
+    type: Literal["error"] = "error"
+    id: str | None = None
+    reason: str
+
+
+class DoneMessage(BaseModel):
+    type: Literal["done"] = "done"
+    id: str | None
+    stream_id: str | None
+    audio_processed: float
+    reason: str  # why input ended: "end" (client), "draining" (server shutdown), "max_stream_duration"

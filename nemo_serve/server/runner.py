@@ -1,0 +1,70 @@
+"""Run the app under uvicorn, with a graceful drain on SIGTERM / Ctrl-C.
+
+uvicorn's own shutdown closes every open WebSocket at once with code 1012, which would throw
+away the final result of every stream in flight. So the first SIGTERM or SIGINT starts our
+drain instead (stop admitting, end each stream's input, wait for the finals, bounded by
+--drain-timeout-s) and only then lets uvicorn shut down. A second signal falls through to
+uvicorn: immediate shutdown, as an operator pressing Ctrl-C twice expects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import uvicorn
+
+from ..config import Settings
+from .context import ServerContext
+
+log = logging.getLogger("nemo_serve.server")
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, ctx: ServerContext) -> None:
+        super().__init__(config)
+        self.ctx = ctx
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain_task: asyncio.Task | None = None
+
+    async def serve(self, sockets=None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame) -> None:
+        if self._drain_task is None and self._loop is not None and self.started and not self.should_exit:
+            log.info("received %s: draining (send it again to quit at once)", signal.Signals(sig).name)
+            # A signal handler interrupts the loop mid-callback: schedule, do not run, the drain.
+            self._loop.call_soon_threadsafe(self._start_drain)
+            return
+        super().handle_exit(sig, frame)
+
+    def _start_drain(self) -> None:
+        if self._drain_task is None:
+            self._drain_task = asyncio.ensure_future(self._drain_then_exit())
+
+    async def _drain_then_exit(self) -> None:
+        try:
+            await self.ctx.drain()
+        finally:
+            self.should_exit = True
+
+
+def serve(app, ctx: ServerContext, settings: Settings) -> None:
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        ws="websockets-sansio",
+        ws_max_size=settings.max_message_bytes,  # the transport refuses bigger frames with 1009
+        ws_ping_interval=settings.ping_interval_s or None,
+        ws_ping_timeout=settings.ping_timeout_s,
+        ws_per_message_deflate=False,  # PCM barely compresses; deflate costs CPU per frame
+        ssl_certfile=str(settings.ssl_certfile) if settings.ssl_certfile else None,
+        ssl_keyfile=str(settings.ssl_keyfile) if settings.ssl_keyfile else None,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=5,
+        lifespan="on",
+    )
+    DrainingServer(config, ctx).run()

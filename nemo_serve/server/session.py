@@ -1,0 +1,333 @@
+"""One WebSocket: a named receive task, a named send task, and the engine stream they share.
+
+  receive task: frames -> protocol state -> engine.push / finish / force_final (never writes)
+  send task:    outbox (ready, engine results, close) -> JSON frames -> close (the only writer)
+  run():        starts both, waits, and in `finally:` aborts the stream, so a slot is never leaked
+                whatever way the socket ends (client gone, error, cancellation at shutdown).
+
+The engine calls `_on_result` on its loop thread; the result crosses into the event loop with
+`call_soon_threadsafe` and waits in the outbox. Nothing here blocks the loop thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from dataclasses import dataclass, replace
+
+from starlette.websockets import WebSocket
+
+from ..engine.endpoint import EndpointConfig
+from ..engine.slots import NoFreeSlotError
+from ..engine.stream import Stream, StreamResult
+from .audio import AudioDecoder, AudioError
+from .context import ServerContext
+from .protocol import (
+    CLOSE_NORMAL,
+    CLOSE_PROTOCOL_ERROR,
+    CLOSE_SERVER_ERROR,
+    CLOSE_TOO_BIG,
+    CLOSE_TRY_AGAIN_LATER,
+    ConfigMessage,
+    DoneMessage,
+    EndMessage,
+    ErrorMessage,
+    ForceFinalMessage,
+    ProtocolError,
+    ProtocolState,
+    ReadyMessage,
+    ResultMessage,
+    check_transition,
+    parse_client_text,
+)
+
+log = logging.getLogger("nemo_serve.session")
+_numbers = itertools.count(1)
+
+
+@dataclass
+class _Close:
+    """Outbox item: send `error` (if any), then close with `code`."""
+
+    code: int
+    reason: str
+    error: bool
+
+
+class Session:
+    def __init__(self, ws: WebSocket, ctx: ServerContext) -> None:
+        self.ws = ws
+        self.ctx = ctx
+        self.number = next(_numbers)  # for task names and logs
+        self.state = ProtocolState.CONNECTED
+        self.outbox: asyncio.Queue = asyncio.Queue()  # ReadyMessage | StreamResult | _Close
+        self.config = ConfigMessage()
+        self.stream: Stream | None = None
+        self.decoder: AudioDecoder | None = None
+        self.end_reason: str | None = None  # why input ended: "end", "draining", "max_stream_duration"
+        self.closing = False  # a _Close is queued: ignore everything else
+        self.client_gone = False
+        self._loop = asyncio.get_running_loop()
+        self._last_message = time.monotonic()
+        self._opened_at = 0.0
+        self._audio_processed_s = 0.0
+
+    # ------------------------------------------------------------------ lifecycle
+    async def run(self) -> None:
+        self.ctx.add(self)
+        recv = asyncio.create_task(self._receive_loop(), name=f"ws{self.number}-receive")
+        send = asyncio.create_task(self._send_loop(), name=f"ws{self.number}-send")
+        try:
+            await asyncio.wait({recv, send}, return_when=asyncio.FIRST_COMPLETED)
+            if recv.done() and recv.exception() is not None:
+                log.error("ws%d receive task failed", self.number, exc_info=recv.exception())
+                self.fail("internal server error", code=CLOSE_SERVER_ERROR, reason_label="internal")
+            if not send.done() and not self.client_gone:
+                await send  # flush the results still owed, the error if any, then close
+        finally:
+            self._abort("connection closed")
+            for task in (recv, send):
+                task.cancel()
+            await asyncio.gather(recv, send, return_exceptions=True)
+            if self.state is ProtocolState.STREAMING or self.state is ProtocolState.ENDING:
+                self.ctx.metrics.open_streams.dec()
+            if self.state is not ProtocolState.CLOSED:
+                self._set_state(ProtocolState.CLOSED)
+            self.ctx.remove(self)
+
+    def drain(self) -> None:
+        """Server shutdown: end input so the stream's final comes out; no slot yet: refuse."""
+        if self.state is ProtocolState.CONNECTED:
+            self.fail("server is draining (shutting down)", code=CLOSE_TRY_AGAIN_LATER, reason_label="draining")
+        elif self.state is ProtocolState.STREAMING:
+            self._end_input("draining")
+
+    def fail(self, reason: str, code: int = CLOSE_PROTOCOL_ERROR, reason_label: str = "protocol") -> None:
+        """Abort the stream, tell the client why, close. Idempotent."""
+        if self.closing or self.client_gone:
+            return
+        self.closing = True
+        self._abort(reason)
+        self.ctx.metrics.stream_errors.labels(reason=reason_label).inc()
+        log.info("ws%d error (%s): %s", self.number, reason_label, reason)
+        self.outbox.put_nowait(_Close(code, reason, error=True))
+
+    def _set_state(self, new: ProtocolState) -> None:
+        self.state = check_transition(self.state, new)
+
+    def _abort(self, reason: str) -> None:
+        if self.stream is not None:
+            self.ctx.engine.abort(self.stream, reason)  # idempotent; a no-op once the stream is done
+
+    # ------------------------------------------------------------------ receive task
+    async def _receive_loop(self) -> None:
+        while not self.closing:
+            timeout = self._receive_timeout()
+            try:
+                message = await asyncio.wait_for(self.ws.receive(), timeout)
+            except TimeoutError:
+                self._on_timeout()
+                continue
+            if message["type"] == "websocket.disconnect":
+                self._on_disconnect(message.get("code", 1005))
+                return
+            self._last_message = time.monotonic()
+            try:
+                if message.get("bytes") is not None:
+                    self._on_audio(message["bytes"])
+                else:
+                    self._on_text(message.get("text") or "")
+            except (ProtocolError, AudioError) as e:
+                self.fail(str(e), reason_label="bad_audio" if isinstance(e, AudioError) else "protocol")
+
+    def _receive_timeout(self) -> float | None:
+        """Idle timeout while input is open (a client that went silent holds nothing forever);
+        the stream duration cap while streaming; none once input ended (the server owes results,
+        and the drain deadline bounds that wait at shutdown)."""
+        s = self.ctx.settings
+        now = time.monotonic()
+        if self.state is ProtocolState.CONNECTED:
+            return max(0.0, self._last_message + s.idle_timeout_s - now)
+        if self.state is ProtocolState.STREAMING:
+            idle = self._last_message + s.idle_timeout_s
+            return max(0.0, min(idle, self._opened_at + s.max_stream_s) - now)
+        return None
+
+    def _on_timeout(self) -> None:
+        s = self.ctx.settings
+        now = time.monotonic()
+        if self.state is ProtocolState.STREAMING and now >= self._opened_at + s.max_stream_s:
+            self._end_input("max_stream_duration")
+        elif self.state is not ProtocolState.ENDING and now >= self._last_message + s.idle_timeout_s:
+            self.fail(f"idle timeout: no message for {s.idle_timeout_s:g} s", reason_label="idle_timeout")
+
+    def _on_disconnect(self, code: int) -> None:
+        self.client_gone = True
+        if code == CLOSE_TOO_BIG:  # the transport refused an oversized frame and closed already
+            self.ctx.metrics.stream_errors.labels(reason="message_too_big").inc()
+        # Otherwise a client may leave at any time: run()'s finally aborts the stream.
+        log.debug("ws%d client disconnected (%s) in state %s", self.number, code, self.state.value)
+
+    def _on_text(self, text: str) -> None:
+        msg = parse_client_text(text)
+        if isinstance(msg, ConfigMessage):
+            if self.state is not ProtocolState.CONNECTED:
+                raise ProtocolError("config must be the first message (it came after audio or another config)")
+            self._open(msg)
+        elif isinstance(msg, EndMessage):
+            if self.state is ProtocolState.CONNECTED:
+                self._open(self.config)
+            if self.state is ProtocolState.STREAMING:
+                self._end_input("end")
+            elif self.end_reason == "end":
+                raise ProtocolError("end of input was already received")
+        elif isinstance(msg, ForceFinalMessage):
+            if self.state is ProtocolState.CONNECTED:
+                self._open(self.config)
+            if self.state is ProtocolState.STREAMING:
+                self.ctx.engine.force_final(self.stream)
+
+    def _on_audio(self, data: bytes) -> None:
+        if self.state is ProtocolState.CONNECTED:
+            self._open(self.config)  # no config message: defaults (float32 at the model's rate)
+        if self.state is ProtocolState.ENDING:
+            if self.end_reason == "end":
+                raise ProtocolError("audio after end of input")
+            return  # the server ended input (drain, duration cap); the client may not know yet
+        if self.state is not ProtocolState.STREAMING:
+            return
+        samples = self.decoder.decode(data)
+        if len(samples):
+            self.ctx.engine.push(self.stream, samples)
+        if self.decoder.input_seconds >= self.ctx.settings.max_stream_s:
+            self._end_input("max_stream_duration")
+
+    # ------------------------------------------------------------------ stream
+    def _open(self, config: ConfigMessage) -> None:
+        """Take a slot, or refuse: the only place a stream is admitted."""
+        self.config = config
+        ctx, model = self.ctx, self.ctx.model
+        refusal = ctx.refusal_reason()
+        if refusal is None:
+            try:
+                self.stream = ctx.engine.open_stream(
+                    self._on_result, language=config.language, endpoint=self._endpoint(config)
+                )
+            except NoFreeSlotError as e:
+                refusal = f"no free slot ({e}); retry later"
+            except ValueError as e:  # unknown language: the message lists the valid codes
+                self.fail(str(e), reason_label="bad_config")
+                return
+        if refusal is not None:
+            ctx.metrics.refusals.labels(reason="draining" if ctx.draining else "no_free_slot").inc()
+            self.fail(refusal, code=CLOSE_TRY_AGAIN_LATER, reason_label="refused")
+            return
+        rate = model.geometry.sample_rate
+        self.decoder = AudioDecoder(config.encoding, config.sample_rate or rate, rate)
+        self._opened_at = time.monotonic()
+        self._set_state(ProtocolState.STREAMING)
+        ctx.metrics.open_streams.inc()
+        ctx.metrics.streams.inc()
+        self.outbox.put_nowait(
+            ReadyMessage(
+                id=config.id,
+                stream_id=self.stream.stream_id,
+                chunk_ms=model.geometry.chunk_ms,
+                sample_rate=rate,
+                input_sample_rate=self.decoder.input_rate,
+                encoding=config.encoding,
+                interim_results=config.interim_results,
+                language=config.language or model.default_language,
+                max_message_bytes=ctx.settings.max_message_bytes,
+            )
+        )
+
+    def _endpoint(self, config: ConfigMessage) -> EndpointConfig:
+        base = self.ctx.settings.endpoint_config
+        if config.endpointing is None:
+            return base
+        override = {k: v for k, v in config.endpointing.model_dump().items() if v is not None}
+        return replace(base, **override).validated()
+
+    def _end_input(self, reason: str) -> None:
+        tail = self.decoder.flush()
+        if len(tail):
+            self.ctx.engine.push(self.stream, tail)
+        self.ctx.engine.finish(self.stream)
+        self.end_reason = reason
+        self._set_state(ProtocolState.ENDING)
+
+    def _on_result(self, result: StreamResult) -> None:
+        """Engine callback, on the loop thread: hand over and return at once."""
+        try:
+            self._loop.call_soon_threadsafe(self.outbox.put_nowait, result)
+        except RuntimeError:  # event loop closed at shutdown: nobody is listening any more
+            pass
+
+    # ------------------------------------------------------------------ send task
+    async def _send_loop(self) -> None:
+        try:
+            while True:
+                item = await self.outbox.get()
+                if isinstance(item, _Close):
+                    if item.error:
+                        await self._send(ErrorMessage(id=self.config.id, reason=item.reason))
+                    await self.ws.close(item.code, item.reason[:120])
+                    return
+                if self.closing:
+                    continue  # results that raced the error are dropped
+                if isinstance(item, StreamResult):
+                    if await self._send_result(item):
+                        return
+                else:
+                    await self._send(item)
+        except Exception as e:  # noqa: BLE001 - the client went away mid-send; run() cleans up
+            log.debug("ws%d send failed: %r", self.number, e)
+            self.client_gone = True
+
+    async def _send(self, msg) -> None:
+        await self.ws.send_text(msg.model_dump_json())
+
+    async def _send_result(self, r: StreamResult) -> bool:
+        """Send one engine result (and `done` after the last one); True when the socket is closed."""
+        if r.error is not None:
+            self.fail(f"engine error: {r.error}", code=CLOSE_SERVER_ERROR, reason_label="engine")
+            return False
+        m = self.ctx.metrics
+        m.audio_seconds.inc(max(0.0, r.audio_processed_s - self._audio_processed_s))
+        self._audio_processed_s = max(self._audio_processed_s, r.audio_processed_s)
+        if r.is_final or self.config.interim_results:
+            vocabulary = self.ctx.model.vocabulary
+            sent = time.time()
+            await self._send(
+                ResultMessage(
+                    type="final" if r.is_final else "partial",
+                    id=self.config.id,
+                    stream_id=r.stream_id,
+                    segment=r.segment,
+                    is_final=r.is_final,
+                    text=r.text,
+                    tokens=[vocabulary[t] if t < len(vocabulary) else "" for t in r.token_ids],
+                    token_ids=r.token_ids,
+                    timestamps=r.token_times_s,
+                    start_time=r.segment_start_s,
+                    audio_processed=r.audio_processed_s,
+                    audio_arrival_time=r.audio_arrival_time,
+                    sent_time=sent,
+                )
+            )
+            (m.final_latency if r.is_final else m.partial_latency).observe(max(0.0, sent - r.audio_arrival_time))
+        if not r.done:
+            return False
+        await self._send(
+            DoneMessage(
+                id=self.config.id,
+                stream_id=r.stream_id,
+                audio_processed=r.audio_processed_s,
+                reason=self.end_reason or "end",
+            )
+        )
+        await self.ws.close(CLOSE_NORMAL)
+        return True

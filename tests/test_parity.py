@@ -102,3 +102,39 @@ def test_empty_stream_gets_a_final():
     eng.iterate()
     assert got and got[-1].done and got[-1].text == ""
     helpers.assert_engine_empty(eng)
+
+
+@pytest.mark.parametrize("spec", ["builtin:tiny-char", "builtin:tiny-hybrid", "builtin:tiny-prompt"])
+def test_every_rnnt_model_class_matches_oracle(spec):
+    # EncDecRNNTModel (char), EncDecHybridRNNTCTCBPEModel (RNN-T head), EncDecRNNTBPEModelWithPrompt.
+    m = helpers.model(spec, None)
+    audios = helpers.utterances(3, seed=7)
+    driven = helpers.drive(helpers.new_engine(m, 3), audios, packet=[2400, 160, 7000], start_tick=[0, 2, 4])
+    for i, a in enumerate(audios):
+        ref = oracle_transcribe(m, a).token_ids
+        assert driven.tokens(i) == ref
+    assert any(driven.tokens(i) for i in range(3)), "model emitted nothing: parity would prove little"
+
+
+def test_force_final_closes_a_segment_without_changing_tokens():
+    m = helpers.model(None, DEFAULT_MODES[0])
+    audio = helpers.utterances(1, seed=4)[0]
+    eng = helpers.new_engine(m, 1)
+    got = []
+    s = eng.open_stream(got.append)
+    half = len(audio) // 2
+    eng.push(s, audio[:half])
+    for _ in range(50):
+        eng.iterate()
+    eng.force_final(s)
+    eng.iterate()
+    assert got[-1].is_final and not got[-1].done and got[-1].segment == 0
+    eng.push(s, audio[half:])
+    eng.finish(s)
+    for _ in range(200):
+        eng.iterate()
+        if got[-1].done:
+            break
+    assert got[-1].done and got[-1].segment == 1
+    assert [t for r in got for t in r.new_token_ids] == oracle_transcribe(m, audio).token_ids
+    helpers.assert_engine_empty(eng)

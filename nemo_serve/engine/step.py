@@ -79,11 +79,21 @@ def run_step(model, pool: SlotPool, batch: StepBatch) -> StepResult:
     pool.scatter_decoder(rows, new_state)
     # 4. one device->host copy for everything the results need.
     n = len(batch.num_frames)
-    lens = hyps.current_lengths[:n].cpu().tolist()
-    width = max(lens) if lens else 0
-    ids = hyps.transcript[:n, :width].cpu().tolist()
-    frames = hyps.timestamps[:n, :width].cpu().tolist()
-    decoded = new_state.decoded_lengths[:n].cpu().tolist()
+    packed = torch.cat(
+        [
+            hyps.current_lengths[:n, None],
+            new_state.decoded_lengths[:n, None],
+            hyps.transcript[:n].to(torch.long),
+            hyps.timestamps[:n].to(torch.long),
+        ],
+        dim=1,
+    ).cpu()  # [B, 2 + 2W]: one sync per step, not four
+    width = hyps.transcript.shape[1]
+    lens = packed[:, 0].tolist()
+    decoded = packed[:, 1].tolist()
+    used = max(lens, default=0)
+    ids = packed[:, 2 : 2 + used].tolist()
+    frames = packed[:, 2 + width : 2 + width + used].tolist()
     return StepResult(
         token_ids=[r[:k] for r, k in zip(ids, lens)],
         token_frames=[r[:k] for r, k in zip(frames, lens)],

@@ -1,0 +1,187 @@
+"""End-to-end test helpers: the real `nemo-serve` process on a free port, and small clients.
+
+`start_server` starts the installed console script in its own process group, waits for
+/readyz, and kills the group in `finally:` whatever happens. `ServerProcess.assert_no_leak`
+is the "engine is empty" check: every slot free again, no stream open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+# The committed default is a built-in; NEMO_SERVE_TEST_MODEL points the tests at another model.
+TEST_MODEL = os.environ.get("NEMO_SERVE_TEST_MODEL", "builtin:tiny-hybrid")
+TOKEN = "e2e-secret-token"
+STARTUP_TIMEOUT_S = float(os.environ.get("NEMO_SERVE_TEST_STARTUP_S", "600"))  # NeMo import + model build on 2 busy cores
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _server_command() -> list[str]:
+    script = Path(sys.executable).with_name("nemo-serve")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "nemo_serve.cli"]
+
+
+@dataclass
+class ServerProcess:
+    proc: subprocess.Popen
+    port: int
+    token: str | None
+    log_path: Path
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/ws"
+
+    @property
+    def auth_headers(self) -> dict:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    def get(self, path: str) -> httpx.Response:
+        return httpx.get(self.http_url + path, timeout=10, trust_env=False)
+
+    def readyz(self) -> dict:
+        return self.get("/readyz").json()
+
+    def metrics(self) -> str:
+        return self.get("/metrics").text
+
+    def metric(self, series: str) -> float:
+        """Value of one series, e.g. 'nemo_serve_refusals_total{reason="no_free_slot"}'; 0 if absent."""
+        for line in self.metrics().splitlines():
+            if line.startswith(series + " "):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    def wait_open_streams(self, at_most: int, timeout_s: float = 15.0) -> None:
+        """Wait until the engine holds at most `at_most` streams (released slots come back
+        between steps, so a step in flight delays a release)."""
+        deadline = time.monotonic() + timeout_s
+        while self.readyz()["open_streams"] > at_most:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"streams not released: {self.readyz()}")
+            time.sleep(0.05)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def assert_no_leak(self, timeout_s: float = 15.0) -> None:
+        """Every slot is free again (the loop releases a stream just after its last result)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            r = self.readyz()
+            if r["free_slots"] == r["total_slots"] and r["open_streams"] == 0:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"slot leak: {r}")
+            time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def start_server(*args: str, token: str | None = TOKEN, model: str = TEST_MODEL) -> Iterator[ServerProcess]:
+    port = free_port()
+    log_path = Path(tempfile.mkstemp(prefix="nemo-serve-e2e-", suffix=".log")[1])
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    if token:
+        env["NEMO_SERVE_AUTH_TOKEN"] = token  # through the environment, as the docs recommend
+    cmd = [*_server_command(), "--model", model, "--port", str(port), "--log-level", "warning", *args]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    server = ServerProcess(proc, port, token, log_path)
+    try:
+        _wait_ready(server)
+        yield server
+    finally:
+        stop(server)
+
+
+def _wait_ready(server: ServerProcess) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            pytest.fail(f"nemo-serve exited with {server.proc.returncode} before ready:\n{server.log()[-3000:]}")
+        try:
+            if server.get("/readyz").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    pytest.fail(f"nemo-serve not ready after {STARTUP_TIMEOUT_S:.0f} s:\n{server.log()[-3000:]}")
+
+
+def stop(server: ServerProcess, timeout_s: float = 20.0) -> None:
+    """SIGTERM (graceful drain), then SIGKILL of the whole group if it lingers."""
+    if server.proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.proc.pid, signal.SIGTERM)
+        try:
+            server.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.proc.pid, signal.SIGKILL)
+    server.proc.wait()
+
+
+# ----------------------------------------------------------------------------- audio and clients
+
+
+def encode(samples: np.ndarray, encoding: str) -> np.ndarray:
+    """float32 [-1, 1] -> what goes on the wire (int16 for pcm_s16le)."""
+    if encoding == "pcm_s16le":
+        return np.clip(np.round(samples * 32768.0), -32768, 32767).astype("<i2")
+    return samples.astype("<f4")
+
+
+def as_model_input(wire: np.ndarray, rate: int, model_rate: int = 16000) -> np.ndarray:
+    """What the server feeds the model for these wire samples (the oracle's input)."""
+    import soxr
+
+    x = wire.astype(np.float32) / 32768.0 if wire.dtype.kind == "i" else wire.astype(np.float32)
+    return x if rate == model_rate else soxr.resample(x, rate, model_rate, quality="HQ").astype(np.float32)
+
+
+async def raw_session(url: str, first: list, *, token: str | None = TOKEN, timeout_s: float = 30.0) -> tuple[list[dict], int | None]:
+    """Send `first` (str or bytes frames) on a raw socket; return every JSON message and the close code."""
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    messages: list[dict] = []
+    async with connect(url, additional_headers=headers, max_size=None, compression=None) as ws:
+        try:
+            for frame in first:
+                await ws.send(frame)
+        except ConnectionClosed:
+            pass
+        try:
+            async with asyncio.timeout(timeout_s):
+                async for m in ws:
+                    messages.append(json.loads(m))
+        except ConnectionClosed:
+            pass
+        return messages, ws.close_code

@@ -1,0 +1,162 @@
+"""The microphone page in headless Chromium, its microphone fed from a WAV file.
+
+Chromium's fake capture device plays the file (once: `%noloop`); the page streams it to the
+real server and renders partials and finals. Driven over the Chrome DevTools protocol with
+`websockets` (no selenium, no browser download). Skipped where no Chromium is installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+
+from . import helpers
+from .helpers_server import TOKEN, start_server
+
+CHROMIUM = os.environ.get("NEMO_SERVE_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary")
+
+
+@pytest.fixture(scope="module")
+def server():
+    with start_server("--num-slots", "2") as s:
+        yield s
+
+
+@contextlib.contextmanager
+def chromium(audio_file: Path):
+    """Headless Chromium with a fake microphone; yields the DevTools port. Killed in finally."""
+    profile = Path(tempfile.mkdtemp(prefix="nemo-serve-chromium-"))
+    args = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        "--remote-debugging-port=0",
+        "--use-fake-device-for-media-stream",
+        "--use-fake-ui-for-media-stream",
+        f"--use-file-for-fake-audio-capture={audio_file}%noloop",
+        "--autoplay-policy=no-user-gesture-required",
+        "about:blank",
+    ]
+    log = open(profile / "chromium.log", "wb")
+    proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        port_file = profile / "DevToolsActivePort"  # Chromium writes its port here when listening
+        deadline = time.monotonic() + 60
+        while not (port_file.exists() and port_file.read_text().strip()):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"chromium did not start:\n{(profile / 'chromium.log').read_text()[-2000:]}")
+            time.sleep(0.1)
+        yield int(port_file.read_text().split()[0])
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        log.close()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+class DevTools:
+    """The few Chrome DevTools protocol calls the test needs, over one page's WebSocket."""
+
+    def __init__(self, ws) -> None:
+        self.ws = ws
+        self.last_id = 0
+
+    async def call(self, method: str, **params):
+        self.last_id += 1
+        await self.ws.send(json.dumps({"id": self.last_id, "method": method, "params": params}))
+        while True:
+            msg = json.loads(await self.ws.recv())
+            if msg.get("id") == self.last_id:  # anything else is an event; this test needs none
+                if "error" in msg:
+                    raise RuntimeError(f"{method}: {msg['error']}")
+                return msg["result"]
+
+    async def eval(self, expression: str, user_gesture: bool = False):
+        r = await self.call(
+            "Runtime.evaluate", expression=expression, awaitPromise=True, returnByValue=True, userGesture=user_gesture
+        )
+        if "exceptionDetails" in r:
+            raise RuntimeError(f"{expression}: {r['exceptionDetails']}")
+        return r["result"].get("value")
+
+    async def wait_for(self, expression: str, timeout_s: float):
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            value = await self.eval(expression)
+            if value:
+                return value
+            await asyncio.sleep(0.2)
+        state = await self.eval("JSON.stringify({state: nemoServe.state, status: status.textContent, messages: nemoServe.messages.slice(-3)})")
+        raise AssertionError(f"timed out waiting for {expression!r}; page: {state}")
+
+
+async def _page_socket(devtools_port: int) -> str:
+    import httpx
+
+    async with httpx.AsyncClient(trust_env=False) as http:
+        targets = (await http.get(f"http://127.0.0.1:{devtools_port}/json/list")).json()
+    return next(t["webSocketDebuggerUrl"] for t in targets if t["type"] == "page")
+
+
+def test_page_streams_microphone_and_shows_final(server, tmp_path):
+    audio = helpers.utterances(1, seed=2)[0]
+    seconds = len(audio) / 16000
+    wav = tmp_path / "mic.wav"
+    soundfile.write(wav, np.concatenate([audio, np.zeros(8000, np.float32)]), 16000, subtype="PCM_16")
+
+    async def drive(devtools_port: int) -> dict:
+        from websockets.asyncio.client import connect
+
+        async with connect(await _page_socket(devtools_port), max_size=None) as ws:
+            page = DevTools(ws)
+            await page.call("Page.enable")
+            await page.call("Page.navigate", url=f"{server.http_url}/?token={TOKEN}")  # browsers: token in the query
+            await page.wait_for("document.readyState === 'complete' && !!window.nemoServe", 30)
+            await page.wait_for("document.getElementById('info').textContent.includes('slots free')", 30)
+            await page.eval("document.getElementById('start').click()", user_gesture=True)
+            await page.wait_for("nemoServe.state === 'streaming'", 30)
+            await page.wait_for("nemoServe.messages.some(m => m.type === 'partial')", 60)
+            await asyncio.sleep(seconds + 0.5)  # let the fake microphone play the whole file
+            await page.eval("document.getElementById('stop').click()", user_gesture=True)
+            await page.wait_for("nemoServe.state === 'done'", 60)
+            return await page.eval(
+                "({finals: nemoServe.finals, shown: document.getElementById('finals').innerText,"
+                " messages: nemoServe.messages, status: document.getElementById('status').textContent})"
+            )
+
+    with chromium(wav) as devtools_port:
+        result = asyncio.run(drive(devtools_port))
+
+    types = [m["type"] for m in result["messages"]]
+    assert types[0] == "ready" and types[-1] == "done", types
+    assert result["messages"][0]["input_sample_rate"] in (16000, 44100, 48000)
+    finals = [m for m in result["messages"] if m["type"] == "final"]
+    assert finals and any(f["text"] for f in finals), "no final text from the server"
+    for f in finals:
+        if f["text"]:
+            assert f["text"] in result["shown"], (f["text"], result["shown"])  # every final is on the page
+    assert result["finals"] == [f["text"] for f in finals if f["text"]]
+    assert result["messages"][-1]["audio_processed"] >= 0.8 * seconds  # the whole file went through
+    assert result["status"].startswith("done")
+    server.assert_no_leak()

@@ -1,0 +1,374 @@
+"""End to end: the real `nemo-serve` process, spoken to over WebSocket.
+
+One server for the module (starting one costs NeMo's import and the model build), with
+small limits so that the limit tests are quick: 3 slots, 5 s idle timeout, 10 s streams,
+and a bearer token. Each test ends with `assert_no_leak` (every slot free again). SIGTERM
+gets a server of its own, since it ends it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import soundfile
+
+from nemo_serve.client import ServerRefused, StreamingClient, Transcript, stream_file
+from nemo_serve.oracle import oracle_transcribe
+
+from . import helpers
+from .helpers_server import TEST_MODEL, TOKEN, as_model_input, encode, raw_session, start_server
+
+NUM_SLOTS = 3
+
+
+@pytest.fixture(scope="module")
+def server():
+    with start_server("--num-slots", str(NUM_SLOTS), "--idle-timeout-s", "5", "--max-stream-s", "10") as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def oracle_model():
+    return helpers.model(TEST_MODEL, None)
+
+
+def oracle_tokens(model, wire: np.ndarray, rate: int) -> list[int]:
+    return oracle_transcribe(model, as_model_input(wire, rate)).token_ids
+
+
+async def stream(
+    url: str,
+    wire: np.ndarray,
+    rate: int,
+    encoding: str,
+    *,
+    packet: int = 1600,
+    speed: float = 0.0,
+    delay_s: float = 0.0,
+    force_final_at: int | None = None,
+    **options,
+) -> Transcript:
+    """One client: config, packets of `packet` samples at `speed` x real time (0: no pacing), end."""
+    await asyncio.sleep(delay_s)
+    options.setdefault("token", TOKEN)
+    async with StreamingClient(url, sample_rate=rate, encoding=encoding, **options) as c:
+        out = Transcript(ready=c.ready)
+
+        async def send() -> None:
+            t0 = time.monotonic()
+            for i in range(0, len(wire), packet):
+                if force_final_at is not None and i <= force_final_at < i + packet:
+                    await c.force_final()
+                await c.send_audio(wire[i : i + packet])
+                if speed:
+                    await asyncio.sleep(max(0.0, t0 + (i + packet) / rate / speed - time.monotonic()))
+            await c.end()
+
+        sender = asyncio.create_task(send())
+        async for msg in c.messages():
+            out.messages.append(msg)
+            if msg["type"] == "final":
+                out.finals.append(msg)
+            elif msg["type"] == "done":
+                out.done = msg
+            elif msg["type"] == "error":
+                out.error = msg
+        # The server may end input itself (drain, duration cap) while we are still sending.
+        await asyncio.gather(sender, return_exceptions=True)
+        out.close_code = c.close_code
+    return out
+
+
+def check_well_formed(t: Transcript) -> None:
+    assert t.error is None, t.error
+    assert t.done is not None and t.close_code == 1000
+    assert t.messages[-1]["type"] == "done"
+    segments = [f["segment"] for f in t.finals]
+    assert segments == sorted(segments) and len(set(segments)) == len(segments)
+    for m in t.messages:
+        if m["type"] in ("partial", "final"):
+            assert len(m["tokens"]) == len(m["token_ids"]) == len(m["timestamps"])
+            assert m["timestamps"] == sorted(m["timestamps"])
+            assert all(ts >= m["start_time"] - 1e-6 for ts in m["timestamps"])
+            assert m["audio_arrival_time"] <= m["sent_time"] + 1e-3
+    processed = [m["audio_processed"] for m in t.messages if m["type"] in ("partial", "final")]
+    assert processed == sorted(processed)
+
+
+# ----------------------------------------------------------------------------- parity
+
+
+def test_concurrent_staggered_streams_match_oracle(server, oracle_model):
+    """int16 at 8 kHz, float32 at 16 kHz, int16 at 16 kHz; staggered starts, odd packet sizes,
+    one stream forced to a final mid-way: every stream's tokens equal NeMo's own loop's."""
+    utts = helpers.utterances(3, seed=11)
+    cases = [  # encoding, rate, start delay, packet (samples), force_final_at (sample)
+        ("pcm_s16le", 8000, 0.0, 1000, None),
+        ("pcm_f32le", 16000, 0.3, 1600, 16000),
+        ("pcm_s16le", 16000, 0.8, 4001, None),
+    ]
+    wires = []
+    for (encoding, rate, *_), audio in zip(cases, utts):
+        x = audio if rate == 16000 else as_model_input(audio, 16000, rate)  # a real 8 kHz signal
+        wires.append(encode(x, encoding))
+
+    async def run_all():
+        return await asyncio.gather(
+            *(
+                stream(server.ws_url, w, rate, enc, packet=p, speed=4.0, delay_s=d, force_final_at=ff, stream_id=f"s{i}")
+                for i, (w, (enc, rate, d, p, ff)) in enumerate(zip(wires, cases))
+            )
+        )
+
+    transcripts = asyncio.run(run_all())
+    for i, (t, w, (enc, rate, *_)) in enumerate(zip(transcripts, wires, cases)):
+        check_well_formed(t)
+        assert t.ready["input_sample_rate"] == rate and t.ready["encoding"] == enc
+        assert all(m.get("id") == f"s{i}" for m in t.messages)
+        assert t.token_ids == oracle_tokens(oracle_model, w, rate), f"stream {i} ({enc} at {rate} Hz)"
+    assert len(transcripts[1].finals) >= 2  # the forced final closed a segment
+    server.assert_no_leak()
+
+
+def test_sherpa_onnx_style_client_on_root_path(server, oracle_model):
+    """No config: float32 at the model's rate on `/`, then the text `Done`."""
+    audio = helpers.utterances(1, seed=5)[0]
+    frames = [audio[i : i + 8000].astype("<f4").tobytes() for i in range(0, len(audio), 8000)]
+    messages, code = asyncio.run(raw_session(server.ws_url.removesuffix("/ws") + "/", [*frames, "Done"]))
+    assert [m["type"] for m in messages][0] == "ready" and messages[-1]["type"] == "done" and code == 1000
+    tokens = [t for m in messages if m["type"] == "final" for t in m["token_ids"]]
+    assert tokens == oracle_transcribe(oracle_model, audio).token_ids
+    server.assert_no_leak()
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def _bad_inputs() -> dict[str, list]:
+    cfg = lambda **kw: json.dumps({"type": "config", **kw})  # noqa: E731
+    nan = np.zeros(1600, dtype="<f4")
+    nan[100] = np.nan
+    inf = np.zeros(1600, dtype="<f4")
+    inf[7] = np.inf
+    return {
+        "odd byte count": [cfg(encoding="pcm_s16le"), b"\x01\x02\x03"],
+        "f32 not multiple of 4": [b"\x00" * 1601 * 4 + b"\x00\x00"],
+        "NaN": [cfg(), nan.tobytes()],
+        "Inf": [cfg(), inf.tobytes()],
+        "text not JSON": ["hello {"],
+        "config after audio": [cfg(), np.zeros(800, "<f4").tobytes(), cfg()],
+        "unknown field": [cfg(sampel_rate=8000)],
+        "bad encoding": [cfg(encoding="mp3")],
+        "language on a model without prompts": [cfg(language="xx-XX")],
+        "unknown type": [json.dumps({"type": "pause"})],
+    }
+
+
+def test_malformed_input_fails_only_that_stream(server, oracle_model):
+    audio = helpers.utterances(1, seed=21)[0]
+    wire = encode(audio, "pcm_f32le")
+
+    async def scenario():
+        good = asyncio.create_task(stream(server.ws_url, wire, 16000, "pcm_f32le", speed=2.0))
+        outcomes = {}
+        for name, frames in _bad_inputs().items():
+            outcomes[name] = await raw_session(server.ws_url, frames)
+            await asyncio.to_thread(server.wait_open_streams, 1)  # each bad stream gives its slot back
+        outcomes["50 MB message"] = await raw_session(server.ws_url, [b"\x00" * (50 << 20)])
+        return await good, outcomes
+
+    too_big_before = server.metric('nemo_serve_stream_errors_total{reason="message_too_big"}')
+    good, outcomes = asyncio.run(scenario())
+    for name, (messages, code) in outcomes.items():
+        if name == "50 MB message":
+            assert code == 1009, (name, code)  # the transport refuses it unread: "message too big"
+            continue
+        errors = [m for m in messages if m["type"] == "error"]
+        assert len(errors) == 1 and errors[0]["reason"], (name, messages)
+        assert messages[-1]["type"] == "error" and code == 1008, (name, messages, code)
+    assert "language" in outcomes["language on a model without prompts"][0][-1]["reason"]
+    assert "sampel_rate" in outcomes["unknown field"][0][-1]["reason"]
+    check_well_formed(good)
+    assert good.token_ids == oracle_transcribe(oracle_model, audio).token_ids
+    assert server.metric('nemo_serve_stream_errors_total{reason="bad_audio"}') >= 4
+    assert server.metric('nemo_serve_stream_errors_total{reason="message_too_big"}') == too_big_before + 1
+    server.assert_no_leak()
+
+
+# ----------------------------------------------------------------------------- admission
+
+
+def test_n_plus_k_clients_at_n_slots(server):
+    """N held, k refused at the handshake (HTTP 503), and one that passed the handshake but lost
+    the race for the last slot refused with an error and close code 1013; nothing leaks."""
+    silence = np.zeros(1600, dtype="<i2")
+    refusals = 'nemo_serve_refusals_total{reason="no_free_slot"}'
+    refusals_before = server.metric(refusals)
+
+    async def scenario():
+        from websockets.asyncio.client import connect
+
+        racer = await connect(server.ws_url, additional_headers=server.auth_headers)  # handshake passes, no slot yet
+        held = []
+        for i in range(NUM_SLOTS):
+            c = StreamingClient(server.ws_url, sample_rate=16000, encoding="pcm_s16le", token=TOKEN)
+            held.append(await c.__aenter__())
+            await c.send_audio(silence)
+        readyz = server.get("/readyz")
+        refused = []
+        for _ in range(2):
+            try:
+                async with StreamingClient(server.ws_url, token=TOKEN):
+                    pass
+            except ServerRefused as e:
+                refused.append(e)
+        await racer.send(json.dumps({"type": "config"}))
+        race = json.loads(await racer.recv())
+        await racer.wait_closed()
+        for c in held:
+            await c.end()
+        finals = [[m async for m in c.messages()] for c in held]
+        for c in held:
+            await c.__aexit__(None, None, None)
+        return readyz, refused, race, racer.close_code, finals
+
+    readyz, refused, race, race_code, finals = asyncio.run(scenario())
+    assert readyz.status_code == 503 and readyz.json()["free_slots"] == 0
+    assert len(refused) == 2 and all(e.status == 503 and "slot" in e.reason for e in refused)
+    assert race["type"] == "error" and "slot" in race["reason"] and race_code == 1013
+    assert all(f[-1]["type"] == "done" for f in finals)
+    assert server.metric(refusals) == refusals_before + 3
+    server.assert_no_leak()
+
+
+def test_disconnect_mid_chunk_frees_slot(server):
+    async def scenario():
+        from websockets.asyncio.client import connect
+
+        ws = await connect(server.ws_url, additional_headers=server.auth_headers)
+        await ws.send(json.dumps({"type": "config"}))
+        assert json.loads(await ws.recv())["type"] == "ready"
+        await ws.send(np.zeros(5000, dtype="<f4").tobytes())  # a fraction of a chunk
+        ws.transport.abort()  # no close handshake: the TCP connection just drops
+
+    asyncio.run(scenario())
+    server.assert_no_leak()
+
+
+# ----------------------------------------------------------------------------- limits and security
+
+
+def test_auth_header_or_query_token(server):
+    async def scenario():
+        outcomes = []
+        for token in (None, "wrong"):
+            try:
+                async with StreamingClient(server.ws_url, token=token):
+                    outcomes.append("accepted")
+            except ServerRefused as e:
+                outcomes.append(e.status)
+        messages, code = await raw_session(server.ws_url + f"?token={TOKEN}", ["Done"], token=None)
+        return outcomes, messages, code
+
+    outcomes, messages, code = asyncio.run(scenario())
+    assert outcomes == [401, 401]
+    assert messages[0]["type"] == "ready" and messages[-1]["type"] == "done" and code == 1000
+    server.assert_no_leak()
+
+
+def test_idle_timeout_and_max_stream_duration(server):
+    async def scenario():
+        t0 = time.monotonic()
+        idle = await raw_session(server.ws_url, [json.dumps({"type": "config"})])
+        idle_s = time.monotonic() - t0
+        long = np.zeros(16000 * 12, dtype="<f4")  # 12 s > --max-stream-s 10
+        frames = [long[i : i + 16000].tobytes() for i in range(0, len(long), 16000)]
+        capped = await raw_session(server.ws_url, [json.dumps({"type": "config"}), *frames])
+        return idle, idle_s, capped
+
+    (idle_msgs, idle_code), idle_s, (capped_msgs, capped_code) = asyncio.run(scenario())
+    assert idle_msgs[-1]["type"] == "error" and "idle" in idle_msgs[-1]["reason"] and idle_code == 1008
+    assert 4.5 < idle_s < 30
+    assert capped_msgs[-1]["type"] == "done" and capped_msgs[-1]["reason"] == "max_stream_duration"
+    assert any(m["type"] == "final" for m in capped_msgs) and capped_code == 1000
+    assert 9.0 <= capped_msgs[-1]["audio_processed"] <= 10.5
+    server.assert_no_leak()
+
+
+def test_health_ready_and_metrics(server):
+    assert server.get("/healthz").json() == {"status": "ok"}
+    r = server.readyz()
+    assert r["ready"] and r["total_slots"] == NUM_SLOTS and r["sample_rate"] == 16000 and r["auth"]
+    asyncio.run(stream(server.ws_url, encode(helpers.utterances(1, seed=3)[0], "pcm_s16le"), 16000, "pcm_s16le"))
+    text = server.metrics()
+    for name in (
+        "nemo_serve_open_streams 0.0",
+        f"nemo_serve_free_slots {NUM_SLOTS}.0",
+        f"nemo_serve_slots {NUM_SLOTS}.0",
+        "nemo_serve_refusals_total",
+        'nemo_serve_step_duration_seconds_bucket{batch_size="1"',
+        "nemo_serve_batch_size_bucket",
+        "nemo_serve_audio_seconds_total",
+        "nemo_serve_partial_latency_seconds_count",
+        "nemo_serve_final_latency_seconds_count",
+    ):
+        assert name in text, name
+    assert server.get("/").status_code == 200 and "nemo-serve" in server.get("/").text
+    server.assert_no_leak()
+
+
+def test_client_cli_prints_finals(server, tmp_path):
+    path = tmp_path / "utt.wav"
+    soundfile.write(path, helpers.utterances(1, seed=8)[0], 16000, subtype="PCM_16")
+    out = subprocess.run(
+        [sys.executable, "-m", "nemo_serve.client", str(path), "--url", server.ws_url, "--speed", "0", "--token", TOKEN],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines and all(line.startswith("[") and "s] " in line for line in lines), out.stdout
+    server.assert_no_leak()
+
+
+# ----------------------------------------------------------------------------- drain
+
+
+def test_sigterm_delivers_finals_then_exits(oracle_model):
+    utts = helpers.utterances(2, seed=31)
+    with start_server("--num-slots", "2", "--drain-timeout-s", "60") as srv:
+
+        async def scenario():
+            clients = [
+                asyncio.create_task(stream(srv.ws_url, encode(u, "pcm_f32le"), 16000, "pcm_f32le", speed=1.0, packet=800))
+                for u in utts
+            ]
+            while srv.readyz()["open_streams"] < 2:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(1.0)
+            srv.proc.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.2)
+            try:
+                async with StreamingClient(srv.ws_url, token=TOKEN):
+                    refused = None
+            except ServerRefused as e:
+                refused = e
+            except OSError as e:  # the drain already finished and the port is closed
+                refused = e
+            return await asyncio.gather(*clients), refused
+
+        transcripts, refused = asyncio.run(scenario())
+        assert srv.proc.wait(timeout=60) == 0
+    assert refused is not None
+    for t, audio in zip(transcripts, utts):
+        check_well_formed(t)
+        assert t.done["reason"] == "draining"
+        assert t.finals and 0 < t.done["audio_processed"] < len(audio) / 16000  # cut short, final delivered

@@ -23,6 +23,7 @@ import asyncio
 import json
 import shutil
 import signal
+import ssl
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -31,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 from websockets.asyncio.client import connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
 DEFAULT_URL = "ws://127.0.0.1:8000/ws"
 
@@ -77,9 +78,11 @@ class StreamingClient:
         token: str | None = None,
         endpointing: dict | None = None,
         max_message_bytes: int = 1 << 20,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.url = url
         self.token = token
+        self.ssl_context = ssl_context  # for wss:// with a private CA or a self-signed certificate
         self.config = {"type": "config", "sample_rate": sample_rate, "encoding": encoding, "interim_results": interim_results}
         for key, value in (("language", language), ("id", stream_id), ("endpointing", endpointing)):
             if value is not None:
@@ -92,7 +95,8 @@ class StreamingClient:
     async def __aenter__(self) -> "StreamingClient":
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
         try:
-            self._ws = await connect(self.url, additional_headers=headers, max_size=None, compression=None)
+            extra = {"ssl": self.ssl_context} if self.ssl_context is not None and self.url.startswith("wss:") else {}
+            self._ws = await connect(self.url, additional_headers=headers, max_size=None, compression=None, **extra)
         except InvalidStatus as e:
             body = e.response.body.decode(errors="replace") if e.response.body else ""
             try:
@@ -171,19 +175,25 @@ def _mono(data: np.ndarray) -> np.ndarray:
     return data.mean(axis=1).astype(data.dtype)
 
 
-async def stream_file(
+async def stream_file(url: str, path: str | Path, **options) -> Transcript:
+    """Stream an audio file at `speed` x real time (0: as fast as possible); collect every message."""
+    samples, rate, encoding = read_audio(path)
+    return await stream_samples(url, samples, rate, encoding, **options)
+
+
+async def stream_samples(
     url: str,
-    path: str | Path,
+    samples: np.ndarray,
+    rate: int,
+    encoding: str,
     *,
     speed: float = 1.0,
     chunk_ms: float = 100.0,
     on_message: Callable[[dict], None] | None = None,
     **client_options,
 ) -> Transcript:
-    """Stream a file at `speed` x real time (0: as fast as possible); collect every message."""
-    samples, rate, encoding = read_audio(path)
-    client_options["encoding"] = encoding  # the samples are sent as read
-    async with StreamingClient(url, sample_rate=rate, **client_options) as client:
+    """Stream samples (int16 for pcm_s16le, float32 for pcm_f32le) and collect every message."""
+    async with StreamingClient(url, sample_rate=rate, encoding=encoding, **client_options) as client:
         out = Transcript(ready=client.ready, messages=[client.ready])
         if on_message is not None:
             on_message(client.ready)
@@ -291,8 +301,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--language", help="language code, for a multilingual model")
     p.add_argument("--no-interim", action="store_true", help="ask for final results only")
     p.add_argument("--token", help="bearer token (or NEMO_SERVE_AUTH_TOKEN)")
+    p.add_argument("--cafile", help="for wss://: trust this certificate (e.g. the server's self-signed one)")
+    p.add_argument("--insecure", action="store_true", help="for wss://: do not verify the certificate (testing only)")
     p.add_argument("--json", action="store_true", help="print every server message as a JSON line")
     return p
+
+
+def _ssl_context(cafile: str | None, insecure: bool) -> ssl.SSLContext | None:
+    if insecure:
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        return ctx
+    return ssl.create_default_context(cafile=cafile) if cafile else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -302,18 +323,30 @@ def main(argv: list[str] | None = None) -> int:
     if args.mic == bool(args.file):
         print("nemo-serve-client: give a FILE or --mic", file=sys.stderr)
         return 2
-    options = dict(language=args.language, interim_results=not args.no_interim, token=args.token or os.environ.get("NEMO_SERVE_AUTH_TOKEN"))
+    options = dict(
+        language=args.language,
+        interim_results=not args.no_interim,
+        token=args.token or os.environ.get("NEMO_SERVE_AUTH_TOKEN"),
+        ssl_context=_ssl_context(args.cafile, args.insecure),
+    )
     printer = Printer(as_json=args.json)
     try:
         if args.mic:
             asyncio.run(stream_microphone(args.url, printer, **options))
             return 0
-        t = asyncio.run(stream_file(args.url, args.file, speed=args.speed, chunk_ms=args.chunk_ms, on_message=printer, **options))
+        try:
+            samples, rate, encoding = read_audio(args.file)
+        except (OSError, RuntimeError, ValueError) as e:  # soundfile's errors are RuntimeErrors
+            print(f"nemo-serve-client: cannot read {args.file}: {e}", file=sys.stderr)
+            return 2
+        t = asyncio.run(
+            stream_samples(args.url, samples, rate, encoding, speed=args.speed, chunk_ms=args.chunk_ms, on_message=printer, **options)
+        )
     except ServerRefused as e:
         print(f"nemo-serve-client: refused: {e.reason}", file=sys.stderr)
         return 1
-    except (OSError, ValueError) as e:
-        print(f"nemo-serve-client: {e}", file=sys.stderr)
+    except (OSError, WebSocketException) as e:
+        print(f"nemo-serve-client: cannot connect to {args.url}: {e}", file=sys.stderr)
         return 1
     return 1 if t.error else 0
 

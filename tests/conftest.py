@@ -5,6 +5,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
+from .helpers_server import shared_server  # noqa: E402,F401 - one nemo-serve process for e2e and browser tests
+
 torch.set_num_threads(1)
 
 

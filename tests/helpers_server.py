@@ -27,8 +27,22 @@ import pytest
 
 # The committed default is a built-in; NEMO_SERVE_TEST_MODEL points the tests at another model.
 TEST_MODEL = os.environ.get("NEMO_SERVE_TEST_MODEL", "builtin:tiny-hybrid")
+PROMPT_TEST_MODEL = os.environ.get("NEMO_SERVE_TEST_PROMPT_MODEL", "builtin:tiny-prompt")  # has language prompts
 TOKEN = "e2e-secret-token"
 STARTUP_TIMEOUT_S = float(os.environ.get("NEMO_SERVE_TEST_STARTUP_S", "600"))  # NeMo import + model build on 2 busy cores
+
+
+# The shared server (e2e and browser tests): small limits so that the limit tests are quick.
+SHARED_NUM_SLOTS = 3
+SHARED_ARGS = ("--num-slots", str(SHARED_NUM_SLOTS), "--idle-timeout-s", "5", "--max-stream-s", "10")
+
+
+@pytest.fixture(scope="session")
+def shared_server():
+    """One server for every test that does not end it: starting one costs NeMo's import and
+    the model build (~30 s on two busy cores). Registered in conftest.py."""
+    with start_server(*SHARED_ARGS) as s:
+        yield s
 
 
 def free_port() -> int:

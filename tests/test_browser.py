@@ -23,16 +23,15 @@ import pytest
 import soundfile
 
 from . import helpers
-from .helpers_server import TOKEN, start_server
+from .helpers_server import TOKEN
 
 CHROMIUM = os.environ.get("NEMO_SERVE_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary")
 
 
-@pytest.fixture(scope="module")
-def server():
-    with start_server("--num-slots", "2") as s:
-        yield s
+@pytest.fixture
+def server(shared_server):
+    return shared_server
 
 
 @contextlib.contextmanager

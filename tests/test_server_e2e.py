@@ -1,9 +1,9 @@
 """End to end: the real `nemo-serve` process, spoken to over WebSocket.
 
-One server for the module (starting one costs NeMo's import and the model build), with
-small limits so that the limit tests are quick: 3 slots, 5 s idle timeout, 10 s streams,
-and a bearer token. Each test ends with `assert_no_leak` (every slot free again). SIGTERM
-gets a server of its own, since it ends it.
+One server for the session (`shared_server`: starting one costs NeMo's import and the model
+build), with small limits so that the limit tests are quick: 3 slots, 5 s idle timeout,
+10 s streams, and a bearer token. Each test ends with `assert_no_leak` (every slot free
+again). SIGTERM gets a server of its own, since it ends it.
 """
 
 from __future__ import annotations
@@ -23,15 +23,21 @@ from nemo_serve.client import ServerRefused, StreamingClient, Transcript, stream
 from nemo_serve.oracle import oracle_transcribe
 
 from . import helpers
-from .helpers_server import TEST_MODEL, TOKEN, as_model_input, encode, raw_session, start_server
+from .helpers_server import (
+    PROMPT_TEST_MODEL,
+    SHARED_NUM_SLOTS as NUM_SLOTS,
+    TEST_MODEL,
+    TOKEN,
+    as_model_input,
+    encode,
+    raw_session,
+    start_server,
+)
 
-NUM_SLOTS = 3
 
-
-@pytest.fixture(scope="module")
-def server():
-    with start_server("--num-slots", str(NUM_SLOTS), "--idle-timeout-s", "5", "--max-stream-s", "10") as s:
-        yield s
+@pytest.fixture
+def server(shared_server):
+    return shared_server
 
 
 @pytest.fixture(scope="module")
@@ -342,14 +348,22 @@ def test_client_cli_prints_finals(server, tmp_path):
 # ----------------------------------------------------------------------------- drain
 
 
-def test_sigterm_delivers_finals_then_exits(oracle_model):
+def test_sigterm_delivers_finals_then_exits():
+    """On a multilingual prompt model (a server of its own, since SIGTERM ends it): an unknown
+    language is refused with the valid codes; two streams in different languages are cut short
+    by SIGTERM, get their finals and `done` with reason "draining"; new streams are refused;
+    the process exits 0."""
     utts = helpers.utterances(2, seed=31)
-    with start_server("--num-slots", "2", "--drain-timeout-s", "60") as srv:
+    languages = ["de-DE", "fr-FR"]
+    with start_server("--num-slots", "2", "--drain-timeout-s", "60", model=PROMPT_TEST_MODEL) as srv:
 
         async def scenario():
+            unknown = await raw_session(srv.ws_url, [json.dumps({"type": "config", "language": "xx-XX"})])
             clients = [
-                asyncio.create_task(stream(srv.ws_url, encode(u, "pcm_f32le"), 16000, "pcm_f32le", speed=1.0, packet=800))
-                for u in utts
+                asyncio.create_task(
+                    stream(srv.ws_url, encode(u, "pcm_f32le"), 16000, "pcm_f32le", speed=1.0, packet=800, language=lang)
+                )
+                for u, lang in zip(utts, languages)
             ]
             while srv.readyz()["open_streams"] < 2:
                 await asyncio.sleep(0.05)
@@ -359,16 +373,16 @@ def test_sigterm_delivers_finals_then_exits(oracle_model):
             try:
                 async with StreamingClient(srv.ws_url, token=TOKEN):
                     refused = None
-            except ServerRefused as e:
+            except (ServerRefused, OSError) as e:  # OSError: the drain already finished, port closed
                 refused = e
-            except OSError as e:  # the drain already finished and the port is closed
-                refused = e
-            return await asyncio.gather(*clients), refused
+            return unknown, await asyncio.gather(*clients), refused
 
-        transcripts, refused = asyncio.run(scenario())
+        (unknown_msgs, unknown_code), transcripts, refused = asyncio.run(scenario())
         assert srv.proc.wait(timeout=60) == 0
+    assert unknown_code == 1008 and all(code in unknown_msgs[-1]["reason"] for code in ("xx-XX", "de-DE", "en-US"))
     assert refused is not None
-    for t, audio in zip(transcripts, utts):
+    for t, audio, lang in zip(transcripts, utts, languages):
         check_well_formed(t)
+        assert t.ready["language"] == lang
         assert t.done["reason"] == "draining"
         assert t.finals and 0 < t.done["audio_processed"] < len(audio) / 16000  # cut short, final delivered

@@ -68,7 +68,7 @@ class ServerContext:
         if self.sessions:
             try:
                 await asyncio.wait_for(self._idle.wait(), self.settings.drain_timeout_s)
-            except TimeoutError:
+            except asyncio.TimeoutError:
                 pass
         for s in list(self.sessions):
             s.fail("server shut down before the stream finished (drain timeout)", CLOSE_GOING_AWAY, "drain_timeout")

@@ -46,6 +46,11 @@ from .protocol import (
 log = logging.getLogger("nemo_serve.session")
 _numbers = itertools.count(1)
 
+# Backpressure: a stream may run this far ahead of the model before we stop reading its socket
+# (TCP then slows the client down). Without it, a client sending an hour of audio at full speed
+# would park it all in server memory. Real-time clients are never near it.
+MAX_AHEAD_S = 20.0
+
 
 @dataclass
 class _Close:
@@ -73,6 +78,7 @@ class Session:
         self._last_message = time.monotonic()
         self._opened_at = 0.0
         self._audio_processed_s = 0.0
+        self._progress = asyncio.Event()  # set when the model consumed more audio, or the stream ends
 
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
@@ -109,6 +115,7 @@ class Session:
         if self.closing or self.client_gone:
             return
         self.closing = True
+        self._progress.set()
         self._abort(reason)
         self.ctx.metrics.stream_errors.labels(reason=reason_label).inc()
         log.info("ws%d error (%s): %s", self.number, reason_label, reason)
@@ -127,7 +134,7 @@ class Session:
             timeout = self._receive_timeout()
             try:
                 message = await asyncio.wait_for(self.ws.receive(), timeout)
-            except TimeoutError:
+            except asyncio.TimeoutError:  # TimeoutError itself only from 3.11
                 self._on_timeout()
                 continue
             if message["type"] == "websocket.disconnect":
@@ -141,6 +148,18 @@ class Session:
                     self._on_text(message.get("text") or "")
             except (ProtocolError, AudioError) as e:
                 self.fail(str(e), reason_label="bad_audio" if isinstance(e, AudioError) else "protocol")
+            await self._wait_for_model()
+
+    async def _wait_for_model(self) -> None:
+        """Stop reading while the model is more than MAX_AHEAD_S behind this stream's input."""
+        while (
+            self.state is ProtocolState.STREAMING
+            and not self.closing
+            and self.decoder.input_seconds - self._audio_processed_s > MAX_AHEAD_S
+        ):
+            self._progress.clear()
+            await self._progress.wait()
+            self._last_message = time.monotonic()  # waiting on us is not the client being idle
 
     def _receive_timeout(self) -> float | None:
         """Idle timeout while input is open (a client that went silent holds nothing forever);
@@ -258,6 +277,7 @@ class Session:
         self.ctx.engine.finish(self.stream)
         self.end_reason = reason
         self._set_state(ProtocolState.ENDING)
+        self._progress.set()
 
     def _on_result(self, result: StreamResult) -> None:
         """Engine callback, on the loop thread: hand over and return at once."""
@@ -298,6 +318,7 @@ class Session:
         m = self.ctx.metrics
         m.audio_seconds.inc(max(0.0, r.audio_processed_s - self._audio_processed_s))
         self._audio_processed_s = max(self._audio_processed_s, r.audio_processed_s)
+        self._progress.set()
         if r.is_final or self.config.interim_results:
             vocabulary = self.ctx.model.vocabulary
             sent = time.time()

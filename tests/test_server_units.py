@@ -1,0 +1,131 @@
+"""The server's pieces without a server: protocol parsing and states, PCM decoding and
+resampling, settings precedence, metric labels, the CLI's one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import soxr
+
+from nemo_serve import cli
+from nemo_serve.config import Settings, SettingsError
+from nemo_serve.server.audio import AudioDecoder, AudioError
+from nemo_serve.server.metrics import batch_size_label
+from nemo_serve.server.protocol import (
+    ConfigMessage,
+    EndMessage,
+    ForceFinalMessage,
+    ProtocolError,
+    ProtocolState,
+    check_transition,
+    parse_client_text,
+)
+
+
+# ----------------------------------------------------------------------------- protocol
+
+
+def test_end_of_input_spellings():
+    assert isinstance(parse_client_text("Done"), EndMessage)  # sherpa-onnx clients
+    assert isinstance(parse_client_text('{"type": "end"}'), EndMessage)
+    assert isinstance(parse_client_text('{"type": "force_final"}'), ForceFinalMessage)
+
+
+def test_config_defaults_aliases_and_refusals():
+    c = parse_client_text(json.dumps({"type": "config", "encoding": "int16", "sample_rate": 8000, "id": "x"}))
+    assert isinstance(c, ConfigMessage) and c.encoding == "pcm_s16le" and c.sample_rate == 8000
+    assert ConfigMessage().encoding == "pcm_f32le" and ConfigMessage().interim_results
+    for bad, words in (
+        ("not json", "neither JSON"),
+        ("[1, 2]", "object"),
+        ('{"type": "pause"}', "unknown message type"),
+        ('{"type": "config", "encoding": "mp3"}', "encoding"),
+        ('{"type": "config", "sample_rate": 100}', "sample_rate"),
+        ('{"type": "config", "samplerate": 8000}', "samplerate"),
+        ('{"type": "config", "endpointing": {"rule1_min_trailing_silence_s": -1}}', "endpointing"),
+    ):
+        with pytest.raises(ProtocolError, match=words):
+            parse_client_text(bad)
+
+
+def test_state_machine_rejects_illegal_transitions():
+    s = check_transition(ProtocolState.CONNECTED, ProtocolState.STREAMING)
+    s = check_transition(s, ProtocolState.ENDING)
+    s = check_transition(s, ProtocolState.CLOSED)
+    for old, new in (
+        (ProtocolState.CLOSED, ProtocolState.STREAMING),
+        (ProtocolState.ENDING, ProtocolState.STREAMING),
+        (ProtocolState.CONNECTED, ProtocolState.ENDING),
+    ):
+        with pytest.raises(RuntimeError, match="illegal"):
+            check_transition(old, new)
+
+
+# ----------------------------------------------------------------------------- audio
+
+
+def test_int16_and_float32_decode():
+    x = np.array([0, 16384, -32768, 32767], dtype="<i2")
+    assert np.allclose(AudioDecoder("pcm_s16le", 16000, 16000).decode(x.tobytes()), [0, 0.5, -1, 32767 / 32768])
+    f = np.array([0.25, -0.5], dtype="<f4")
+    assert np.array_equal(AudioDecoder("pcm_f32le", 16000, 16000).decode(f.tobytes()), f)
+
+
+@pytest.mark.parametrize(
+    "encoding, data, words",
+    [
+        ("pcm_s16le", b"\x00\x01\x02", "whole number"),
+        ("pcm_f32le", b"\x00" * 6, "whole number"),
+        ("pcm_f32le", np.array([0.0, np.nan], "<f4").tobytes(), "NaN or Inf"),
+        ("pcm_f32le", np.array([np.inf], "<f4").tobytes(), "NaN or Inf"),
+    ],
+)
+def test_bad_audio_is_refused(encoding, data, words):
+    with pytest.raises(AudioError, match=words):
+        AudioDecoder(encoding, 16000, 16000).decode(data)
+
+
+def test_streaming_resampler_ignores_packet_sizes():
+    """The server's output for a stream must not depend on how the client cut it up."""
+    x = np.random.default_rng(0).normal(0, 0.1, 8000 * 2).astype(np.float32)
+    pieces = []
+    d = AudioDecoder("pcm_f32le", 8000, 16000)
+    i, sizes = 0, [37, 1001, 5, 800]
+    while i < len(x):
+        n = sizes[len(pieces) % len(sizes)]
+        pieces.append(d.decode(x[i : i + n].tobytes()))
+        i += n
+    pieces.append(d.flush())
+    assert np.array_equal(np.concatenate(pieces), soxr.resample(x, 8000, 16000, quality="HQ"))
+    assert d.input_seconds == 2.0
+
+
+# ----------------------------------------------------------------------------- settings, metrics, cli
+
+
+def test_settings_precedence_flags_env_defaults():
+    env = {"NEMO_SERVE_NUM_SLOTS": "7", "NEMO_SERVE_AUTH_TOKEN": "yes", "NEMO_SERVE_ENDPOINT": "off"}
+    s = Settings.from_sources({"num_slots": None, "port": 9000}, env)
+    assert (s.num_slots, s.port, s.auth_token, s.endpoint) == (7, 9000, "yes", False)
+    assert Settings.from_sources({"num_slots": 3}, env).num_slots == 3
+    assert Settings.from_sources({}, {}).host == "127.0.0.1"
+    with pytest.raises(SettingsError, match="--num-slots"):
+        Settings.from_sources({"num_slots": 0}, {})
+    with pytest.raises(SettingsError, match="TLS file not found"):
+        Settings.from_sources({"ssl_certfile": "/nonexistent.pem"}, {})
+
+
+def test_batch_size_labels():
+    assert [batch_size_label(n) for n in (1, 2, 3, 4, 5, 8, 9, 64, 65)] == [
+        "1", "2", "3-4", "3-4", "5-8", "5-8", "9-16", "33-64", "65-128"
+    ]
+
+
+def test_cli_errors_are_one_line_exit_2(capsys):
+    assert cli.main(["--port", "99999"]) == 2
+    assert cli.main(["--model", "/nonexistent/model.nemo"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(line.startswith("nemo-serve: error: ") for line in err)
+    assert "--port" in err[0] and "not found" in err[1]

@@ -1,0 +1,189 @@
+"""Shared pieces of the benchmarks: which model file, which audio, and what to record about the run.
+
+Every benchmark loads its model from one `.nemo` file, so the engine, NeMo's pipeline (which
+restores its own copy from a path), the per-stream loop and the ONNX export all see the same
+weights. A built-in architecture (`builtin:NAME`) is built once and cached as a `.nemo`, keyed
+by the builtin source, its config and the torch / NeMo versions (building FastConformer-L with
+its weight calibration takes minutes).
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+CACHE_DIR = Path(os.environ.get("NEMO_SERVE_BENCH_CACHE", Path.home() / ".cache" / "nemo_serve" / "bench"))
+SAMPLE_RATE = 16000
+
+
+# ----------------------------------------------------------------------------- model files
+
+
+def model_file(spec: str | None) -> tuple[Path, str]:
+    """(path to a .nemo, display name) for a model spec: a .nemo path, `builtin:NAME`, or None (demo)."""
+    from nemo_serve.model import DEMO_MODEL_PATH
+
+    if spec is None or spec == "demo":
+        if not DEMO_MODEL_PATH.exists():
+            raise SystemExit(f"the embedded demo model is not there yet ({DEMO_MODEL_PATH})")
+        return DEMO_MODEL_PATH, "demo"
+    if spec.endswith(".nemo"):
+        return Path(spec), Path(spec).stem
+    name = spec.removeprefix("builtin:")
+    return _cached_builtin(name), f"builtin:{name}"
+
+
+def _cached_builtin(name: str, seed: int = 0) -> Path:
+    import nemo
+    import torch
+
+    from nemo_serve import builtin
+
+    h = hashlib.sha256()
+    h.update(Path(builtin.__file__).read_bytes())
+    h.update((builtin.CONFIG_DIR / f"{name}.yaml").read_bytes())
+    h.update(f"{seed}:{torch.__version__}:{nemo.__version__}".encode())
+    path = CACHE_DIR / f"{name}-{h.hexdigest()[:12]}.nemo"
+    if not path.exists():
+        print(f"building {name} (cached afterwards as {path}) ...", file=sys.stderr, flush=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        model = builtin.build_builtin(name, seed=seed)
+        tmp = path.with_suffix(".tmp.nemo")
+        model.save_to(str(tmp))
+        tmp.rename(path)
+    return path
+
+
+# ----------------------------------------------------------------------------- audio
+
+
+def bench_audio(num_streams: int, seconds: float, source: str = "synth") -> list[np.ndarray]:
+    """`num_streams` float32 clips of `seconds` each; stream i gets clip i mod 8 (same set for every system).
+
+    source "synth": nemo_serve.builtin.synth_audio (speech-like, for random-weight models);
+    a manifest path (NeMo jsonl with audio_filepath): the utterances concatenated from a different
+    starting utterance per clip, with 0.3 s pauses, cut to `seconds`.
+    """
+    num_clips = min(num_streams, 8)
+    if source == "synth":
+        from nemo_serve.builtin import synth_audio
+
+        clips = [synth_audio(seconds, seed=7000 + i).numpy() for i in range(num_clips)]
+    else:
+        utts = [u.audio for u in read_manifest(source)]
+        clips = [_concat_from(utts, i * max(1, len(utts) // num_clips), seconds) for i in range(num_clips)]
+    return [clips[i % num_clips] for i in range(num_streams)]
+
+
+def _concat_from(utts: list[np.ndarray], start: int, seconds: float) -> np.ndarray:
+    need = int(seconds * SAMPLE_RATE)
+    pause = np.zeros(int(0.3 * SAMPLE_RATE), dtype=np.float32)
+    parts, n, k = [], 0, start
+    while n < need:
+        a = utts[k % len(utts)]
+        parts += [a, pause]
+        n += len(a) + len(pause)
+        k += 1
+    return np.concatenate(parts)[:need].astype(np.float32)
+
+
+@dataclass
+class Utterance:
+    audio: np.ndarray  # float32, 16 kHz mono
+    text: str
+    path: str
+
+
+def read_manifest(path: str | Path) -> list[Utterance]:
+    """NeMo manifest lines {audio_filepath, text}; relative paths are relative to the manifest."""
+    import soundfile as sf
+
+    path = Path(path)
+    out = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        wav = Path(row["audio_filepath"])
+        if not wav.is_absolute():
+            wav = path.parent / wav
+        audio, sr = sf.read(str(wav), dtype="float32", always_2d=True)
+        audio = audio.mean(axis=1)
+        if sr != SAMPLE_RATE:
+            import soxr
+
+            audio = soxr.resample(audio, sr, SAMPLE_RATE).astype(np.float32)
+        out.append(Utterance(audio, row.get("text", ""), str(wav)))
+    return out
+
+
+# ----------------------------------------------------------------------------- run record
+
+
+def run_record() -> dict:
+    """What every results file carries: the exact command, when, on what, and how busy the CPU was."""
+    import torch
+
+    rec = {
+        "command": " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv]),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "git_commit": _git("rev-parse", "--short", "HEAD"),
+        "git_dirty": bool(_git("status", "--porcelain", "--", "nemo_serve", "benchmarks")),
+        "host": platform.node(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+    }
+    for mod in ("nemo", "onnxruntime", "sherpa_onnx", "onnx"):
+        try:
+            rec[mod] = __import__(mod).__version__
+        except Exception:  # noqa: BLE001 - absent optional package
+            pass
+    if torch.cuda.is_available():
+        rec["gpu"] = torch.cuda.get_device_name(0)
+        rec["cuda"] = torch.version.cuda
+    return rec
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10).stdout.strip()
+    except Exception:  # noqa: BLE001
+        return ""
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def write_json(path: str | Path, data: dict) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def percentiles(values, qs=(50, 95, 99)) -> dict[str, float | None]:
+    if len(values) == 0:
+        return {f"p{q}": None for q in qs}
+    arr = np.asarray(values, dtype=np.float64)
+    return {f"p{q}": float(np.percentile(arr, q)) for q in qs}

@@ -1,0 +1,400 @@
+"""Capacity sweep: start nemo-serve, raise the number of concurrent streams until it falls behind.
+
+    python benchmarks/sweep.py --model builtin:fastconformer-l --context-right 13 \
+        --levels 2,4,8,12,16,24,32 --duration 60 --threads 1 \
+        --out benchmarks/results/sweep_fastconformer-l_r13_cpu.json
+
+Writes the JSON given by --out and a PNG next to it (partial and final latency percentiles and
+drift against N; the server's step time against batch size).
+
+Per level it runs benchmarks/loadgen.py's level (N real-time streams for --duration seconds),
+samples the server process's CPU time and resident memory (and GPU memory through nvidia-smi
+where there is one) every 0.5 s, and reads the server's /metrics before and after, so the step
+time by batch size is the server's own histogram over that level. It stops after the first
+level that does not keep up (loadgen.keeps_up: median drift above --max-drift ms/s, or any
+stream refused or failed); that level's drift is the "next level" figure of the capacity table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks import loadgen  # noqa: E402
+from benchmarks.common import model_file, run_record, write_json  # noqa: E402
+
+SUMMARY_RE = re.compile(r"cache ([\d.]+) MiB/stream x (\d+) slots = ([\d.]+) MiB")
+
+
+# ----------------------------------------------------------------------------- the server process
+
+
+class Server:
+    """nemo-serve in a subprocess, with its stdout kept (the start-up summary line) in a log file."""
+
+    def __init__(self, args, nemo_path: Path, num_slots: int, log_path: Path) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [
+            sys.executable, "-m", "nemo_serve.cli",
+            "--model", str(nemo_path),
+            "--context-right", str(args.context_right),
+            "--dtype", args.dtype,
+            "--device", args.device,
+            "--num-slots", str(num_slots),
+            "--port", str(self.port),
+            "--log-level", "warning",
+            "--idle-timeout-s", "120",
+        ]  # fmt: skip
+        env = dict(os.environ)
+        if args.threads:
+            env.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
+        self.command = cmd
+        self.log_path = log_path
+        self._log = open(log_path, "w")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+
+    def wait_ready(self, timeout_s: float) -> dict:
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"server exited with {self.proc.returncode}; see {self.log_path}")
+            try:
+                with urllib.request.urlopen(self.url + "/readyz", timeout=2) as r:
+                    import json
+
+                    return json.loads(r.read())
+            except OSError:
+                time.sleep(1.0)
+        raise SystemExit(f"server not ready after {timeout_s} s; see {self.log_path}")
+
+    def summary(self) -> dict:
+        text = self.log_path.read_text(errors="replace")
+        m = SUMMARY_RE.search(text)
+        line = next((ln for ln in text.splitlines() if ln.startswith("model ")), "")
+        out = {"summary": line}
+        if m:
+            out["cache_mib_per_stream"] = float(m.group(1))
+        return out
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
+            return r.read().decode()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Sampler(threading.Thread):
+    """CPU seconds and RSS of one process from /proc, GPU memory from nvidia-smi, every period_s."""
+
+    def __init__(self, pid: int, period_s: float = 0.5) -> None:
+        super().__init__(daemon=True, name="sampler")
+        self.pid, self.period_s = pid, period_s
+        self.samples: list[tuple[float, float, float, float | None]] = []  # (wall, cpu_s, rss_mib, gpu_mib)
+        self._stop = threading.Event()
+        self._tick = os.sysconf("SC_CLK_TCK")
+        self._smi = shutil.which("nvidia-smi")
+
+    def run(self) -> None:
+        n = 0
+        gpu = None
+        while not self._stop.is_set():
+            try:
+                stat = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+                cpu = (int(stat[11]) + int(stat[12])) / self._tick  # utime + stime
+                rss = next(int(ln.split()[1]) for ln in Path(f"/proc/{self.pid}/status").read_text().splitlines() if ln.startswith("VmRSS")) / 1024
+            except (OSError, StopIteration, IndexError):
+                return
+            if self._smi and n % 4 == 0:
+                gpu = self._gpu_mib()
+            self.samples.append((time.time(), cpu, rss, gpu))
+            n += 1
+            self._stop.wait(self.period_s)
+
+    def _gpu_mib(self) -> float | None:
+        try:
+            out = subprocess.run(
+                [self._smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                capture_output=True, text=True, timeout=5,
+            ).stdout  # fmt: skip
+            for line in out.splitlines():
+                pid, mem = [x.strip() for x in line.split(",")]
+                if int(pid) == self.pid:
+                    return float(mem)
+            out = subprocess.run(
+                [self._smi, "--query-gpu=memory.used", "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=5
+            ).stdout
+            return float(out.split()[0])  # per-process figures unavailable (containers): the whole GPU
+        except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+            return None
+
+    def window(self, t0: float, t1: float) -> dict:
+        inside = [s for s in self.samples if t0 <= s[0] <= t1]
+        if len(inside) < 2:
+            return {}
+        (w0, c0, _, _), (w1, c1, _, _) = inside[0], inside[-1]
+        gpus = [s[3] for s in inside if s[3] is not None]
+        return {
+            "server_cpu_cores": round((c1 - c0) / (w1 - w0), 2),
+            "server_rss_mib_max": round(max(s[2] for s in inside), 1),
+            "gpu_mem_mib_max": max(gpus) if gpus else None,
+        }
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+# ----------------------------------------------------------------------------- server metrics
+
+
+def step_histogram(text: str) -> dict[str, tuple[float, float]]:
+    """batch-size bin -> (sum of step seconds, count) from nemo_serve_step_duration_seconds."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, list[float]] = {}
+    for fam in text_string_to_metric_families(text):
+        if fam.name != "nemo_serve_step_duration_seconds":
+            continue
+        for s in fam.samples:
+            b = s.labels.get("batch_size")
+            if s.name.endswith("_sum"):
+                out.setdefault(b, [0.0, 0.0])[0] = s.value
+            elif s.name.endswith("_count"):
+                out.setdefault(b, [0.0, 0.0])[1] = s.value
+    return {b: (v[0], v[1]) for b, v in out.items()}
+
+
+def step_time_by_batch(before: str, after: str) -> dict[str, dict]:
+    """Mean step time and step count per batch-size bin over one level."""
+    a, b = step_histogram(before), step_histogram(after)
+    out = {}
+    for label, (s1, c1) in b.items():
+        s0, c0 = a.get(label, (0.0, 0.0))
+        if c1 - c0 > 0:
+            out[label] = {"steps": int(c1 - c0), "mean_ms": round(1000 * (s1 - s0) / (c1 - c0), 2)}
+    return dict(sorted(out.items(), key=lambda kv: _bin_lo(kv[0])))
+
+
+def _bin_lo(label: str) -> int:
+    return int(label.split("-")[0])
+
+
+# ----------------------------------------------------------------------------- sweep
+
+
+def sweep(args) -> dict:
+    record = run_record()
+    nemo_path, name = model_file(args.model)
+    levels = sweep_levels(args)
+    items = loadgen.test_set(args.audio, args.items, tuple(float(x) for x in args.item_seconds.split(",")))
+    if not args.no_oracle:
+        loadgen.attach_oracle(items, str(nemo_path), args.context_right, args.dtype, args.device)
+    log_path = Path(args.out).with_suffix(".server.log")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    server = Server(args, nemo_path, max(levels), log_path)
+    results = []
+    try:
+        ready = server.wait_ready(args.start_timeout)
+        sampler = Sampler(server.proc.pid)
+        sampler.start()
+        idle = _idle_footprint(sampler)
+        for n in levels:
+            before = server.metrics()
+            t0 = time.time()
+            ws_url = server.url.replace("http", "ws") + "/ws"
+            recs = loadgen.run_level_procs(ws_url, items, n, args.duration, args.ramp_s, False, args.procs)
+            t1 = time.time()
+            level = loadgen.summarise_level(recs, items, n, args.duration)
+            level["keeps_up"] = loadgen.keeps_up(level, args.max_drift)
+            level["step_time_by_batch"] = step_time_by_batch(before, server.metrics())
+            level.update(sampler.window(t0, t1))
+            results.append(level)
+            print(loadgen.format_level(level), file=sys.stderr, flush=True)
+            if not level["keeps_up"]:
+                break
+        sampler.stop()
+    finally:
+        server.stop()
+    return _assemble(args, record, name, nemo_path, server, ready, idle, results)
+
+
+def sweep_levels(args) -> list[int]:
+    """--levels as given, or `auto`: fractions of the capacity the step bench predicts
+    (the engine's best stream-steps/s x chunk seconds, over the batch sizes it measured)."""
+    if args.levels != "auto":
+        return [int(x) for x in args.levels.split(",")]
+    if not args.step_bench:
+        raise SystemExit("--levels auto needs --step-bench (a step_bench JSON for the same model and mode)")
+    import json
+
+    sb = json.loads(Path(args.step_bench).read_text())
+    rows = [r for r in sb["results"] if r["system"] == "engine"]
+    predicted = max(r["realtime_streams"] for r in rows)
+    levels = sorted({max(1, round(predicted * float(f))) for f in args.level_fractions.split(",")})
+    print(f"predicted capacity {predicted:.0f} streams -> levels {levels}", file=sys.stderr)
+    return levels
+
+
+def _idle_footprint(sampler: Sampler) -> dict:
+    time.sleep(2.0)
+    return sampler.window(time.time() - 2.0, time.time())
+
+
+def _assemble(args, record, name, nemo_path, server, ready, idle, results) -> dict:
+    kept = [lv for lv in results if lv["keeps_up"]]
+    behind = next((lv for lv in results if not lv["keeps_up"]), None)
+    info = server.summary()
+    per_stream = info.get("cache_mib_per_stream")
+    best = kept[-1] if kept else None
+    capacity = {
+        "streams_kept_up": best["streams"] if best else 0,
+        "partial_latency_ms_p95_at_max": best["partial_latency_ms"]["p95"] if best else None,
+        "final_latency_ms_p95_at_max": best["final_latency_ms"]["p95"] if best else None,
+        "next_level": behind["streams"] if behind else None,
+        "next_level_drift_ms_per_s": behind["drift_ms_per_s"]["median"] if behind else None,
+        "cache_mib_per_stream": per_stream,
+        "cache_mib_total_at_max": round(per_stream * best["streams"], 1) if (best and per_stream) else None,
+        "fell_behind_within_levels": behind is not None,
+    }
+    return {
+        "benchmark": "sweep",
+        **record,
+        "model": name,
+        "model_file": str(nemo_path),
+        "context_right": args.context_right,
+        "chunk_ms": ready.get("chunk_ms"),
+        "dtype": args.dtype,
+        "device": args.device,
+        "server_threads": args.threads,
+        "server_command": " ".join(server.command),
+        "server_summary": info.get("summary"),
+        "duration_s_per_level": args.duration,
+        "audio": args.audio,
+        "items": args.items,
+        "item_seconds": args.item_seconds,
+        "loadgen_procs": args.procs,
+        "max_drift_ms_per_s": args.max_drift,
+        "idle_footprint": idle,
+        "capacity": capacity,
+        "levels": results,
+    }
+
+
+# ----------------------------------------------------------------------------- plot
+
+
+def plot(result: dict, png: Path, step_bench: dict | None = None) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lv = result["levels"]
+    n = [x["streams"] for x in lv]
+    fig, ax = plt.subplots(1, 3, figsize=(15, 4.2))
+    for key, style in (("p50", "-o"), ("p95", "-s"), ("p99", "-^")):
+        ax[0].plot(n, [x["partial_latency_ms"][key] for x in lv], style, label=f"partial {key}")
+    ax[0].plot(n, [x["final_latency_ms"]["p95"] for x in lv], "--d", label="final p95")
+    ax[0].set(xlabel="concurrent streams N", ylabel="latency (ms)", yscale="log", title="latency")
+    ax[0].legend(fontsize=8)
+    drift = [x["drift_ms_per_s"]["median"] for x in lv]
+    colors = ["tab:green" if x["keeps_up"] else "tab:red" for x in lv]
+    ax[1].bar([str(v) for v in n], [d if d is not None else 0 for d in drift], color=colors)
+    ax[1].axhline(result["max_drift_ms_per_s"], color="grey", ls="--", lw=1, label="keeps-up threshold")
+    ax[1].set(xlabel="concurrent streams N", ylabel="median drift (ms of latency per s of audio)", title="drift")
+    ax[1].legend(fontsize=8)
+    _plot_steps(ax[2], lv, step_bench)
+    fig.suptitle(
+        f"{result['model']} {result['chunk_ms']:.0f} ms {result['dtype']} on {result['device']} "
+        f"({result['server_threads']} thread(s)): kept up at N={result['capacity']['streams_kept_up']}",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+def _plot_steps(ax, levels: list[dict], step_bench: dict | None) -> None:
+    by_bin: dict[str, list[float]] = {}
+    for x in levels:
+        for label, s in x.get("step_time_by_batch", {}).items():
+            by_bin.setdefault(label, [0.0, 0.0])
+            by_bin[label][0] += s["mean_ms"] * s["steps"]
+            by_bin[label][1] += s["steps"]
+    labels = sorted(by_bin, key=_bin_lo)
+    xs = [(_bin_lo(b) + int(b.split("-")[-1])) / 2 for b in labels]
+    ax.plot(xs, [by_bin[b][0] / by_bin[b][1] for b in labels], "-o", label="server (mean per batch bin)")
+    if step_bench:
+        for system in ("engine", "pipeline", "sherpa", "loop"):
+            rows = sorted((r["batch"], r["step_ms_median"]) for r in step_bench["results"] if r["system"] == system)
+            if rows:
+                ax.plot(*zip(*rows), "--x", label=f"step_bench {system}")
+    ax.set(xlabel="batch size", ylabel="step time (ms)", title="step time vs batch size")
+    ax.legend(fontsize=8)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="builtin:fastconformer-l", help=".nemo path, builtin:NAME, or demo")
+    ap.add_argument("--context-right", type=int, required=True)
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=1, help="OMP/MKL threads of the server (0: leave as is)")
+    ap.add_argument("--levels", default="1,2,4,8,12,16,24,32,48,64", help="comma-separated N, or 'auto' (see --step-bench)")
+    ap.add_argument("--level-fractions", default="0.5,0.8,1.0,1.25", help="with --levels auto: fractions of the predicted capacity")
+    ap.add_argument("--procs", type=int, default=1, help="load generator processes (for large N)")
+    ap.add_argument("--item-seconds", default="10,20", help="length range of the synthetic test items")
+    ap.add_argument("--duration", type=float, default=60.0)
+    ap.add_argument("--ramp-s", type=float, default=2.0)
+    ap.add_argument("--audio", default="synth")
+    ap.add_argument("--items", type=int, default=16)
+    ap.add_argument("--no-oracle", action="store_true", help="skip the token comparison with NeMo's loop")
+    ap.add_argument("--max-drift", type=float, default=20.0)
+    ap.add_argument("--start-timeout", type=float, default=900.0)
+    ap.add_argument("--step-bench", default=None, help="a step_bench JSON: overlaid on the step-time plot; feeds --levels auto")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    result = sweep(args)
+    write_json(args.out, result)
+    sb = None
+    if args.step_bench:
+        import json
+
+        sb = json.loads(Path(args.step_bench).read_text())
+    plot(result, Path(args.out).with_suffix(".png"), sb)
+    c = result["capacity"]
+    print(
+        f"kept up at N={c['streams_kept_up']}: partial p95 {c['partial_latency_ms_p95_at_max']} ms, "
+        f"final p95 {c['final_latency_ms_p95_at_max']} ms; N={c['next_level']} drift {c['next_level_drift_ms_per_s']} ms/s; "
+        f"cache {c['cache_mib_per_stream']} MiB/stream, {c['cache_mib_total_at_max']} MiB at the max"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -4,6 +4,7 @@ resampling, settings precedence, metric labels, the CLI's one-line errors."""
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -129,3 +130,108 @@ def test_cli_errors_are_one_line_exit_2(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all(line.startswith("nemo-serve: error: ") for line in err)
     assert "--port" in err[0] and "not found" in err[1]
+
+
+# ----------------------------------------------------------------------------- app, in process
+
+
+class _FakeModel:
+    name = "fake"
+    vocabulary = ["a", "b"]
+    prompt_dictionary = None
+    default_language = None
+
+    class geometry:  # noqa: N801 - mimics ChunkGeometry's attributes
+        sample_rate = 16000
+        chunk_ms = 160.0
+
+
+class _FakeEngine:
+    """The Engine's network-side API with no model: enough for the app's own paths."""
+
+    def __init__(self, num_slots: int = 1) -> None:
+        self.model = _FakeModel()
+        self.num_slots = num_slots
+        self.streams: list = []
+        self.aborted: list = []
+        self.error: BaseException | None = None
+        self._thread = object()  # "started"
+
+    @property
+    def num_open_streams(self) -> int:
+        return len(self.streams) - len(self.aborted)
+
+    @property
+    def num_free_slots(self) -> int:
+        return self.num_slots - self.num_open_streams
+
+    def open_stream(self, on_result, *, stream_id=None, language=None, endpoint=None):
+        from nemo_serve.engine.slots import NoFreeSlotError
+
+        if self.num_free_slots <= 0:
+            raise NoFreeSlotError("full")
+        stream = type("S", (), {"stream_id": f"s{len(self.streams)}"})()
+        self.streams.append(stream)
+        return stream
+
+    def push(self, stream, samples) -> None:
+        pass
+
+    def finish(self, stream) -> None:
+        pass
+
+    def force_final(self, stream) -> None:
+        pass
+
+    def abort(self, stream, reason: str = "") -> None:
+        if stream not in self.aborted:
+            self.aborted.append(stream)
+
+    def stop(self) -> None:
+        pass
+
+
+def _app(engine, **settings):
+    from nemo_serve.server.app import create_app
+    from nemo_serve.server.context import ServerContext
+    from nemo_serve.server.metrics import ServerMetrics
+
+    s = Settings.from_sources(settings, {})
+    ctx = ServerContext(engine=engine, settings=s, metrics=ServerMetrics(engine.num_slots, lambda: engine.num_free_slots))
+    return create_app(ctx)
+
+
+def test_engine_failure_fails_open_streams_and_health():
+    from starlette.testclient import TestClient
+    from starlette.websockets import WebSocketDisconnect
+
+    engine = _FakeEngine()
+    with TestClient(_app(engine)) as client:
+        with client.websocket_connect("/ws") as ws:
+            ws.send_text(json.dumps({"type": "config"}))
+            assert ws.receive_json()["type"] == "ready"
+            engine.error = RuntimeError("CUDA error: an illegal memory access")  # the step loop died
+            msg = ws.receive_json()
+            assert msg["type"] == "error" and "engine failed" in msg["reason"]
+            with pytest.raises(WebSocketDisconnect) as closed:
+                ws.receive_json()
+            assert closed.value.code == 1011
+        assert engine.aborted == engine.streams  # finally: abort
+        assert client.get("/healthz").status_code == 503
+        r = client.get("/readyz")
+        assert r.status_code == 503 and not r.json()["ready"]
+        assert 'nemo_serve_stream_errors_total{reason="engine"} 1.0' in client.get("/metrics").text
+
+
+def test_client_disconnect_aborts_the_stream():
+    from starlette.testclient import TestClient
+
+    engine = _FakeEngine()
+    with TestClient(_app(engine)) as client:
+        with client.websocket_connect("/ws") as ws:
+            ws.send_bytes(np.zeros(160, "<f4").tobytes())  # no config: defaults, slot taken
+            assert ws.receive_json()["type"] == "ready"
+        deadline = time.monotonic() + 5
+        while engine.aborted != engine.streams and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert engine.aborted == engine.streams and len(engine.streams) == 1

@@ -60,7 +60,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
     async def readyz() -> JSONResponse:
         engine = ctx.engine
         body = {
-            "ready": ctx.refusal_reason() is None,
+            "ready": ctx.refusal() is None,
             "free_slots": engine.num_free_slots,
             "total_slots": engine.num_slots,
             "open_streams": engine.num_open_streams,
@@ -82,9 +82,10 @@ def create_app(ctx: ServerContext) -> FastAPI:
             ctx.metrics.refusals.labels(reason="unauthorized").inc()
             await _refuse(ws, 401, "missing or wrong bearer token", CLOSE_PROTOCOL_ERROR)
             return
-        reason = ctx.refusal_reason()
-        if reason is not None:
-            ctx.metrics.refusals.labels(reason="draining" if ctx.draining else "no_free_slot").inc()
+        refusal = ctx.refusal()
+        if refusal is not None:
+            label, reason = refusal
+            ctx.metrics.refusals.labels(reason=label).inc()
             await _refuse(ws, 503, reason, CLOSE_TRY_AGAIN_LATER)
             return
         await ws.accept()

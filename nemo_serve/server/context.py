@@ -39,14 +39,14 @@ class ServerContext:
     def engine_alive(self) -> bool:
         return self.engine.error is None
 
-    def refusal_reason(self) -> str | None:
-        """Why a new stream would be refused now, or None. Checked at the handshake."""
+    def refusal(self) -> tuple[str, str] | None:
+        """(metric label, reason for the client) if a new stream would be refused now, else None."""
         if self.draining:
-            return "server is draining (shutting down); retry another instance"
+            return "draining", "server is draining (shutting down); retry another instance"
         if not self.engine_alive:
-            return "engine failed; see /healthz"
+            return "engine_failed", "engine failed; see /healthz"
         if self.engine.num_free_slots <= 0:
-            return f"no free slot (all {self.engine.num_slots} in use); retry later"
+            return "no_free_slot", f"no free slot (all {self.engine.num_slots} in use); retry later"
         return None
 
     def add(self, session: "Session") -> None:

@@ -41,7 +41,7 @@ class ServerMetrics:
         self.streams = Counter("nemo_serve_streams", "Streams admitted", registry=r)
         self.refusals = Counter("nemo_serve_refusals", "Connections refused, by reason", ["reason"], registry=r)
         self.stream_errors = Counter("nemo_serve_stream_errors", "Streams ended by an error, by reason", ["reason"], registry=r)
-        for reason in ("no_free_slot", "draining", "unauthorized"):  # export zeros, so rate() works from the start
+        for reason in ("no_free_slot", "draining", "unauthorized", "engine_failed"):  # export zeros, so rate() works from the start
             self.refusals.labels(reason=reason)
         self.step_duration = Histogram(
             "nemo_serve_step_duration_seconds",

@@ -228,20 +228,21 @@ class Session:
         """Take a slot, or refuse: the only place a stream is admitted."""
         self.config = config
         ctx, model = self.ctx, self.ctx.model
-        refusal = ctx.refusal_reason()
+        refusal = ctx.refusal()
         if refusal is None:
             try:
                 self.stream = ctx.engine.open_stream(
                     self._on_result, language=config.language, endpoint=self._endpoint(config)
                 )
-            except NoFreeSlotError as e:
-                refusal = f"no free slot ({e}); retry later"
+            except NoFreeSlotError as e:  # lost the race for the last slot since the check
+                refusal = "no_free_slot", f"no free slot ({e}); retry later"
             except ValueError as e:  # unknown language: the message lists the valid codes
                 self.fail(str(e), reason_label="bad_config")
                 return
         if refusal is not None:
-            ctx.metrics.refusals.labels(reason="draining" if ctx.draining else "no_free_slot").inc()
-            self.fail(refusal, code=CLOSE_TRY_AGAIN_LATER, reason_label="refused")
+            label, reason = refusal
+            ctx.metrics.refusals.labels(reason=label).inc()
+            self.fail(reason, code=CLOSE_TRY_AGAIN_LATER, reason_label="refused")
             return
         rate = model.geometry.sample_rate
         self.decoder = AudioDecoder(config.encoding, config.sample_rate or rate, rate)

@@ -11,8 +11,10 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -62,21 +64,26 @@ class ServerProcess:
     port: int
     token: str | None
     log_path: Path
+    cafile: Path | None = None  # set when the server speaks TLS (its self-signed certificate)
 
     @property
     def http_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.cafile else 'http'}://127.0.0.1:{self.port}"
 
     @property
     def ws_url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/ws"
+        return f"{'wss' if self.cafile else 'ws'}://127.0.0.1:{self.port}/ws"
+
+    @property
+    def ssl_context(self) -> ssl.SSLContext | None:
+        return ssl.create_default_context(cafile=str(self.cafile)) if self.cafile else None
 
     @property
     def auth_headers(self) -> dict:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
     def get(self, path: str) -> httpx.Response:
-        return httpx.get(self.http_url + path, timeout=10, trust_env=False)
+        return httpx.get(self.http_url + path, timeout=10, trust_env=False, verify=self.ssl_context or True)
 
     def readyz(self) -> dict:
         return self.get("/readyz").json()
@@ -115,17 +122,37 @@ class ServerProcess:
             time.sleep(0.1)
 
 
+def self_signed_certificate(folder: Path) -> tuple[Path, Path] | None:
+    """(cert, key) for 127.0.0.1 made with the openssl command; None where there is none."""
+    if shutil.which("openssl") is None:
+        return None
+    folder.mkdir(parents=True, exist_ok=True)
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
 @contextlib.contextmanager
-def start_server(*args: str, token: str | None = TOKEN, model: str = TEST_MODEL) -> Iterator[ServerProcess]:
+def start_server(
+    *args: str, token: str | None = TOKEN, model: str = TEST_MODEL, tls: bool = False
+) -> Iterator[ServerProcess]:
+    """`tls=True`: serve https/wss with a fresh self-signed certificate (plain where no openssl)."""
     port = free_port()
     log_path = Path(tempfile.mkstemp(prefix="nemo-serve-e2e-", suffix=".log")[1])
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     if token:
         env["NEMO_SERVE_AUTH_TOKEN"] = token  # through the environment, as the docs recommend
     cmd = [*_server_command(), "--model", model, "--port", str(port), "--log-level", "warning", *args]
+    pair = self_signed_certificate(log_path.parent / f"{log_path.stem}-tls") if tls else None
+    if pair is not None:
+        cmd += ["--ssl-certfile", str(pair[0]), "--ssl-keyfile", str(pair[1])]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    server = ServerProcess(proc, port, token, log_path)
+    server = ServerProcess(proc, port, token, log_path, cafile=pair[0] if pair else None)
     try:
         _wait_ready(server)
         yield server
@@ -179,14 +206,17 @@ def as_model_input(wire: np.ndarray, rate: int, model_rate: int = 16000) -> np.n
     return x if rate == model_rate else soxr.resample(x, rate, model_rate, quality="HQ").astype(np.float32)
 
 
-async def raw_session(url: str, first: list, *, token: str | None = TOKEN, timeout_s: float = 30.0) -> tuple[list[dict], int | None]:
+async def raw_session(
+    url: str, first: list, *, token: str | None = TOKEN, timeout_s: float = 30.0, ssl_context=None
+) -> tuple[list[dict], int | None]:
     """Send `first` (str or bytes frames) on a raw socket; return every JSON message and the close code."""
     from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed
 
     headers = {"Authorization": f"Bearer {token}"} if token else None
+    extra = {"ssl": ssl_context} if ssl_context is not None else {}
     messages: list[dict] = []
-    async with connect(url, additional_headers=headers, max_size=None, compression=None) as ws:
+    async with connect(url, additional_headers=headers, max_size=None, compression=None, **extra) as ws:
         try:
             for frame in first:
                 await ws.send(frame)

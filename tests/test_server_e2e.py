@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -349,20 +350,24 @@ def test_client_cli_prints_finals(server, tmp_path):
 
 
 def test_sigterm_delivers_finals_then_exits():
-    """On a multilingual prompt model (a server of its own, since SIGTERM ends it): an unknown
-    language is refused with the valid codes; two streams in different languages are cut short
-    by SIGTERM, get their finals and `done` with reason "draining"; new streams are refused;
-    the process exits 0."""
+    """On a multilingual prompt model, over TLS (a server of its own, since SIGTERM ends it):
+    an unknown language is refused with the valid codes; two streams in different languages
+    are cut short by SIGTERM, get their finals and `done` with reason "draining"; new streams
+    are refused; the process exits 0."""
     utts = helpers.utterances(2, seed=31)
     languages = ["de-DE", "fr-FR"]
-    with start_server("--num-slots", "2", "--drain-timeout-s", "60", model=PROMPT_TEST_MODEL) as srv:
+    with start_server("--num-slots", "2", "--drain-timeout-s", "60", model=PROMPT_TEST_MODEL, tls=True) as srv:
+        tls = srv.ssl_context
+        assert srv.ws_url.startswith("wss://") or shutil.which("openssl") is None
 
         async def scenario():
-            unknown = await raw_session(srv.ws_url, [json.dumps({"type": "config", "language": "xx-XX"})])
+            config = json.dumps({"type": "config", "language": "xx-XX"})
+            unknown = await raw_session(srv.ws_url, [config], ssl_context=tls)
             clients = [
                 asyncio.create_task(
-                    stream(srv.ws_url, encode(u, "pcm_f32le"), 16000, "pcm_f32le", speed=1.0, packet=800, language=lang)
-                )
+                    stream(srv.ws_url, encode(u, "pcm_f32le"), 16000, "pcm_f32le", speed=1.0, packet=800,
+                           language=lang, ssl_context=tls)
+                )  # fmt: skip
                 for u, lang in zip(utts, languages)
             ]
             while srv.readyz()["open_streams"] < 2:
@@ -371,7 +376,7 @@ def test_sigterm_delivers_finals_then_exits():
             srv.proc.send_signal(signal.SIGTERM)
             await asyncio.sleep(0.2)
             try:
-                async with StreamingClient(srv.ws_url, token=TOKEN):
+                async with StreamingClient(srv.ws_url, token=TOKEN, ssl_context=tls):
                     refused = None
             except (ServerRefused, OSError) as e:  # OSError: the drain already finished, port closed
                 refused = e

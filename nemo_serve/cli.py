@@ -89,7 +89,8 @@ def _selftest(args, settings: Settings) -> int:
         device=settings.device,
         audio=args.audio,
         json_path=args.json_path,
-        num_slots=settings.num_slots,
+        # Only when given: the self-test picks its own slot count otherwise.
+        num_slots=settings.num_slots if "num_slots" in settings.model_fields_set else None,
         max_batch=settings.max_batch,
     )
     if args.seed is not None:
@@ -147,9 +148,13 @@ def _print_urls(s: Settings) -> None:
 
 
 def _configure_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Our loggers at the chosen level; everyone else's (NeMo's telemetry, lightning, ...) only
+    # from WARNING: at start-up an operator needs the summary line, not import chatter.
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("nemo_serve").setLevel(level.upper())
+    logging.getLogger("nv_one_logger").setLevel(logging.ERROR)  # NeMo's telemetry: "no exporters"
     if level != "debug":
-        try:  # NeMo's INFO chatter while a model loads is not what an operator needs to read
+        try:
             from nemo.utils import logging as nemo_logging
 
             nemo_logging.setLevel(logging.WARNING)

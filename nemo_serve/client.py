@@ -229,7 +229,10 @@ async def _send_paced(client: StreamingClient, samples: np.ndarray, rate: int, s
 # ----------------------------------------------------------------------------- microphone
 
 
-async def stream_microphone(url: str, on_message: Callable[[dict], None], rate: int = 16000, **options) -> None:
+async def stream_microphone(
+    url: str, on_message: Callable[[dict], None], rate: int = 16000, duration_s: float | None = None, **options
+) -> None:
+    """Stream the default input device until Ctrl-C (or `duration_s`), then wait for the final."""
     try:
         import sounddevice
     except (ImportError, OSError) as e:  # OSError: the package is there but PortAudio is not
@@ -243,20 +246,29 @@ async def stream_microphone(url: str, on_message: Callable[[dict], None], rate: 
     def callback(indata, frames, time_info, status) -> None:  # PortAudio's thread
         loop.call_soon_threadsafe(blocks.put_nowait, bytes(indata))
 
+    async def capture(client: StreamingClient) -> None:
+        with sounddevice.RawInputStream(samplerate=rate, channels=1, dtype="int16", blocksize=rate // 10, callback=callback):
+            while True:
+                await client.send_audio(await blocks.get())
+
+    async def send(client: StreamingClient) -> None:
+        try:
+            await asyncio.wait_for(capture(client), duration_s)
+        except (asyncio.CancelledError, asyncio.TimeoutError):
+            pass
+        while not blocks.empty():  # what the device delivered before it closed
+            await client.send_audio(blocks.get_nowait())
+        await client.end()
+
+    def on_sigint() -> None:
+        sender.cancel()
+        loop.remove_signal_handler(signal.SIGINT)  # a second Ctrl-C quits at once
+
     async with StreamingClient(url, sample_rate=rate, encoding="pcm_s16le", **options) as client:
         print("listening; Ctrl-C to finish", file=sys.stderr)
-
-        async def send() -> None:
-            with sounddevice.RawInputStream(samplerate=rate, channels=1, dtype="int16", blocksize=rate // 10, callback=callback):
-                try:
-                    while True:
-                        await client.send_audio(await blocks.get())
-                except asyncio.CancelledError:
-                    pass
-            await client.end()
-
-        sender = asyncio.create_task(send())
-        loop.add_signal_handler(signal.SIGINT, sender.cancel)  # SIGINT: stop capturing, then wait for the final
+        on_message(client.ready)
+        sender = asyncio.create_task(send(client))
+        loop.add_signal_handler(signal.SIGINT, on_sigint)
         async for msg in client.messages():
             on_message(msg)
         await asyncio.gather(sender, return_exceptions=True)
@@ -345,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     except ServerRefused as e:
         print(f"nemo-serve-client: refused: {e.reason}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        return 130
     except (OSError, WebSocketException) as e:
         print(f"nemo-serve-client: cannot connect to {args.url}: {e}", file=sys.stderr)
         return 1

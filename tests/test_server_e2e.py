@@ -14,13 +14,15 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
+import types
 
 import numpy as np
 import pytest
 import soundfile
 
-from nemo_serve.client import ServerRefused, StreamingClient, Transcript, stream_file
+from nemo_serve.client import ServerRefused, StreamingClient, Transcript, stream_microphone
 from nemo_serve.oracle import oracle_transcribe
 
 from . import helpers
@@ -343,6 +345,39 @@ def test_client_cli_prints_finals(server, tmp_path):
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines and all(line.startswith("[") and "s] " in line for line in lines), out.stdout
+    server.assert_no_leak()
+
+
+def test_client_microphone_with_a_fake_sound_device(server, monkeypatch):
+    """`--mic` without a sound card: a stand-in `sounddevice` whose input stream plays an
+    utterance from a thread, as PortAudio's callback thread would."""
+    audio = encode(helpers.utterances(1, seed=9)[0], "pcm_s16le")
+
+    class RawInputStream:
+        def __init__(self, samplerate, channels, dtype, blocksize, callback):
+            assert (samplerate, channels, dtype) == (16000, 1, "int16")
+            self.blocksize, self.callback, self.stop = blocksize, callback, threading.Event()
+
+        def __enter__(self):
+            def play():
+                for i in range(0, len(audio), self.blocksize):
+                    if self.stop.wait(0.01):
+                        return
+                    self.callback(audio[i : i + self.blocksize].tobytes(), self.blocksize, None, None)
+
+            self.thread = threading.Thread(target=play, daemon=True)
+            self.thread.start()
+            return self
+
+        def __exit__(self, *exc):
+            self.stop.set()
+            self.thread.join()
+
+    monkeypatch.setitem(sys.modules, "sounddevice", types.SimpleNamespace(RawInputStream=RawInputStream))
+    messages = []
+    asyncio.run(stream_microphone(server.ws_url, messages.append, duration_s=3.0, token=TOKEN))
+    assert messages[0]["type"] == "ready" and messages[-1]["type"] == "done"
+    assert messages[-1]["audio_processed"] > 0.5 and any(m["type"] == "final" for m in messages)
     server.assert_no_leak()
 
 

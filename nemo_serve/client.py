@@ -122,11 +122,19 @@ class StreamingClient:
         return self._ws.close_code if self._ws else None
 
     async def send_audio(self, samples: np.ndarray | bytes) -> None:
-        """Samples in the encoding given at construction (or raw bytes); split to fit the message limit."""
-        data = samples if isinstance(samples, bytes) else np.asarray(samples, dtype=self.dtype).tobytes()
+        """Samples (float in [-1, 1] or int16; converted to the stream's encoding) or raw bytes;
+        split to fit the message limit."""
+        data = samples if isinstance(samples, bytes) else self._encode(np.asarray(samples)).tobytes()
         step = self.max_message_bytes // self.dtype.itemsize * self.dtype.itemsize
         for i in range(0, len(data), step):
             await self._ws.send(data[i : i + step])
+
+    def _encode(self, x: np.ndarray) -> np.ndarray:
+        if self.dtype.kind == "i" and x.dtype.kind == "f":
+            return np.round(np.clip(x, -1.0, 32767 / 32768) * 32768).astype(self.dtype)
+        if self.dtype.kind == "f" and x.dtype.kind == "i":
+            return (x / 32768.0).astype(self.dtype)
+        return x.astype(self.dtype, copy=False)
 
     async def force_final(self) -> None:
         await self._ws.send(json.dumps({"type": "force_final"}))

@@ -660,13 +660,19 @@ def _summarise(args, record, name, nemo_path, model, sizes, runs, audios) -> dic
 
 
 def _ratios(results: list[dict], sizes: list[int]) -> dict:
-    by = {(r["system"], r["batch"]): r["stream_steps_per_s"] for r in results}
+    """engine / peer stream-steps/s per batch size: the median over rounds of each round's ratio
+    (a round measures every system at that B back to back, so a busy neighbour hits both alike)."""
+    by = {(r["system"], r["batch"]): r["stream_steps_per_s_rounds"] for r in results}
     out = {}
     for b in sizes:
         e = by.get(("engine", b))
         if e is None:
             continue
-        out[str(b)] = {f"engine_over_{p}": round(e / by[(p, b)], 3) for p in ("sherpa", "pipeline", "loop") if (p, b) in by}
+        out[str(b)] = {
+            f"engine_over_{p}": round(statistics.median(x / y for x, y in zip(e, by[(p, b)])), 3)
+            for p in ("sherpa", "pipeline", "loop")
+            if (p, b) in by
+        }
     return out
 
 

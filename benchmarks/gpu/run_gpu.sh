@@ -59,7 +59,10 @@ pip freeze > "$OUT/pip-freeze.txt" 2>/dev/null || true
 note "environment ready"
 
 # ---------------------------------------------------------------------------- 2. the model, built once
-run $PY -c "from benchmarks.common import model_file; print(model_file('$MODEL')[0])"
+# Built on the CPU (random init + weight calibration): give it every core. On a busy 2-core box
+# with one thread this took 24 min for nemotron-0.6b; pre-build it if the machine is kept.
+OMP_NUM_THREADS=$(nproc) MKL_NUM_THREADS=$(nproc) \
+  run $PY -c "import torch; torch.set_num_threads($(nproc)); from benchmarks.common import model_file; print(model_file('$MODEL')[0])"
 note "model ready"
 
 # ---------------------------------------------------------------------------- 3. step bench (one process per dtype: all modes)

@@ -1,0 +1,211 @@
+"""Where the engine's step time goes: a phase breakdown and the top torch operators.
+
+    python benchmarks/profile_engine.py --model builtin:fastconformer-l --context-right 13 --batch 32 \
+        --seconds 10 --out benchmarks/results/profile_fastconformer-l_r13_b32.json
+
+Runs the engine as step_bench does (whole utterances pushed up front, iterate() until idle, one
+thread) with timing wrappers around its phases, without changing engine code:
+  features  FeatureExtractor.compute (log-mel of the group's new frames)
+  gather    SlotPool.gather_* (index_select of caches, decoder state, feature history)
+  encoder   ConformerEncoder.cache_aware_stream_step
+  decoder   the label-looping decoding computer (RNN-T greedy, carried state)
+  scatter   SlotPool.scatter_* (index_copy_ back into the slots)
+  rest      everything else in iterate(): readiness, grouping, building the batch, the
+            device-to-host copy of tokens, results, detokenisation, callbacks
+Only steady steps count (each stream's first and last step excluded, as in step_bench).
+With --torch-profile it also runs one steady iteration under torch.profiler and lists the
+operators by self CPU time, and with --pipeline the same phase split for NeMo 3.0's pipeline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.common import bench_audio, model_file, run_record, write_json  # noqa: E402
+
+
+class PhaseTimer:
+    def __init__(self) -> None:
+        self.totals: dict[str, float] = defaultdict(float)
+        self.active = False
+
+    def wrap(self, obj, attr: str, phase: str) -> None:
+        inner = getattr(obj, attr)
+        timer = self
+
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                if timer.active:
+                    timer.totals[phase] += time.perf_counter() - t0
+
+        setattr(obj, attr, timed)
+
+
+def profile_engine(model, audios, torch_profile: bool) -> dict:
+    from nemo_serve.engine.endpoint import EndpointConfig
+    from nemo_serve.engine.loop import Engine
+
+    b = len(audios)
+    eng = Engine(model, num_slots=b, max_batch=b, endpoint=EndpointConfig.off())
+    timer = PhaseTimer()
+    timer.wrap(eng.features, "compute", "features")
+    for name in ("gather_encoder", "gather_decoder", "gather_history"):
+        timer.wrap(eng.pool, name, "gather")
+    for name in ("scatter_encoder", "scatter_decoder", "scatter_history"):
+        timer.wrap(eng.pool, name, "scatter")
+    timer.wrap(model.nemo.encoder, "cache_aware_stream_step", "encoder")
+    computer = model.decoding_computer  # called as an object: its class's __call__ is what to wrap
+    original_call = type(computer).__call__
+
+    def call(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return original_call(self, *args, **kwargs)
+        finally:
+            if timer.active:
+                timer.totals["decoder"] += time.perf_counter() - t0
+
+    type(computer).__call__ = call
+    try:
+        streams = [eng.open_stream(lambda r: None) for _ in range(b)]
+        for s, a in zip(streams, audios):
+            eng.push(s, a)
+            eng.finish(s)
+        iter_times, phase_snapshots, op_table = [], [], None
+        with torch.inference_mode():
+            i = 0
+            while True:
+                timer.active = True
+                before = dict(timer.totals)
+                prof_ctx = _torch_profiler() if (torch_profile and i == 3) else contextlib.nullcontext()
+                with prof_ctx as prof:
+                    t0 = time.perf_counter()
+                    progressed = eng.iterate()
+                    dt = time.perf_counter() - t0
+                if not progressed:
+                    break
+                if prof is not None:
+                    op_table = _op_table(prof)
+                iter_times.append(dt)
+                phase_snapshots.append({k: timer.totals[k] - before.get(k, 0.0) for k in timer.totals})
+                i += 1
+    finally:
+        type(computer).__call__ = original_call
+    steady = slice(1, len(iter_times) - 1)
+    total = sum(iter_times[steady])
+    phases: dict[str, float] = defaultdict(float)
+    for snap in phase_snapshots[steady]:
+        for k, v in snap.items():
+            phases[k] += v
+    phases["rest"] = total - sum(phases.values())
+    steps = len(iter_times[steady])
+    return _report("engine", b, steps, total, phases, op_table)
+
+
+def _torch_profiler():
+    from torch.profiler import ProfilerActivity, profile
+
+    return profile(activities=[ProfilerActivity.CPU], record_shapes=False)
+
+
+def _op_table(prof, top: int = 25) -> list[dict]:
+    rows = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
+    total = sum(e.self_cpu_time_total for e in prof.key_averages())
+    return [
+        {"op": e.key, "self_ms": round(e.self_cpu_time_total / 1000, 2), "share": round(e.self_cpu_time_total / total, 4), "calls": e.count}
+        for e in rows
+    ]
+
+
+def profile_pipeline(nemo_path, model, audios) -> dict:
+    from benchmarks.step_bench import NemoPipeline
+
+    g = model.geometry
+    pipe = NemoPipeline(nemo_path, g.context_left, g.context_right, len(audios))
+    p = pipe.pipeline
+    timer = PhaseTimer()
+    timer.wrap(p.bufferer, "update", "features")
+    timer.wrap(p.context_manager, "get_context", "gather")
+    timer.wrap(p.context_manager, "update_cache", "scatter")
+    timer.wrap(p.context_manager, "reset_slots", "scatter")
+    enc = p.asr_model.asr_model.encoder
+    timer.wrap(enc, "cache_aware_stream_step", "encoder")
+    timer.wrap(p.asr_model.asr_model.decoding, "rnnt_decoder_predictions_tensor", "decoder")
+    frames = pipe.frames(audios)
+    iter_times, snaps = [], []
+    p.open_session()
+    with torch.inference_mode():
+        for k in range(len(frames[0])):
+            timer.active = True
+            before = dict(timer.totals)
+            t0 = time.perf_counter()
+            p.transcribe_step([f[k] for f in frames])
+            iter_times.append(time.perf_counter() - t0)
+            snaps.append({kk: timer.totals[kk] - before.get(kk, 0.0) for kk in timer.totals})
+    p.close_session()
+    steady = slice(1, len(iter_times) - 1)
+    total = sum(iter_times[steady])
+    phases: dict[str, float] = defaultdict(float)
+    for snap in snaps[steady]:
+        for kk, v in snap.items():
+            phases[kk] += v
+    phases["rest"] = total - sum(phases.values())
+    return _report("pipeline", len(audios), len(iter_times[steady]), total, phases, None)
+
+
+def _report(system: str, b: int, steps: int, total: float, phases: dict, op_table) -> dict:
+    order = ("features", "gather", "encoder", "decoder", "scatter", "rest")
+    return {
+        "system": system,
+        "batch": b,
+        "steady_steps": steps,
+        "step_ms": round(1000 * total / steps, 1),
+        "stream_steps_per_s": round(b * steps / total, 2),
+        "phases_ms_per_step": {k: round(1000 * phases.get(k, 0.0) / steps, 2) for k in order},
+        "phases_share": {k: round(phases.get(k, 0.0) / total, 4) for k in order},
+        "top_ops": op_table,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="builtin:fastconformer-l")
+    ap.add_argument("--context-right", type=int, required=True)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--torch-profile", action="store_true")
+    ap.add_argument("--pipeline", action="store_true", help="also split NeMo 3.0's pipeline the same way")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    from nemo_serve.model import load_model
+
+    record = run_record()
+    nemo_path, name = model_file(args.model)
+    model = load_model(str(nemo_path), context_right=args.context_right)
+    audios = bench_audio(args.batch, args.seconds)
+    reports = [profile_engine(model, audios, args.torch_profile)]
+    if args.pipeline:
+        reports.append(profile_pipeline(nemo_path, model, audios))
+    for r in reports:
+        print(r["system"], f"B={r['batch']}", f"{r['step_ms']} ms/step", r["phases_ms_per_step"])
+        for row in (r["top_ops"] or [])[:15]:
+            print(f"   {row['op'][:60]:60s} {row['self_ms']:9.1f} ms  {100 * row['share']:5.1f}%  x{row['calls']}")
+    write_json(args.out, {"benchmark": "profile_engine", **record, "model": name, "chunk_ms": model.geometry.chunk_ms,
+                          "seconds_per_stream": args.seconds, "reports": reports})
+
+
+if __name__ == "__main__":
+    main()

@@ -529,7 +529,32 @@ def main() -> None:
         result = bench_mode(args, systems, model, nemo_path, name)
         out = args.out.replace("{r}", str(r))
         write_json(out, result)
+        plot(result, Path(out).with_suffix(".png"))
         print(format_table(result))
+
+
+def plot(result: dict, png: Path) -> None:
+    """Stream-steps/s against batch size, one line per system."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for system in SYSTEMS:
+        rows = sorted((r["batch"], r["stream_steps_per_s"]) for r in result["results"] if r["system"] == system)
+        if rows:
+            ax.plot(*zip(*rows), "-o", label=system)
+    ax.set(xlabel="batch size (streams per step)", ylabel="stream-steps per second", xscale="log")
+    ax.set_title(
+        f"{result['model']} {result['chunk_ms']:.0f} ms {result['dtype']} on {result['device']}, "
+        f"{result['threads']} thread(s)", fontsize=9
+    )
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
 
 
 def bench_mode(args, systems: list[str], model, nemo_path: Path, name: str) -> dict:

@@ -72,6 +72,34 @@ def build_model(config: Path = DEFAULT_CONFIG, tokenizer_dir: Path = DEFAULT_TOK
     return EncDecHybridRNNTCTCBPEModel(cfg=cfg)
 
 
+def center_input_conv(model, mean: float, std: float) -> None:
+    """Initialise the first subsampling conv so that it sees standardised log-mels.
+
+    Streaming needs ``normalize: NA`` (no per-utterance statistics), so raw log-mels reach the encoder with
+    mean ~ -11 and std ~ 3.6.  With NeMo's default init the first conv's pre-activations are then dominated by
+    ``-11 * sum(w)``: about half of its ReLU channels start dead and the rest nearly linear, which stalls RNN-T
+    training from scratch.  Folding a fixed affine standardisation into the conv's initial weight/bias
+    (``w/std``, ``b - sum(w/std)*mean``) fixes that without changing the architecture or the streaming path.
+    """
+    conv = model.encoder.pre_encode.conv[0]
+    with torch.no_grad():
+        conv.weight.div_(std)
+        conv.bias.sub_(conv.weight.sum(dim=tuple(range(1, conv.weight.dim()))) * mean)
+
+
+def feature_stats(model, wavs, n: int = 200) -> tuple[float, float]:
+    model.preprocessor.eval()
+    feats = []
+    with torch.no_grad():
+        for w in wavs[:n]:
+            x = torch.from_numpy(w.astype(np.float32) / 32768.0)[None]
+            f, fl = model.preprocessor(input_signal=x, length=torch.tensor([x.shape[1]]))
+            feats.append(f[0, :, : int(fl)])
+    model.preprocessor.train()
+    f = torch.cat(feats, 1)
+    return float(f.mean()), float(f.std())
+
+
 def read_manifest(path: Path) -> list[dict]:
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
@@ -233,6 +261,10 @@ def train(args) -> dict:
     print(f"loaded {len(wavs)} train / {len(dev_wavs)} dev utterances in {time.time() - t0:.1f}s", flush=True)
 
     model = build_model(Path(args.config), tok_dir)
+    if args.input_norm_init:
+        mu, sd = feature_stats(model, wavs)
+        center_input_conv(model, mu, sd)
+        print(f"input conv initialised for log-mel mean {mu:.2f} std {sd:.2f}", flush=True)
     spec_aug = model.spec_augmentation
     tokens = [model.tokenizer.text_to_ids(t) for t in texts]
     durs = np.array([len(w) / 16000 for w in wavs])
@@ -276,14 +308,18 @@ def train(args) -> dict:
         w_ctc = args.ctc_weight_start if step < args.ctc_warmup else args.ctc_weight
 
         enc, enc_len = model.forward(input_signal=sig, input_signal_length=sig_len)
-        dec, tgt_len, _ = model.decoder(targets=lab, target_length=lab_len)
-        joint = model.joint(encoder_outputs=enc, decoder_outputs=dec)
-        rnnt = rnnt_loss(joint, lab, enc_len, tgt_len, blank=model.decoder.blank_idx)
+        if w_ctc < 1.0:
+            dec, tgt_len, _ = model.decoder(targets=lab, target_length=lab_len)
+            joint = model.joint(encoder_outputs=enc, decoder_outputs=dec)
+            rnnt = rnnt_loss(joint, lab, enc_len, tgt_len, blank=model.decoder.blank_idx)
+        else:  # CTC-only warm-up: the encoder must learn acoustics (no prediction-network shortcut)
+            rnnt = torch.zeros(())
         lp = model.ctc_decoder(encoder_output=enc)
         ctc = model.ctc_loss(log_probs=lp, targets=lab, input_lengths=enc_len, target_lengths=lab_len)
         loss = (1 - w_ctc) * rnnt + w_ctc * ctc
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        loss = loss.detach()
         gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         if torch.isfinite(gn):
             opt.step()
@@ -351,6 +387,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--save-every", type=int, default=100)
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--save-final", action="store_true")
+    p.add_argument("--no-input-norm-init", dest="input_norm_init", action="store_false",
+                   help="keep NeMo's default init of the first subsampling conv (see center_input_conv)")
     return p
 
 

@@ -138,3 +138,15 @@ def test_force_final_closes_a_segment_without_changing_tokens():
     assert got[-1].done and got[-1].segment == 1
     assert [t for r in got for t in r.new_token_ids] == oracle_transcribe(m, audio).token_ids
     helpers.assert_engine_empty(eng)
+
+
+def test_duplicate_stream_id_is_refused_at_admission():
+    m = helpers.model(None, DEFAULT_MODES[0])
+    eng = helpers.new_engine(m, 2)
+    s = eng.open_stream(lambda r: None, stream_id="caller-chosen")
+    with pytest.raises(ValueError):
+        eng.open_stream(lambda r: None, stream_id="caller-chosen")
+    eng.iterate()  # the loop must survive
+    eng.abort(s)
+    helpers.assert_engine_empty(eng)
+    eng.open_stream(lambda r: None, stream_id="caller-chosen")  # free again once released

@@ -79,6 +79,7 @@ class Engine:
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # Stream to open, from any thread
         self._admission = threading.Lock()
         self._num_admitted = 0  # streams holding or about to hold a slot (guarded by _admission)
+        self._admitted_ids: set[str] = set()  # their stream ids (guarded by _admission)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -95,12 +96,16 @@ class Engine:
     ) -> Stream:
         """Admit a stream or raise NoFreeSlotError / ValueError (bad language)."""
         lang = self.model.language_index(language)
+        stream_id = stream_id or uuid.uuid4().hex
         with self._admission:
+            if stream_id in self._admitted_ids:
+                raise ValueError(f"stream id {stream_id!r} is already open")
             if self._num_admitted >= self.num_slots:
                 raise NoFreeSlotError(f"all {self.num_slots} slots are in use")
             self._num_admitted += 1
+            self._admitted_ids.add(stream_id)
         stream = Stream(
-            stream_id=stream_id or uuid.uuid4().hex[:12],
+            stream_id=stream_id,
             on_result=on_result,
             language_index=lang,
             endpoint_config=endpoint or self.endpoint,
@@ -296,6 +301,7 @@ class Engine:
             del self._streams[s.stream_id]
             with self._admission:
                 self._num_admitted -= 1
+                self._admitted_ids.discard(s.stream_id)
         assert self.pool.num_free + self.pool.num_used == self.pool.num_slots
 
 

@@ -310,6 +310,7 @@ class Sherpa:
     def __init__(self, onnx_dir: Path, feature_dim: int) -> None:
         import sherpa_onnx
 
+        self.onnx_dir = onnx_dir
         self.rec = sherpa_onnx.OnlineRecognizer.from_transducer(
             tokens=str(onnx_dir / "tokens.txt"),
             encoder=str(onnx_dir / "encoder.onnx"),
@@ -325,6 +326,9 @@ class Sherpa:
         for line in (onnx_dir / "tokens.txt").read_text(encoding="utf-8").splitlines():
             piece, idx = line.rsplit(" ", 1)
             self.piece_to_id[piece.replace("\u2581", " ")] = int(idx)  # results carry "▁" as a space
+
+    def __call__(self, _model, audios: list[np.ndarray]) -> Measurement:
+        return self.run(audios)
 
     def run(self, audios: list[np.ndarray]) -> Measurement:
         t0 = time.perf_counter()
@@ -424,7 +428,7 @@ def _greedy_one_symbol(nemo, enc: torch.Tensor) -> list[int]:
     return out
 
 
-def why_peers_differ(model, audio: np.ndarray, oracle: list[int], pipeline_tokens, sherpa_tokens) -> dict:
+def why_peers_differ(model, audio: np.ndarray, oracle: list[int], pipeline_tokens, sherpa_tokens, onnx_dir=None) -> dict:
     """Token error rates against the oracle, adding one difference at a time (stream 0)."""
     g = model.geometry
     feats = _loop_chunks_features(model, audio)
@@ -455,7 +459,55 @@ def why_peers_differ(model, audio: np.ndarray, oracle: list[int], pipeline_token
         out["sherpa"] = ter(sherpa_tokens)
         # what is left once grid and decoding rule are the same: kaldi fbank features and ONNX Runtime numerics
         out["sherpa_vs_sherpa_grid_1_per_frame"] = ter_between(sherpa_tokens, one_per_frame)
+    if onnx_dir is not None:
+        # the same ONNX graphs sherpa-onnx runs, fed NeMo's features on sherpa's grid: separates
+        # ONNX Runtime numerics (vs the torch emulation) from sherpa's own fbank (vs sherpa)
+        onnx_tokens = _decode_grid_onnx(onnx_dir, feats, sherpa_windows)
+        out["onnx_sherpa_grid_nemo_features_vs_torch_emulation"] = ter_between(onnx_tokens, one_per_frame)
+        if sherpa_tokens is not None:
+            out["sherpa_vs_onnx_sherpa_grid_nemo_features"] = ter_between(sherpa_tokens, onnx_tokens)
     return out
+
+
+def _decode_grid_onnx(onnx_dir: Path, feats: torch.Tensor, windows: list[tuple[int, int, int]]) -> list[int]:
+    """sherpa-onnx's NeMo transducer loop (encoder with caches, one symbol per frame) in Python
+    over the exported graphs, on features we choose."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = so.inter_op_num_threads = 1
+    enc, dec, joi = (
+        ort.InferenceSession(str(onnx_dir / f"{n}.onnx"), so, providers=["CPUExecutionProvider"])
+        for n in ("encoder", "decoder", "joiner")
+    )
+    meta = enc.get_modelmeta().custom_metadata_map
+    ch = np.zeros((1, int(meta["cache_last_channel_dim1"]), int(meta["cache_last_channel_dim2"]), int(meta["cache_last_channel_dim3"])), np.float32)
+    tm = np.zeros((1, int(meta["cache_last_time_dim1"]), int(meta["cache_last_time_dim2"]), int(meta["cache_last_time_dim3"])), np.float32)
+    n = np.zeros((1,), np.int64)
+    layers, hidden = int(meta["pred_rnn_layers"]), int(meta["pred_hidden"])
+    blank = int(meta["vocab_size"])
+    dec_names = [i.name for i in dec.get_inputs()]
+
+    def predict(token: int, h, c):
+        feeds = dict(zip(dec_names, [np.array([[token]], np.int32), np.array([1], np.int32), h, c]))
+        o = dec.run(None, feeds)
+        return o[0], o[2], o[3]
+
+    h = np.zeros((layers, 1, hidden), np.float32)
+    c = np.zeros((layers, 1, hidden), np.float32)
+    g, h1, c1 = predict(blank, h, c)
+    tokens = []
+    for start, end, _ in windows:
+        x = feats[:, :, start:end].float().numpy()
+        out, _, ch, tm, n = enc.run(None, {"audio_signal": x, "length": np.array([x.shape[-1]], np.int64),
+                                           "cache_last_channel": ch, "cache_last_time": tm, "cache_last_channel_len": n})
+        for t in range(out.shape[-1]):
+            logits = joi.run(None, {"encoder_outputs": out[:, :, t : t + 1], "decoder_outputs": g})[0]
+            y = int(logits.reshape(-1).argmax())
+            if y != blank:
+                tokens.append(y)
+                g, h1, c1 = predict(y, h1, c1)
+    return tokens
 
 
 def _loop_chunks_features(model, audio: np.ndarray) -> torch.Tensor:
@@ -562,6 +614,7 @@ def bench_mode(args, systems: list[str], model, nemo_path: Path, name: str) -> d
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     print(model.summary(max(sizes)), file=sys.stderr)
     peers = _build_peers(systems, model, nemo_path, args, max(sizes))
+    onnx_dir = getattr(peers.get("sherpa"), "onnx_dir", None)
     audios = bench_audio(max(sizes), args.seconds, args.audio)
     runs: dict[tuple[str, int], list[Measurement]] = {}
     plan = [(b, s) for b in sizes for s in systems if not (s == "loop" and args.loop_max_batch and b > args.loop_max_batch)]
@@ -576,7 +629,7 @@ def bench_mode(args, systems: list[str], model, nemo_path: Path, name: str) -> d
             bar.update(1)
             bar.set_postfix_str(f"{system} B={b}: {m.stream_steps_per_s:.1f} stream-steps/s")
     bar.close()
-    return _summarise(args, record, name, nemo_path, model, sizes, runs, audios)
+    return _summarise(args, record, name, nemo_path, model, sizes, runs, audios, onnx_dir)
 
 
 def _synced(runner, device: torch.device):
@@ -609,8 +662,7 @@ def _build_peers(systems, model, nemo_path: Path, args, max_batch: int) -> dict:
         if args.device != "cpu":
             raise SystemExit("sherpa-onnx runs here on CPU only (the PyPI wheel has no CUDA provider); drop it from --systems")
         root = Path(args.onnx_dir) if args.onnx_dir else nemo_path.parent / "onnx"
-        sherpa = Sherpa(ensure_export(nemo_path, model.geometry.context_right, root), model.num_mels)
-        peers["sherpa"] = lambda _m, audios: sherpa.run(audios)
+        peers["sherpa"] = Sherpa(ensure_export(nemo_path, model.geometry.context_right, root), model.num_mels)
     return peers
 
 
@@ -637,7 +689,7 @@ def _oracle_by_clip(runs: dict) -> list[list[int]] | None:
     return tokens[: min(len(tokens), 8)]
 
 
-def _summarise(args, record, name, nemo_path, model, sizes, runs, audios) -> dict:
+def _summarise(args, record, name, nemo_path, model, sizes, runs, audios, onnx_dir=None) -> dict:
     g = model.geometry
     oracle = _oracle_by_clip(runs)
     results = []
@@ -662,7 +714,7 @@ def _summarise(args, record, name, nemo_path, model, sizes, runs, audios) -> dic
     why = None
     if oracle is not None and not args.no_why:
         first = {s: runs[(s, b)][0].tokens[0] for (s, b) in sorted(runs) if s in ("pipeline", "sherpa")}
-        why = why_peers_differ(model, audios[0], oracle[0], first.get("pipeline"), first.get("sherpa"))
+        why = why_peers_differ(model, audios[0], oracle[0], first.get("pipeline"), first.get("sherpa"), onnx_dir)
     return {
         "benchmark": "step_bench",
         **record,

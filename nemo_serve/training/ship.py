@@ -52,12 +52,14 @@ def pick_utterances(data: Path, per_set: int = 8, lo: float = 2.0, hi: float = 6
     for s in SETS:
         rows = [json.loads(l) for l in open(data / f"{s}.jsonl") if l.strip()]
         seen_voices, chosen = set(), []
-        for r in rows:  # prefer distinct voices, in manifest order (deterministic)
-            if lo + 0.05 <= r["duration"] <= hi - 0.05 and r["voice"] not in seen_voices:
+        ok = [r for r in rows if lo + 0.05 <= r["duration"] <= hi - 0.05]
+        for r in ok:  # prefer distinct voices, in manifest order (deterministic)
+            if len(chosen) < per_set and r["voice"] not in seen_voices:
                 chosen.append(r)
                 seen_voices.add(r["voice"])
-            if len(chosen) == per_set:
-                break
+        for r in ok:  # fill up (flite has only 5 voices)
+            if len(chosen) < per_set and r not in chosen:
+                chosen.append(r)
         for r in chosen:
             out.append({**r, "set": s, "src": str(data / r["audio_filepath"])})
     return out

@@ -65,6 +65,15 @@ def _cached_builtin(name: str, seed: int = 0) -> Path:
     return path
 
 
+def file_digest(path: str | Path) -> str:
+    """First 12 hex digits of the file's sha256: which weights a result was measured on."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()[:12]
+
+
 # ----------------------------------------------------------------------------- audio
 
 

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import bench_audio, model_file, run_record, write_json  # noqa: E402
+from benchmarks.common import bench_audio, file_digest, model_file, run_record, write_json  # noqa: E402
 
 SYSTEMS = ("engine", "pipeline", "loop", "sherpa")
 
@@ -720,6 +720,7 @@ def _summarise(args, record, name, nemo_path, model, sizes, runs, audios, onnx_d
         **record,
         "model": name,
         "model_file": str(nemo_path),
+        "model_sha256": file_digest(nemo_path),
         "model_parameters": model.num_parameters,
         "dtype": args.dtype,
         "device": args.device,

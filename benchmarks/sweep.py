@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks import loadgen  # noqa: E402
-from benchmarks.common import model_file, run_record, write_json  # noqa: E402
+from benchmarks.common import file_digest, model_file, run_record, write_json  # noqa: E402
 
 SUMMARY_RE = re.compile(r"cache ([\d.]+) MiB/stream x (\d+) slots = ([\d.]+) MiB")
 
@@ -287,6 +287,7 @@ def _assemble(args, record, name, nemo_path, server, ready, idle, results) -> di
         **record,
         "model": name,
         "model_file": str(nemo_path),
+        "model_sha256": file_digest(nemo_path),
         "context_right": args.context_right,
         "chunk_ms": ready.get("chunk_ms"),
         "dtype": args.dtype,

@@ -1,0 +1,784 @@
+"""Built-in model architectures with seeded random weights, for tests and benchmarks.
+
+MEASUREMENTS_PLACEHOLDER
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+BUILTIN_NAMES = ("tiny-char", "tiny-hybrid", "tiny-prompt", "fastconformer-l", "nemotron-0.6b")
+
+SAMPLE_RATE = 16000
+CONFIG_DIR = Path(os.environ.get("NEMO_SERVE_CONFIG_DIR", Path(__file__).resolve().parent.parent / "configs"))
+CACHE_DIR = Path(os.environ.get("NEMO_SERVE_CACHE", Path.home() / ".cache" / "nemo_serve"))
+
+# Part of the tokenizer cache key: bump when _pseudo_word_corpus or the trainer options change.
+_TOKENIZER_RECIPE_VERSION = 1
+# Calibration audio seeds live far from the small seeds tests use for their own audio.
+_CALIBRATION_AUDIO_SEED = 0xCA1B
+_UNK_LOGIT = -40.0
+
+log = logging.getLogger(__name__)
+
+
+def is_builtin(name: str) -> bool:
+    return name in BUILTIN_NAMES
+
+
+def builtin_spec(name: str) -> DictConfig:
+    """The whole yaml of a built-in: `target`, `model`, and our `tokenizer` / `random_init` recipes."""
+    if not is_builtin(name):
+        raise ValueError(f"unknown built-in model {name!r}; choose one of: {', '.join(BUILTIN_NAMES)}")
+    path = CONFIG_DIR / f"{name}.yaml"
+    if not path.exists():
+        raise FileNotFoundError(f"built-in config {path} is missing (NEMO_SERVE_CONFIG_DIR names the configs/ folder)")
+    return OmegaConf.load(path)
+
+
+def build_builtin(name: str, seed: int = 0):
+    """Build the named architecture with seeded, non-degenerate random weights (eval mode, CPU, fp32).
+
+    Same name, seed, torch and NeMo versions on the same machine give the same weights.
+    """
+    timings: dict[str, float] = {}
+    with _phase(timings, "total"):
+        spec = builtin_spec(name)
+        cfg = spec.model.copy()
+        if "tokenizer" in spec:
+            with _phase(timings, "tokenizer"), open_dict(cfg):
+                cfg.tokenizer.dir = str(ensure_tokenizer(name, spec.tokenizer))
+                cfg.tokenizer.type = spec.tokenizer.type
+        cls = _import_class(spec.target)
+        with _phase(timings, "construct"), _quiet_nemo(), torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = cls(cfg=cfg)
+        model = model.to(device="cpu", dtype=torch.float32).eval()
+        recipe = _RandomInitRecipe(**OmegaConf.to_container(spec.get("random_init", {})))
+        gen = torch.Generator().manual_seed(_derived_seed(name, seed))
+        with torch.no_grad(), _quiet_nemo():
+            _shape_weights(model, recipe, gen, timings)
+    num_params = sum(p.numel() for p in model.parameters())
+    log.info(
+        "built %s (seed %d): %.1fM parameters in %.1f s (%s)", name, seed, num_params / 1e6, timings["total"],
+        ", ".join(f"{k} {v:.1f}" for k, v in timings.items() if k != "total"),
+    )
+    return model
+
+
+# --------------------------------------------------------------------------- tokenizers
+
+
+def ensure_tokenizer(name: str, recipe: DictConfig) -> Path:
+    """Directory holding tokenizer.model, tokenizer.vocab and vocab.txt for a recipe; trained once, then cached.
+
+    Trained with NeMo's own create_spt_model (which also writes the vocab.txt NeMo requires)
+    on a pseudo-word corpus generated in code. Written to a temp dir and renamed, so that
+    concurrent builders never see half a tokenizer.
+    """
+    recipe_dict = OmegaConf.to_container(recipe, resolve=True)
+    key = json.dumps({"v": _TOKENIZER_RECIPE_VERSION, **recipe_dict}, sort_keys=True)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    final_dir = CACHE_DIR / "tokenizers" / f"{name}-{digest}"
+    if (final_dir / "vocab.txt").exists():
+        return final_dir
+    from nemo.collections.common.tokenizers.sentencepiece_tokenizer import create_spt_model
+
+    final_dir.parent.mkdir(parents=True, exist_ok=True)
+    work_dir = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=final_dir.parent))
+    try:
+        corpus_path = work_dir / "corpus.txt"
+        corpus_path.write_text(
+            _pseudo_word_corpus(
+                recipe.lexicon_size, recipe.corpus_words, recipe.get("extra_letters", ""), recipe.get("seed", 0)
+            ),
+            encoding="utf-8",
+        )
+        out_dir = work_dir / "tokenizer"
+        with _quiet_nemo(), _quiet_fds():
+            create_spt_model(
+                str(corpus_path),
+                vocab_size=recipe.vocab_size,
+                sample_size=-1,
+                do_lower_case=False,
+                tokenizer_type=recipe.type,
+                output_dir=str(out_dir),
+                character_coverage=1.0,
+            )
+        num_pieces = sum(1 for _ in open(out_dir / "tokenizer.vocab", encoding="utf-8"))
+        if num_pieces != recipe.vocab_size:
+            # create_spt_model passes hard_vocab_limit=false: a corpus too small silently gives fewer pieces.
+            raise RuntimeError(f"{name}: tokenizer has {num_pieces} pieces, recipe asks {recipe.vocab_size}")
+        (out_dir / "recipe.json").write_text(key)
+        try:
+            os.rename(out_dir, final_dir)
+        except OSError:
+            if not (final_dir / "vocab.txt").exists():  # lost a race only if the winner finished
+                raise
+    finally:
+        shutil.rmtree(work_dir, ignore_errors=True)
+    return final_dir
+
+
+def _pseudo_word_corpus(lexicon_size: int, num_words: int, extra_letters: str, seed: int) -> str:
+    """Deterministic text of Zipf-distributed pseudo-words built from syllables: enough merges for BPE."""
+    rng = random.Random(seed)
+    onsets = ["", "b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "z"]
+    onsets += ["br", "cr", "dr", "fr", "gr", "pr", "tr", "st", "sp", "sk", "sl", "pl", "bl", "cl", "fl"]
+    onsets += ["gl", "ch", "sh", "th", "qu", "ph", "wh", "sn", "sm", "tw", "str"]
+    vowels = ["a", "e", "i", "o", "u", "y", "ai", "ea", "ee", "oo", "ou", "ie", "au", "oi"] + list(extra_letters)
+    codas = ["", "", "", "n", "r", "s", "t", "l", "m", "nd", "nt", "st", "rk", "ng", "ck", "x", "ll", "ss"]
+    codas += ["rt", "ld", "mp", "'s"]
+    lexicon: set[str] = set()
+    while len(lexicon) < lexicon_size:
+        num_syllables = rng.choice([1, 1, 2, 2, 2, 3, 3, 4])
+        lexicon.add("".join(rng.choice(onsets) + rng.choice(vowels) + rng.choice(codas) for _ in range(num_syllables)))
+    words = sorted(lexicon)
+    rng.shuffle(words)
+    weights = [1.0 / (rank + 10) ** 0.9 for rank in range(len(words))]
+    stream = rng.choices(words, weights=weights, k=num_words)
+    lines, i = [], 0
+    while i < len(stream):
+        n = rng.randint(4, 14)
+        lines.append(" ".join(stream[i : i + n]))
+        i += n
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- synthetic audio
+
+
+def synth_audio(seconds: float, seed: int, sample_rate: int = SAMPLE_RATE) -> torch.Tensor:
+    """Deterministic speech-like test signal [T] float32 in [-1, 1].
+
+    A sequence of phone-length (50-300 ms) segments: voiced harmonic complexes with two
+    formant-like peaks and pitch glides, noise bursts, chirps and pure tones, at varying
+    levels, with pauses (200-800 ms of near-silence). Not speech; enough to move a random
+    encoder around about as often as speech moves a trained one.
+    """
+    rng = np.random.default_rng(seed)
+    num_samples = int(round(seconds * sample_rate))
+    out = np.zeros(num_samples, dtype=np.float64)
+    pos = 0
+    while pos < num_samples:
+        kind = rng.choice(["silence", "voiced", "voiced", "voiced", "voiced", "noise", "noise", "chirp", "tone"])
+        seconds_here = rng.uniform(0.2, 0.8) if kind == "silence" else rng.uniform(0.05, 0.3)
+        n = min(int(seconds_here * sample_rate), num_samples - pos)
+        t = np.arange(n) / sample_rate
+        if kind == "silence":
+            seg = rng.normal(0.0, 1e-4, n)
+        elif kind == "voiced":
+            f0 = rng.uniform(90, 260) * (1 + rng.uniform(-0.15, 0.15) * t / max(t[-1], 1e-3))
+            phase = 2 * np.pi * np.cumsum(f0) / sample_rate
+            formants = rng.uniform([300, 900], [900, 2600])
+            seg = np.zeros(n)
+            for k in range(1, int(3800 / f0.max())):
+                gain = sum(1.0 / (1.0 + ((k * f0.mean() - f) / 120.0) ** 2) for f in formants)
+                seg += gain / k**0.5 * np.sin(k * phase)
+            seg *= rng.uniform(0.05, 0.4) / (np.abs(seg).max() + 1e-9)
+        elif kind == "noise":
+            seg = rng.normal(0.0, 1.0, n)
+            if rng.random() < 0.5:
+                seg = np.diff(seg, prepend=0.0)  # brighter, fricative-like
+            seg *= rng.uniform(0.01, 0.15)
+        elif kind == "chirp":
+            f_start, f_end = rng.uniform(150, 4000, size=2)
+            phase = 2 * np.pi * (f_start * t + (f_end - f_start) * t**2 / (2 * max(t[-1], 1e-3)))
+            seg = rng.uniform(0.02, 0.3) * np.sin(phase)
+        else:
+            seg = rng.uniform(0.02, 0.3) * np.sin(2 * np.pi * rng.uniform(100, 3000) * t)
+        ramp = np.minimum(1.0, np.minimum(np.arange(n), np.arange(n)[::-1]) / (0.005 * sample_rate))
+        out[pos : pos + n] = seg * ramp
+        pos += n
+    out += rng.normal(0.0, 3e-5, num_samples)  # no digital silence: log-mel of exact zeros is an outlier
+    return torch.from_numpy(np.clip(out, -1.0, 1.0).astype(np.float32))
+
+
+# --------------------------------------------------------------------------- weight shaping
+
+
+@dataclass
+class _RandomInitRecipe:
+    """Knobs of the weight adjustment; defaults suit every built-in, a config's `random_init` may override."""
+
+    target_emitting_frames: float = 0.32  # fraction of encoder frames with >= 1 token (calibration audio)
+    calibration_utterances: int = 8  # 8 s each, round-robin over the context modes
+    layer_norm_gain_std: float = 0.2  # log-normal LayerNorm gains
+    layer_norm_bias_std: float = 0.1
+    pos_bias_std: float = 0.3  # rel-pos attention pos_bias_u / pos_bias_v
+    prompt_scale: float = 0.3  # language offsets in prompt_kernel's hidden units / their spread over frames
+    tokens_per_group: float = 3.0  # vocabulary / number of token groups (see _JointLayout.make)
+    lstm_forget_bias: float = -1.0  # free predictor units: short memory, about 1-2 labels
+    group_scale: float = 4.0  # token logit per unit of its group's evidence
+    gate_scale: float = 1.25  # blank logit per unit of a recent label's group evidence, / group_scale
+    gate_sharpness: float = 4.0  # closed gates sit this many evidence stds below zero
+    variation_scale: float = 1.0  # token logit scale of the within-group, label-context dependent part
+    suppress: float = 1.0  # how hard the joint pushes down the labels just emitted
+    repeat_penalty: float = 3.0  # token logit drop for the groups of the last two labels, / group_scale
+    pred_noise: float = 0.8  # label-context-dependent variation
+    silence_weight: float = 4.0  # blank logit at silence over a frame far from it (saturating distance)
+    follow_fraction: float = 0.4  # groups with a follower group, emitted right after them (same frame)
+    follow_margin: float = 2.0  # follower boost over the blank bias, / group_scale
+
+
+@dataclass
+class _JointLayout:
+    """Which joint hidden units do what (slices into the joint hidden dimension H), and the token groups."""
+
+    evidence: slice  # [G] group evidence e_j(t): whitened encoder directions, unit variance
+    gate_last: slice  # [G] relu(e_j(t) - K * [group j is not the last label's]): about relu(e_j) or 0
+    gate_prev: slice  # [G] the same for the label before the last
+    last_flag: slice  # [G] 1 while the last label is of group j, else 0
+    prev_flag: slice  # [G] 1 while the label before the last is of group j, else 0
+    silence: slice  # [4P] relu(+-a_i), relu(+-a_i - 1), a_i = w_i . (x - x_silence): distance from silence
+    variation: slice  # the rest: token choice inside a group, label context, repeat suppression
+    group_of: torch.Tensor  # [V] each label's group
+    follower_of: torch.Tensor  # [G] the group that tends to follow group j in the same frame, or -1
+
+    @property
+    def num_groups(self) -> int:
+        return self.evidence.stop - self.evidence.start
+
+    @staticmethod
+    def make(hidden: int, pred_hidden: int, vocab: int, recipe, gen) -> "_JointLayout":
+        num_dirs = max(2, hidden // 40)
+        groups = round(vocab / recipe.tokens_per_group)
+        groups = int(min(max(4, groups), (hidden - 4 * num_dirs) // 7, pred_hidden // 3))
+        cut = np.cumsum([groups] * 5 + [4 * num_dirs])
+        spans = [slice(0, cut[0])] + [slice(cut[i], cut[i + 1]) for i in range(5)] + [slice(cut[5], hidden)]
+        group_of = torch.randperm(vocab, generator=gen) % groups  # balanced
+        # Heads (a `follow_fraction` of the groups) each get a follower among the other groups, which
+        # have none: chains stay at two labels, which the two-label memory still covers.
+        order = torch.randperm(groups, generator=gen)
+        num_heads = int(round(recipe.follow_fraction * groups))
+        heads, tails = order[:num_heads], order[num_heads:]
+        follower_of = torch.full((groups,), -1)
+        if len(tails):
+            follower_of[heads] = tails[torch.randint(len(tails), (num_heads,), generator=gen)]
+        return _JointLayout(*spans, group_of=group_of, follower_of=follower_of)
+
+
+def _shape_weights(model, recipe: _RandomInitRecipe, gen: torch.Generator, timings: dict) -> None:
+    _randomise_encoder_norms(model.encoder, recipe, gen)
+    joint = model.joint
+    layout = _JointLayout.make(
+        joint.enc.weight.shape[0], joint.pred.weight.shape[1], joint.num_classes_with_blank - 1, recipe, gen
+    )
+    register_levels = _shape_predictor(model.decoder, layout, recipe, gen)
+    with _phase(timings, "encode"):
+        encoded, quiet = _calibration_encoder_outputs(model, recipe)
+    frames, silences = encoded, [quiet]  # [T, D] each, as the joint sees them
+    if getattr(model, "concat", False):
+        _shape_prompt_kernel(model.prompt_kernel, model.num_prompts, encoded, recipe, gen)
+        frames, silences = _apply_prompts(model, encoded, quiet)
+    with _phase(timings, "joint"):
+        _shape_joint(model, layout, register_levels, frames, silences, recipe, gen)
+    if hasattr(model, "ctc_decoder"):
+        _shape_ctc(model, frames, recipe, gen)
+    model.encoder.set_default_att_context_size(list(model.encoder.att_context_size_all[0]))
+
+
+def _randomise_encoder_norms(encoder, recipe, gen) -> None:
+    """Non-trivial LayerNorm gains/biases and pos_bias_u/v: a runtime that drops one of them must not match."""
+    for module in encoder.modules():
+        if isinstance(module, torch.nn.LayerNorm) and module.elementwise_affine:
+            module.weight.copy_(torch.exp(recipe.layer_norm_gain_std * _randn(gen, module.weight.shape)))
+            module.bias.copy_(recipe.layer_norm_bias_std * _randn(gen, module.bias.shape))
+        for attr in ("pos_bias_u", "pos_bias_v"):
+            param = module._parameters.get(attr)
+            if param is not None:
+                param.copy_(recipe.pos_bias_std * _randn(gen, param.shape))
+
+
+def _shape_prompt_kernel(prompt_kernel, num_prompts: int, encoded, recipe, gen) -> None:
+    """Make the language one-hot move prompt_kernel's hidden units by `prompt_scale` times the
+    spread the encoder output gives them: enough to change tokens, not the emission rate."""
+    first = prompt_kernel[0]  # Linear(D + P, 2D); the one-hot is concatenated after the encoder output
+    spread = (torch.cat(encoded) @ first.weight[:, :-num_prompts].T).std(0)  # [2D]
+    offsets = recipe.prompt_scale * spread[:, None] * _randn(gen, (first.weight.shape[0], num_prompts))
+    first.weight[:, -num_prompts:] = offsets
+
+
+def _shape_predictor(decoder, layout: _JointLayout, recipe, gen) -> tuple[float, float]:
+    """Give the LSTM two one-hot registers of token groups; return their "on" levels in the output.
+
+    Hidden units [0, G) of every layer hold the group of the last label ("last"), units
+    [G, 2G) the group of the label before ("prev", copied from "last" through the recurrent
+    weights): on (a fixed level) or off (0), so the joint can gate on them sharply. This
+    is state a runtime must carry exactly (h and c). The embedding of label k is random
+    plus its group's prototype, orthogonal to the random part. The other units keep NeMo's
+    random weights, with a short memory (forget gate mostly closed).
+    """
+    lstm = decoder.prediction["dec_rnn"].lstm
+    embed = decoder.prediction["embed"].weight  # [V + 1, Hp]; row V (blank) is the zero SOS/pad row
+    hidden, groups = lstm.hidden_size, layout.num_groups
+    vocab = len(layout.group_of)
+    protos = torch.linalg.qr(_randn(gen, (hidden, groups)))[0].T  # [G, Hp], orthonormal rows
+    rand = embed[:vocab] - (embed[:vocab] @ protos.T) @ protos
+    embed[:vocab] = rand + 4.0 * protos[layout.group_of]
+    last, prev, registers = slice(0, groups), slice(groups, 2 * groups), slice(0, 2 * groups)
+    eye = torch.eye(hidden)
+    for layer in range(lstm.num_layers):
+        w_ih, w_hh = getattr(lstm, f"weight_ih_l{layer}"), getattr(lstm, f"weight_hh_l{layer}")
+        b_ih, b_hh = getattr(lstm, f"bias_ih_l{layer}"), getattr(lstm, f"bias_hh_l{layer}")
+        b_hh.zero_()
+        b_ih.copy_(0.1 * _randn(gen, b_ih.shape))  # gate blocks: input, forget, cell, output
+        b_ih[0:hidden] += 1.0
+        b_ih[hidden : 2 * hidden] += recipe.lstm_forget_bias
+        b_ih[3 * hidden : 4 * hidden] += 1.0
+
+        def rows(gate: int, units: slice) -> slice:
+            return slice(gate * hidden + units.start, gate * hidden + units.stop)
+
+        for gate in range(4):
+            w_ih[rows(gate, registers)], w_hh[rows(gate, registers)] = 0.0, 0.0
+        b_ih[rows(0, registers)], b_ih[rows(1, registers)], b_ih[rows(3, registers)] = 4.0, -8.0, 4.0
+        b_ih[rows(2, registers)] = 0.0
+        if layer == 0:
+            w_ih[rows(2, last)] = protos  # reads the group prototype of the embedding: tanh(4) or 0
+            w_hh[rows(2, prev)] = 6.0 * eye[last]  # the "last" register of the step before
+        else:
+            w_ih[rows(2, registers)] = 6.0 * eye[registers]  # upper layers copy the registers
+    a, b = (int((layout.group_of == j).nonzero()[0]) for j in range(2))
+    g, _ = decoder.predict(torch.tensor([[a, b]]), None, add_sos=False, batch_size=1)
+    return float(g[0, 1, 1]), float(g[0, 1, groups])  # group 1 is last, group 0 is prev
+
+
+def _calibration_encoder_outputs(model, recipe) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Encoder outputs [T, D] on generated audio: `calibration_utterances` utterances of 8 s
+    (longer than any left context), dealt round-robin over the trained context modes, and
+    one near-silent 3 s stretch in the default mode."""
+    modes = model.encoder.att_context_size_all
+    encoded = []
+    for mode_idx, mode in enumerate(modes):
+        seeds = range(mode_idx, recipe.calibration_utterances, len(modes))
+        if len(seeds):
+            encoded += _encode(model, mode, torch.stack([synth_audio(8.0, _CALIBRATION_AUDIO_SEED + s) for s in seeds]))
+    quiet = np.random.default_rng(_CALIBRATION_AUDIO_SEED - 1).normal(0, 1e-4, 3 * SAMPLE_RATE)
+    silence = _encode(model, modes[0], torch.from_numpy(quiet).float()[None])[0]
+    return encoded, silence
+
+
+def _encode(model, mode, audio: torch.Tensor) -> list[torch.Tensor]:
+    """[B, T] equal-length audio -> B encoder outputs [T', D], offline, in the given context mode."""
+    model.encoder.set_default_att_context_size(list(mode))
+    feats, feat_len = model.preprocessor(input_signal=audio, length=torch.full((len(audio),), audio.shape[1]))
+    out, out_len = model.encoder(audio_signal=feats, length=feat_len)
+    return [out[i, :, : out_len[i]].T for i in range(len(audio))]
+
+
+def _apply_prompts(model, encoded, quiet) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Prompt model: one language per sequence, round-robin over the prompt dictionary;
+    the silence goes through every language."""
+    langs = list(model.cfg.model_defaults.prompt_dictionary.values())
+    frames = [_apply_prompt(model, x, langs[i % len(langs)]) for i, x in enumerate(encoded)]
+    silences = [_apply_prompt(model, quiet, lang) for lang in langs]
+    return frames, silences
+
+
+def _apply_prompt(model, encoded: torch.Tensor, lang: Optional[int]) -> torch.Tensor:
+    """[T, D] encoder output -> [T, D] joint input (through prompt_kernel for a prompt model)."""
+    if lang is None:
+        return encoded
+    one_hot = torch.zeros(encoded.shape[0], model.num_prompts)
+    one_hot[:, lang] = 1.0
+    return model.prompt_kernel(torch.cat([encoded, one_hot], dim=-1))
+
+
+def _shape_joint(model, lay: _JointLayout, register_levels, frames, silences, recipe, gen) -> None:
+    """Rebuild the joint so that greedy decoding behaves roughly like a trained model's.
+
+    Token groups stand in for acoustic content. A frame carries evidence e_j(t) for each
+    group j; token k's logit is group_scale * relu(e_group(k)(t)) plus a smaller within-group
+    term that depends on the frame and the label context (and pushes down the label just
+    emitted). The blank logit gets back the evidence of the groups of the last two labels,
+    through gate units opened by the predictor's group registers, minus the frame's distance
+    from silence, plus a calibrated bias. So a frame emits when its content (best group)
+    changes to one not just emitted, about once per change, and silence emits nothing.
+    """
+    joint, decoder = model.joint, model.decoder
+    vocab = joint.num_classes_with_blank - 1
+    blank, unk = vocab, _unk_id(model)
+    hidden = joint.enc.weight.shape[0]
+    groups = lay.num_groups
+    num_var = hidden - lay.variation.start
+    num_dirs = (lay.silence.stop - lay.silence.start) // 4
+
+    x = torch.cat(frames).double()  # [N, D]
+    mu, sigma = x.mean(0), x.std(0) + 1e-6
+    # How silence moves, in whitened space: with the language (prompt models) and over the first
+    # and last frames of an utterance. Every frame direction below is orthogonal to the main moves,
+    # so that silence reads as silence (no group evidence, no distance) wherever it is.
+    quiet = torch.stack([q.double() for q in silences])  # [languages, T, D]
+    silence = quiet.mean((0, 1))
+    moves = torch.cat([quiet.mean(1) - silence, quiet[0] - quiet[0].mean(0)]) / sigma
+    _, strength, moves = torch.linalg.svd(moves, full_matrices=False)
+    moves = moves[strength > 0.05 * strength[0]][: x.shape[1] // 4]  # the main ones, leave room
+
+    def frame_directions(rows: int, centre: torch.Tensor, rms: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Random encoder directions (weight, bias) whose outputs have unit std (or RMS) over the frames."""
+        w = _randn64(gen, (rows, x.shape[1]))
+        w = (w - (w @ moves.T) @ moves) / sigma
+        y = (x - centre) @ w.T
+        w /= (y.pow(2).mean(0) if rms else y.var(0)).sqrt()[:, None]
+        return w, -(w @ centre)
+
+    w_enc = torch.zeros(hidden, x.shape[1], dtype=torch.float64)
+    b_enc = torch.zeros(hidden, dtype=torch.float64)
+    w_ev, b_ev = frame_directions(groups, mu, rms=False)
+    w_enc[lay.evidence], b_enc[lay.evidence] = w_ev, b_ev
+    w_enc[lay.gate_last], b_enc[lay.gate_last] = w_ev, b_ev
+    w_enc[lay.gate_prev], b_enc[lay.gate_prev] = w_ev, b_ev
+    # Distance from silence: a_i = w_i . (x - silence), clamped to [0, 1] per direction.
+    w_sil, b_sil = frame_directions(num_dirs, silence, rms=True)
+    sil = lay.silence
+    w_enc[sil] = torch.cat([w_sil, -w_sil, w_sil, -w_sil])
+    b_enc[sil] = torch.cat([b_sil, -b_sil, b_sil - 1.0, -b_sil - 1.0])
+    w_enc[lay.variation], b_enc[lay.variation] = frame_directions(num_var, mu, rms=False)
+
+    # Predictor side. h: predictor output after each label (from an empty and a random one-label history).
+    labels = torch.arange(vocab)
+    g_first, _ = decoder.predict(labels[:, None], None, add_sos=False, batch_size=vocab)
+    prev = torch.randint(vocab, (vocab,), generator=gen)
+    g_second, _ = decoder.predict(torch.stack([prev, labels], 1), None, add_sos=False, batch_size=vocab)
+    h = (g_first[:, 0] + g_second[:, 1]).double() / 2  # [V, Hp]
+
+    def label_directions(rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Random predictor directions (weight, bias) with zero-mean unit-std outputs over labels, and the outputs."""
+        w = _randn64(gen, (rows, h.shape[1]))
+        w /= (h @ w.T).std(0)[:, None]
+        b = -(h @ w.T).mean(0)
+        return w, b, h @ w.T + b
+
+    w_pred = torch.zeros(hidden, h.shape[1], dtype=torch.float64)
+    b_pred = torch.zeros(hidden, dtype=torch.float64)
+    sharp = recipe.gate_sharpness
+    for gates, register, level in zip((lay.gate_last, lay.gate_prev), (0, groups), register_levels):
+        w_pred[gates, register : register + groups] = sharp / level * torch.eye(groups, dtype=torch.float64)
+        b_pred[gates] = -sharp  # off register: gate at e_j - K; on: at e_j
+    w_pred[lay.last_flag, :groups] = torch.eye(groups, dtype=torch.float64) / register_levels[0]  # 1 or 0
+    w_pred[lay.prev_flag, groups : 2 * groups] = torch.eye(groups, dtype=torch.float64) / register_levels[1]
+    # Token k's within-group readout r_k is a random image of h_k; the joint adds -c * r_(last label).
+    w_m, b_m, readout = label_directions(num_var)  # readout: [V, num_var]
+    w_n, b_n, _ = label_directions(num_var)
+    w_pred[lay.variation] = -recipe.suppress * w_m + recipe.pred_noise * w_n
+    b_pred[lay.variation] = -recipe.suppress * b_m + recipe.pred_noise * b_n
+
+    # Output layer.
+    w_out = torch.zeros(vocab + 1, hidden, dtype=torch.float64)
+    b_out = torch.zeros(vocab + 1, dtype=torch.float64)
+    w_out[labels, lay.evidence.start + lay.group_of] = recipe.group_scale
+    # The groups of the last two labels are out whatever the blank does: no cycles, no stutter.
+    w_out[labels, lay.last_flag.start + lay.group_of] = -recipe.repeat_penalty * recipe.group_scale
+    w_out[labels, lay.prev_flag.start + lay.group_of] = -recipe.repeat_penalty * recipe.group_scale
+    w_out[:vocab, lay.variation] = recipe.variation_scale * readout / math.sqrt(num_var)
+    enc_var = x @ w_enc[lay.variation].T + b_enc[lay.variation]
+    pred_var = h @ w_pred[lay.variation].T + b_pred[lay.variation]
+    pairs = torch.randint(len(x), (8192,), generator=gen), torch.randint(vocab, (8192,), generator=gen)
+    mean_act = torch.relu(enc_var[pairs[0]] + pred_var[pairs[1]]).mean(0)
+    b_out[:vocab] = -(w_out[:vocab, lay.variation] @ mean_act)  # no token is preferred whatever the frame
+    gate = recipe.gate_scale * recipe.group_scale
+    w_out[blank, lay.gate_last], w_out[blank, lay.gate_prev] = gate, gate
+    clamp = torch.tensor([-1.0, -1.0, 1.0, 1.0], dtype=torch.float64).repeat_interleave(num_dirs)
+    w_out[blank, lay.silence] = recipe.silence_weight / num_dirs * clamp  # -weight * mean(min(|a_i|, 1))
+    if unk is not None:
+        w_out[unk], b_out[unk] = 0.0, _UNK_LOGIT
+
+    joint.enc.weight.copy_(w_enc)
+    joint.enc.bias.copy_(b_enc)
+    joint.pred.weight.copy_(w_pred)
+    joint.pred.bias.copy_(b_pred)
+    out = joint.joint_net[-1]
+    out.weight.copy_(w_out)
+    out.bias.copy_(b_out)
+    projected = [joint.project_encoder(f) for f in frames]
+    blank_bias = _calibrate_blank(model, projected, recipe.target_emitting_frames, -20.0, 40.0, rounds=2)
+    # Followers: after a label of group j, group follower_of[j] gets the blank bias + a margin, so it
+    # usually comes out in the same frame (frames with 2-3 tokens); then the blank bias is re-fitted.
+    boost = blank_bias + recipe.follow_margin * recipe.group_scale
+    for group, follower in enumerate(lay.follower_of.tolist()):
+        if follower >= 0:
+            followers = (lay.group_of == follower).nonzero()[:, 0]
+            out.weight[followers, lay.last_flag.start + group] = boost
+    out.bias[blank] = _calibrate_blank(
+        model, projected, recipe.target_emitting_frames, blank_bias - 2.0, blank_bias + 8.0, rounds=2
+    )
+
+
+def _unk_id(model) -> Optional[int]:
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is None:
+        return None
+    unk = tokenizer.tokenizer.unk_id()
+    return unk if unk >= 0 else None
+
+
+def _calibrate_blank(model, projected: list[torch.Tensor], target: float, lo: float, hi: float, rounds: int) -> float:
+    """Blank bias giving `target` emitting frames on the calibration frames: grid bisection.
+
+    Each round decodes all frames for 12 candidate biases at once (one batch) and keeps the
+    bracket around the target (moving it if the target lies outside); a round narrows it 11 times.
+    """
+    for _ in range(rounds):
+        candidates = torch.linspace(lo, hi, 12, dtype=torch.float64)
+        with _torch_threads(1):  # small ops: a second thread only adds synchronisation
+            fractions = simulate_greedy(model, projected, candidates.float()).emitting_fraction
+        above = (fractions >= target).nonzero()  # the fraction falls as the blank bias rises
+        if len(above) == 0:
+            lo, hi = lo - (hi - lo), lo
+        elif int(above[-1]) == len(candidates) - 1:
+            lo, hi = hi, hi + (hi - lo)
+        else:
+            i = int(above[-1])
+            lo, hi = float(candidates[i]), float(candidates[i + 1])
+    return round((lo + hi) / 2, 3)
+
+
+@dataclass
+class GreedyStats:
+    """Per-candidate statistics of a greedy RNN-T decode: all tensors [C]."""
+
+    emitting_fraction: torch.Tensor  # frames with >= 1 token / frames
+    tokens_per_frame: torch.Tensor
+    max_symbols_fraction: torch.Tensor  # frames cut off at max_symbols / frames
+    distinct_tokens: torch.Tensor
+
+
+@torch.no_grad()
+def simulate_greedy(model, projected: Sequence[torch.Tensor], blank_offsets: torch.Tensor) -> GreedyStats:
+    """Greedy RNN-T decoding (NeMo's rule: emit while non-blank, at most max_symbols per frame)
+    of every sequence of joint-projected frames [T, H] for every blank offset [C] at once.
+
+    A stand-in for NeMo's label-looping decoder in calibration, where it runs for many
+    candidate blank biases in one batch; the tests check the result with NeMo's own decoder.
+    A row that emits over two tokens per frame is cut short and counted as all-emitting:
+    it only tells the bisection that its bias is far too low.
+    """
+    joint, decoder = model.joint, model.decoder
+    max_symbols = int(model.cfg.decoding.greedy.get("max_symbols", 10))
+    out = joint.joint_net[-1]
+    blank = joint.num_classes_with_blank - 1
+    num_cands = len(blank_offsets)
+    rows = len(projected) * num_cands
+    seq_of_row = torch.arange(rows) // num_cands
+    cand_of_row = torch.arange(rows) % num_cands
+    lengths = torch.tensor([f.shape[0] for f in projected])[seq_of_row]
+    frames = torch.nn.utils.rnn.pad_sequence(list(projected), batch_first=True)[seq_of_row]  # [R, T, H]
+    offsets = blank_offsets[cand_of_row]
+
+    g, (h, c) = decoder.predict(None, None, add_sos=False, batch_size=rows)  # h, c: [L, R, Hp]
+    pred = joint.project_prednet(g)[:, 0]  # [R, H]
+    t = torch.zeros(rows, dtype=torch.long)
+    symbols = torch.zeros(rows, dtype=torch.long)
+    emitted_here = torch.zeros(rows, dtype=torch.bool)
+    num_emitting, num_tokens, num_cut = torch.zeros(rows), torch.zeros(rows), torch.zeros(rows)
+    seen = torch.zeros(num_cands, blank + 1, dtype=torch.bool)
+    live = torch.arange(rows)  # rows with frames left
+    while len(live):
+        logits = out(torch.relu(frames[live, t[live]] + pred[live]))
+        logits[:, blank] += offsets[live]
+        label = logits.argmax(-1)
+        emit = label != blank
+        rows_emit = live[emit]
+        if len(rows_emit):
+            num_tokens[rows_emit] += 1
+            emitted_here[rows_emit] = True
+            seen[cand_of_row[rows_emit], label[emit]] = True
+            g, (h_new, c_new) = decoder.predict(label[emit, None], (h[:, rows_emit], c[:, rows_emit]), add_sos=False)
+            pred[rows_emit] = joint.project_prednet(g)[:, 0]
+            h[:, rows_emit], c[:, rows_emit] = h_new, c_new
+            symbols[rows_emit] += 1
+        advance = ~emit | (symbols[live] >= max_symbols)
+        num_cut[live[advance & emit]] += 1
+        rows_adv = live[advance]
+        num_emitting[rows_adv] += emitted_here[rows_adv].float()
+        emitted_here[rows_adv], symbols[rows_adv] = False, 0
+        t[rows_adv] += 1
+        runaway = live[num_tokens[live] > 2 * t[live] + 10]
+        num_emitting[runaway] += (lengths[runaway] - t[runaway]).float()
+        t[runaway] = lengths[runaway]
+        live = live[t[live] < lengths[live]]
+
+    def per_cand(x):
+        return torch.zeros(num_cands).index_add_(0, cand_of_row, x)
+
+    total_frames = per_cand(lengths.float())
+    return GreedyStats(
+        emitting_fraction=per_cand(num_emitting) / total_frames,
+        tokens_per_frame=per_cand(num_tokens) / total_frames,
+        max_symbols_fraction=per_cand(num_cut) / total_frames,
+        distinct_tokens=seen.sum(1),
+    )
+
+
+def _shape_ctc(model, frames, recipe, gen) -> None:
+    """Hybrid models: whitened random CTC head, blank bias at the quantile giving the target rate."""
+    conv = model.ctc_decoder.decoder_layers[0]  # Conv1d(D, V + 1, 1)
+    x = torch.cat(frames).double()
+    mu, sigma = x.mean(0), x.std(0) + 1e-6
+    num_classes = conv.weight.shape[0]
+    blank = num_classes - 1
+    w = _randn64(gen, (num_classes, x.shape[1])) / sigma
+    w *= recipe.group_scale / ((x - mu) @ w.T).std(0)[:, None]
+    b = -(w @ mu)
+    w[blank], b[blank] = 0.0, 0.0
+    unk = _unk_id(model)
+    if unk is not None:
+        w[unk], b[unk] = 0.0, _UNK_LOGIT
+    logits = x @ w.T + b
+    best_token = logits[:, :blank].max(-1).values
+    b[blank] = torch.quantile(best_token, 1.0 - recipe.target_emitting_frames)
+    conv.weight.copy_(w[:, :, None])
+    conv.bias.copy_(b)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _randn(gen: torch.Generator, shape) -> torch.Tensor:
+    return torch.randn(tuple(shape), generator=gen)
+
+
+def _randn64(gen: torch.Generator, shape) -> torch.Tensor:
+    return torch.randn(tuple(shape), generator=gen, dtype=torch.float64)
+
+
+def _derived_seed(name: str, seed: int) -> int:
+    return int.from_bytes(hashlib.sha256(f"{name}:{seed}".encode()).digest()[:4], "little") & 0x7FFFFFFF
+
+
+def _import_class(path: str):
+    module, _, cls = path.rpartition(".")
+    return getattr(importlib.import_module(module), cls)
+
+
+@contextlib.contextmanager
+def _phase(timings: dict, name: str):
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[name] = time.perf_counter() - start
+
+
+@contextlib.contextmanager
+def _torch_threads(num: int):
+    saved = torch.get_num_threads()
+    torch.set_num_threads(num)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
+@contextlib.contextmanager
+def _quiet_nemo():
+    from nemo.utils import logging as nemo_logging
+
+    with nemo_logging.temp_verbosity(nemo_logging.ERROR):
+        yield
+
+
+@contextlib.contextmanager
+def _quiet_fds():
+    """Silence C++ stderr chatter (SentencePiece's trainer) for the block."""
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+@torch.no_grad()
+def decode_offline(model, audio: torch.Tensor, att_context_size: Sequence[int], lang: Optional[str] = None):
+    """NeMo's own offline chunked-limited forward + greedy decoding of a batch [B, T] of equal-length audio.
+
+    Returns (hypotheses, encoded_len). For a prompt model, `lang` is a prompt_dictionary key.
+    """
+    model.encoder.set_default_att_context_size(list(att_context_size))
+    lengths = torch.full((audio.shape[0],), audio.shape[1])
+    kwargs = {}
+    if getattr(model, "concat", False):
+        index = model.cfg.model_defaults.prompt_dictionary[lang or next(iter(model.cfg.model_defaults.prompt_dictionary))]
+        kwargs["prompt_indices"] = torch.full((audio.shape[0],), index, dtype=torch.long)
+    encoded, encoded_len = model.forward(input_signal=audio, input_signal_length=lengths, **kwargs)
+    hyps = model.decoding.rnnt_decoder_predictions_tensor(
+        encoder_output=encoded, encoded_lengths=encoded_len, return_hypotheses=True
+    )
+    return hyps, encoded_len
+
+
+def emission_stats(hyps, encoded_len) -> dict:
+    """Tokens per frame, fraction of frames emitting, distinct tokens, frames cut at max_symbols."""
+    frames = int(encoded_len.sum())
+    tokens, emitting, distinct = 0, 0, set()
+    for hyp in hyps:
+        ids = [int(i) for i in hyp.y_sequence]
+        stamps = hyp.timestamp["timestep"] if isinstance(hyp.timestamp, dict) else hyp.timestamp
+        stamps = [int(s) for s in stamps]
+        tokens += len(ids)
+        emitting += len(set(stamps))
+        distinct.update(ids)
+    return {
+        "frames": frames,
+        "tokens_per_frame": tokens / frames,
+        "emitting_fraction": emitting / frames,
+        "distinct_tokens": len(distinct),
+    }
+
+
+def _main(argv: Optional[Sequence[str]] = None) -> None:
+    """`python -m nemo_serve.builtin [NAME ...] [--seed N]`: build, then print what the module
+    docstring reports (parameters, build time, emission per mode and language) as JSON lines."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=_main.__doc__)
+    parser.add_argument("names", nargs="*", default=list(BUILTIN_NAMES))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--utterances", type=int, default=3, help="8 s synthetic test utterances per mode")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    audio = torch.stack([synth_audio(8.0, 1000 + i) for i in range(args.utterances)])
+    for name in args.names:
+        start = time.perf_counter()
+        model = build_builtin(name, args.seed)
+        row = {
+            "name": name,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "build_s": round(time.perf_counter() - start, 1),
+            "modes": {},
+        }
+        langs = list(model.cfg.model_defaults.prompt_dictionary)[:3] if getattr(model, "concat", False) else [None]
+        for mode in model.encoder.att_context_size_all:
+            for lang in langs:
+                stats = emission_stats(*decode_offline(model, audio, mode, lang))
+                key = f"{list(mode)}" + (f" {lang}" if lang else "")
+                row["modes"][key] = {k: round(v, 3) if isinstance(v, float) else v for k, v in stats.items()}
+        print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    _main()

@@ -48,7 +48,8 @@ class Measurement:
     system: str
     batch: int
     timed_steps: int  # batched calls timed (per-stream loop: sweeps over the B streams)
-    seconds: float  # time of the timed steps, features included (see module docstring)
+    seconds: float  # wall time of the timed steps, features included (see module docstring)
+    cpu_seconds: float  # process CPU time of the same (robust to a busy neighbour on a shared machine)
     feature_s: float  # part of `seconds` spent on features computed outside the step
     step_times_s: list[float] = field(default_factory=list)
     tokens: list[list[int]] = field(default_factory=list)
@@ -57,12 +58,39 @@ class Measurement:
     def stream_steps_per_s(self) -> float:
         return self.batch * self.timed_steps / self.seconds if self.seconds > 0 else float("nan")
 
+    @property
+    def stream_steps_per_cpu_s(self) -> float:
+        return self.batch * self.timed_steps / self.cpu_seconds if self.cpu_seconds > 0 else float("nan")
 
-def _steady(times: list[float]) -> list[float]:
+
+def clock() -> tuple[float, float]:
+    """(wall, process CPU) seconds now. With one thread everything runs in this process, so CPU
+    time is what the step costs when it has a core to itself; wall time includes waiting for one."""
+    return time.perf_counter(), time.process_time()
+
+
+def since(t: tuple[float, float]) -> tuple[float, float]:
+    w, c = clock()
+    return w - t[0], c - t[1]
+
+
+def _steady(times: list) -> list:
     """Drop the first and the last step (see module docstring)."""
     if len(times) < 3:
         raise ValueError("need at least 3 chunks per stream to time a steady step; use longer audio")
     return times[1:-1]
+
+
+def _measurement(system: str, b: int, times: list[tuple[float, float]], tokens, features=(0.0, 0.0), num_calls=None) -> Measurement:
+    """Steady steps of `times` [(wall, cpu)], plus their share of features computed up front."""
+    steady = _steady(times)
+    share = len(steady) / (num_calls or len(times))
+    fw, fc = features[0] * share, features[1] * share
+    return Measurement(
+        system, b, len(steady),
+        sum(w for w, _ in steady) + fw, sum(c for _, c in steady) + fc, fw,
+        [w for w, _ in steady], tokens,
+    )  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- (a) our engine
@@ -88,16 +116,15 @@ def run_engine(model, audios: list[np.ndarray]) -> Measurement:
     with torch.inference_mode():
         while True:
             before = eng.stats.stream_steps
-            t0 = time.perf_counter()
+            t0 = clock()
             progressed = eng.iterate()
-            dt = time.perf_counter() - t0
+            dt = since(t0)
             if not progressed:
                 break
             if eng.stats.stream_steps - before != b:
                 raise RuntimeError(f"engine stepped {eng.stats.stream_steps - before} of {b} streams in one iteration")
             times.append(dt)
-    steady = _steady(times)
-    return Measurement("engine", b, len(steady), sum(steady), 0.0, steady, tokens)
+    return _measurement("engine", b, times, tokens)
 
 
 # ----------------------------------------------------------------------------- (c) NeMo's per-stream loop
@@ -147,23 +174,21 @@ def _hyp_tokens(state: dict) -> list[int]:
 
 def run_loop(model, audios: list[np.ndarray]) -> Measurement:
     """B streams served round-robin, one conformer_stream_step per stream per chunk."""
-    t0 = time.perf_counter()
+    t0 = clock()
     chunks = [_loop_chunks(model, a) for a in audios]
-    feature_s = time.perf_counter() - t0
+    features = since(t0)
     states = [_loop_state(model) for _ in audios]
     num_chunks = len(chunks[0])
     if any(len(c) != num_chunks for c in chunks):
         raise RuntimeError("streams of unequal chunk counts")
     times = []
     for k in range(num_chunks):
-        t0 = time.perf_counter()
+        t0 = clock()
         for st, ch in zip(states, chunks):
             chunk, lengths, is_last = ch[k]
             _loop_stream_step(model.nemo, st, chunk, lengths, is_last, k)
-        times.append(time.perf_counter() - t0)
-    steady = _steady(times)
-    feat = feature_s * len(steady) / num_chunks
-    return Measurement("loop", len(audios), len(steady), sum(steady) + feat, feat, steady, [_hyp_tokens(s) for s in states])
+        times.append(since(t0))
+    return _measurement("loop", len(audios), times, [_hyp_tokens(s) for s in states], features)
 
 
 # ----------------------------------------------------------------------------- (b) NeMo 3.0 pipeline
@@ -294,13 +319,12 @@ class NemoPipeline:
         times = []
         with torch.inference_mode():
             for k in range(len(frames[0])):
-                t0 = time.perf_counter()
+                t0 = clock()
                 self.pipeline.transcribe_step([f[k] for f in frames])
-                times.append(time.perf_counter() - t0)
+                times.append(since(t0))
         self.pipeline.close_session()
-        steady = _steady(times)
         toks = [self._tokens.get(i, []) for i in range(len(audios))]
-        return Measurement("pipeline", len(audios), len(steady), sum(steady), 0.0, steady, toks)
+        return _measurement("pipeline", len(audios), times, toks)
 
 
 # ----------------------------------------------------------------------------- (d) sherpa-onnx
@@ -331,14 +355,14 @@ class Sherpa:
         return self.run(audios)
 
     def run(self, audios: list[np.ndarray]) -> Measurement:
-        t0 = time.perf_counter()
+        t0 = clock()
         streams = []
         for a in audios:
             s = self.rec.create_stream()
             s.accept_waveform(16000, a)  # computes every fbank frame now
             s.input_finished()
             streams.append(s)
-        feature_s = time.perf_counter() - t0
+        features = since(t0)
         times = []
         while True:
             ready = [s for s in streams if self.rec.is_ready(s)]
@@ -346,13 +370,11 @@ class Sherpa:
                 break
             if len(ready) != len(streams):
                 raise RuntimeError("sherpa-onnx streams fell out of lockstep")
-            t0 = time.perf_counter()
+            t0 = clock()
             self.rec.decode_streams(ready)
-            times.append(time.perf_counter() - t0)
-        steady = _steady(times)
-        feat = feature_s * len(steady) / len(times)
+            times.append(since(t0))
         toks = [[self.piece_to_id[p] for p in self.rec.get_result_all(s).tokens] for s in streams]
-        return Measurement("sherpa", len(audios), len(steady), sum(steady) + feat, feat, steady, toks)
+        return _measurement("sherpa", len(audios), times, toks, features)
 
 
 # ----------------------------------------------------------------------------- token comparison
@@ -695,6 +717,7 @@ def _summarise(args, record, name, nemo_path, model, sizes, runs, audios, onnx_d
     results = []
     for (system, b), ms in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         rates = [m.stream_steps_per_s for m in ms]
+        cpu_rates = [m.stream_steps_per_cpu_s for m in ms]
         median_run = ms[int(np.argsort(rates)[len(rates) // 2])]
         step_ms = [1000 * t for m in ms for t in m.step_times_s]
         row = {
@@ -702,6 +725,9 @@ def _summarise(args, record, name, nemo_path, model, sizes, runs, audios, onnx_d
             "batch": b,
             "stream_steps_per_s": statistics.median(rates),
             "stream_steps_per_s_rounds": rates,
+            "stream_steps_per_cpu_s": statistics.median(cpu_rates),
+            "stream_steps_per_cpu_s_rounds": cpu_rates,
+            "cpu_share_of_wall": round(statistics.median(m.cpu_seconds / m.seconds for m in ms), 3),
             "step_ms_median": statistics.median(step_ms),
             "step_ms_p95": float(np.percentile(step_ms, 95)),
             "timed_steps": median_run.timed_steps,
@@ -733,14 +759,15 @@ def _summarise(args, record, name, nemo_path, model, sizes, runs, audios, onnx_d
         "cache_bytes_per_stream": model.cache_bytes_per_stream,
         "results": results,
         "ratios": _ratios(results, sizes),
+        "ratios_cpu_time": _ratios(results, sizes, "stream_steps_per_cpu_s_rounds"),
         "why_tokens_differ_stream0": why,
     }
 
 
-def _ratios(results: list[dict], sizes: list[int]) -> dict:
+def _ratios(results: list[dict], sizes: list[int], key: str = "stream_steps_per_s_rounds") -> dict:
     """engine / peer stream-steps/s per batch size: the median over rounds of each round's ratio
     (a round measures every system at that B back to back, so a busy neighbour hits both alike)."""
-    by = {(r["system"], r["batch"]): r["stream_steps_per_s_rounds"] for r in results}
+    by = {(r["system"], r["batch"]): r[key] for r in results}
     out = {}
     for b in sizes:
         e = by.get(("engine", b))
@@ -760,7 +787,7 @@ def format_table(result: dict) -> str:
     by = {(r["system"], r["batch"]): r for r in result["results"]}
     lines = [
         f"{result['model']} {result['chunk_ms']:.0f} ms chunks, {result['dtype']}, {result['threads']} thread(s); "
-        "stream-steps/s (median step ms)",
+        "stream-steps per wall s / per CPU s (median step ms)",
         "| system | " + " | ".join(f"B={b}" for b in sizes) + " |",
         "|---|" + "---|" * len(sizes),
     ]
@@ -768,10 +795,13 @@ def format_table(result: dict) -> str:
         cells = []
         for b in sizes:
             r = by.get((s, b))
-            cells.append(f"{r['stream_steps_per_s']:.1f} ({r['step_ms_median']:.0f})" if r else "-")
+            cells.append(
+                f"{r['stream_steps_per_s']:.1f} / {r['stream_steps_per_cpu_s']:.1f} ({r['step_ms_median']:.0f})" if r else "-"
+            )
         lines.append(f"| {s} | " + " | ".join(cells) + " |")
-    for b, rs in result["ratios"].items():
-        lines.append(f"B={b}: " + ", ".join(f"{k} {v:.2f}x" for k, v in rs.items()))
+    for name, ratios in (("wall", result["ratios"]), ("cpu", result["ratios_cpu_time"])):
+        for b, rs in ratios.items():
+            lines.append(f"{name} B={b}: " + ", ".join(f"{k} {v:.2f}x" for k, v in rs.items()))
     return "\n".join(lines)
 
 

@@ -13,6 +13,8 @@ thread) with timing wrappers around its phases, without changing engine code:
   rest      everything else in iterate(): readiness, grouping, building the batch, the
             device-to-host copy of tokens, results, detokenisation, callbacks
 Only steady steps count (each stream's first and last step excluded, as in step_bench).
+Times are process CPU time (one thread: what the work costs with a core to itself), so a busy
+neighbour on a shared machine does not inflate them; the wall time of the steps is reported too.
 With --torch-profile it also runs one steady iteration under torch.profiler and lists the
 operators by self CPU time, and with --pipeline the same phase split for NeMo 3.0's pipeline.
 """
@@ -42,17 +44,17 @@ class PhaseTimer:
         timer = self
 
         def timed(*args, **kwargs):
-            t0 = time.perf_counter()
+            t0 = time.process_time()
             try:
                 return inner(*args, **kwargs)
             finally:
                 if timer.active:
-                    timer.totals[phase] += time.perf_counter() - t0
+                    timer.totals[phase] += time.process_time() - t0
 
         setattr(obj, attr, timed)
 
 
-def profile_engine(model, audios, torch_profile: bool) -> dict:
+def profile_engine(model, audios, torch_profile: bool, cprofile: bool = False) -> dict:
     from nemo_serve.engine.endpoint import EndpointConfig
     from nemo_serve.engine.loop import Engine
 
@@ -69,12 +71,12 @@ def profile_engine(model, audios, torch_profile: bool) -> dict:
     original_call = type(computer).__call__
 
     def call(self, *args, **kwargs):
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         try:
             return original_call(self, *args, **kwargs)
         finally:
             if timer.active:
-                timer.totals["decoder"] += time.perf_counter() - t0
+                timer.totals["decoder"] += time.process_time() - t0
 
     type(computer).__call__ = call
     try:
@@ -82,22 +84,29 @@ def profile_engine(model, audios, torch_profile: bool) -> dict:
         for s, a in zip(streams, audios):
             eng.push(s, a)
             eng.finish(s)
-        iter_times, phase_snapshots, op_table = [], [], None
+        iter_times, wall_times, phase_snapshots, op_table, py_profiles = [], [], [], None, []
         with torch.inference_mode():
             i = 0
             while True:
                 timer.active = True
                 before = dict(timer.totals)
                 prof_ctx = _torch_profiler() if (torch_profile and i == 3) else contextlib.nullcontext()
+                py_prof = _cprofile() if (cprofile and i >= 1) else None
                 with prof_ctx as prof:
-                    t0 = time.perf_counter()
+                    if py_prof is not None:
+                        py_prof.enable()
+                    t0, w0 = time.process_time(), time.perf_counter()
                     progressed = eng.iterate()
-                    dt = time.perf_counter() - t0
+                    dt, dw = time.process_time() - t0, time.perf_counter() - w0
+                    if py_prof is not None:
+                        py_prof.disable()
+                        py_profiles.append(py_prof)
                 if not progressed:
                     break
                 if prof is not None:
                     op_table = _op_table(prof)
                 iter_times.append(dt)
+                wall_times.append(dw)
                 phase_snapshots.append({k: timer.totals[k] - before.get(k, 0.0) for k in timer.totals})
                 i += 1
     finally:
@@ -110,7 +119,32 @@ def profile_engine(model, audios, torch_profile: bool) -> dict:
             phases[k] += v
     phases["rest"] = total - sum(phases.values())
     steps = len(iter_times[steady])
-    return _report("engine", b, steps, total, phases, op_table)
+    report = _report("engine", b, steps, total, phases, op_table, sum(wall_times[steady]))
+    if py_profiles:
+        report["python_top"] = _python_table(py_profiles[:-1], steps)  # the last one is the tail step
+    return report
+
+
+def _cprofile():
+    import cProfile
+
+    return cProfile.Profile(time.process_time)
+
+
+def _python_table(profiles, steps: int, top: int = 30) -> list[dict]:
+    """Functions by own time (tottime) per steady step, over the profiled iterations."""
+    import pstats
+
+    st = pstats.Stats(profiles[0])
+    for p in profiles[1:]:
+        st.add(p)
+    rows = sorted(st.stats.items(), key=lambda kv: kv[1][2], reverse=True)[:top]
+    out = []
+    for (file, line, func), (cc, nc, tt, ct, _) in rows:
+        where = f"{Path(file).name}:{line}" if file != "~" else "builtin"
+        out.append({"function": f"{func} ({where})", "own_ms_per_step": round(1000 * tt / steps, 2),
+                    "cum_ms_per_step": round(1000 * ct / steps, 2), "calls_per_step": round(nc / steps, 1)})
+    return out
 
 
 def _torch_profiler():
@@ -143,15 +177,16 @@ def profile_pipeline(nemo_path, model, audios) -> dict:
     timer.wrap(enc, "cache_aware_stream_step", "encoder")
     timer.wrap(p.asr_model.asr_model.decoding, "rnnt_decoder_predictions_tensor", "decoder")
     frames = pipe.frames(audios)
-    iter_times, snaps = [], []
+    iter_times, wall_times, snaps = [], [], []
     p.open_session()
     with torch.inference_mode():
         for k in range(len(frames[0])):
             timer.active = True
             before = dict(timer.totals)
-            t0 = time.perf_counter()
+            t0, w0 = time.process_time(), time.perf_counter()
             p.transcribe_step([f[k] for f in frames])
-            iter_times.append(time.perf_counter() - t0)
+            iter_times.append(time.process_time() - t0)
+            wall_times.append(time.perf_counter() - w0)
             snaps.append({kk: timer.totals[kk] - before.get(kk, 0.0) for kk in timer.totals})
     p.close_session()
     steady = slice(1, len(iter_times) - 1)
@@ -161,17 +196,18 @@ def profile_pipeline(nemo_path, model, audios) -> dict:
         for kk, v in snap.items():
             phases[kk] += v
     phases["rest"] = total - sum(phases.values())
-    return _report("pipeline", len(audios), len(iter_times[steady]), total, phases, None)
+    return _report("pipeline", len(audios), len(iter_times[steady]), total, phases, None, sum(wall_times[steady]))
 
 
-def _report(system: str, b: int, steps: int, total: float, phases: dict, op_table) -> dict:
+def _report(system: str, b: int, steps: int, total: float, phases: dict, op_table, wall: float) -> dict:
     order = ("features", "gather", "encoder", "decoder", "scatter", "rest")
     return {
         "system": system,
         "batch": b,
         "steady_steps": steps,
-        "step_ms": round(1000 * total / steps, 1),
-        "stream_steps_per_s": round(b * steps / total, 2),
+        "step_cpu_ms": round(1000 * total / steps, 1),
+        "step_wall_ms": round(1000 * wall / steps, 1),
+        "stream_steps_per_cpu_s": round(b * steps / total, 2),
         "phases_ms_per_step": {k: round(1000 * phases.get(k, 0.0) / steps, 2) for k in order},
         "phases_share": {k: round(phases.get(k, 0.0) / total, 4) for k in order},
         "top_ops": op_table,
@@ -187,6 +223,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--torch-profile", action="store_true")
     ap.add_argument("--pipeline", action="store_true", help="also split NeMo 3.0's pipeline the same way")
+    ap.add_argument("--cprofile", action="store_true", help="also list Python functions by own time (cProfile)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -195,14 +232,17 @@ def main() -> None:
     record = run_record()
     nemo_path, name = model_file(args.model)
     model = load_model(str(nemo_path), context_right=args.context_right)
+    print(model.summary(args.batch), file=sys.stderr)
     audios = bench_audio(args.batch, args.seconds)
-    reports = [profile_engine(model, audios, args.torch_profile)]
+    reports = [profile_engine(model, audios, args.torch_profile, args.cprofile)]
     if args.pipeline:
         reports.append(profile_pipeline(nemo_path, model, audios))
     for r in reports:
-        print(r["system"], f"B={r['batch']}", f"{r['step_ms']} ms/step", r["phases_ms_per_step"])
+        print(r["system"], f"B={r['batch']}", f"{r['step_cpu_ms']} CPU ms/step ({r['step_wall_ms']} wall)", r["phases_ms_per_step"])
         for row in (r["top_ops"] or [])[:15]:
             print(f"   {row['op'][:60]:60s} {row['self_ms']:9.1f} ms  {100 * row['share']:5.1f}%  x{row['calls']}")
+        for row in r.get("python_top", [])[:20]:
+            print(f"   {row['function'][:70]:70s} own {row['own_ms_per_step']:8.2f} ms  cum {row['cum_ms_per_step']:8.2f} ms  x{row['calls_per_step']}")
     write_json(args.out, {"benchmark": "profile_engine", **record, "model": name, "chunk_ms": model.geometry.chunk_ms,
                           "seconds_per_stream": args.seconds, "reports": reports})
 

@@ -112,10 +112,15 @@ def test_shipped_demo_model_transcribes_bundled_utterances():
     assert {r["set"] for r in rows} == {"heldout_sentences", "heldout_voices", "flite"}
     model = evaluate.load_model(str(ASSETS / "demo.nemo"))
     evaluate.set_mode(model, 13)
-    errs = words = 0
-    for r in rows[:: max(1, len(rows) // 8)]:
+    per_set: dict[str, list[int]] = {}
+    for r in rows:
         audio, sr = sf.read(str(ASSETS / "utterances" / r["audio_filepath"]), dtype="float32")
         assert sr == 16000 and audio.ndim == 1 and 2.0 <= len(audio) / sr <= 6.0
         e, n = evaluate.word_errors(r["text"], evaluate.stream_transcribe(model, audio))
-        errs, words = errs + e, words + n
-    assert errs / words < 0.5, errs / words  # a real model, not noise (measured WERs: docs/demo_model.md)
+        acc = per_set.setdefault(r["set"], [0, 0])
+        acc[0] += e
+        acc[1] += n
+    wer = {k: e / n for k, (e, n) in per_set.items()}
+    # A real model, not noise (measured WERs per held-out set and mode: docs/demo_model.md).
+    assert wer["heldout_sentences"] < 0.45 and wer["heldout_voices"] < 0.5, wer
+    assert wer["flite"] < 1.0, wer  # the unseen synthesizer is hard for this small model, but not noise

@@ -1,6 +1,64 @@
 """Built-in model architectures with seeded random weights, for tests and benchmarks.
 
-MEASUREMENTS_PLACEHOLDER
+`build_builtin(name, seed=0)` builds one of `BUILTIN_NAMES` from `configs/<name>.yaml` (a NeMo
+`model:` section, the NeMo class as `target:`, our `tokenizer:` and `random_init:` recipes)
+and returns the NeMo model in eval mode, on CPU, in fp32. All are cache-aware FastConformer
+transducers (dw_striding x8 causal subsampling, causal convs, kernel 9, chunked_limited
+rel-pos attention, several trained right contexts; greedy_batch label looping, max_symbols 10):
+
+  tiny-char        EncDecRNNTModel, 28 characters, 2 layers x 64, 80 mels, L 56, R {13,6,3,0}
+  tiny-hybrid      EncDecHybridRNNTCTCBPEModel, 64 BPE pieces, 2 x 64, 80 mels, L 70, R {13,6,1,0}
+  tiny-prompt      EncDecRNNTBPEModelWithPrompt, 128 pieces, 8 prompts (en-US, de-DE, fr-FR, es-ES),
+                   2 x 64, 128 mels, L 56, R {13,6,3,0}
+  fastconformer-l  the stt_en_fastconformer_hybrid_large_streaming_multi architecture: hybrid,
+                   17 x 512, 8 heads, 80 mels, L 70, R {13,6,1,0}, LSTM 640, joint 640, 1024 pieces
+  nemotron-0.6b    the Nemotron 3.5 ASR streaming 0.6B architecture: prompt model, 24 x 1024,
+                   8 heads, 128 mels, L 56, R {13,6,3,0}, 2-layer LSTM 640, joint 640,
+                   128 prompts (32 language codes), 13,087 pieces incl. <unk> + blank = 13,088
+                   joint outputs (a [13,088 x 640] output layer)
+
+Tokenizers are SentencePiece BPE trained with NeMo's own create_spt_model (which also writes
+the vocab.txt NeMo needs) on Zipf-distributed pseudo-words generated in code, and cached in
+~/.cache/nemo_serve/tokenizers/<name>-<hash of the recipe>/ ($NEMO_SERVE_CACHE moves it);
+the 13,087-piece one trains in about a second. The same name and seed give the same weights
+with the same torch and NeMo on the same machine; other CPUs may differ in the last bits of
+the calibration and so, rarely, in a decision: ship a .nemo (save_to) when two machines
+must agree.
+
+Why the weights are shaped. With NeMo's random init the greedy decoder emits max_symbols
+tokens on every frame, so token parity on it proves little and it costs a server far more
+decoder work than a real model. After NeMo's init (LayerNorm gains/biases and pos_bias_u/v
+randomised too, so that a runtime that drops one of them cannot match) the joint and the
+predictor are rebuilt around "token groups" that stand in for acoustic content:
+- the joint's encoder side reads whitened random directions of the encoder (or, for prompt
+  models, prompt_kernel) output: one "evidence" unit per group (unit variance on generated
+  calibration audio), a saturating distance from near-silence, and random units that pick
+  the token inside a group; the directions are orthogonal to how silence moves (with the
+  language, at the start and end of an utterance) and to how the context mode shifts the
+  same audio, so silence reads as silence and the rate hardly depends on the mode;
+- the LSTM predictor carries two one-hot registers: the groups of the last two labels (the
+  second copied through the recurrent weights: state an engine must carry exactly); its
+  other units keep NeMo's random weights with a short memory;
+- token k's logit is its group's evidence, minus a large penalty while its group is one of
+  the last two (no stutter, no cycles), plus a label-context dependent term; the blank's is
+  a bias, plus the current evidence of the last two groups ("this content was emitted"),
+  plus a bonus near silence; some groups have a follower group that gets a boost right
+  after them, so 15-30% of emitting frames carry 2-3 tokens; <unk> sits at -40;
+- the blank bias is bisected (all candidates decoded as one batch by `simulate_greedy`)
+  so that `target_emitting_frames` of the calibration frames emit;
+- prompt models: the one-hot columns of prompt_kernel's first layer are scaled to move its
+  hidden units by `prompt_scale` x their spread over frames, so the language changes the
+  tokens but hardly the rate; hybrid models: the CTC head is a whitened random projection
+  with its blank bias at the matching quantile.
+A frame then emits when its content (best group) changes to one not just emitted, mostly
+one token at a time, and silence emits nothing; outputs change with the chunk mode and the
+language. It is a parity and performance stand-in (the emission rate drives decoder cost),
+not a recogniser: its text is gibberish.
+
+Measured (CPU, 2 shared cores, torch 2.13, NeMo 3.0.0, seed 0; emission on 3 x 8 s of
+synthetic audio the calibration never saw, NeMo's own offline chunked-limited decoding):
+
+(measurements being re-taken for this version; see `python -m nemo_serve.builtin`)
 """
 
 from __future__ import annotations
@@ -283,13 +341,14 @@ def _shape_weights(model, recipe: _RandomInitRecipe, gen: torch.Generator, timin
     )
     register_levels = _shape_predictor(model.decoder, layout, recipe, gen)
     with _phase(timings, "encode"):
-        encoded, quiet = _calibration_encoder_outputs(model, recipe)
+        encoded, quiet, probes = _calibration_encoder_outputs(model, recipe)
     frames, silences = encoded, [quiet]  # [T, D] each, as the joint sees them
     if getattr(model, "concat", False):
         _shape_prompt_kernel(model.prompt_kernel, model.num_prompts, encoded, recipe, gen)
         frames, silences = _apply_prompts(model, encoded, quiet)
+        probes = [_apply_prompt(model, p, 0) for p in probes]
     with _phase(timings, "joint"):
-        _shape_joint(model, layout, register_levels, frames, silences, recipe, gen)
+        _shape_joint(model, layout, register_levels, frames, silences, probes, recipe, gen)
     if hasattr(model, "ctc_decoder"):
         _shape_ctc(model, frames, recipe, gen)
     model.encoder.set_default_att_context_size(list(model.encoder.att_context_size_all[0]))
@@ -361,19 +420,24 @@ def _shape_predictor(decoder, layout: _JointLayout, recipe, gen) -> tuple[float,
     return float(g[0, 1, 1]), float(g[0, 1, groups])  # group 1 is last, group 0 is prev
 
 
-def _calibration_encoder_outputs(model, recipe) -> tuple[list[torch.Tensor], torch.Tensor]:
+def _calibration_encoder_outputs(model, recipe) -> tuple[list[torch.Tensor], torch.Tensor, list[torch.Tensor]]:
     """Encoder outputs [T, D] on generated audio: `calibration_utterances` utterances of 8 s
-    (longer than any left context), dealt round-robin over the trained context modes, and
-    one near-silent 3 s stretch in the default mode."""
+    (longer than any left context) dealt round-robin over the trained context modes; 4 s of
+    near-silence in the default mode; and one 4 s probe utterance in every mode (how the
+    mode alone moves the output)."""
     modes = model.encoder.att_context_size_all
-    encoded = []
+    quiet = np.random.default_rng(_CALIBRATION_AUDIO_SEED - 1).normal(0, 1e-4, 4 * SAMPLE_RATE)
+    probe = synth_audio(4.0, _CALIBRATION_AUDIO_SEED - 2)
+    encoded, probes, silence = [], [], None
     for mode_idx, mode in enumerate(modes):
         seeds = range(mode_idx, recipe.calibration_utterances, len(modes))
         if len(seeds):
             encoded += _encode(model, mode, torch.stack([synth_audio(8.0, _CALIBRATION_AUDIO_SEED + s) for s in seeds]))
-    quiet = np.random.default_rng(_CALIBRATION_AUDIO_SEED - 1).normal(0, 1e-4, 3 * SAMPLE_RATE)
-    silence = _encode(model, modes[0], torch.from_numpy(quiet).float()[None])[0]
-    return encoded, silence
+        short = [probe] + ([torch.from_numpy(quiet).float()] if mode_idx == 0 else [])
+        out = _encode(model, mode, torch.stack(short))
+        probes.append(out[0])
+        silence = out[1] if mode_idx == 0 else silence
+    return encoded, silence, probes
 
 
 def _encode(model, mode, audio: torch.Tensor) -> list[torch.Tensor]:
@@ -402,7 +466,7 @@ def _apply_prompt(model, encoded: torch.Tensor, lang: Optional[int]) -> torch.Te
     return model.prompt_kernel(torch.cat([encoded, one_hot], dim=-1))
 
 
-def _shape_joint(model, lay: _JointLayout, register_levels, frames, silences, recipe, gen) -> None:
+def _shape_joint(model, lay: _JointLayout, register_levels, frames, silences, probes, recipe, gen) -> None:
     """Rebuild the joint so that greedy decoding behaves roughly like a trained model's.
 
     Token groups stand in for acoustic content. A frame carries evidence e_j(t) for each
@@ -423,14 +487,17 @@ def _shape_joint(model, lay: _JointLayout, register_levels, frames, silences, re
 
     x = torch.cat(frames).double()  # [N, D]
     mu, sigma = x.mean(0), x.std(0) + 1e-6
-    # How silence moves, in whitened space: with the language (prompt models) and over the first
-    # and last frames of an utterance. Every frame direction below is orthogonal to the main moves,
-    # so that silence reads as silence (no group evidence, no distance) wherever it is.
+    # Moves, in whitened space, that are not content: how silence moves with the language (prompt
+    # models) and over the first and last frames of an utterance, and how the context mode moves
+    # the same audio. Every frame direction below is orthogonal to the main ones, so that silence
+    # reads as silence wherever it is and the emission rate hardly depends on the mode.
     quiet = torch.stack([q.double() for q in silences])  # [languages, T, D]
     silence = quiet.mean((0, 1))
-    moves = torch.cat([quiet.mean(1) - silence, quiet[0] - quiet[0].mean(0)]) / sigma
-    _, strength, moves = torch.linalg.svd(moves, full_matrices=False)
-    moves = moves[strength > 0.05 * strength[0]][: x.shape[1] // 4]  # the main ones, leave room
+    silence_moves = torch.cat([quiet.mean(1) - silence, quiet[0] - quiet[0].mean(0)]) / sigma
+    probe = torch.stack([p.double() for p in probes])  # [modes, T, D]: the same audio in every mode
+    mode_moves = (probe - probe.mean(0)).mean(1) / sigma
+    moves = torch.cat([_main_directions(m, x.shape[1] // 8) for m in (silence_moves, mode_moves)])
+    moves = torch.linalg.qr(moves.T)[0].T  # orthonormal rows
 
     def frame_directions(rows: int, centre: torch.Tensor, rms: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """Random encoder directions (weight, bias) whose outputs have unit std (or RMS) over the frames."""
@@ -520,6 +587,12 @@ def _shape_joint(model, lay: _JointLayout, register_levels, frames, silences, re
     out.bias[blank] = _calibrate_blank(
         model, projected, recipe.target_emitting_frames, blank_bias - 2.0, blank_bias + 8.0, rounds=2
     )
+
+
+def _main_directions(vectors: torch.Tensor, max_count: int) -> torch.Tensor:
+    """Orthonormal rows spanning the strong part (singular values over 5% of the largest) of `vectors`."""
+    _, strength, directions = torch.linalg.svd(vectors, full_matrices=False)
+    return directions[strength > 0.05 * strength[0]][:max_count]
 
 
 def _unk_id(model) -> Optional[int]:
@@ -722,7 +795,8 @@ def decode_offline(model, audio: torch.Tensor, att_context_size: Sequence[int], 
     lengths = torch.full((audio.shape[0],), audio.shape[1])
     kwargs = {}
     if getattr(model, "concat", False):
-        index = model.cfg.model_defaults.prompt_dictionary[lang or next(iter(model.cfg.model_defaults.prompt_dictionary))]
+        prompts = model.cfg.model_defaults.prompt_dictionary
+        index = prompts[lang or next(iter(prompts))]
         kwargs["prompt_indices"] = torch.full((audio.shape[0],), index, dtype=torch.long)
     encoded, encoded_len = model.forward(input_signal=audio, input_signal_length=lengths, **kwargs)
     hyps = model.decoding.rnnt_decoder_predictions_tensor(

@@ -27,6 +27,7 @@ LEVEL_S=${LEVEL_S:-10}               # seconds per sweep level
 LOADGEN_PROCS=${LOADGEN_PROCS:-6}
 THREADS=${THREADS:-4}                # CPU threads of the bench process and of the server
 SWEEP_COST_S=${SWEEP_COST_S:-75}     # start a sweep only with this much budget left
+START_TIMEOUT=${START_TIMEOUT:-120}  # seconds for a server to load the model and answer /readyz
 
 START=$(date +%s)
 mkdir -p "$OUT"
@@ -62,14 +63,18 @@ note "environment ready"
 # Built on the CPU (random init + weight calibration): give it every core. On a busy 2-core box
 # with one thread this took 24 min for nemotron-0.6b; pre-build it if the machine is kept.
 OMP_NUM_THREADS=$(nproc) MKL_NUM_THREADS=$(nproc) \
-  run $PY -c "import torch; torch.set_num_threads($(nproc)); from benchmarks.common import model_file; print(model_file('$MODEL')[0])"
-note "model ready"
+  run $PY -c "import torch; torch.set_num_threads($(nproc)); from benchmarks.common import model_file; print(model_file('$MODEL')[0])" \
+  | tee "$OUT/model_path.txt"
+# Every later command gets this file, so the step bench and all sweeps measure the same weights.
+MODEL_FILE=$(tail -n 1 "$OUT/model_path.txt")
+[[ -f "$MODEL_FILE" ]] || { echo "no model file: $MODEL_FILE"; exit 1; }
+note "model ready: $MODEL_FILE"
 
 # ---------------------------------------------------------------------------- 3. step bench (one process per dtype: all modes)
 MODES_CSV=$(echo $MODES | tr ' ' ',')
 for dtype in $DTYPES; do
   if (( $(left) < 120 )); then echo "step_bench $dtype (budget)" >> "$OUT/skipped.txt"; continue; fi
-  run timeout $(( $(left) - 60 )) $PY benchmarks/step_bench.py --model "$MODEL" --device "$DEVICE" --dtype "$dtype" \
+  run timeout $(( $(left) - 60 )) $PY benchmarks/step_bench.py --model "$MODEL_FILE" --device "$DEVICE" --dtype "$dtype" \
       --context-right "$MODES_CSV" --batch-sizes "$BATCHES" --loop-max-batch "$LOOP_MAX_BATCH" \
       --seconds "$SECONDS_PER_STREAM" --systems engine,pipeline,loop --threads "$THREADS" --no-why \
       --out "$OUT/step_nemotron_${dtype}_r{r}.json" \
@@ -82,10 +87,10 @@ for r in $MODES; do
     sb="$OUT/step_nemotron_${dtype}_r${r}.json"
     if (( $(left) < SWEEP_COST_S )); then echo "sweep r=$r $dtype (budget)" >> "$OUT/skipped.txt"; continue; fi
     if [[ ! -f "$sb" ]]; then echo "sweep r=$r $dtype (no step_bench result to size the levels)" >> "$OUT/skipped.txt"; continue; fi
-    run timeout $(( $(left) - 15 )) $PY benchmarks/sweep.py --model "$MODEL" --device "$DEVICE" --dtype "$dtype" \
+    run timeout $(( $(left) - 15 )) $PY benchmarks/sweep.py --model "$MODEL_FILE" --device "$DEVICE" --dtype "$dtype" \
         --context-right "$r" --threads "$THREADS" --levels auto --step-bench "$sb" \
         --level-fractions 0.5,0.8,1.0,1.25 --duration "$LEVEL_S" --ramp-s 2 --items 8 --item-seconds 8,10 \
-        --procs "$LOADGEN_PROCS" --start-timeout 120 \
+        --procs "$LOADGEN_PROCS" --start-timeout "$START_TIMEOUT" \
         --out "$OUT/sweep_nemotron_${dtype}_r${r}.json" \
       || echo "sweep r=$r $dtype (failed or timed out: see run.log)" >> "$OUT/skipped.txt"
   done

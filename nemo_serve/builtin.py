@@ -58,7 +58,21 @@ not a recogniser: its text is gibberish.
 Measured (CPU, 2 shared cores, torch 2.13, NeMo 3.0.0, seed 0; emission on 3 x 8 s of
 synthetic audio the calibration never saw, NeMo's own offline chunked-limited decoding):
 
-(measurements being re-taken for this version; see `python -m nemo_serve.builtin`)
+  name             parameters   build s  construct/encode/joint s  emitting frames  tokens/frame  distinct
+  tiny-char           272,861       4        0.6 /  1.5 /  1.9         0.25-0.28       0.32-0.37     23-27 /  28
+  tiny-hybrid         281,730       4        1.0 /  1.4 /  1.7         0.28-0.30       0.36-0.38     39-42 /  64
+  tiny-prompt         315,649       5        0.9 /  1.6 /  2.0         0.29-0.38       0.39-0.51     58-75 / 128
+  fastconformer-l 114,752,514      45        7   / 15   / 23           0.29-0.36       0.35-0.43    93-117 / 1024
+  nemotron-0.6b   638,439,456      82       23   / 21   / 38           0.22-0.39       0.29-0.54    87-156 / 13087
+Ranges are over the trained modes and, for prompt models, en-US, de-DE and fr-FR or es-ES;
+"distinct" counts different tokens among the 90-160 emitted per mode, over the vocabulary.
+The first build in a process also pays 10-25 s of NeMo import, and the machine's load
+average was 4-6 on its 2 cores: an idle machine is faster. 70-85% of emitting frames carry
+one token, the rest two or three; frames with 4+ are under 1%. Near-silence emits nothing
+after the first second except, sometimes, on the last frame. Nemotron's construct time is
+NeMo's own: each copy of a 13k-entry label list through OmegaConf costs about a second and
+the constructor makes dozens; restore_from of the real model pays it too.
+`python -m nemo_serve.builtin [NAME ...]` re-measures.
 """
 
 from __future__ import annotations
@@ -114,7 +128,8 @@ def builtin_spec(name: str) -> DictConfig:
 def build_builtin(name: str, seed: int = 0):
     """Build the named architecture with seeded, non-degenerate random weights (eval mode, CPU, fp32).
 
-    Same name, seed, torch and NeMo versions on the same machine give the same weights.
+    Same name, seed, torch and NeMo versions on the same machine give the same weights, whatever
+    the caller's torch thread count.
     """
     timings: dict[str, float] = {}
     with _phase(timings, "total"):
@@ -131,7 +146,9 @@ def build_builtin(name: str, seed: int = 0):
         model = model.to(device="cpu", dtype=torch.float32).eval()
         recipe = _RandomInitRecipe(**OmegaConf.to_container(spec.get("random_init", {})))
         gen = torch.Generator().manual_seed(_derived_seed(name, seed))
-        with torch.no_grad(), _quiet_nemo():
+        # One thread: the calibration's float results (and so the weights) must not depend on the
+        # caller's thread count, or a server and a test process would build different models.
+        with torch.no_grad(), _quiet_nemo(), _torch_threads(1):
             _shape_weights(model, recipe, gen, timings)
     num_params = sum(p.numel() for p in model.parameters())
     log.info(
@@ -470,22 +487,33 @@ def _shape_joint(model, lay: _JointLayout, register_levels, frames, silences, pr
     """Rebuild the joint so that greedy decoding behaves roughly like a trained model's.
 
     Token groups stand in for acoustic content. A frame carries evidence e_j(t) for each
-    group j; token k's logit is group_scale * relu(e_group(k)(t)) plus a smaller within-group
-    term that depends on the frame and the label context (and pushes down the label just
-    emitted). The blank logit gets back the evidence of the groups of the last two labels,
-    through gate units opened by the predictor's group registers, minus the frame's distance
-    from silence, plus a calibrated bias. So a frame emits when its content (best group)
-    changes to one not just emitted, about once per change, and silence emits nothing.
+    group j; token k's logit is group_scale * relu(e_group(k)(t)), minus a large penalty
+    while its group is one of the last two labels', plus a smaller term that depends on the
+    frame and the label context (and pushes down the label just emitted), plus a boost
+    right after a label of the group it follows, if any. The blank logit gets back the
+    evidence of the last two labels' groups through gate units the predictor registers
+    open, a bonus near silence, and a calibrated bias. So a frame emits when its content
+    (best group) changes to one not just emitted, about once per change (twice when a
+    follower comes along), and silence emits nothing.
     """
-    joint, decoder = model.joint, model.decoder
-    vocab = joint.num_classes_with_blank - 1
-    blank, unk = vocab, _unk_id(model)
-    hidden = joint.enc.weight.shape[0]
-    groups = lay.num_groups
-    num_var = hidden - lay.variation.start
-    num_dirs = (lay.silence.stop - lay.silence.start) // 4
-
+    joint = model.joint
     x = torch.cat(frames).double()  # [N, D]
+    w_enc, b_enc = _joint_encoder_side(x, silences, probes, lay, gen)
+    h = _predictor_outputs(model.decoder, len(lay.group_of), gen)  # [V, Hp]
+    w_pred, b_pred, readout = _joint_predictor_side(h, lay, register_levels, recipe, gen)
+    w_out, b_out = _joint_output_layer(x, h, (w_enc, b_enc), (w_pred, b_pred), readout, lay, recipe, gen)
+    unk = _unk_id(model)
+    if unk is not None:
+        w_out[unk], b_out[unk] = 0.0, _UNK_LOGIT
+    layers = ((joint.enc, w_enc, b_enc), (joint.pred, w_pred, b_pred), (joint.joint_net[-1], w_out, b_out))
+    for layer, weight, bias in layers:
+        layer.weight.copy_(weight)
+        layer.bias.copy_(bias)
+    _fit_blank_and_followers(model, lay, [joint.project_encoder(f) for f in frames], recipe)
+
+
+def _joint_encoder_side(x, silences, probes, lay: _JointLayout, gen) -> tuple[torch.Tensor, torch.Tensor]:
+    """joint.enc for frames x [N, D]: evidence (also feeding both gate sets), silence distance, variation."""
     mu, sigma = x.mean(0), x.std(0) + 1e-6
     # Moves, in whitened space, that are not content: how silence moves with the language (prompt
     # models) and over the first and last frames of an utterance, and how the context mode moves
@@ -507,25 +535,35 @@ def _shape_joint(model, lay: _JointLayout, register_levels, frames, silences, pr
         w /= (y.pow(2).mean(0) if rms else y.var(0)).sqrt()[:, None]
         return w, -(w @ centre)
 
+    hidden = lay.variation.stop
     w_enc = torch.zeros(hidden, x.shape[1], dtype=torch.float64)
     b_enc = torch.zeros(hidden, dtype=torch.float64)
-    w_ev, b_ev = frame_directions(groups, mu, rms=False)
-    w_enc[lay.evidence], b_enc[lay.evidence] = w_ev, b_ev
-    w_enc[lay.gate_last], b_enc[lay.gate_last] = w_ev, b_ev
-    w_enc[lay.gate_prev], b_enc[lay.gate_prev] = w_ev, b_ev
+    w_ev, b_ev = frame_directions(lay.num_groups, mu, rms=False)
+    for units in (lay.evidence, lay.gate_last, lay.gate_prev):
+        w_enc[units], b_enc[units] = w_ev, b_ev
     # Distance from silence: a_i = w_i . (x - silence), clamped to [0, 1] per direction.
-    w_sil, b_sil = frame_directions(num_dirs, silence, rms=True)
-    sil = lay.silence
-    w_enc[sil] = torch.cat([w_sil, -w_sil, w_sil, -w_sil])
-    b_enc[sil] = torch.cat([b_sil, -b_sil, b_sil - 1.0, -b_sil - 1.0])
-    w_enc[lay.variation], b_enc[lay.variation] = frame_directions(num_var, mu, rms=False)
+    w_sil, b_sil = frame_directions((lay.silence.stop - lay.silence.start) // 4, silence, rms=True)
+    w_enc[lay.silence] = torch.cat([w_sil, -w_sil, w_sil, -w_sil])
+    b_enc[lay.silence] = torch.cat([b_sil, -b_sil, b_sil - 1.0, -b_sil - 1.0])
+    w_enc[lay.variation], b_enc[lay.variation] = frame_directions(hidden - lay.variation.start, mu, rms=False)
+    return w_enc, b_enc
 
-    # Predictor side. h: predictor output after each label (from an empty and a random one-label history).
+
+def _predictor_outputs(decoder, vocab: int, gen) -> torch.Tensor:
+    """[V, Hp] predictor output after each label, averaged over an empty and a random one-label history."""
     labels = torch.arange(vocab)
     g_first, _ = decoder.predict(labels[:, None], None, add_sos=False, batch_size=vocab)
     prev = torch.randint(vocab, (vocab,), generator=gen)
     g_second, _ = decoder.predict(torch.stack([prev, labels], 1), None, add_sos=False, batch_size=vocab)
-    h = (g_first[:, 0] + g_second[:, 1]).double() / 2  # [V, Hp]
+    return (g_first[:, 0] + g_second[:, 1]).double() / 2
+
+
+def _joint_predictor_side(h, lay: _JointLayout, register_levels, recipe, gen):
+    """joint.pred: gates and flags read the predictor's group registers; the variation units get a
+    random image of the label (-suppress times the one its tokens read, + pred_noise times another).
+    Returns (weight, bias, readout [V, num_var] of each token on the variation units)."""
+    hidden, groups = lay.variation.stop, lay.num_groups
+    num_var = hidden - lay.variation.start
 
     def label_directions(rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Random predictor directions (weight, bias) with zero-mean unit-std outputs over labels, and the outputs."""
@@ -534,49 +572,52 @@ def _shape_joint(model, lay: _JointLayout, register_levels, frames, silences, pr
         b = -(h @ w.T).mean(0)
         return w, b, h @ w.T + b
 
+    eye = torch.eye(groups, dtype=torch.float64)
     w_pred = torch.zeros(hidden, h.shape[1], dtype=torch.float64)
     b_pred = torch.zeros(hidden, dtype=torch.float64)
     sharp = recipe.gate_sharpness
     for gates, register, level in zip((lay.gate_last, lay.gate_prev), (0, groups), register_levels):
-        w_pred[gates, register : register + groups] = sharp / level * torch.eye(groups, dtype=torch.float64)
+        w_pred[gates, register : register + groups] = sharp / level * eye
         b_pred[gates] = -sharp  # off register: gate at e_j - K; on: at e_j
-    w_pred[lay.last_flag, :groups] = torch.eye(groups, dtype=torch.float64) / register_levels[0]  # 1 or 0
-    w_pred[lay.prev_flag, groups : 2 * groups] = torch.eye(groups, dtype=torch.float64) / register_levels[1]
-    # Token k's within-group readout r_k is a random image of h_k; the joint adds -c * r_(last label).
-    w_m, b_m, readout = label_directions(num_var)  # readout: [V, num_var]
+    w_pred[lay.last_flag, :groups] = eye / register_levels[0]  # 1 or 0
+    w_pred[lay.prev_flag, groups : 2 * groups] = eye / register_levels[1]
+    w_m, b_m, readout = label_directions(num_var)
     w_n, b_n, _ = label_directions(num_var)
     w_pred[lay.variation] = -recipe.suppress * w_m + recipe.pred_noise * w_n
     b_pred[lay.variation] = -recipe.suppress * b_m + recipe.pred_noise * b_n
+    return w_pred, b_pred, readout
 
-    # Output layer.
+
+def _joint_output_layer(x, h, enc, pred, readout, lay: _JointLayout, recipe, gen):
+    """The joint's output Linear (tokens, then the blank last), before the blank bias and followers."""
+    vocab, hidden = len(lay.group_of), lay.variation.stop
+    labels = torch.arange(vocab)
     w_out = torch.zeros(vocab + 1, hidden, dtype=torch.float64)
     b_out = torch.zeros(vocab + 1, dtype=torch.float64)
     w_out[labels, lay.evidence.start + lay.group_of] = recipe.group_scale
     # The groups of the last two labels are out whatever the blank does: no cycles, no stutter.
     w_out[labels, lay.last_flag.start + lay.group_of] = -recipe.repeat_penalty * recipe.group_scale
     w_out[labels, lay.prev_flag.start + lay.group_of] = -recipe.repeat_penalty * recipe.group_scale
+    num_var = hidden - lay.variation.start
     w_out[:vocab, lay.variation] = recipe.variation_scale * readout / math.sqrt(num_var)
-    enc_var = x @ w_enc[lay.variation].T + b_enc[lay.variation]
-    pred_var = h @ w_pred[lay.variation].T + b_pred[lay.variation]
+    enc_var = x @ enc[0][lay.variation].T + enc[1][lay.variation]
+    pred_var = h @ pred[0][lay.variation].T + pred[1][lay.variation]
     pairs = torch.randint(len(x), (8192,), generator=gen), torch.randint(vocab, (8192,), generator=gen)
     mean_act = torch.relu(enc_var[pairs[0]] + pred_var[pairs[1]]).mean(0)
     b_out[:vocab] = -(w_out[:vocab, lay.variation] @ mean_act)  # no token is preferred whatever the frame
     gate = recipe.gate_scale * recipe.group_scale
-    w_out[blank, lay.gate_last], w_out[blank, lay.gate_prev] = gate, gate
+    w_out[vocab, lay.gate_last], w_out[vocab, lay.gate_prev] = gate, gate
+    num_dirs = (lay.silence.stop - lay.silence.start) // 4
     clamp = torch.tensor([-1.0, -1.0, 1.0, 1.0], dtype=torch.float64).repeat_interleave(num_dirs)
-    w_out[blank, lay.silence] = recipe.silence_weight / num_dirs * clamp  # -weight * mean(min(|a_i|, 1))
-    if unk is not None:
-        w_out[unk], b_out[unk] = 0.0, _UNK_LOGIT
+    w_out[vocab, lay.silence] = recipe.silence_weight / num_dirs * clamp  # -weight * mean(min(|a_i|, 1))
+    return w_out, b_out
 
-    joint.enc.weight.copy_(w_enc)
-    joint.enc.bias.copy_(b_enc)
-    joint.pred.weight.copy_(w_pred)
-    joint.pred.bias.copy_(b_pred)
-    out = joint.joint_net[-1]
-    out.weight.copy_(w_out)
-    out.bias.copy_(b_out)
-    projected = [joint.project_encoder(f) for f in frames]
-    blank_bias = _calibrate_blank(model, projected, recipe.target_emitting_frames, -20.0, 40.0, rounds=2)
+
+def _fit_blank_and_followers(model, lay: _JointLayout, projected, recipe) -> None:
+    """Set the follower boosts and the blank bias on the joint-projected calibration frames."""
+    out, blank = model.joint.joint_net[-1], len(lay.group_of)
+    # A rough bias from every other sequence first (it only sets the follower boost), then the fit.
+    blank_bias = _calibrate_blank(model, projected[::2], recipe.target_emitting_frames, -20.0, 40.0, rounds=2)
     # Followers: after a label of group j, group follower_of[j] gets the blank bias + a margin, so it
     # usually comes out in the same frame (frames with 2-3 tokens); then the blank bias is re-fitted.
     boost = blank_bias + recipe.follow_margin * recipe.group_scale
@@ -606,13 +647,12 @@ def _unk_id(model) -> Optional[int]:
 def _calibrate_blank(model, projected: list[torch.Tensor], target: float, lo: float, hi: float, rounds: int) -> float:
     """Blank bias giving `target` emitting frames on the calibration frames: grid bisection.
 
-    Each round decodes all frames for 12 candidate biases at once (one batch) and keeps the
-    bracket around the target (moving it if the target lies outside); a round narrows it 11 times.
+    Each round decodes all frames for 8 candidate biases at once (one batch) and keeps the
+    bracket around the target (moving it if the target lies outside); a round narrows it 7 times.
     """
     for _ in range(rounds):
-        candidates = torch.linspace(lo, hi, 12, dtype=torch.float64)
-        with _torch_threads(1):  # small ops: a second thread only adds synchronisation
-            fractions = simulate_greedy(model, projected, candidates.float()).emitting_fraction
+        candidates = torch.linspace(lo, hi, 8, dtype=torch.float64)
+        fractions = simulate_greedy(model, projected, candidates.float()).emitting_fraction
         above = (fractions >= target).nonzero()  # the fraction falls as the blank bias rises
         if len(above) == 0:
             lo, hi = lo - (hi - lo), lo
@@ -641,7 +681,7 @@ def simulate_greedy(model, projected: Sequence[torch.Tensor], blank_offsets: tor
 
     A stand-in for NeMo's label-looping decoder in calibration, where it runs for many
     candidate blank biases in one batch; the tests check the result with NeMo's own decoder.
-    A row that emits over two tokens per frame is cut short and counted as all-emitting:
+    A row that emits over 1.5 tokens per frame is cut short and counted as all-emitting:
     it only tells the bisection that its bias is far too low.
     """
     joint, decoder = model.joint, model.decoder
@@ -684,7 +724,7 @@ def simulate_greedy(model, projected: Sequence[torch.Tensor], blank_offsets: tor
         num_emitting[rows_adv] += emitted_here[rows_adv].float()
         emitted_here[rows_adv], symbols[rows_adv] = False, 0
         t[rows_adv] += 1
-        runaway = live[num_tokens[live] > 2 * t[live] + 10]
+        runaway = live[num_tokens[live] > 1.5 * t[live] + 5]
         num_emitting[runaway] += (lengths[runaway] - t[runaway]).float()
         t[runaway] = lengths[runaway]
         live = live[t[live] < lengths[live]]

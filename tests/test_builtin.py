@@ -96,6 +96,18 @@ def test_seeded():
     assert not all(torch.equal(sa[k], sc[k]) for k in sa)
 
 
+def test_same_weights_whatever_the_thread_count():
+    """A server (many threads) and a test process (one) must build the same model."""
+    reference = built("tiny-hybrid").state_dict()
+    saved = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        other = builtin.build_builtin("tiny-hybrid").state_dict()
+    finally:
+        torch.set_num_threads(saved)
+    assert all(torch.equal(reference[k], other[k]) for k in reference)
+
+
 def test_tokenizer_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(builtin, "CACHE_DIR", tmp_path)
     recipe = builtin.builtin_spec("tiny-hybrid").tokenizer

@@ -30,8 +30,8 @@ def _f(x, nd=0, unit=""):
 def capacity_table(sweeps: list[tuple[Path, dict]]) -> str:
     rows = [
         "| model | chunk | dtype, device, threads | streams kept up | partial p95 at max | final p95 at max "
-        "| next level: drift | cache per stream / at max | quality at max | load avg at start |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| next level: drift | cache per stream / at max | server CPU cores at max | quality at max | load avg at start |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for _, d in sweeps:
         c = d["capacity"]
@@ -48,7 +48,7 @@ def capacity_table(sweeps: list[tuple[Path, dict]]) -> str:
             f"| **{c['streams_kept_up']}** | {_f(c['partial_latency_ms_p95_at_max'], 0, ' ms')} "
             f"| {_f(c['final_latency_ms_p95_at_max'], 0, ' ms')} | {nxt} "
             f"| {_f(c['cache_mib_per_stream'], 2)} / {_f(c['cache_mib_total_at_max'], 1)} MiB "
-            f"| {', '.join(quality) or '-'} | {d['load_average_at_start'][0]} |"
+            f"| {_f((best or {}).get('server_cpu_cores'), 2)} | {', '.join(quality) or '-'} | {d['load_average_at_start'][0]} |"
         )
     return "\n".join(rows)
 
@@ -65,13 +65,23 @@ def step_table(benches: list[tuple[Path, dict]]) -> str:
             cells = []
             for b in sizes:
                 r = by.get((s, b))
-                cells.append(f"{r['stream_steps_per_s']:.1f} ({r['step_ms_median']:.0f} ms)" if r else "-")
+                if r is None:
+                    cells.append("-")
+                elif "stream_steps_per_cpu_s" in r:
+                    cells.append(f"{r['stream_steps_per_cpu_s']:.1f} ({r['stream_steps_per_s']:.1f})")
+                else:
+                    cells.append(f"({r['stream_steps_per_s']:.1f})")
             rows.append(f"| {d['model']} | {d['chunk_ms']:.0f} ms | {s} | " + " | ".join(cells) + " |")
+        cpu_ratios = d.get("ratios_cpu_time", {})
         for p in ("sherpa", "pipeline", "loop"):
             key = f"engine_over_{p}"
             if any(key in d["ratios"].get(str(b), {}) for b in sizes):
-                cells = [_ratio(d["ratios"].get(str(b), {}).get(key)) for b in sizes]
-                rows.append(f"| {d['model']} | {d['chunk_ms']:.0f} ms | engine / {p} | " + " | ".join(cells) + " |")
+                cells = [
+                    f"{_ratio(cpu_ratios.get(str(b), {}).get(key))} ({_ratio(d['ratios'].get(str(b), {}).get(key))})"
+                    if str(b) in d["ratios"] else "-"
+                    for b in sizes
+                ]
+                rows.append(f"| {d['model']} | {d['chunk_ms']:.0f} ms | **engine / {p}** | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
@@ -140,7 +150,7 @@ def main() -> None:
     sweeps, benches = load(folder, "sweep"), load(folder, "step_bench")
     print("### Capacity (sweeps)\n")
     print(capacity_table(sweeps))
-    print("\n### Step bench: stream-steps per second (median step time)\n")
+    print("\n### Step bench: stream-steps per CPU second (per wall second), one thread\n")
     print(step_table(benches))
     print("\n### Token parity at the largest batch\n")
     print(parity_table(benches))

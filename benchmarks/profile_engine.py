@@ -199,6 +199,46 @@ def profile_pipeline(nemo_path, model, audios) -> dict:
     return _report("pipeline", len(audios), len(iter_times[steady]), total, phases, None, sum(wall_times[steady]))
 
 
+def encoder_ops(model, b: int, top: int = 16) -> dict:
+    """One later-chunk encoder call at full cache (random input: the cost does not depend on it)
+    under torch.profiler with input shapes: which matmuls, convolutions and copies it spends on."""
+    from torch.profiler import ProfilerActivity, profile
+
+    g, enc = model.geometry, model.nemo.encoder
+    w = g.pre_cache_frames + g.chunk_frames
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(b, model.num_mels, w, generator=gen)
+    ch, tm, _ = enc.get_initial_cache_state(batch_size=b)
+    ch, tm = torch.randn(ch.shape, generator=gen) * 0.1, torch.randn(tm.shape, generator=gen) * 0.1
+    full = torch.full((b,), ch.shape[2], dtype=torch.long)
+
+    def call():
+        return enc.cache_aware_stream_step(
+            processed_signal=x, processed_signal_length=torch.full((b,), w), cache_last_channel=ch,
+            cache_last_time=tm, cache_last_channel_len=full, keep_all_outputs=False, drop_extra_pre_encoded=g.drop_frames,
+        )  # fmt: skip
+
+    with torch.inference_mode():
+        call()
+        t0 = time.process_time()
+        call()
+        cpu_ms = 1000 * (time.process_time() - t0)
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            call()
+    events = prof.key_averages(group_by_input_shape=True)
+    total = sum(e.self_cpu_time_total for e in events)
+    rows = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
+    return {
+        "batch": b,
+        "encoder_cpu_ms": round(cpu_ms, 1),
+        "ops": [
+            {"op": e.key, "input_shapes": str(e.input_shapes), "calls": e.count,
+             "share": round(e.self_cpu_time_total / total, 4)}
+            for e in rows
+        ],
+    }  # fmt: skip
+
+
 def _report(system: str, b: int, steps: int, total: float, phases: dict, op_table, wall: float) -> dict:
     order = ("features", "gather", "encoder", "decoder", "scatter", "rest")
     return {
@@ -224,6 +264,7 @@ def main() -> None:
     ap.add_argument("--torch-profile", action="store_true")
     ap.add_argument("--pipeline", action="store_true", help="also split NeMo 3.0's pipeline the same way")
     ap.add_argument("--cprofile", action="store_true", help="also list Python functions by own time (cProfile)")
+    ap.add_argument("--encoder-ops", default=None, help="comma-separated batch sizes: the encoder's ops by input shape")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -243,8 +284,14 @@ def main() -> None:
             print(f"   {row['op'][:60]:60s} {row['self_ms']:9.1f} ms  {100 * row['share']:5.1f}%  x{row['calls']}")
         for row in r.get("python_top", [])[:20]:
             print(f"   {row['function'][:70]:70s} own {row['own_ms_per_step']:8.2f} ms  cum {row['cum_ms_per_step']:8.2f} ms  x{row['calls_per_step']}")
+    ops = []
+    for b in [int(x) for x in args.encoder_ops.split(",")] if args.encoder_ops else []:
+        ops.append(encoder_ops(model, b))
+        print(f"encoder alone, B={b}: {ops[-1]['encoder_cpu_ms']} CPU ms")
+        for row in ops[-1]["ops"][:10]:
+            print(f"   {row['op']:24s} {100 * row['share']:5.1f}%  x{row['calls']:3d}  {row['input_shapes'][:90]}")
     write_json(args.out, {"benchmark": "profile_engine", **record, "model": name, "chunk_ms": model.geometry.chunk_ms,
-                          "seconds_per_stream": args.seconds, "reports": reports})
+                          "seconds_per_stream": args.seconds, "reports": reports, "encoder_ops": ops})
 
 
 if __name__ == "__main__":

@@ -54,19 +54,19 @@ class PhaseTimer:
         setattr(obj, attr, timed)
 
 
-def profile_engine(model, audios, torch_profile: bool, cprofile: bool = False) -> dict:
+def profile_engine(model, audios, torch_profile: bool, cprofile: bool = False, kv_cache: bool = True) -> dict:
     from nemo_serve.engine.endpoint import EndpointConfig
     from nemo_serve.engine.loop import Engine
 
     b = len(audios)
-    eng = Engine(model, num_slots=b, max_batch=b, endpoint=EndpointConfig.off())
+    eng = Engine(model, num_slots=b, max_batch=b, endpoint=EndpointConfig.off(), kv_cache=kv_cache)
     timer = PhaseTimer()
     timer.wrap(eng.features, "compute", "features")
     for name in ("gather_encoder", "gather_decoder", "gather_history"):
         timer.wrap(eng.pool, name, "gather")
     for name in ("scatter_encoder", "scatter_decoder", "scatter_history"):
         timer.wrap(eng.pool, name, "scatter")
-    timer.wrap(model.nemo.encoder, "cache_aware_stream_step", "encoder")
+    timer.wrap(eng.encoder, "step", "encoder")
     computer = model.decoding_computer  # called as an object: its class's __call__ is what to wrap
     original_call = type(computer).__call__
 
@@ -199,24 +199,27 @@ def profile_pipeline(nemo_path, model, audios) -> dict:
     return _report("pipeline", len(audios), len(iter_times[steady]), total, phases, None, sum(wall_times[steady]))
 
 
-def encoder_ops(model, b: int, top: int = 16) -> dict:
-    """One later-chunk encoder call at full cache (random input: the cost does not depend on it)
-    under torch.profiler with input shapes: which matmuls, convolutions and copies it spends on."""
+def encoder_ops(model, b: int, top: int = 16, kv_cache: bool = True) -> dict:
+    """One later-chunk encoder call of the engine at full cache (random input: the cost does not
+    depend on it) under torch.profiler with input shapes: which matmuls, convolutions and copies it
+    spends on."""
     from torch.profiler import ProfilerActivity, profile
 
-    g, enc = model.geometry, model.nemo.encoder
+    from nemo_serve.engine.encoder import make_encoder
+    from nemo_serve.engine.slots import EncoderCache
+
+    g = model.geometry
+    enc = make_encoder(model.nemo.encoder, kv_cache=kv_cache)
     w = g.pre_cache_frames + g.chunk_frames
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(b, model.num_mels, w, generator=gen)
-    ch, tm, _ = enc.get_initial_cache_state(batch_size=b)
-    ch, tm = torch.randn(ch.shape, generator=gen) * 0.1, torch.randn(tm.shape, generator=gen) * 0.1
-    full = torch.full((b,), ch.shape[2], dtype=torch.long)
+    (n_layers, c, _), (_, d2, k) = model.cache_shapes
+    ch = torch.randn(n_layers, b, *enc.channel_shape, generator=gen) * 0.1
+    tm = torch.randn(n_layers, b, d2, k, generator=gen) * 0.1
+    cache = EncoderCache(ch, tm, torch.full((b,), c, dtype=torch.long))
 
     def call():
-        return enc.cache_aware_stream_step(
-            processed_signal=x, processed_signal_length=torch.full((b,), w), cache_last_channel=ch,
-            cache_last_time=tm, cache_last_channel_len=full, keep_all_outputs=False, drop_extra_pre_encoded=g.drop_frames,
-        )  # fmt: skip
+        return enc.step(x, torch.full((b,), w), cache, g.drop_frames)
 
     with torch.inference_mode():
         call()
@@ -230,6 +233,7 @@ def encoder_ops(model, b: int, top: int = 16) -> dict:
     rows = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
     return {
         "batch": b,
+        "encoder": enc.kind,
         "encoder_cpu_ms": round(cpu_ms, 1),
         "ops": [
             {"op": e.key, "input_shapes": str(e.input_shapes), "calls": e.count,
@@ -265,6 +269,8 @@ def main() -> None:
     ap.add_argument("--pipeline", action="store_true", help="also split NeMo 3.0's pipeline the same way")
     ap.add_argument("--cprofile", action="store_true", help="also list Python functions by own time (cProfile)")
     ap.add_argument("--encoder-ops", default=None, help="comma-separated batch sizes: the encoder's ops by input shape")
+    ap.add_argument("--no-kv-cache", dest="kv_cache", action="store_false",
+                    help="profile the engine on NeMo's own layer code (no key/value cache)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -275,7 +281,7 @@ def main() -> None:
     model = load_model(str(nemo_path), context_right=args.context_right)
     print(model.summary(args.batch), file=sys.stderr)
     audios = bench_audio(args.batch, args.seconds)
-    reports = [profile_engine(model, audios, args.torch_profile, args.cprofile)]
+    reports = [profile_engine(model, audios, args.torch_profile, args.cprofile, args.kv_cache)]
     if args.pipeline:
         reports.append(profile_pipeline(nemo_path, model, audios))
     for r in reports:
@@ -286,12 +292,12 @@ def main() -> None:
             print(f"   {row['function'][:70]:70s} own {row['own_ms_per_step']:8.2f} ms  cum {row['cum_ms_per_step']:8.2f} ms  x{row['calls_per_step']}")
     ops = []
     for b in [int(x) for x in args.encoder_ops.split(",")] if args.encoder_ops else []:
-        ops.append(encoder_ops(model, b))
-        print(f"encoder alone, B={b}: {ops[-1]['encoder_cpu_ms']} CPU ms")
+        ops.append(encoder_ops(model, b, kv_cache=args.kv_cache))
+        print(f"encoder ({ops[-1]['encoder']}) alone, B={b}: {ops[-1]['encoder_cpu_ms']} CPU ms")
         for row in ops[-1]["ops"][:10]:
             print(f"   {row['op']:24s} {100 * row['share']:5.1f}%  x{row['calls']:3d}  {row['input_shapes'][:90]}")
     write_json(args.out, {"benchmark": "profile_engine", **record, "model": name, "chunk_ms": model.geometry.chunk_ms,
-                          "seconds_per_stream": args.seconds, "reports": reports, "encoder_ops": ops})
+                          "seconds_per_stream": args.seconds, "kv_cache": args.kv_cache, "reports": reports, "encoder_ops": ops})
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@
 
 Systems, all on the same model file, the same audio (stream i gets clip i mod 8) and one thread:
   engine    nemo_serve Engine.iterate(): features + one batched step of every ready stream
+  engine-nemo  the same engine with kv_cache=False: NeMo's own layer code (caches layer inputs),
+            to show what the key/value cache (engine/encoder.py) buys
   pipeline  NeMo 3.0 CacheAwareRNNTPipeline.transcribe_step() with one Frame per stream per step
   loop      NeMo's per-stream loop (conformer_stream_step, one stream at a time): the oracle
   sherpa    sherpa-onnx OnlineRecognizer.decode_streams() over an ONNX export of the model
@@ -40,7 +42,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import bench_audio, file_digest, model_file, run_record, write_json  # noqa: E402
 
-SYSTEMS = ("engine", "pipeline", "loop", "sherpa")
+SYSTEMS = ("engine", "engine-nemo", "pipeline", "loop", "sherpa")
 
 
 @dataclass
@@ -96,13 +98,13 @@ def _measurement(system: str, b: int, times: list[tuple[float, float]], tokens, 
 # ----------------------------------------------------------------------------- (a) our engine
 
 
-def run_engine(model, audios: list[np.ndarray]) -> Measurement:
+def run_engine(model, audios: list[np.ndarray], kv_cache: bool = True) -> Measurement:
     """Whole utterances pushed and finished up front; then iterate() until idle (no thread)."""
     from nemo_serve.engine.endpoint import EndpointConfig
     from nemo_serve.engine.loop import Engine
 
     b = len(audios)
-    eng = Engine(model, num_slots=b, max_batch=b, endpoint=EndpointConfig.off())
+    eng = Engine(model, num_slots=b, max_batch=b, endpoint=EndpointConfig.off(), kv_cache=kv_cache)
     tokens: list[list[int]] = [[] for _ in audios]
 
     def collect(i, result):
@@ -124,7 +126,7 @@ def run_engine(model, audios: list[np.ndarray]) -> Measurement:
             if eng.stats.stream_steps - before != b:
                 raise RuntimeError(f"engine stepped {eng.stats.stream_steps - before} of {b} streams in one iteration")
             times.append(dt)
-    return _measurement("engine", b, times, tokens)
+    return _measurement("engine" if kv_cache else "engine-nemo", b, times, tokens)
 
 
 # ----------------------------------------------------------------------------- (c) NeMo's per-stream loop
@@ -672,6 +674,8 @@ def _build_peers(systems, model, nemo_path: Path, args, max_batch: int) -> dict:
     peers = {}
     if "engine" in systems:
         peers["engine"] = run_engine
+    if "engine-nemo" in systems:
+        peers["engine-nemo"] = partial(run_engine, kv_cache=False)
     if "loop" in systems:
         peers["loop"] = run_loop
     if "pipeline" in systems:
@@ -775,7 +779,7 @@ def _ratios(results: list[dict], sizes: list[int], key: str = "stream_steps_per_
             continue
         out[str(b)] = {
             f"engine_over_{p}": round(statistics.median(x / y for x, y in zip(e, by[(p, b)])), 3)
-            for p in ("sherpa", "pipeline", "loop")
+            for p in ("sherpa", "pipeline", "loop", "engine-nemo")
             if (p, b) in by
         }
     return out

@@ -32,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--device", help="cpu, cuda or cuda:N (default cpu)")
     m.add_argument("--num-slots", type=int, help="streams served at once (default 16)")
     m.add_argument("--max-batch", type=int, help="most streams in one model step (default: num-slots)")
+    m.add_argument("--no-kv-cache", dest="kv_cache", action="store_const", const=False,
+                   help="run NeMo's own attention layers (cache layer inputs, half the memory, slower steps) "
+                   "instead of caching projected keys/values")
     n = p.add_argument_group("network and security")
     n.add_argument("--host", help="bind address (default 127.0.0.1; 0.0.0.0 for all interfaces)")
     n.add_argument("--port", type=int, help="default 8000")
@@ -92,6 +95,7 @@ def _selftest(args, settings: Settings) -> int:
         # Only when given: the self-test picks its own slot count otherwise.
         num_slots=settings.num_slots if "num_slots" in settings.model_fields_set else None,
         max_batch=settings.max_batch,
+        kv_cache=settings.kv_cache,
     )
     if args.seed is not None:
         if "seed" not in inspect.signature(selftest.run_selftest).parameters:
@@ -110,14 +114,20 @@ def _serve(settings: Settings) -> int:
         return _fail(str(e))
     except ValueError as e:  # unknown builtin name, bad dtype
         return _fail(str(e))
-    print(model.summary(settings.num_slots), flush=True)
+    engine = Engine(
+        model,
+        num_slots=settings.num_slots,
+        max_batch=settings.max_batch,
+        endpoint=settings.endpoint_config,
+        kv_cache=settings.kv_cache,
+    )
+    print(engine.summary(), flush=True)
 
     from .server.app import create_app
     from .server.context import ServerContext
     from .server.metrics import ServerMetrics
     from .server.runner import serve
 
-    engine = Engine(model, num_slots=settings.num_slots, max_batch=settings.max_batch, endpoint=settings.endpoint_config)
     metrics = ServerMetrics(settings.num_slots, lambda: engine.num_free_slots)
     engine.on_step = metrics.on_step
     ctx = ServerContext(engine=engine, settings=settings, metrics=metrics)

@@ -35,6 +35,7 @@ class Settings(BaseModel):
     device: Annotated[str, Field(pattern=r"^(cpu|cuda(:\d+)?)$")] = "cpu"
     num_slots: Annotated[int, Field(ge=1, le=65536)] = 16
     max_batch: Annotated[int, Field(ge=1, le=65536)] | None = None  # None: num_slots
+    kv_cache: bool = True  # cache projected keys/values (engine/encoder.py); False: NeMo's layer code
     # network
     host: str = "127.0.0.1"  # loopback by default: exposing the port is a deliberate --host 0.0.0.0
     port: Annotated[int, Field(ge=0, le=65535)] = 8000

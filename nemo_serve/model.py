@@ -104,15 +104,17 @@ class ServedModel:
             raise ValueError(f"unknown language {code!r}; valid: {codes}")
         return int(self.prompt_dictionary[code])
 
-    def summary(self, num_slots: int) -> str:
+    def summary(self, num_slots: int, cache_bytes_per_stream: int | None = None, attention_cache: str = "") -> str:
+        """One line for the log; the engine passes its own cache size (its layout may differ)."""
         g = self.geometry
-        per = self.cache_bytes_per_stream
+        per = cache_bytes_per_stream or self.cache_bytes_per_stream
+        layout = f" ({attention_cache})" if attention_cache else ""
         return (
             f"model {self.name} ({type(self.nemo).__name__}, {self.num_parameters / 1e6:.1f}M params) "
             f"on {self.device} {str(self.dtype).replace('torch.', '')}; "
             f"att_context [{g.context_left},{g.context_right}] chunk {g.chunk_ms:.0f} ms "
             f"(trained right contexts {list(self.trained_context_right)}); "
-            f"cache {per / 2**20:.2f} MiB/stream x {num_slots} slots = {per * num_slots / 2**20:.1f} MiB"
+            f"cache {per / 2**20:.2f} MiB/stream x {num_slots} slots = {per * num_slots / 2**20:.1f} MiB{layout}"
         )
 
 

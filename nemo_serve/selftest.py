@@ -116,7 +116,10 @@ def pick_utterances(model: ServedModel, n: int, audio: str | None, seed: int) ->
 # ----------------------------------------------------------------------------- engine run
 
 
-def run_engine(model: ServedModel, utts: list[Utterance], num_slots: int, max_batch: int | None, seed: int):
+def run_engine(
+    model: ServedModel, utts: list[Utterance], num_slots: int, max_batch: int | None, seed: int, kv_cache: bool = True,
+    out=sys.stdout,
+):
     """Feed all utterances through one engine like many clients would; return token ids per utterance."""
     rng = random.Random(seed)
     results: list[list] = [[] for _ in utts]
@@ -128,7 +131,10 @@ def run_engine(model: ServedModel, utts: list[Utterance], num_slots: int, max_ba
         max_batch=max_batch,
         endpoint=EndpointConfig(),  # endpointing on: segments must not change tokens
         on_step=lambda b, _s: batch_sizes.append(b),
-    ).start()
+        kv_cache=kv_cache,
+    )
+    print(engine.summary(), file=out, flush=True)
+    engine.start()
 
     def on_result(i: int, r) -> None:
         results[i].append(r)
@@ -185,17 +191,17 @@ def run_selftest(
     max_batch: int | None = None,
     seed: int = 0,
     out=sys.stdout,
+    kv_cache: bool = True,
 ) -> int:
     """Run the parity check; returns the process exit code (0 only if all N are token-identical)."""
     served = load_model(model, context_right=context_right, dtype=dtype, device=device)
     slots = num_slots or max(2, min(n, 8))
-    print(served.summary(slots), file=out, flush=True)
     utts = pick_utterances(served, n, audio, seed)
     outcomes = []
     for u in utts:
         o = oracle_transcribe(served, u.audio, u.language)
         outcomes.append(Outcome(u, o.token_ids, o.text))
-    ids, texts, batch_sizes = run_engine(served, utts, slots, max_batch, seed)
+    ids, texts, batch_sizes = run_engine(served, utts, slots, max_batch, seed, kv_cache, out)
     for o, i, t in zip(outcomes, ids, texts):
         o.engine_ids, o.engine_text = i, t
     k = 0

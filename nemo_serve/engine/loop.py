@@ -25,6 +25,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from .encoder import make_encoder
 from .endpoint import EndpointConfig
 from .frontend import FeatureExtractor
 from .slots import NoFreeSlotError, SlotPool
@@ -63,14 +64,18 @@ class Engine:
         max_batch: int | None = None,
         endpoint: EndpointConfig = EndpointConfig(),
         on_step: Callable[[int, float], None] | None = None,
+        kv_cache: bool = True,
     ) -> None:
+        """`kv_cache`: cache projected keys/values (engine/encoder.py) where the architecture
+        allows; False runs NeMo's own layer code (caches layer inputs)."""
         self.model = model
         self.geometry = model.geometry
         self.num_slots = num_slots
         self.max_batch = max_batch or num_slots
         self.endpoint = endpoint
         self.on_step = on_step  # metrics hook: (batch size, seconds)
-        self.pool = SlotPool(model, num_slots)  # loop thread only
+        self.encoder = make_encoder(model.nemo.encoder, kv_cache=kv_cache)  # loop thread only
+        self.pool = SlotPool(model, num_slots, self.encoder.channel_shape)  # loop thread only
         self.features = FeatureExtractor.for_model(model)
         self.detok = Detokenizer(model.vocabulary, model.is_bpe)
         self.hop_s = self.geometry.hop_samples / self.geometry.sample_rate
@@ -84,6 +89,10 @@ class Engine:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
+
+    def summary(self) -> str:
+        layout = "keys/values cached" if self.encoder.kind == "kv" else "NeMo layer inputs cached"
+        return self.model.summary(self.num_slots, self.pool.cache_bytes_per_stream, layout)
 
     # ------------------------------------------------------------------ network-side API
     def open_stream(
@@ -256,7 +265,7 @@ class Engine:
         if self.model.prompt_dictionary is not None:
             langs = self.pool.languages.index_select(0, rows)
         batch = StepBatch(rows, self._features(group), [c.num_frames for c in group], group[0].is_first, langs)
-        result = run_step(self.model, self.pool, batch)
+        result = run_step(self.model, self.encoder, self.pool, batch)
         elapsed = time.perf_counter() - t_start
         self.stats.steps += 1
         self.stats.stream_steps += len(group)

@@ -24,7 +24,7 @@ class NoFreeSlotError(RuntimeError):
 
 @dataclass
 class EncoderCache:
-    cache_last_channel: torch.Tensor  # [L, B, C, D]
+    cache_last_channel: torch.Tensor  # [L, B, C, D] layer inputs (NeMo's layout) or [L, B, ...] (engine/encoder.py)
     cache_last_time: torch.Tensor  # [L, B, D, K-1]
     cache_last_channel_len: torch.Tensor  # [B]
 
@@ -32,15 +32,18 @@ class EncoderCache:
 class SlotPool:
     """Owns the cache tensors, the free list and the stream-to-slot map."""
 
-    def __init__(self, model, num_slots: int) -> None:
+    def __init__(self, model, num_slots: int, channel_shape: tuple[int, ...] | None = None) -> None:
+        """`channel_shape`: one stream's attention cache after the layer axis (default NeMo's [C, D])."""
         if num_slots < 1:
             raise ValueError("num_slots must be >= 1")
         self.num_slots = num_slots
         dev, dtype = model.device, model.dtype
         (n_layers, c, d), (_, d2, k) = model.cache_shapes
-        self.cache_last_channel = torch.zeros(n_layers, num_slots, c, d, device=dev, dtype=dtype)  # [L, S, C, D]
+        shape = channel_shape or (c, d)
+        self.cache_last_channel = torch.zeros(n_layers, num_slots, *shape, device=dev, dtype=dtype)  # [L, S, C, D]
         self.cache_last_time = torch.zeros(n_layers, num_slots, d2, k, device=dev, dtype=dtype)  # [L, S, D, K-1]
         self.cache_last_channel_len = torch.zeros(num_slots, device=dev, dtype=torch.long)  # [S]
+        self._channel_buf: torch.Tensor | None = None  # gather_encoder's output, grown to the largest batch
         # Decoder state after <SOS>, one row; a fresh slot is reset to it.
         sos = model.decoding_computer._get_batched_decoding_state_after_sos(device=dev, batch_size=1)
         self._sos = sos
@@ -56,6 +59,12 @@ class SlotPool:
         self.languages = torch.zeros(num_slots, device=dev, dtype=torch.long)  # [S]
         self._free: list[int] = list(range(num_slots - 1, -1, -1))  # stack: lowest slot first
         self.stream_to_slot: dict[str, int] = {}  # stream_id -> slot
+
+    @property
+    def cache_bytes_per_stream(self) -> int:
+        """Encoder cache bytes one slot holds (attention + convolution caches)."""
+        t = (self.cache_last_channel, self.cache_last_time)
+        return sum(x[:, 0].numel() * x.element_size() for x in t)
 
     # -- allocation -------------------------------------------------------------------------------
     @property
@@ -100,14 +109,29 @@ class SlotPool:
 
     # -- gather / scatter -------------------------------------------------------------------------
     def gather_encoder(self, rows: torch.Tensor) -> EncoderCache:
+        """The rows' encoder caches. The attention cache lands in a buffer reused by every
+        gather (valid until the next one): a fresh tensor this size (80 MB at FastConformer-L,
+        batch 32) costs more in page faults than the copy itself on CPU."""
         return EncoderCache(
-            self.cache_last_channel.index_select(1, rows),
+            self._gather_channel(rows),
             self.cache_last_time.index_select(1, rows),
             self.cache_last_channel_len.index_select(0, rows),
         )
 
+    def _gather_channel(self, rows: torch.Tensor) -> torch.Tensor:
+        src = self.cache_last_channel
+        shape = (src.shape[0], len(rows), *src.shape[2:])
+        numel = shape[0] * shape[1] * src[0, 0].numel()
+        if self._channel_buf is None or self._channel_buf.numel() < numel:
+            self._channel_buf = torch.empty(numel, dtype=src.dtype, device=src.device)
+        out = self._channel_buf[:numel].view(shape)
+        return torch.index_select(src, 1, rows, out=out)
+
     def scatter_encoder(self, rows: torch.Tensor, cache: EncoderCache) -> None:
-        self.cache_last_channel.index_copy_(1, rows, cache.cache_last_channel.to(self.cache_last_channel.dtype))
+        src, dst = cache.cache_last_channel, self.cache_last_channel
+        if src.shape[-2] != dst.shape[-2]:  # the KV layout's scratch positions are not state
+            dst = dst.narrow(-2, 0, src.shape[-2])
+        dst.index_copy_(1, rows, src.to(dst.dtype))
         self.cache_last_time.index_copy_(1, rows, cache.cache_last_time.to(self.cache_last_time.dtype))
         self.cache_last_channel_len.index_copy_(0, rows, cache.cache_last_channel_len)
 

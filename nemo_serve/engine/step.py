@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .slots import EncoderCache, SlotPool
+from .slots import SlotPool
 
 
 @dataclass
@@ -42,7 +42,8 @@ def apply_prompt(model, encoded: torch.Tensor, languages: torch.Tensor) -> torch
 
 
 @torch.inference_mode()
-def run_step(model, pool: SlotPool, batch: StepBatch) -> StepResult:
+def run_step(model, encoder, pool: SlotPool, batch: StepBatch) -> StepResult:
+    """`encoder`: a NemoEncoder or KVCacheEncoder whose cache layout matches `pool`."""
     g = model.geometry
     rows = batch.rows
     # 1. input: [history | new frames] for later chunks, new frames alone for first chunks.
@@ -58,17 +59,8 @@ def run_step(model, pool: SlotPool, batch: StepBatch) -> StepResult:
     signal = signal.to(model.dtype)
     lengths = lengths.to(signal.device)
     # 2. encoder, caches gathered from and written back to the slot rows.
-    cache = pool.gather_encoder(rows)
-    encoded, encoded_len, c_ch, c_t, c_len = model.nemo.encoder.cache_aware_stream_step(
-        processed_signal=signal,
-        processed_signal_length=lengths,
-        cache_last_channel=cache.cache_last_channel,
-        cache_last_time=cache.cache_last_time,
-        cache_last_channel_len=cache.cache_last_channel_len,
-        keep_all_outputs=False,
-        drop_extra_pre_encoded=drop,
-    )
-    pool.scatter_encoder(rows, EncoderCache(c_ch, c_t, c_len))
+    encoded, encoded_len, cache = encoder.step(signal, lengths, pool.gather_encoder(rows), drop)
+    pool.scatter_encoder(rows, cache)
     if batch.languages is not None:
         encoded = apply_prompt(model, encoded, batch.languages)
     # 3. RNN-T greedy label-looping decoding from the rows' carried state.

@@ -1,0 +1,199 @@
+"""The cache-aware encoder step, two ways: NeMo's own, and one that caches projected keys/values.
+
+NeMo's `cache_aware_stream_step` caches each attention layer's *input* (the post-LayerNorm
+frames, `cache_last_channel [L,B,C,D]`) and projects all C + T frames through `linear_k` and
+`linear_v` on every step. With C = 70 cached frames and T = 2 new ones (160 ms) that is 97% of the
+key/value work done again for frames that have not changed; measured on FastConformer-L at batch
+32 on CPU the `[B*(C+T), D] x [D, D]` GEMMs were 31% of the encoder step, and broadcasting the
+positional projection over the batch another 10% (benchmarks/results/profile_*.json). Then each
+layer concatenates cache and chunk and the encoder stacks the new caches: two more copies of the
+whole cache per step.
+
+`KVCacheEncoder` runs the same NeMo modules layer by layer but caches what attention consumes,
+the projected keys and values, in a layout the attention matmuls read in place:
+`[L, B, heads, C + S, 2 * d_k]` (K | V per head on the last axis; S = new frames per chunk,
+scratch positions). Per step it projects only the new frames (one fused Q|K|V GEMM), writes them
+into the scratch positions, attends over positions [0, C + T) without a concatenation, and hands
+back positions [T, T + C) as the next cache (a view; the slot pool copies it into its rows). The
+positional projection depends only on the window length, so it is computed once per mode and
+multiplied per head rather than broadcast per row.
+
+Masks, fill levels, the relative-position shift, convolution caches and the subsampling are NeMo's
+own code, so the geometry cannot drift from the oracle; the arithmetic is the same up to float
+rounding, and the parity tests hold it token-identical to NeMo's loop. The price is memory: the
+attention cache is 2 (C + S) / C times NeMo's (2.4x at 1120 ms, 2.06x at 160 ms).
+
+Both classes take and return `EncoderCache`; the slot pool sizes its attention cache by
+`channel_shape` (per stream, after the layer axis).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .slots import EncoderCache
+
+INF_VAL = 10000.0  # NeMo's mask fill (multi_head_attention.INF_VAL)
+
+
+class NemoEncoder:
+    """NeMo's `cache_aware_stream_step`, unchanged: caches layer inputs."""
+
+    kind = "nemo"
+
+    def __init__(self, encoder: torch.nn.Module) -> None:
+        self.encoder = encoder
+        self.channel_shape = (encoder.streaming_cfg.last_channel_cache_size, encoder.d_model)  # [C, D]
+
+    def step(self, signal, lengths, cache: EncoderCache, drop: int):
+        encoded, encoded_len, c_ch, c_t, c_len = self.encoder.cache_aware_stream_step(
+            processed_signal=signal,
+            processed_signal_length=lengths,
+            cache_last_channel=cache.cache_last_channel,
+            cache_last_time=cache.cache_last_time,
+            cache_last_channel_len=cache.cache_last_channel_len,
+            keep_all_outputs=False,
+            drop_extra_pre_encoded=drop,
+        )
+        return encoded, encoded_len, EncoderCache(c_ch, c_t, c_len)
+
+
+def kv_cache_unsupported(encoder: torch.nn.Module) -> str | None:
+    """Why `KVCacheEncoder` cannot run this encoder (None if it can)."""
+    cfg = encoder.streaming_cfg
+    if encoder.att_context_style != "chunked_limited":
+        return f"att_context_style {encoder.att_context_style!r} (needs chunked_limited)"
+    if getattr(cfg, "cache_drop_size", 0) != 0:
+        return "cache_drop_size != 0"
+    if cfg.last_channel_cache_size <= 0:
+        return "unlimited left context"
+    if isinstance(encoder.pre_encode, torch.nn.Linear):
+        return "linear pre-encode"
+    if encoder.reduction_position is not None:
+        return "time reduction inside the encoder"
+    for layer in encoder.layers:
+        if layer.self_attention_model != "rel_pos":
+            return f"self_attention_model {layer.self_attention_model!r} (needs rel_pos)"
+        if layer.is_adapter_available():
+            return "adapters"
+    return None
+
+
+class KVCacheEncoder:
+    """Cache-aware streaming encoder step with projected key/value caches (see module doc)."""
+
+    kind = "kv"
+
+    def __init__(self, encoder: torch.nn.Module) -> None:
+        why = kv_cache_unsupported(encoder)
+        if why:
+            raise ValueError(f"KV-cache encoder unsupported: {why}")
+        self.encoder = encoder
+        self.cache_len = c = encoder.streaming_cfg.last_channel_cache_size
+        self.new_frames = encoder.streaming_cfg.valid_out_len  # frames a full chunk adds
+        a = encoder.layers[0].self_attn
+        self.channel_shape = (a.h, c + self.new_frames, 2 * a.d_k)  # [heads, C + S, K|V]
+        # One Q|K|V weight per layer: three GEMMs over the new frames become one.
+        self._qkv = []
+        for layer in encoder.layers:
+            a = layer.self_attn
+            w = torch.cat([a.linear_q.weight, a.linear_k.weight, a.linear_v.weight]).detach()
+            b = None
+            if a.linear_q.bias is not None:
+                b = torch.cat([a.linear_q.bias, a.linear_k.bias, a.linear_v.bias]).detach()
+            self._qkv.append((w, b))
+        self._pos: dict[tuple, list[torch.Tensor]] = {}  # (window, dtype, device) -> per-layer [h, P, d_k]
+
+    def _positions(self, pos_emb: torch.Tensor) -> list[torch.Tensor]:
+        key = (pos_emb.shape[1], pos_emb.dtype, pos_emb.device)
+        if key not in self._pos:
+            out = []
+            for layer in self.encoder.layers:
+                a = layer.self_attn
+                p = a.linear_pos(pos_emb).view(pos_emb.shape[1], a.h, a.d_k)  # batch 1 in NeMo's buffer
+                out.append(p.transpose(0, 1).contiguous())  # [h, P, d_k]
+            self._pos[key] = out
+        return self._pos[key]
+
+    def step(self, signal, lengths, cache: EncoderCache, drop: int):
+        enc = self.encoder
+        c = self.cache_len
+        # Subsampling, pre-encode drop, masks and positions: NeMo's forward_internal, L636-681.
+        x, length = enc.pre_encode(x=signal.transpose(1, 2), lengths=lengths)
+        length = length.to(torch.int64)
+        if drop > 0:
+            x = x[:, drop:, :]
+            length = (length - drop).clamp(min=0)
+        t = x.size(1)
+        x, pos_emb = enc.pos_enc(x=x, cache_len=c)
+        pad_mask, att_mask = enc._create_masks(
+            att_context_size=enc.att_context_size,
+            padding_length=length + c,
+            max_audio_length=t + c,
+            offset=c - cache.cache_last_channel_len,
+            device=x.device,
+        )
+        pad_mask, att_mask = pad_mask[:, c:], att_mask[:, c:]
+        if t > self.new_frames:
+            raise ValueError(f"chunk of {t} encoder frames; this mode adds at most {self.new_frames}")
+        positions = self._positions(pos_emb)
+        kv = cache.cache_last_channel  # [L, B, h, C + S, 2 d_k], gathered: ours to write
+        time_next = []
+        for i, layer in enumerate(enc.layers):
+            residual = x + layer.feed_forward1(layer.norm_feed_forward1(x)) * layer.fc_factor
+            residual = residual + self._attention(
+                i, layer.self_attn, layer.norm_self_att(residual), att_mask, positions[i], kv[i]
+            )
+            h, conv_cache = layer.conv(layer.norm_conv(residual), pad_mask=pad_mask, cache=cache.cache_last_time[i])
+            residual = residual + h
+            residual = residual + layer.feed_forward2(layer.norm_feed_forward2(residual)) * layer.fc_factor
+            x = layer.norm_out(residual)
+            time_next.append(conv_cache)
+        if enc.out_proj is not None:
+            x = enc.out_proj(x)
+        # streaming_post_process: the encoder emits exactly valid_out_len frames per full chunk.
+        valid = enc.streaming_cfg.valid_out_len
+        encoded = x.transpose(1, 2)[:, :, :valid]
+        encoded_len = length.clamp(max=valid)
+        fill = torch.clamp(cache.cache_last_channel_len + t, max=c)
+        next_kv = kv[:, :, :, t : t + c]  # NeMo's update_cache: drop the oldest t, keep C
+        return encoded, encoded_len, EncoderCache(next_kv, torch.stack(time_next), fill)
+
+    def _attention(self, i, a, x, mask, p, kv):
+        """RelPositionMultiHeadAttention.forward over cached projected keys/values.
+
+        x [B,T,D] new frames (post-LayerNorm); kv [B,h,C+S,2 d_k] this layer's cache, whose
+        positions [C, C+T) receive the new keys/values; p [h,P,d_k] projected positions.
+        """
+        b, t, d = x.shape
+        h, dk, n = a.h, a.d_k, self.cache_len + t
+        w, bias = self._qkv[i]
+        qkv = torch.nn.functional.linear(x, w, bias)  # [B, T, 3D]
+        q = qkv[..., :d].view(b, t, h, dk)
+        new = qkv[..., d:].view(b, t, 2, h, dk)
+        kv[:, :, self.cache_len : n, :dk].copy_(new[:, :, 0].transpose(1, 2))
+        kv[:, :, self.cache_len : n, dk:].copy_(new[:, :, 1].transpose(1, 2))
+        k, v = kv[:, :, :n, :dk], kv[:, :, :n, dk:]  # [B, h, C+T, d_k], read in place
+        q_u = (q + a.pos_bias_u).transpose(1, 2)  # [B, h, T, d_k]
+        q_v = (q + a.pos_bias_v).transpose(1, 2)
+        # Positions are shared by every row: one [h, B*T, d_k] x [h, d_k, P] product per head,
+        # instead of broadcasting [1, h, P, d_k] over the batch.
+        bd = torch.bmm(q_v.transpose(0, 1).reshape(h, b * t, dk), p.transpose(1, 2))
+        bd = a.rel_shift(bd.view(h, b, t, -1).transpose(0, 1))
+        if a.use_pytorch_sdpa:
+            bd = bd[:, :, :, :n] * (1 / a.s_d_k)
+            bd.masked_fill_(mask.unsqueeze(1), -INF_VAL)
+            out = torch.nn.functional.scaled_dot_product_attention(q_u, k, v, attn_mask=bd)
+            out = out.masked_fill(mask.all(dim=-1)[:, None, :, None], 0.0)
+            out = out.transpose(1, 2).reshape(b, t, d)
+            return a.linear_out(out)
+        ac = torch.matmul(q_u, k.transpose(-2, -1))
+        scores = (ac + bd[:, :, :, :n]) / a.s_d_k
+        return a.forward_attention(v, scores, mask)
+
+
+def make_encoder(encoder: torch.nn.Module, kv_cache: bool = True):
+    """The KV-cache step where the architecture allows it, else NeMo's own."""
+    if kv_cache and kv_cache_unsupported(encoder) is None:
+        return KVCacheEncoder(encoder)
+    return NemoEncoder(encoder)

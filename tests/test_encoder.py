@@ -1,0 +1,112 @@
+"""The KV-cache encoder step against NeMo's cache_aware_stream_step, step by step.
+
+Same features, same fill levels (rows started at different steps), same drop counts: the
+outputs must agree to float rounding and the cached keys/values must be the projections of
+NeMo's cached layer inputs. Token identity end to end is in test_parity.py.
+"""
+
+import pytest
+import torch
+
+from nemo_serve.engine.encoder import KVCacheEncoder, NemoEncoder, kv_cache_unsupported, make_encoder
+from nemo_serve.engine.slots import SlotPool
+
+from . import helpers
+
+
+def _run_both(m, steps: int, rows: int, start: list[int], final_width: int | None = None):
+    """Drive both encoders over random features; row r joins at step start[r]. Yields per-step outputs."""
+    g = m.geometry
+    kv, ref = KVCacheEncoder(m.nemo.encoder), NemoEncoder(m.nemo.encoder)
+    pools = {"kv": SlotPool(m, rows, kv.channel_shape), "ref": SlotPool(m, rows)}
+    gen = torch.Generator().manual_seed(0)
+    history = torch.zeros(rows, m.num_mels, g.pre_cache_frames)
+    for s in range(steps):
+        active = [r for r in range(rows) if start[r] <= s]
+        first = [r for r in active if start[r] == s]
+        later = [r for r in active if start[r] < s]
+        for group, is_first in ((first, True), (later, False)):
+            if not group:
+                continue
+            width = g.first_frames if is_first else g.chunk_frames
+            if final_width and s == steps - 1 and not is_first:
+                width = final_width
+            feats = torch.randn(len(group), m.num_mels, width, generator=gen)
+            idx = torch.tensor(group)
+            signal, drop = feats, 0
+            if not is_first:
+                signal, drop = torch.cat([history[idx], feats], dim=-1), g.drop_frames
+            history[idx] = torch.cat([history[idx], feats], dim=-1)[:, :, -g.pre_cache_frames :]
+            lengths = torch.full((len(group),), signal.shape[-1], dtype=torch.long)
+            out = {}
+            for name, enc in (("kv", kv), ("ref", ref)):
+                with torch.inference_mode():
+                    e, n, cache = enc.step(signal.to(m.dtype), lengths, pools[name].gather_encoder(idx), drop)
+                pools[name].scatter_encoder(idx, cache)
+                out[name] = (e, n, cache)
+            yield m, out
+
+
+@pytest.mark.parametrize("spec", [None, "builtin:tiny-hybrid"])
+def test_kv_encoder_matches_nemo_step_by_step(spec):
+    m = helpers.model(spec, None)
+    assert kv_cache_unsupported(m.nemo.encoder) is None
+    worst = 0.0
+    for m, out in _run_both(m, steps=12, rows=3, start=[0, 2, 5]):
+        (e_kv, n_kv, c_kv), (e_ref, n_ref, c_ref) = out["kv"], out["ref"]
+        assert torch.equal(n_kv, n_ref)
+        assert torch.equal(c_kv.cache_last_channel_len, c_ref.cache_last_channel_len)
+        assert e_kv.shape == e_ref.shape
+        worst = max(worst, (e_kv - e_ref).abs().max().item())
+        torch.testing.assert_close(c_kv.cache_last_time, c_ref.cache_last_time, rtol=1e-4, atol=1e-4)
+        # Cached K|V are the projections of NeMo's cached layer inputs (valid, right-aligned rows).
+        d = m.nemo.encoder.d_model
+        for i, layer in enumerate(m.nemo.encoder.layers):
+            a = layer.self_attn
+            for b, fill in enumerate(c_ref.cache_last_channel_len.tolist()):
+                if fill == 0:
+                    continue
+                x = c_ref.cache_last_channel[i, b, -fill:]
+                with torch.inference_mode():
+                    k, v = a.linear_k(x), a.linear_v(x)
+                got = c_kv.cache_last_channel[i, b, :, -fill:]  # [h, fill, 2 d_k]
+                assert got.shape[0] * got.shape[-1] == 2 * d
+                torch.testing.assert_close(got[..., : a.d_k].transpose(0, 1).reshape(fill, d), k, rtol=1e-4, atol=1e-4)
+                torch.testing.assert_close(got[..., a.d_k :].transpose(0, 1).reshape(fill, d), v, rtol=1e-4, atol=1e-4)
+    assert worst < 1e-4, worst
+
+
+def test_kv_encoder_final_partial_chunk_outputs_match():
+    m = helpers.model(None, None)
+    g = m.geometry
+    for m, out in _run_both(m, steps=4, rows=2, start=[0, 0], final_width=g.chunk_frames // 2 + 1):
+        (e_kv, n_kv, _), (e_ref, n_ref, _) = out["kv"], out["ref"]
+        assert torch.equal(n_kv, n_ref)
+        valid = int(n_ref.min())
+        torch.testing.assert_close(e_kv[:, :, :valid], e_ref[:, :, :valid], rtol=1e-4, atol=1e-4)
+
+
+def test_kv_cache_layout_and_size():
+    m = helpers.model(None, None)
+    enc = make_encoder(m.nemo.encoder)
+    kv, ref = SlotPool(m, 2, enc.channel_shape), SlotPool(m, 2)
+    (n_layers, c, d), _ = m.cache_shapes
+    heads = m.nemo.encoder.layers[0].self_attn.h
+    s = m.geometry.context_right + 1  # scratch positions: the frames one chunk adds
+    assert kv.cache_last_channel.shape == (n_layers, 2, heads, c + s, 2 * d // heads)
+    assert ref.cache_bytes_per_stream == m.cache_bytes_per_stream
+    extra = kv.cache_last_channel[:, 0].numel() - ref.cache_last_channel[:, 0].numel()
+    assert kv.cache_bytes_per_stream == m.cache_bytes_per_stream + extra * 4
+
+
+def test_engine_without_kv_cache_runs_nemo_layers_and_agrees():
+    m = helpers.model(None, None)
+    audios = helpers.utterances(3, seed=4)
+    runs = {}
+    for kv in (True, False):
+        engine = helpers.new_engine(m, 3, kv_cache=kv)
+        assert engine.encoder.kind == ("kv" if kv else "nemo")
+        driven = helpers.drive(engine, audios, packet=2400, start_tick=[0, 1, 4])
+        runs[kv] = [driven.tokens(i) for i in range(3)]
+    assert runs[True] == runs[False]
+    assert all(runs[True])

@@ -760,12 +760,20 @@ def _summarise(args, record, name, nemo_path, model, sizes, runs, audios, onnx_d
         "audio": args.audio,
         "rounds": args.rounds,
         "threads": args.threads,
-        "cache_bytes_per_stream": model.cache_bytes_per_stream,
+        "cache_bytes_per_stream": _engine_cache_bytes(model),  # the engine's layout (keys/values)
+        "cache_bytes_per_stream_nemo_layout": model.cache_bytes_per_stream,
         "results": results,
         "ratios": _ratios(results, sizes),
         "ratios_cpu_time": _ratios(results, sizes, "stream_steps_per_cpu_s_rounds"),
         "why_tokens_differ_stream0": why,
     }
+
+
+def _engine_cache_bytes(model) -> int:
+    from nemo_serve.engine.encoder import make_encoder
+    from nemo_serve.engine.slots import SlotPool
+
+    return SlotPool(model, 1, make_encoder(model.nemo.encoder).channel_shape).cache_bytes_per_stream
 
 
 def _ratios(results: list[dict], sizes: list[int], key: str = "stream_steps_per_s_rounds") -> dict:

@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-SYSTEMS = ("engine", "pipeline", "loop", "sherpa")
+SYSTEMS = ("engine", "engine-nemo", "pipeline", "loop", "sherpa")
 
 
 def load(folder: Path, kind: str) -> list[tuple[Path, dict]]:
@@ -73,7 +73,7 @@ def step_table(benches: list[tuple[Path, dict]]) -> str:
                     cells.append(f"({r['stream_steps_per_s']:.1f})")
             rows.append(f"| {d['model']} | {d['chunk_ms']:.0f} ms | {s} | " + " | ".join(cells) + " |")
         cpu_ratios = d.get("ratios_cpu_time", {})
-        for p in ("sherpa", "pipeline", "loop"):
+        for p in ("sherpa", "pipeline", "loop", "engine-nemo"):
             key = f"engine_over_{p}"
             if any(key in d["ratios"].get(str(b), {}) for b in sizes):
                 cells = [

@@ -118,6 +118,14 @@ def test_settings_precedence_flags_env_defaults():
         Settings.from_sources({"ssl_certfile": "/nonexistent.pem"}, {})
 
 
+def test_kv_cache_flag_and_env():
+    from nemo_serve.cli import build_parser
+
+    assert Settings.from_sources(vars(build_parser().parse_args([])), {}).kv_cache is True
+    assert Settings.from_sources(vars(build_parser().parse_args(["--no-kv-cache"])), {}).kv_cache is False
+    assert Settings.from_sources({}, {"NEMO_SERVE_KV_CACHE": "off"}).kv_cache is False
+
+
 def test_batch_size_labels():
     assert [batch_size_label(n) for n in (1, 2, 3, 4, 5, 8, 9, 64, 65)] == [
         "1", "2", "3-4", "3-4", "5-8", "5-8", "9-16", "33-64", "65-128"

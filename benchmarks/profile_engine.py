@@ -219,7 +219,7 @@ def encoder_ops(model, b: int, top: int = 16, kv_cache: bool = True) -> dict:
     cache = EncoderCache(ch, tm, torch.full((b,), c, dtype=torch.long))
 
     def call():
-        return enc.step(x, torch.full((b,), w), cache, g.drop_frames)
+        return enc.step(x, torch.full((b,), w), cache, g.drop_frames, full=True)
 
     with torch.inference_mode():
         call()

@@ -14,8 +14,9 @@ from nemo_serve.engine.slots import SlotPool
 from . import helpers
 
 
-def _run_both(m, steps: int, rows: int, start: list[int], final_width: int | None = None):
-    """Drive both encoders over random features; row r joins at step start[r]. Yields per-step outputs."""
+def _run_both(m, steps: int, rows: int, start: list[int], final_width: int | None = None, full: bool = True):
+    """Drive both encoders over random features; row r joins at step start[r]. Yields per-step outputs.
+    Every row of a call has the full width, so `full` may be passed as True (masks skipped) or False."""
     g = m.geometry
     kv, ref = KVCacheEncoder(m.nemo.encoder), NemoEncoder(m.nemo.encoder)
     pools = {"kv": SlotPool(m, rows, kv.channel_shape), "ref": SlotPool(m, rows)}
@@ -41,18 +42,18 @@ def _run_both(m, steps: int, rows: int, start: list[int], final_width: int | Non
             out = {}
             for name, enc in (("kv", kv), ("ref", ref)):
                 with torch.inference_mode():
-                    e, n, cache = enc.step(signal.to(m.dtype), lengths, pools[name].gather_encoder(idx), drop)
+                    e, n, cache = enc.step(signal.to(m.dtype), lengths, pools[name].gather_encoder(idx), drop, full)
                 pools[name].scatter_encoder(idx, cache)
                 out[name] = (e, n, cache)
             yield m, out
 
 
-@pytest.mark.parametrize("spec", [None, "builtin:tiny-hybrid"])
-def test_kv_encoder_matches_nemo_step_by_step(spec):
+@pytest.mark.parametrize("spec,full", [(None, True), (None, False), ("builtin:tiny-hybrid", True)])
+def test_kv_encoder_matches_nemo_step_by_step(spec, full):
     m = helpers.model(spec, None)
     assert kv_cache_unsupported(m.nemo.encoder) is None
     worst = 0.0
-    for m, out in _run_both(m, steps=12, rows=3, start=[0, 2, 5]):
+    for m, out in _run_both(m, steps=12, rows=3, start=[0, 2, 5], full=full):
         (e_kv, n_kv, c_kv), (e_ref, n_ref, c_ref) = out["kv"], out["ref"]
         assert torch.equal(n_kv, n_ref)
         assert torch.equal(c_kv.cache_last_channel_len, c_ref.cache_last_channel_len)
@@ -110,3 +111,17 @@ def test_engine_without_kv_cache_runs_nemo_layers_and_agrees():
         runs[kv] = [driven.tokens(i) for i in range(3)]
     assert runs[True] == runs[False]
     assert all(runs[True])
+
+
+def test_unmasked_subsampling_equals_nemos_when_no_row_is_padded():
+    m = helpers.model(None, None)
+    enc = KVCacheEncoder(m.nemo.encoder)
+    g = m.geometry
+    w = g.pre_cache_frames + g.chunk_frames
+    x = torch.randn(3, w, m.num_mels, generator=torch.Generator().manual_seed(1))
+    lengths = torch.full((3,), w)
+    with torch.inference_mode():
+        ref, ref_len = m.nemo.encoder.pre_encode(x=x, lengths=lengths)
+        got, got_len = enc._pre_encode(x, lengths, full=True)
+    assert torch.equal(got_len, ref_len)
+    assert torch.equal(got, ref)  # the skipped masks are all ones: bit-identical

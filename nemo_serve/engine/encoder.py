@@ -30,6 +30,7 @@ Both classes take and return `EncoderCache`; the slot pool sizes its attention c
 from __future__ import annotations
 
 import torch
+from nemo.collections.asr.parts.submodules.subsampling import MaskedConvSequential, calculate_conv_output_size
 
 from .slots import EncoderCache
 
@@ -45,7 +46,7 @@ class NemoEncoder:
         self.encoder = encoder
         self.channel_shape = (encoder.streaming_cfg.last_channel_cache_size, encoder.d_model)  # [C, D]
 
-    def step(self, signal, lengths, cache: EncoderCache, drop: int):
+    def step(self, signal, lengths, cache: EncoderCache, drop: int, full: bool = False):
         encoded, encoded_len, c_ch, c_t, c_len = self.encoder.cache_aware_stream_step(
             processed_signal=signal,
             processed_signal_length=lengths,
@@ -115,11 +116,12 @@ class KVCacheEncoder:
             self._pos[key] = out
         return self._pos[key]
 
-    def step(self, signal, lengths, cache: EncoderCache, drop: int):
+    def step(self, signal, lengths, cache: EncoderCache, drop: int, full: bool = False):
+        """`full`: every row's length is the signal's width (the caller knows it on the host)."""
         enc = self.encoder
         c = self.cache_len
         # Subsampling, pre-encode drop, masks and positions: NeMo's forward_internal, L636-681.
-        x, length = enc.pre_encode(x=signal.transpose(1, 2), lengths=lengths)
+        x, length = self._pre_encode(signal.transpose(1, 2), lengths, full)
         length = length.to(torch.int64)
         if drop > 0:
             x = x[:, drop:, :]
@@ -158,6 +160,25 @@ class KVCacheEncoder:
         fill = torch.clamp(cache.cache_last_channel_len + t, max=c)
         next_kv = kv[:, :, :, t : t + c]  # NeMo's update_cache: drop the oldest t, keep C
         return encoded, encoded_len, EncoderCache(next_kv, torch.stack(time_next), fill)
+
+    def _pre_encode(self, x, lengths, full: bool):
+        """NeMo's subsampling. When no row is padded, its time masks are all ones: multiplying
+        by them before each of the eight conv/activation layers is skipped (x * 1.0 == x), which
+        saves a tenth of a 1120 ms FastConformer-L step on CPU."""
+        pe = self.encoder.pre_encode
+        if not (full and isinstance(pe.conv, MaskedConvSequential) and pe.conv2d_subsampling):
+            return pe(x=x, lengths=lengths)
+        if pe.subsampling_conv_chunking_factor != 1 or x.numel() > 2**31 / pe._conv_channels * pe._stride**2:
+            return pe(x=x, lengths=lengths)  # NeMo would split the batch: keep its path
+        h = x.unsqueeze(1)  # [B, 1, T, F]
+        cur = lengths.float()
+        for layer in pe.conv:  # MaskedConvSequential.forward without the masks
+            h = layer(h)
+            if hasattr(layer, "stride") and layer.stride != (1, 1):
+                pad = (layer._left_padding, layer._right_padding) if hasattr(layer, "_left_padding") else layer.padding
+                cur = calculate_conv_output_size(cur, layer.kernel_size[0], layer.stride[0], pad)
+        b, _, t, _ = h.shape
+        return pe.out(h.transpose(1, 2).reshape(b, t, -1)), cur.long()
 
     def _attention(self, i, a, x, mask, p, kv):
         """RelPositionMultiHeadAttention.forward over cached projected keys/values.

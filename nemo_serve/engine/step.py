@@ -59,7 +59,8 @@ def run_step(model, encoder, pool: SlotPool, batch: StepBatch) -> StepResult:
     signal = signal.to(model.dtype)
     lengths = lengths.to(signal.device)
     # 2. encoder, caches gathered from and written back to the slot rows.
-    encoded, encoded_len, cache = encoder.step(signal, lengths, pool.gather_encoder(rows), drop)
+    full = min(batch.num_frames) == batch.features.shape[-1]  # no row padded (known here, no sync)
+    encoded, encoded_len, cache = encoder.step(signal, lengths, pool.gather_encoder(rows), drop, full)
     pool.scatter_encoder(rows, cache)
     if batch.languages is not None:
         encoded = apply_prompt(model, encoded, batch.languages)

@@ -40,7 +40,7 @@ class SlotPool:
         dev, dtype = model.device, model.dtype
         (n_layers, c, d), (_, d2, k) = model.cache_shapes
         shape = channel_shape or (c, d)
-        self.cache_last_channel = torch.zeros(n_layers, num_slots, *shape, device=dev, dtype=dtype)  # [L, S, C, D]
+        self.cache_last_channel = torch.zeros(n_layers, num_slots, *shape, device=dev, dtype=dtype)  # [L, S, *shape]
         self.cache_last_time = torch.zeros(n_layers, num_slots, d2, k, device=dev, dtype=dtype)  # [L, S, D, K-1]
         self.cache_last_channel_len = torch.zeros(num_slots, device=dev, dtype=torch.long)  # [S]
         self._channel_buf: torch.Tensor | None = None  # gather_encoder's output, grown to the largest batch

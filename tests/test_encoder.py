@@ -8,7 +8,16 @@ NeMo's cached layer inputs. Token identity end to end is in test_parity.py.
 import pytest
 import torch
 
-from nemo_serve.engine.encoder import KVCacheEncoder, NemoEncoder, kv_cache_unsupported, make_encoder
+from nemo.collections.asr.parts.submodules.causal_convs import CausalConv2D
+
+from nemo_serve.engine.encoder import (
+    KVCacheEncoder,
+    NemoEncoder,
+    causal_conv2d,
+    kv_cache_unsupported,
+    make_encoder,
+)
+from nemo_serve.engine.step import aten_rnn
 from nemo_serve.engine.slots import SlotPool
 
 from . import helpers
@@ -125,3 +134,27 @@ def test_unmasked_subsampling_equals_nemos_when_no_row_is_padded():
         got, got_len = enc._pre_encode(x, lengths, full=True)
     assert torch.equal(got_len, ref_len)
     assert torch.equal(got, ref)  # the skipped masks are all ones: bit-identical
+
+
+@pytest.mark.parametrize("size", [(13, 80), (14, 41), (7, 20)])
+def test_causal_conv2d_without_pad_copy_is_bit_identical(size):
+    m = helpers.model(None, None)
+    convs = [c for c in m.nemo.encoder.pre_encode.conv if isinstance(c, CausalConv2D)]
+    assert len(convs) == 3  # dw_striding x8: one full conv, two depthwise
+    gen = torch.Generator().manual_seed(2)
+    with torch.inference_mode():
+        for conv in convs:
+            x = torch.randn(2, conv.in_channels, *size, generator=gen)
+            ref = conv(x)
+            got = causal_conv2d(conv, x)
+            assert got.shape == ref.shape
+            assert torch.equal(got, ref)
+
+
+def test_aten_rnn_restores_the_onednn_flag():
+    assert torch.backends.mkldnn.enabled
+    with pytest.raises(RuntimeError):
+        with aten_rnn(torch.device("cpu")):
+            assert not torch.backends.mkldnn.enabled
+            raise RuntimeError("boom")
+    assert torch.backends.mkldnn.enabled

@@ -30,6 +30,7 @@ Both classes take and return `EncoderCache`; the slot pool sizes its attention c
 from __future__ import annotations
 
 import torch
+from nemo.collections.asr.parts.submodules.causal_convs import CausalConv2D
 from nemo.collections.asr.parts.submodules.subsampling import MaskedConvSequential, calculate_conv_output_size
 
 from .slots import EncoderCache
@@ -172,7 +173,7 @@ class KVCacheEncoder:
         h = x.unsqueeze(1)  # [B, 1, T, F]
         cur = lengths.float()
         for layer in pe.conv:  # MaskedConvSequential.forward without the masks
-            h = layer(h)
+            h = causal_conv2d(layer, h) if isinstance(layer, CausalConv2D) else layer(h)
             if hasattr(layer, "stride") and layer.stride != (1, 1):
                 pad = (layer._left_padding, layer._right_padding) if hasattr(layer, "_left_padding") else layer.padding
                 cur = calculate_conv_output_size(cur, layer.kernel_size[0], layer.stride[0], pad)
@@ -210,6 +211,31 @@ class KVCacheEncoder:
         ac = torch.matmul(q_u, k.transpose(-2, -1))
         scores = (ac + bd[:, :, :, :n]) / a.s_d_k
         return a.forward_attention(v, scores, mask)
+
+
+def causal_conv2d(conv: CausalConv2D, x: torch.Tensor) -> torch.Tensor:
+    """`CausalConv2D.forward` without materialising its padded input where that is cheaper.
+
+    NeMo pads (left = k - 1, right = s - 1) with `F.pad`, a zero-filled copy of the activation,
+    then convolves unpadded. Padding both sides by `left` inside the convolution reads the same
+    windows (same left edge) plus at most one extra trailing output per axis, sliced off: the
+    result is bit-identical (tests/test_encoder.py). The slice makes the next layer copy the
+    output, so NeMo's explicit pad is kept where the input is the smaller tensor (the 1-channel
+    first layer); the 256-channel depthwise layers take the in-convolution padding.
+    """
+    left, right = conv._left_padding, conv._right_padding
+    if conv.padding_mode != "zeros" or right > left:
+        return conv(x)
+    def out(n: int, pad: int, k: int, s: int, d: int) -> int:
+        return (n + pad - d * (k - 1) - 1) // s + 1
+
+    (h, w), (kh, kw), (sh, sw), (dh, dw) = x.shape[-2:], conv.kernel_size, conv.stride, conv.dilation
+    out_h, out_w = out(h, left + right, kh, sh, dh), out(w, left + right, kw, sw, dw)
+    sliced = (out(h, 2 * left, kh, sh, dh), out(w, 2 * left, kw, sw, dw)) != (out_h, out_w)
+    if sliced and x.numel() < x.shape[0] * conv.out_channels * out_h * out_w:
+        return conv(x)
+    y = torch.nn.functional.conv2d(x, conv.weight, conv.bias, conv.stride, left, conv.dilation, conv.groups)
+    return y[..., :out_h, :out_w]
 
 
 def make_encoder(encoder: torch.nn.Module, kv_cache: bool = True):

@@ -7,6 +7,7 @@ cache is discarded afterwards, and the encoder masks its padding). See notes 1.2
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +42,24 @@ def apply_prompt(model, encoded: torch.Tensor, languages: torch.Tensor) -> torch
     return out.transpose(1, 2)  # [B, D, T]
 
 
+@contextlib.contextmanager
+def aten_rnn(device: torch.device):
+    """On CPU, run the prediction network's LSTM on ATen's GEMM cell instead of oneDNN's.
+
+    oneDNN's LSTM reorders its weights on every call. The label-looping decoder calls it once per
+    emitted label with a single time step, so the reorder costs more than the arithmetic. The
+    flag is process-wide; only the step loop thread runs the model, and it is restored at once.
+    """
+    if device.type != "cpu" or not torch._C._get_mkldnn_enabled():
+        yield
+        return
+    torch._C._set_mkldnn_enabled(False)
+    try:
+        yield
+    finally:
+        torch._C._set_mkldnn_enabled(True)
+
+
 @torch.inference_mode()
 def run_step(model, encoder, pool: SlotPool, batch: StepBatch) -> StepResult:
     """`encoder`: a NemoEncoder or KVCacheEncoder whose cache layout matches `pool`."""
@@ -66,9 +85,10 @@ def run_step(model, encoder, pool: SlotPool, batch: StepBatch) -> StepResult:
         encoded = apply_prompt(model, encoded, batch.languages)
     # 3. RNN-T greedy label-looping decoding from the rows' carried state.
     state = pool.gather_decoder(rows)
-    hyps, new_state = model.decoding_computer(
-        x=encoded.transpose(1, 2), out_len=encoded_len, prev_batched_state=state
-    )
+    with aten_rnn(encoded.device):
+        hyps, new_state = model.decoding_computer(
+            x=encoded.transpose(1, 2), out_len=encoded_len, prev_batched_state=state
+        )
     pool.scatter_decoder(rows, new_state)
     # 4. one device->host copy for everything the results need.
     n = len(batch.num_frames)

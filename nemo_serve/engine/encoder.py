@@ -226,6 +226,7 @@ def causal_conv2d(conv: CausalConv2D, x: torch.Tensor) -> torch.Tensor:
     left, right = conv._left_padding, conv._right_padding
     if conv.padding_mode != "zeros" or right > left:
         return conv(x)
+
     def out(n: int, pad: int, k: int, s: int, d: int) -> int:
         return (n + pad - d * (k - 1) - 1) // s + 1
 

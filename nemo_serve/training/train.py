@@ -7,7 +7,10 @@ Reproducible command (all defaults; seeds fixed with ``--seed 1234``)::
         --data work_data/corpus --out work_data/run3 [--resume]
     # shipped model: the above stopped at step 1350, then `--resume --steps 1900 --eval-every 100`, then
     # `--resume --steps 2700 --eval-every 100` (second cosine cycle), then
-    # `--resume --steps 6000 --eval-every 200` (third cycle, 43 min); shipped = step 6000
+    # `--resume --steps 6000 --eval-every 200` (third cycle, 43 min), then a fourth cycle
+    # `--resume --steps 10500 --eval-every 250` stopped at step 7700 and finished as `--resume --steps 9600
+    # --eval-every 250` (62 min), then a fifth `--resume --steps 11800 --eval-every 250` (35 min);
+    # shipped = step 11800
     python -m nemo_serve.training.ship --model work_data/run3/best.nemo --data work_data/corpus
 
 Recipe (configs/demo_model.yaml):
@@ -38,9 +41,9 @@ Why (measured, see docs/demo_model.md): with the RNN-T loss on from step 0 the p
 sentence templates while the encoder output collapses to an input-independent vector; CTC per-token loss sat at
 ~4.4 nats (= token prior) for 450+ steps.  CTC-only warm-up on short utterances forces the encoder to use the
 audio: CTC loss leaves the prior after ~300 steps and the dev WER falls from step ~600.
-Measured training time: 6,000 steps in 127 min wall on 2 CPU cores shared with other jobs (0.8-3.4 s/step);
-dev WER (greedy RNN-T, offline) 100% @600, 78% @800, 54% @1000, 42% @1200, 29% @1400, 25.4% @1800,
-21.8% @2700, 17.8% @4000, 13.5% @4800, 12.6% @6000 (shipped).
+Measured training time: 11,800 steps in 224 min wall on 2 CPU cores, mostly shared with other jobs
+(0.6-3.4 s/step); dev WER (greedy RNN-T, offline, 100 utterances) 100% @600, 78% @800, 54% @1000, 42% @1200,
+29% @1400, 25.4% @1800, 21.8% @2700, 17.8% @4000, 13.5% @4800, 12.6% @6000, 10.3% @9600, 9.5% @11800 (shipped).
 Streaming WERs per held-out set and mode: docs/demo_model.md.
 """
 

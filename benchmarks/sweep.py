@@ -217,7 +217,10 @@ def sweep(args) -> dict:
         loadgen.attach_oracle(items, str(nemo_path), args.context_right, args.dtype, args.device)
     log_path = Path(args.out).with_suffix(".server.log")
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    server = Server(args, nemo_path, max(levels), log_path)
+    # Slot headroom: a stream that reconnects the moment it gets its final can arrive before the
+    # step loop has freed its previous slot; with exactly max(levels) slots the top level then
+    # measured 503 refusals (admission), not compute (sweep_demo_r*_cpu_fp32.json, N=48).
+    server = Server(args, nemo_path, max(levels) + max(2, max(levels) // 10), log_path)
     results = []
     try:
         ready = server.wait_ready(args.start_timeout)

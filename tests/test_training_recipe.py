@@ -124,3 +124,16 @@ def test_shipped_demo_model_transcribes_bundled_utterances():
     # A real model, not noise (measured WERs per held-out set and mode: docs/demo_model.md).
     assert wer["heldout_sentences"] < 0.45 and wer["heldout_voices"] < 0.5, wer
     assert wer["flite"] < 1.0, wer  # the unseen synthesizer is hard for this small model, but not noise
+
+
+def test_evaluate_chains_consecutive_utterances():
+    from nemo_serve.training.evaluate import chain
+
+    utts = [({"text": f"w{i}"}, np.full(160 * (i + 1), i + 1, dtype=np.float32)) for i in range(5)]
+    assert chain(utts, 1) is utts
+    got = chain(utts, 2, pause_s=0.01)
+    assert [row["text"] for row, _ in got] == ["w0 w1", "w2 w3", "w4"]
+    first = got[0][1]
+    assert len(first) == 160 + 160 + 320  # audio, 10 ms pause, audio
+    assert (first[:160] == 1).all() and (first[160:320] == 0).all() and (first[320:] == 2).all()
+    assert np.array_equal(got[2][1], utts[4][1])

@@ -10,6 +10,7 @@ Usage::
 
     python -m nemo_serve.training.evaluate --model nemo_serve/assets/demo/demo.nemo --data work_data/corpus \
         [--sets heldout_sentences heldout_voices flite] [--rights 0 3 6 13] [--limit 200] [--json out.json]
+        [--chain 4]   # stream groups of 4 consecutive utterances as one, 0.3 s of silence between them
 
 Prints one line per (set, mode) and a markdown table.
 """
@@ -93,10 +94,24 @@ def read_set(manifest: Path, limit: int | None):
         yield r, x
 
 
-def evaluate(model, data: Path, sets=DEFAULT_SETS, rights=DEFAULT_RIGHTS, limit=None, verbose=0) -> dict:
+def chain(utts: list, k: int, pause_s: float = 0.3) -> list:
+    """Groups of k consecutive (row, audio) utterances as one stream: audio joined with pause_s of
+    silence, reference texts joined. A live stream is many sentences long; the held-out sets are one."""
+    if k <= 1:
+        return utts
+    pause = np.zeros(int(pause_s * 16000), dtype=np.float32)
+    out = []
+    for i in range(0, len(utts), k):
+        group = utts[i : i + k]
+        parts = [x for _, audio in group for x in (audio, pause)][:-1]
+        out.append(({"text": " ".join(row["text"] for row, _ in group)}, np.concatenate(parts)))
+    return out
+
+
+def evaluate(model, data: Path, sets=DEFAULT_SETS, rights=DEFAULT_RIGHTS, limit=None, verbose=0, chain_k=1) -> dict:
     results = {}
     for s in sets:
-        utts = list(read_set(Path(data) / f"{s}.jsonl", limit))
+        utts = chain(list(read_set(Path(data) / f"{s}.jsonl", limit)), chain_k)
         for r in rights:
             set_mode(model, r)
             t0 = time.time()
@@ -137,10 +152,11 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--verbose", type=int, default=0, help="print the first N hypotheses per set/mode")
     p.add_argument("--json", default=None)
+    p.add_argument("--chain", type=int, default=1, help="stream groups of N consecutive utterances as one")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     model = load_model(a.model)
-    res = evaluate(model, Path(a.data), a.sets, a.rights, a.limit, a.verbose)
+    res = evaluate(model, Path(a.data), a.sets, a.rights, a.limit, a.verbose, a.chain)
     print()
     print(markdown_table(res, a.sets, a.rights))
     if a.json:

@@ -25,6 +25,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .train import word_errors  # the same edit distance as the training dev WER
+
 DEFAULT_SETS = ["heldout_sentences", "heldout_voices", "flite"]
 DEFAULT_RIGHTS = [0, 3, 6, 13]
 LEFT = 56
@@ -69,17 +71,6 @@ def stream_transcribe(model, audio: np.ndarray) -> str:
         return ""
     t = texts[0]
     return (t.text if hasattr(t, "text") else str(t)).strip()
-
-
-def word_errors(ref: str, hyp: str) -> tuple[int, int]:
-    r, h = ref.split(), hyp.split()
-    d = list(range(len(h) + 1))
-    for i in range(1, len(r) + 1):
-        prev, d[0] = d[0], i
-        for j in range(1, len(h) + 1):
-            cur = min(d[j] + 1, d[j - 1] + 1, prev + (r[i - 1] != h[j - 1]))
-            prev, d[j] = d[j], cur
-    return d[len(h)], len(r)
 
 
 def read_set(manifest: Path, limit: int | None):

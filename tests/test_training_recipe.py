@@ -86,6 +86,14 @@ def test_recipe_trains_saves_and_streams(tmp_path):
     train.train(args)
     assert len([l for l in open(out / "log.jsonl")]) == 13
 
+    # a chained cycle on top: items of several utterances, dev scored alone and chained, its own best
+    args.steps, args.chain_prob, args.chain_max, args.dev_chain, args.eval_every = 15, 1.0, 2, 2, 2
+    train.train(args)
+    log = [json.loads(l) for l in open(out / "log.jsonl")]
+    assert len(log) == 15 and math.isfinite(log[-1]["loss"]) and "dev_wer_rnnt_chain" in log[-1]
+    st = torch.load(out / "last.pt", weights_only=False)
+    assert st["step"] == 15 and "best" in st and "best_mixed" in st
+
     model = evaluate.load_model(str(out / "final.nemo"))
     cfg = model.cfg
     assert cfg.preprocessor.normalize == "NA" and cfg.preprocessor.pad_to == 0
@@ -137,3 +145,30 @@ def test_evaluate_chains_consecutive_utterances():
     assert len(first) == 160 + 160 + 320  # audio, 10 ms pause, audio
     assert (first[:160] == 1).all() and (first[160:320] == 0).all() and (first[320:] == 2).all()
     assert np.array_equal(got[2][1], utts[4][1])
+
+
+def test_training_chains_cover_every_utterance_once():
+    from nemo_serve.training.train import chain_dev, join_chain, make_chains
+
+    idx = np.arange(50)
+    # prob 0: the utterances in pool order, no random number drawn (older recipes batch as before)
+    rng = np.random.default_rng(0)
+    assert make_chains(idx, rng, 0.0, 3) == [(i,) for i in range(50)]
+    assert rng.random() == np.random.default_rng(0).random()
+
+    items = make_chains(idx, np.random.default_rng(1), 0.5, 3)
+    assert sorted(i for it in items for i in it) == list(range(50))
+    lens = [len(it) for it in items]
+    assert set(lens) == {1, 2, 3}
+
+    wavs = [np.full(100 + i, i + 1, dtype=np.int16) for i in range(3)]
+    one = join_chain(wavs, (2,), np.random.default_rng(0))
+    assert one is wavs[2]
+    joined = join_chain(wavs, (0, 2), np.random.default_rng(0), pause_s=(0.01, 0.02))
+    assert joined[:100].tolist() == [1] * 100 and joined[-102:].tolist() == [3] * 102
+    gap = joined[100:-102]
+    assert 160 <= len(gap) <= 320 and np.abs(gap).max() < 30       # near-silence between the two
+
+    cw, ct = chain_dev(wavs, ["a b", "c", "d"], 2, pause_s=0.01)
+    assert ct == ["a b c", "d"] and len(cw[0]) == 100 + 160 + 101 and cw[1] is not None
+    assert chain_dev(wavs, ["a", "b", "c"], 1) == ([], [])

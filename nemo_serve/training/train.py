@@ -174,6 +174,50 @@ def make_batches(durs: np.ndarray, idx: np.ndarray, batch_seconds: float, rng: n
     return [batches[i] for i in order]
 
 
+def make_chains(idx: np.ndarray, rng: np.random.Generator, prob: float, max_len: int) -> list[tuple[int, ...]]:
+    """Training items for one epoch: each utterance once, in random order; with probability ``prob`` an item
+    is 2..max_len consecutive (shuffled) utterances streamed as one.  A live stream runs many sentences
+    through one encoder cache and one prediction-network state; a model that only ever saw single sentences
+    drops the first words of every later one (docs/demo_model.md, "Long streams").  With ``prob`` 0 the
+    items are the utterances in pool order and no random number is drawn, so older recipes batch as before."""
+    if prob <= 0 or max_len < 2:
+        return [(int(i),) for i in idx]
+    idx = idx.copy()
+    rng.shuffle(idx)
+    items, i = [], 0
+    while i < len(idx):
+        k = int(rng.integers(2, max_len + 1)) if rng.random() < prob else 1
+        items.append(tuple(int(j) for j in idx[i: i + k]))
+        i += k
+    return items
+
+
+def join_chain(wavs: list[np.ndarray], item: tuple[int, ...], rng: np.random.Generator,
+               pause_s: tuple[float, float] = (0.0, 0.6)) -> np.ndarray:
+    """The utterances of one item with a random pause (near-silent noise) between each pair."""
+    if len(item) == 1:
+        return wavs[item[0]]
+    parts = []
+    for n, i in enumerate(item):
+        if n:
+            gap = int(rng.uniform(*pause_s) * 16000)
+            parts.append((rng.standard_normal(gap) * 3).astype(np.int16))
+        parts.append(wavs[i])
+    return np.concatenate(parts)
+
+
+def chain_dev(wavs: list[np.ndarray], texts: list[str], k: int, pause_s: float = 0.3):
+    """Dev utterances joined k at a time with pause_s of silence (as ``evaluate --chain``)."""
+    if k <= 1:
+        return [], []
+    pause = np.zeros(int(pause_s * 16000), dtype=np.int16)
+    out_w, out_t = [], []
+    for i in range(0, len(wavs), k):
+        out_w.append(np.concatenate([x for w in wavs[i: i + k] for x in (w, pause)][:-1]))
+        out_t.append(" ".join(texts[i: i + k]))
+    return out_w, out_t
+
+
 def lr_at(step: int, peak: float, warmup: int, total: int, floor: float = 0.05) -> float:
     if step < warmup:
         return peak * (step + 1) / warmup
@@ -276,6 +320,7 @@ def train(args) -> dict:
     else:
         dev_wavs, dev_texts = [], []
     print(f"loaded {len(wavs)} train / {len(dev_wavs)} dev utterances in {time.time() - t0:.1f}s", flush=True)
+    chain_wavs, chain_texts = chain_dev(dev_wavs, dev_texts, args.dev_chain)
 
     model = build_model(Path(args.config), tok_dir)
     if args.input_norm_init:
@@ -290,13 +335,18 @@ def train(args) -> dict:
 
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=1e-3)
     step, best = 0, float("inf")
+    # The selection metric: single-utterance dev WER, or (with --dev-chain) its mean with the chained dev WER.
+    # Each has its own best in the checkpoint, so switching metric mid-run does not compare unlike numbers.
+    best_key = "best_mixed" if chain_wavs else "best"
+    bests = {}
     np_rng = np.random.default_rng(args.seed)
     ckpt = out / "last.pt"
     if args.resume and ckpt.exists():
         st = torch.load(ckpt, map_location="cpu", weights_only=False)
         model.load_state_dict(st["model"])
+        bests = {k: v for k, v in st.items() if k.startswith("best")}
         opt.load_state_dict(st["opt"])
-        step, best = st["step"], st["best"]
+        step, best = st["step"], st.get(best_key, float("inf"))
         np_rng = np.random.default_rng(args.seed + step)
         random.seed(args.seed + step)
         torch.manual_seed(args.seed + step)
@@ -307,17 +357,27 @@ def train(args) -> dict:
     all_idx = np.arange(len(wavs))
     short_idx = all_idx[durs <= args.short_max]
     batches: list[list[int]] = []
+    items: list[tuple[int, ...]] = []
+
+    def epoch(pool: np.ndarray) -> list[list[int]]:
+        nonlocal items
+        prob = args.chain_prob if step >= args.chain_start else 0.0
+        items = make_chains(pool, np_rng, prob, args.chain_max)
+        item_durs = np.array([sum(durs[i] for i in it) + 0.3 * (len(it) - 1) for it in items])
+        return make_batches(item_durs, np.arange(len(items)), args.batch_seconds, np_rng)
+
     t_start = time.time()
     loss_ema = None
     result = {}
     while step < args.steps:
         if not batches:
             pool = short_idx if step < args.short_steps and len(short_idx) > 0 else all_idx
-            batches = make_batches(durs, pool, args.batch_seconds, np_rng)
+            batches = epoch(pool)
         if args.short_steps > 0 and step == args.short_steps:  # curriculum over: all lengths from now on
-            batches = make_batches(durs, all_idx, args.batch_seconds, np_rng)
+            batches = epoch(all_idx)
         bidx = batches.pop()
-        sig, sig_len, lab, lab_len = collate([wavs[i] for i in bidx], [tokens[i] for i in bidx])
+        sig, sig_len, lab, lab_len = collate([join_chain(wavs, items[i], np_rng) for i in bidx],
+                                             [[t for j in items[i] for t in tokens[j]] for i in bidx])
         lr = lr_at(step, args.lr, args.warmup, args.steps)
         for g in opt.param_groups:
             g["lr"] = lr
@@ -355,16 +415,23 @@ def train(args) -> dict:
             rec.update({"dev_wer_rnnt": wer_r, "dev_wer_ctc": wer_c})
             print(f"== step {step} dev WER rnnt {wer_r:.4f} ctc {wer_c:.4f} | " +
                   " | ".join(f"{r!r} -> {h!r}" for r, h in samples[:2]), flush=True)
-            if wer_r < best:
-                best = wer_r
+            metric = wer_r
+            if chain_wavs:
+                wer_k, _, _ = offline_wer(model, chain_wavs, chain_texts, batch_size=8)
+                rec["dev_wer_rnnt_chain"] = wer_k
+                metric = (wer_r + wer_k) / 2
+                print(f"   chained by {args.dev_chain}: rnnt {wer_k:.4f}; selection metric {metric:.4f}", flush=True)
+            if metric < best:
+                best = metric
                 model.spec_augmentation = spec_aug
                 model.save_to(str(out / "best.nemo"))
-                print(f"   saved best.nemo (dev WER {best:.4f})", flush=True)
+                print(f"   saved best.nemo ({best_key} {best:.4f})", flush=True)
         log.write(json.dumps(rec) + "\n")
         log.flush()
         if step % args.save_every == 0 or step == args.steps:
             model.spec_augmentation = spec_aug
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "best": best},
+            bests[best_key] = best
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, **bests},
                        str(ckpt) + ".tmp")
             os.replace(str(ckpt) + ".tmp", ckpt)
         result = rec
@@ -395,12 +462,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ctc-weight", type=float, default=0.3)
     p.add_argument("--ctc-weight-start", type=float, default=1.0)
     p.add_argument("--ctc-warmup", type=int, default=600)
+    p.add_argument("--chain-prob", type=float, default=0.0,
+                   help="probability that a training item is several utterances streamed as one (make_chains)")
+    p.add_argument("--chain-max", type=int, default=3, help="most utterances in one chained item")
+    p.add_argument("--chain-start", type=int, default=0, help="step from which items may be chained")
     p.add_argument("--specaug-start", type=int, default=10**9,
                    help="step at which SpecAugment is switched on (off in the shipped recipe)")
     p.add_argument("--train-manifest", default="train.jsonl")
     p.add_argument("--dev-manifest", default="dev.jsonl")
     p.add_argument("--limit", type=int, default=None, help="use only the first N training utterances")
     p.add_argument("--dev-limit", type=int, default=100)
+    p.add_argument("--dev-chain", type=int, default=0,
+                   help="also score the dev set chained K utterances at a time; best.nemo then minimises the mean")
     p.add_argument("--eval-every", type=int, default=200)
     p.add_argument("--save-every", type=int, default=50)
     p.add_argument("--log-every", type=int, default=10)

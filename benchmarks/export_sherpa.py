@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import model_file  # noqa: E402
+from benchmarks.common import file_digest, model_file  # noqa: E402
 
 MODEL_FILES = ("encoder.onnx", "decoder.onnx", "joiner.onnx", "tokens.txt")
 
@@ -98,16 +98,18 @@ def export(nemo_path: Path, context_right: int, out: Path) -> dict:
         "comment": f"exported by nemo-serve benchmarks/export_sherpa.py from {nemo_path.name}, att_context {mode}",
     }
     _add_metadata(out / "encoder.onnx", meta)
-    (out / "export.json").write_text(json.dumps({"source": str(nemo_path), "att_context": mode, **meta}, indent=1))
+    stamp = {"source": str(nemo_path), "source_sha256": file_digest(nemo_path), "att_context": mode, **meta}
+    (out / "export.json").write_text(json.dumps(stamp, indent=1))
     return meta
 
 
 def ensure_export(nemo_path: Path, context_right: int, root: Path) -> Path:
-    """Export into root/<model stem>-r<R>/ unless a finished export from the same file is already there."""
+    """Export into root/<model stem>-r<R>/ unless a finished export of the same weights is already there
+    (same content hash: a retrained model at the same path must not reuse the old export)."""
     out = root / f"{nemo_path.stem}-r{context_right}"
     stamp = out / "export.json"
     if stamp.exists() and all((out / f).exists() for f in MODEL_FILES):
-        if json.loads(stamp.read_text()).get("source") == str(nemo_path):
+        if json.loads(stamp.read_text()).get("source_sha256") == file_digest(nemo_path):
             return out
     export(nemo_path, context_right, out)
     return out

@@ -42,7 +42,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import CACHE_DIR, SAMPLE_RATE, percentiles, read_manifest, run_record, write_json  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    CACHE_DIR, SAMPLE_RATE, file_digest, percentiles, read_manifest, run_record, write_json,
+)
 
 HOP_SAMPLES = 160  # the engine's feature look-ahead beyond audio_processed (frontend margin - 1 hop)
 DRIFT_MIN_PARTIALS = 4
@@ -87,6 +89,15 @@ def test_set(source: str, num_items: int = 16, seconds: tuple[float, float] = (1
     return items
 
 
+def oracle_cache_path(path: Path, items: list[TestItem], context_right: int | None, dtype: str, device: str) -> Path:
+    """Keyed on the weights' content, not the file's name or size: a retrained demo.nemo has the same size,
+    and a stale oracle would count every served stream as a mismatch."""
+    h = hashlib.sha256(f"{file_digest(path)}:{context_right}:{dtype}:{device}".encode())
+    for it in items:
+        h.update(it.audio.tobytes())
+    return CACHE_DIR / f"oracle-{h.hexdigest()[:16]}.json"
+
+
 def attach_oracle(
     items: list[TestItem], model_spec: str, context_right: int | None, dtype: str = "fp32", device: str = "cpu"
 ) -> None:
@@ -96,10 +107,7 @@ def attach_oracle(
     from benchmarks.common import model_file
 
     path, _ = model_file(model_spec)
-    h = hashlib.sha256(f"{path}:{path.stat().st_size}:{context_right}:{dtype}:{device}".encode())
-    for it in items:
-        h.update(it.audio.tobytes())
-    cache = CACHE_DIR / f"oracle-{h.hexdigest()[:16]}.json"
+    cache = oracle_cache_path(path, items, context_right, dtype, device)
     if cache.exists():
         tokens = json.loads(cache.read_text())
     else:

@@ -1,3 +1,3 @@
-# The shipped step-11800 demo model, 2 cores, one thread per system, 1 round (session 4; the VM's speed swung during both runs, see README).
-python benchmarks/step_bench.py --model demo --audio nemo_serve/assets/demo/utterances/manifest.jsonl --context-right 3 --batch-sizes 1,16,32 --seconds 10 --rounds 1 --out benchmarks/results/step_demo_r3_cpu_fp32.json
-python benchmarks/step_bench.py --model demo --audio nemo_serve/assets/demo/utterances/manifest.jsonl --context-right 13 --batch-sizes 1,16,32 --seconds 10 --rounds 1 --out benchmarks/results/step_demo_r13_cpu_fp32.json
+# The shipped step-14800 demo model, 2 cores, one thread per system, 3 rounds (median per system and batch), session 5.
+python benchmarks/step_bench.py --model demo --audio nemo_serve/assets/demo/utterances/manifest.jsonl --context-right 3 --batch-sizes 1,16,32 --seconds 10 --rounds 3 --out benchmarks/results/step_demo_r3_cpu_fp32.json
+python benchmarks/step_bench.py --model demo --audio nemo_serve/assets/demo/utterances/manifest.jsonl --context-right 13 --batch-sizes 1,16,32 --seconds 10 --rounds 3 --out benchmarks/results/step_demo_r13_cpu_fp32.json

@@ -406,7 +406,7 @@ def train(args) -> dict:
             opt.step()
         step += 1
         tok = float(lab_len.sum())
-        rec = {"step": step, "loss": float(loss), "rnnt_per_tok": float(rnnt) * len(bidx) / tok,
+        rec = {"step": step, "loss": float(loss), "rnnt_per_tok": float(rnnt.detach()) * len(bidx) / tok,
                "ctc_per_tok": float(ctc) * len(bidx) / tok, "lr": lr, "bs": len(bidx),
                "gn": float(gn), "elapsed_s": round(time.time() - t_start, 1)}
         loss_ema = rec["rnnt_per_tok"] if loss_ema is None else 0.98 * loss_ema + 0.02 * rec["rnnt_per_tok"]

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .train import word_errors  # the same edit distance as the training dev WER
+from .train import chain_dev, word_errors  # the same joining and edit distance as the training dev WER
 
 DEFAULT_SETS = ["heldout_sentences", "heldout_voices", "flite"]
 DEFAULT_RIGHTS = [0, 3, 6, 13]
@@ -90,13 +90,8 @@ def chain(utts: list, k: int, pause_s: float = 0.3) -> list:
     silence, reference texts joined. A live stream is many sentences long; the held-out sets are one."""
     if k <= 1:
         return utts
-    pause = np.zeros(int(pause_s * 16000), dtype=np.float32)
-    out = []
-    for i in range(0, len(utts), k):
-        group = utts[i : i + k]
-        parts = [x for _, audio in group for x in (audio, pause)][:-1]
-        out.append(({"text": " ".join(row["text"] for row, _ in group)}, np.concatenate(parts)))
-    return out
+    wavs, texts = chain_dev([audio for _, audio in utts], [row["text"] for row, _ in utts], k, pause_s)
+    return [({"text": t}, w) for w, t in zip(wavs, texts)]
 
 
 def evaluate(model, data: Path, sets=DEFAULT_SETS, rights=DEFAULT_RIGHTS, limit=None, verbose=0, chain_k=1) -> dict:

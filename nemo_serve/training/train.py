@@ -212,10 +212,10 @@ def join_chain(wavs: list[np.ndarray], item: tuple[int, ...], rng: np.random.Gen
 
 
 def chain_dev(wavs: list[np.ndarray], texts: list[str], k: int, pause_s: float = 0.3):
-    """Dev utterances joined k at a time with pause_s of silence (as ``evaluate --chain``)."""
+    """Utterances joined k at a time with pause_s of silence, texts joined (dev here, ``evaluate --chain``)."""
     if k <= 1:
         return [], []
-    pause = np.zeros(int(pause_s * 16000), dtype=np.int16)
+    pause = np.zeros(int(pause_s * 16000), dtype=wavs[0].dtype if wavs else np.int16)
     out_w, out_t = [], []
     for i in range(0, len(wavs), k):
         out_w.append(np.concatenate([x for w in wavs[i: i + k] for x in (w, pause)][:-1]))

@@ -34,7 +34,6 @@ class AudioBuffer:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._inbox: list[tuple[np.ndarray, float]] = []  # (samples, arrival time)
-        self._inbox_samples = 0
         self._finished = False
         self.finish_time: float | None = None  # server time of end of input
         # Loop-thread state: samples [offset, offset + len(view)) are held in _data[:_used].
@@ -53,7 +52,6 @@ class AudioBuffer:
             if self._finished:
                 raise RuntimeError("audio pushed after end of input")
             self._inbox.append((samples, time.time()))
-            self._inbox_samples += len(samples)
 
     def finish(self) -> None:
         with self._lock:
@@ -65,7 +63,7 @@ class AudioBuffer:
     def absorb(self) -> bool:
         """Move pushed packets into the contiguous buffer; True if anything changed."""
         with self._lock:
-            packets, self._inbox, self._inbox_samples = self._inbox, [], 0
+            packets, self._inbox = self._inbox, []
             finished = self._finished
         changed = bool(packets) or (finished and not self.finished)
         for samples, arrived in packets:

@@ -19,7 +19,7 @@ import queue
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -51,7 +51,6 @@ class EngineStats:
     steps: int = 0
     stream_steps: int = 0
     audio_s: float = 0.0
-    step_time_s_by_batch: dict[int, list[float]] = field(default_factory=dict)
 
 
 class Engine:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import enum
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -76,7 +75,6 @@ class Stream:
     decoded_frames: int = 0
     final_sent: bool = False  # the done=True result has been delivered
     ready_since: float = 0.0
-    opened_at: float = field(default_factory=time.time)
     endpoint: EndpointDetector | None = None
     # --- requests from the network side, read by the loop ---
     _flags_lock: threading.Lock = field(default_factory=threading.Lock)

@@ -154,7 +154,13 @@ def test_causal_conv2d_without_pad_copy_is_bit_identical(size):
 def test_aten_rnn_restores_the_onednn_flag():
     assert torch.backends.mkldnn.enabled
     with pytest.raises(RuntimeError):
-        with aten_rnn(torch.device("cpu")):
+        with aten_rnn(torch.device("cpu"), torch.float32):
             assert not torch.backends.mkldnn.enabled
             raise RuntimeError("boom")
     assert torch.backends.mkldnn.enabled
+
+
+def test_aten_rnn_leaves_bf16_on_onednn():
+    """bf16 decoding must round where NeMo's loop does: oneDNN stays on (the flip changed tokens)."""
+    with aten_rnn(torch.device("cpu"), torch.bfloat16):
+        assert torch.backends.mkldnn.enabled

@@ -1,4 +1,5 @@
-"""Incremental features are bit-exact with NeMo's preprocessor on the whole file."""
+"""Incremental features equal NeMo's preprocessor on the whole file, within the float32 rounding of
+the mel filterbank product (derived in `mel_tolerance`), on any x86 CPU."""
 
 import numpy as np
 import pytest
@@ -38,16 +39,51 @@ def incremental(pre, x: np.ndarray, packet: int, neighbour: bool) -> torch.Tenso
     return torch.cat(frames, -1)
 
 
+def mel_tolerance(ref: torch.Tensor, n_freq: int = 257) -> torch.Tensor:
+    """Largest |incremental - whole-file| log-mel difference that float32 rounding allows, per element.
+
+    Everything before the mel product is frame-local (each frame's own FFT) and bit-identical on
+    both sides. The product m = sum_k fb[k] p[k] over n = n_fft/2 + 1 bins is a BLAS GEMM whose
+    summation order depends on how many frames are multiplied together (blocking differs between
+    CPUs: bit-identical on the Intel CPUs measured, up to 9.5e-7 on an AMD EPYC). Any order of a
+    float32 dot product is within gamma_n * sum_k |fb[k] p[k]| of the exact sum, gamma_n =
+    n u / (1 - n u), u = 2^-24 (Higham, Accuracy and Stability of Numerical Algorithms, 3.1);
+    every term is >= 0, so that is gamma_n * m, and two orders differ by at most 2 gamma_n * m.
+    Adding the positive guard 2^-24 (one more rounding each side, 2u) cannot raise the relative
+    difference, and log turns a relative difference r into an absolute one <= r / (1 - r). Each
+    side's log is within 1 ulp of its input's true log (Sleef's u10 log), so: 2 ulp(|y|) more.
+    For n = 257: 3.1e-5 + 2 ulp (<= 3.5e-5 for log-mel values in (-16, 16)).
+    """
+    u = 2.0**-24
+    gamma = n_freq * u / (1 - n_freq * u)
+    r = 2 * gamma + 2 * u
+    ulp = torch.finfo(torch.float32).eps * torch.exp2(torch.floor(torch.log2(ref.abs().clamp_min(2.0**-126))))
+    return r / (1 - r) + 2 * ulp
+
+
 @pytest.mark.parametrize("length", [5, 161, 400, 12345, 48077])
 @pytest.mark.parametrize("packet", [1, 37, 160, 4000, 160000])
-def test_bit_exact_with_whole_file(pre, length, packet):
+def test_equal_to_whole_file_within_mel_rounding(pre, length, packet):
     if packet == 1 and length > 12345:
         pytest.skip("1-sample packets over 3 s: covered by the 12345-sample case")
     x = (np.random.default_rng(length).standard_normal(length) * 0.1).astype(np.float32)
     ref, _ = pre(input_signal=torch.from_numpy(x)[None], length=torch.tensor([length]))
     got = incremental(pre, x, packet, neighbour=packet % 2 == 1)
     assert got.shape == ref[0].shape  # floor(L/160) + 1 frames, as NeMo's streaming buffer holds
-    assert (got - ref[0]).abs().max().item() == 0.0
+    diff = (got - ref[0]).abs()
+    assert (diff <= mel_tolerance(ref[0])).all(), f"max |diff| {diff.max().item():.3g}"
+    # NeMo's masked frame past the end is exact zeros on both sides, whatever the CPU.
+    assert torch.equal(got[:, -1], ref[0][:, -1]) and not got[:, -1].any()
+
+
+def test_tolerance_catches_a_one_sample_misalignment(pre):
+    """The tolerance is not vacuous: a front end off by one sample is far outside it."""
+    x = (np.random.default_rng(3).standard_normal(8000) * 0.1).astype(np.float32)
+    ref, _ = pre(input_signal=torch.from_numpy(x)[None], length=torch.tensor([8000]))
+    shifted, _ = pre(input_signal=torch.from_numpy(np.concatenate([[0.0], x[:-1]]).astype(np.float32))[None],
+                     length=torch.tensor([8000]))
+    assert float(mel_tolerance(ref[0]).max()) < 4e-5
+    assert ((shifted[0] - ref[0]).abs() > mel_tolerance(ref[0])).float().mean() > 0.5
 
 
 def test_frames_wait_for_two_hop_margin(pre):

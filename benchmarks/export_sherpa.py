@@ -61,7 +61,7 @@ def export(nemo_path: Path, context_right: int, out: Path) -> dict:
     if mode is None:
         raise SystemExit(f"context right {context_right} is not a trained mode: {modes}")
     enc.set_default_att_context_size(mode)
-    model.set_export_config({"cache_support": True})  # a real bool: bool("False") is True (notes 6)
+    model.set_export_config({"cache_support": True})  # a real bool: a string "False" would be truthy
     cfg = enc.streaming_cfg
     chunk = cfg.chunk_size[1] if isinstance(cfg.chunk_size, list) else cfg.chunk_size
     pre = cfg.pre_encode_cache_size[1] if isinstance(cfg.pre_encode_cache_size, list) else cfg.pre_encode_cache_size

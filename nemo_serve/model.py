@@ -35,7 +35,7 @@ class UnsupportedModeError(ValueError):
 
 @dataclass(frozen=True)
 class ChunkGeometry:
-    """Chunk sizes in feature frames for one att_context mode (notes 1.4, 3.2).
+    """Chunk sizes in feature frames for one att_context mode, as NeMo's `setup_streaming_params` sets them.
 
     First chunk: `first_frames` new frames, no pre-encode cache, drop 0.
     Later chunks: `pre_cache_frames` history + `chunk_frames` new frames, drop `drop_frames`.

@@ -3,9 +3,9 @@
 NeMo's `cache_aware_stream_step` caches each attention layer's *input* (the post-LayerNorm
 frames, `cache_last_channel [L,B,C,D]`) and projects all C + T frames through `linear_k` and
 `linear_v` on every step. With C = 70 cached frames and T = 2 new ones (160 ms) that is 97% of the
-key/value work done again for frames that have not changed; measured on FastConformer-L at batch
-32 on CPU the `[B*(C+T), D] x [D, D]` GEMMs were 31% of the encoder step, and broadcasting the
-positional projection over the batch another 10% (benchmarks/results/profile_*.json). Then each
+key/value work done again for frames that have not changed; in the CPU profiles of FastConformer-L
+(benchmarks/results/profile_fastconformer-l_*.json) those `[B*(C+T), D] x [D, D]` GEMMs and the
+broadcast of the positional projection over the batch were the largest costs of the step. Then each
 layer concatenates cache and chunk and the encoder stacks the new caches: two more copies of the
 whole cache per step.
 
@@ -163,8 +163,8 @@ class KVCacheEncoder:
 
     def _pre_encode(self, x, lengths, full: bool):
         """NeMo's subsampling. When no row is padded, its time masks are all ones: multiplying
-        by them before each of the eight conv/activation layers is skipped (x * 1.0 == x), which
-        saved 4% of a 1120 ms FastConformer-L B=32 step on CPU (profile_*_kv_nomask_*.json)."""
+        by them before each of the eight conv/activation layers is skipped (x * 1.0 == x); the gain
+        is measured in benchmarks/results/profile_fastconformer-l_r13_kv_nomask_cpu_fp32.json."""
         pe = self.encoder.pre_encode
         if not (full and isinstance(pe.conv, MaskedConvSequential) and pe.conv2d_subsampling):
             return pe(x=x, lengths=lengths)

@@ -2,7 +2,8 @@
 
 All rows of one call share the chunk mode (one per server), the drop count (first chunks drop
 0, later chunks drop 2) and the chunk width (only a stream's final chunk may be shorter: its
-cache is discarded afterwards, and the encoder masks its padding). See notes 1.2.
+cache is discarded afterwards, and the encoder masks its padding). Mixing first and later chunks,
+or unequal widths, would change the drop or pad a row that the cache keeps: not NeMo's arithmetic.
 """
 
 from __future__ import annotations

@@ -34,6 +34,8 @@ import numpy as np
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
+from .audio_io import read_audio
+
 DEFAULT_URL = "ws://127.0.0.1:8000/ws"
 
 
@@ -157,35 +159,15 @@ class StreamingClient:
 # ----------------------------------------------------------------------------- files
 
 
-def read_audio(path: str | Path) -> tuple[np.ndarray, int, str]:
-    """(mono samples, sample rate, encoding): 16-bit files stay int16, anything else float32."""
-    try:
-        import soundfile
-    except ImportError:  # stdlib fallback: 16-bit PCM WAV only
-        import wave
-
-        with wave.open(str(path)) as w:
-            if w.getsampwidth() != 2:
-                raise ValueError(f"{path}: only 16-bit PCM WAV without the soundfile package") from None
-            data = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").reshape(-1, w.getnchannels())
-            return _mono(data), w.getframerate(), "pcm_s16le"
-    info = soundfile.info(str(path))
-    if info.subtype in ("PCM_16", "PCM_S8", "PCM_U8"):
-        data, rate = soundfile.read(str(path), dtype="int16", always_2d=True)
-        return _mono(data), rate, "pcm_s16le"
-    data, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
-    return _mono(data), rate, "pcm_f32le"
-
-
-def _mono(data: np.ndarray) -> np.ndarray:
-    if data.shape[1] == 1:
-        return data[:, 0]
-    return data.mean(axis=1).astype(data.dtype)
+def read_file(path: str | Path) -> tuple[np.ndarray, int, str]:
+    """(mono samples, sample rate, encoding): 8- and 16-bit files are sent as int16, anything else as float32."""
+    samples, rate = read_audio(path, dtype="native")
+    return samples, rate, "pcm_s16le" if samples.dtype == np.int16 else "pcm_f32le"
 
 
 async def stream_file(url: str, path: str | Path, **options) -> Transcript:
     """Stream an audio file at `speed` x real time (0: as fast as possible); collect every message."""
-    samples, rate, encoding = read_audio(path)
+    samples, rate, encoding = read_file(path)
     return await stream_samples(url, samples, rate, encoding, **options)
 
 
@@ -355,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
             asyncio.run(stream_microphone(args.url, printer, **options))
             return 0
         try:
-            samples, rate, encoding = read_audio(args.file)
+            samples, rate, encoding = read_file(args.file)
         except (OSError, RuntimeError, ValueError) as e:  # soundfile's errors are RuntimeErrors
             print(f"nemo-serve-client: cannot read {args.file}: {e}", file=sys.stderr)
             return 2

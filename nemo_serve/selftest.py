@@ -19,10 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
+from .audio_io import audio_path, load_manifest, read_audio
 from .engine.endpoint import EndpointConfig
 from .engine.loop import Engine
 from .model import ServedModel, load_model
 from .oracle import oracle_transcribe
+from .synth import synth_audio
 
 BUNDLED_MANIFEST = Path(__file__).parent / "assets" / "demo" / "utterances" / "manifest.jsonl"
 
@@ -51,17 +53,6 @@ class Outcome:
 # ----------------------------------------------------------------------------- inputs
 
 
-def read_wav(path: Path, sample_rate: int) -> np.ndarray:
-    import soundfile as sf
-    import soxr
-
-    audio, sr = sf.read(str(path), dtype="float32", always_2d=True)
-    audio = audio.mean(axis=1)
-    if sr != sample_rate:
-        audio = soxr.resample(audio, sr, sample_rate).astype(np.float32)
-    return np.ascontiguousarray(audio, dtype=np.float32)
-
-
 def load_utterances(source: str | Path, sample_rate: int) -> list[Utterance]:
     """A directory of WAV files or a JSONL manifest (audio_filepath, text, language)."""
     source = Path(source)
@@ -69,32 +60,20 @@ def load_utterances(source: str | Path, sample_rate: int) -> list[Utterance]:
         wavs = sorted(source.glob("*.wav"))
         if not wavs:
             raise FileNotFoundError(f"no .wav files in {source}")
-        return [Utterance(p.name, read_wav(p, sample_rate)) for p in wavs]
-    utts = []
-    for line in source.read_text().splitlines():
-        if not line.strip():
-            continue
-        entry = json.loads(line)
-        path = Path(entry["audio_filepath"])
-        if not path.is_absolute():
-            path = source.parent / path
-        utts.append(Utterance(path.name, read_wav(path, sample_rate), entry.get("language") or entry.get("lang"), entry.get("text")))
-    return utts
+        return [Utterance(p.name, read_audio(p, sample_rate)[0]) for p in wavs]
+    return [
+        Utterance(audio_path(source, row).name, audio, row.get("language") or row.get("lang"), row.get("text"))
+        for row, audio in load_manifest(source, sample_rate)
+    ]
 
 
 def synthetic_utterances(n: int, sample_rate: int, seed: int) -> list[Utterance]:
-    """Chirps, tones and noise bursts: used only when no demo utterances are bundled."""
+    """Speech-like signals of 1-6 s (nemo_serve.synth): used only when no demo utterances are bundled."""
     rng = np.random.default_rng(seed)
-    utts = []
-    for i in range(n):
-        length = int(rng.uniform(1.0, 6.0) * sample_rate)
-        t = np.arange(length) / sample_rate
-        f0 = rng.uniform(100, 400)
-        voiced = (np.sin(2 * np.pi * rng.uniform(1, 4) * t) > -0.2).astype(np.float32)
-        x = 0.3 * np.sin(2 * np.pi * f0 * t * (1 + rng.uniform(0.1, 1.0) * t)) * voiced
-        x += 0.03 * rng.standard_normal(length)
-        utts.append(Utterance(f"synthetic-{i:03d}", x.astype(np.float32)))
-    return utts
+    return [
+        Utterance(f"synthetic-{i:03d}", synth_audio(rng.uniform(1.0, 6.0), seed * 1000 + i, sample_rate).numpy())
+        for i in range(n)
+    ]
 
 
 def pick_utterances(model: ServedModel, n: int, audio: str | None, seed: int) -> list[Utterance]:

@@ -29,11 +29,12 @@ import json
 import os
 import random
 import subprocess
-import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
+
+from ..audio_io import read_audio
 
 SR = 16000
 
@@ -224,9 +225,7 @@ def espeak_wave(text: str, voice: str, rate: int, pitch: int) -> tuple[np.ndarra
 
 def flite_wave(text: str, voice: str, tmp: str) -> tuple[np.ndarray, int]:
     subprocess.run(["flite", "-voice", voice, "-t", text, "-o", tmp], check=True, capture_output=True)
-    import soundfile as sf
-    x, sr = sf.read(tmp, dtype="float32")
-    return x, sr
+    return read_audio(tmp)
 
 
 def _parse_wav_bytes(b: bytes) -> tuple[np.ndarray, int]:

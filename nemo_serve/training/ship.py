@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from ..audio_io import read_manifest
+
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "nemo_serve" / "assets" / "demo"
 SETS = ["heldout_sentences", "heldout_voices", "flite"]
@@ -50,7 +52,7 @@ def shrink_nemo(src: Path, dst: Path) -> None:
 def pick_utterances(data: Path, per_set: int = 8, lo: float = 2.0, hi: float = 6.0) -> list[dict]:
     out = []
     for s in SETS:
-        rows = [json.loads(l) for l in open(data / f"{s}.jsonl") if l.strip()]
+        rows = read_manifest(data / f"{s}.jsonl")
         seen_voices, chosen = set(), []
         ok = [r for r in rows if lo + 0.05 <= r["duration"] <= hi - 0.05]
         for r in ok:  # prefer distinct voices, in manifest order (deterministic)

@@ -25,7 +25,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .train import chain_dev, word_errors  # the same joining and edit distance as the training dev WER
+from ..audio_io import load_manifest
+from ..oracle import nemo_loop
+from ..scoring import word_errors
+from .train import chain_dev  # the same joining as the training dev WER
 
 DEFAULT_SETS = ["heldout_sentences", "heldout_voices", "flite"]
 DEFAULT_RIGHTS = [0, 3, 6, 13]
@@ -45,44 +48,9 @@ def set_mode(model, right: int, left: int = LEFT) -> None:
     model.encoder.setup_streaming_params()
 
 
-@torch.no_grad()
 def stream_transcribe(model, audio: np.ndarray) -> str:
     """One utterance (float32 mono 16 kHz) through NeMo's cache-aware streaming loop; returns the text."""
-    from nemo.collections.asr.parts.utils.streaming_utils import CacheAwareStreamingAudioBuffer
-
-    buf = CacheAwareStreamingAudioBuffer(model=model, online_normalization=False, pad_and_drop_preencoded=False)
-    buf.append_audio(np.asarray(audio, dtype=np.float32), stream_id=-1)
-    cache_ch, cache_t, cache_len = model.encoder.get_initial_cache_state(batch_size=1)
-    prev_hyp, pred_out, texts = None, None, None
-    for step, (chunk, chunk_len) in enumerate(iter(buf)):
-        (pred_out, texts, cache_ch, cache_t, cache_len, prev_hyp) = model.conformer_stream_step(
-            processed_signal=chunk,
-            processed_signal_length=chunk_len,
-            cache_last_channel=cache_ch,
-            cache_last_time=cache_t,
-            cache_last_channel_len=cache_len,
-            keep_all_outputs=buf.is_buffer_empty(),
-            previous_hypotheses=prev_hyp,
-            previous_pred_out=pred_out,
-            drop_extra_pre_encoded=0 if step == 0 else model.encoder.streaming_cfg.drop_extra_pre_encoded,
-            return_transcription=True,
-        )
-    if not texts:
-        return ""
-    t = texts[0]
-    return (t.text if hasattr(t, "text") else str(t)).strip()
-
-
-def read_set(manifest: Path, limit: int | None):
-    import soundfile as sf
-
-    rows = [json.loads(line) for line in open(manifest) if line.strip()]
-    if limit:
-        rows = rows[:limit]
-    for r in rows:
-        x, sr = sf.read(str(manifest.parent / r["audio_filepath"]), dtype="float32")
-        assert sr == 16000
-        yield r, x
+    return nemo_loop(model, audio).text.strip()
 
 
 def chain(utts: list, k: int, pause_s: float = 0.3) -> list:
@@ -97,7 +65,7 @@ def chain(utts: list, k: int, pause_s: float = 0.3) -> list:
 def evaluate(model, data: Path, sets=DEFAULT_SETS, rights=DEFAULT_RIGHTS, limit=None, verbose=0, chain_k=1) -> dict:
     results = {}
     for s in sets:
-        utts = chain(list(read_set(Path(data) / f"{s}.jsonl", limit)), chain_k)
+        utts = chain(load_manifest(Path(data) / f"{s}.jsonl", limit=limit), chain_k)
         for r in rights:
             set_mode(model, r)
             t0 = time.time()

@@ -3,8 +3,8 @@
 Every benchmark loads its model from one `.nemo` file, so the engine, NeMo's pipeline (which
 restores its own copy from a path), the per-stream loop and the ONNX export all see the same
 weights. A built-in architecture (`builtin:NAME`) is built once and cached as a `.nemo`, keyed
-by the builtin source, its config and the torch / NeMo versions (building FastConformer-L with
-its weight calibration takes minutes).
+by the source of the builtin package and of the calibration audio, its config and the torch /
+NeMo versions (building FastConformer-L with its weight calibration takes minutes).
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ import platform
 import shlex
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from nemo_serve.audio_io import load_manifest
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE_DIR = Path(os.environ.get("NEMO_SERVE_BENCH_CACHE", Path.home() / ".cache" / "nemo_serve" / "bench"))
@@ -48,11 +49,13 @@ def _cached_builtin(name: str, seed: int = 0) -> Path:
     import nemo
     import torch
 
-    from nemo_serve import builtin
+    from nemo_serve import builtin, synth
+    from nemo_serve.config_files import config_dir
 
     h = hashlib.sha256()
-    h.update(Path(builtin.__file__).read_bytes())
-    h.update((builtin.CONFIG_DIR / f"{name}.yaml").read_bytes())
+    for source in sorted(Path(builtin.__file__).parent.glob("*.py")) + [Path(synth.__file__)]:
+        h.update(source.read_bytes())
+    h.update((config_dir() / f"{name}.yaml").read_bytes())
     h.update(f"{seed}:{torch.__version__}:{nemo.__version__}".encode())
     path = CACHE_DIR / f"{name}-{h.hexdigest()[:12]}.nemo"
     if not path.exists():
@@ -80,17 +83,17 @@ def file_digest(path: str | Path) -> str:
 def bench_audio(num_streams: int, seconds: float, source: str = "synth") -> list[np.ndarray]:
     """`num_streams` float32 clips of `seconds` each; stream i gets clip i mod 8 (same set for every system).
 
-    source "synth": nemo_serve.builtin.synth_audio (speech-like, for random-weight models);
+    source "synth": nemo_serve.synth.synth_audio (speech-like, for random-weight models);
     a manifest path (NeMo jsonl with audio_filepath): the utterances concatenated from a different
     starting utterance per clip, with 0.3 s pauses, cut to `seconds`.
     """
     num_clips = min(num_streams, 8)
     if source == "synth":
-        from nemo_serve.builtin import synth_audio
+        from nemo_serve.synth import synth_audio
 
         clips = [synth_audio(seconds, seed=7000 + i).numpy() for i in range(num_clips)]
     else:
-        utts = [u.audio for u in read_manifest(source)]
+        utts = [audio for _, audio in load_manifest(source, SAMPLE_RATE)]
         clips = [_concat_from(utts, i * max(1, len(utts) // num_clips), seconds) for i in range(num_clips)]
     return [clips[i % num_clips] for i in range(num_streams)]
 
@@ -105,36 +108,6 @@ def _concat_from(utts: list[np.ndarray], start: int, seconds: float) -> np.ndarr
         n += len(a) + len(pause)
         k += 1
     return np.concatenate(parts)[:need].astype(np.float32)
-
-
-@dataclass
-class Utterance:
-    audio: np.ndarray  # float32, 16 kHz mono
-    text: str
-    path: str
-
-
-def read_manifest(path: str | Path) -> list[Utterance]:
-    """NeMo manifest lines {audio_filepath, text}; relative paths are relative to the manifest."""
-    import soundfile as sf
-
-    path = Path(path)
-    out = []
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        row = json.loads(line)
-        wav = Path(row["audio_filepath"])
-        if not wav.is_absolute():
-            wav = path.parent / wav
-        audio, sr = sf.read(str(wav), dtype="float32", always_2d=True)
-        audio = audio.mean(axis=1)
-        if sr != SAMPLE_RATE:
-            import soxr
-
-            audio = soxr.resample(audio, sr, SAMPLE_RATE).astype(np.float32)
-        out.append(Utterance(audio, row.get("text", ""), str(wav)))
-    return out
 
 
 # ----------------------------------------------------------------------------- run record

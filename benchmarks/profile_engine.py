@@ -111,17 +111,9 @@ def profile_engine(model, audios, torch_profile: bool, cprofile: bool = False, k
                 i += 1
     finally:
         type(computer).__call__ = original_call
-    steady = slice(1, len(iter_times) - 1)
-    total = sum(iter_times[steady])
-    phases: dict[str, float] = defaultdict(float)
-    for snap in phase_snapshots[steady]:
-        for k, v in snap.items():
-            phases[k] += v
-    phases["rest"] = total - sum(phases.values())
-    steps = len(iter_times[steady])
-    report = _report("engine", b, steps, total, phases, op_table, sum(wall_times[steady]))
+    report = _report("engine", b, iter_times, wall_times, phase_snapshots, op_table)
     if py_profiles:
-        report["python_top"] = _python_table(py_profiles[:-1], steps)  # the last one is the tail step
+        report["python_top"] = _python_table(py_profiles[:-1], report["steady_steps"])  # the last one is the tail step
     return report
 
 
@@ -163,7 +155,7 @@ def _op_table(prof, top: int = 25) -> list[dict]:
 
 
 def profile_pipeline(nemo_path, model, audios) -> dict:
-    from benchmarks.step_bench import NemoPipeline
+    from benchmarks.peers import NemoPipeline
 
     g = model.geometry
     pipe = NemoPipeline(nemo_path, g.context_left, g.context_right, len(audios))
@@ -189,14 +181,7 @@ def profile_pipeline(nemo_path, model, audios) -> dict:
             wall_times.append(time.perf_counter() - w0)
             snaps.append({kk: timer.totals[kk] - before.get(kk, 0.0) for kk in timer.totals})
     p.close_session()
-    steady = slice(1, len(iter_times) - 1)
-    total = sum(iter_times[steady])
-    phases: dict[str, float] = defaultdict(float)
-    for snap in snaps[steady]:
-        for kk, v in snap.items():
-            phases[kk] += v
-    phases["rest"] = total - sum(phases.values())
-    return _report("pipeline", len(audios), len(iter_times[steady]), total, phases, None, sum(wall_times[steady]))
+    return _report("pipeline", len(audios), iter_times, wall_times, snaps, None)
 
 
 def encoder_ops(model, b: int, top: int = 16, kv_cache: bool = True) -> dict:
@@ -243,7 +228,15 @@ def encoder_ops(model, b: int, top: int = 16, kv_cache: bool = True) -> dict:
     }  # fmt: skip
 
 
-def _report(system: str, b: int, steps: int, total: float, phases: dict, op_table, wall: float) -> dict:
+def _report(system: str, b: int, iter_times: list, wall_times: list, snapshots: list[dict], op_table) -> dict:
+    """CPU time per phase over the steady steps (each stream's first and last step excluded)."""
+    steady = slice(1, len(iter_times) - 1)
+    total, wall, steps = sum(iter_times[steady]), sum(wall_times[steady]), len(iter_times[steady])
+    phases: dict[str, float] = defaultdict(float)
+    for snap in snapshots[steady]:
+        for k, v in snap.items():
+            phases[k] += v
+    phases["rest"] = total - sum(phases.values())
     order = ("features", "gather", "encoder", "decoder", "scatter", "rest")
     return {
         "system": system,

@@ -11,14 +11,13 @@ Per level it runs benchmarks/loadgen.py's level (N real-time streams for --durat
 samples the server process's CPU time and resident memory (and GPU memory through nvidia-smi
 where there is one) every 0.5 s, and reads the server's /metrics before and after, so the step
 time by batch size is the server's own histogram over that level. It stops after the first
-level that does not keep up (loadgen.keeps_up: median drift above --max-drift ms/s, or any
+level that does not keep up (load_level.keeps_up: median drift above --max-drift ms/s, or any
 stream refused or failed); that level's drift is the "next level" figure of the capacity table.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import re
 import shutil
@@ -32,8 +31,9 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks import loadgen  # noqa: E402
 from benchmarks.common import file_digest, model_file, run_record, write_json  # noqa: E402
+from benchmarks.load_items import attach_oracle, make_items  # noqa: E402
+from benchmarks.load_level import format_level, keeps_up, run_level_procs, summarise_level  # noqa: E402
 
 SUMMARY_RE = re.compile(r"cache ([\d.]+) MiB/stream x (\d+) slots = ([\d.]+) MiB")
 
@@ -212,9 +212,9 @@ def sweep(args) -> dict:
     record = run_record()
     nemo_path, name = model_file(args.model)
     levels = sweep_levels(args)
-    items = loadgen.test_set(args.audio, args.items, tuple(float(x) for x in args.item_seconds.split(",")))
+    items = make_items(args.audio, args.items, tuple(float(x) for x in args.item_seconds.split(",")))
     if not args.no_oracle:
-        loadgen.attach_oracle(items, str(nemo_path), args.context_right, args.dtype, args.device)
+        attach_oracle(items, str(nemo_path), args.context_right, args.dtype, args.device)
     log_path = Path(args.out).with_suffix(".server.log")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     # Slot headroom: a stream that reconnects the moment it gets its final can arrive before the
@@ -231,14 +231,14 @@ def sweep(args) -> dict:
             before = server.metrics()
             t0 = time.time()
             ws_url = server.url.replace("http", "ws") + "/ws"
-            recs = loadgen.run_level_procs(ws_url, items, n, args.duration, args.ramp_s, False, args.procs)
+            recs = run_level_procs(ws_url, items, n, args.duration, args.ramp_s, False, args.procs)
             t1 = time.time()
-            level = loadgen.summarise_level(recs, items, n, args.duration)
-            level["keeps_up"] = loadgen.keeps_up(level, args.max_drift)
+            level = summarise_level(recs, items, n, args.duration)
+            level["keeps_up"] = keeps_up(level, args.max_drift)
             level["step_time_by_batch"] = step_time_by_batch(before, server.metrics())
             level.update(sampler.window(t0, t1))
             results.append(level)
-            print(loadgen.format_level(level), file=sys.stderr, flush=True)
+            print(format_level(level), file=sys.stderr, flush=True)
             if not level["keeps_up"]:
                 break
         sampler.stop()

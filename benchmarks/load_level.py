@@ -1,0 +1,301 @@
+"""One load level: N streams at real-time pace over WebSockets, and its summary (definitions: loadgen.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+import sys
+import time
+from bisect import bisect_left
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from benchmarks.common import SAMPLE_RATE, percentiles
+from benchmarks.load_items import LoadItem
+from nemo_serve.scoring import edit_distance
+
+HOP_SAMPLES = 160  # the engine's feature look-ahead beyond audio_processed (frontend margin - 1 hop)
+DRIFT_MIN_PARTIALS = 4
+DRIFT_MIN_SPAN_S = 3.0
+
+
+@dataclass
+class StreamRecord:
+    worker: int
+    item_id: str
+    audio_s: float
+    opened: float = 0.0  # client time.time()
+    chunk_ms: float | None = None
+    send_ends: list[int] = field(default_factory=list)  # cumulative samples after each packet
+    send_times: list[float] = field(default_factory=list)
+    end_sent: float | None = None
+    partials: list[tuple[float, float, float, float]] = field(default_factory=list)  # (recv, processed_s, arrival, sent)
+    finals: list[dict] = field(default_factory=list)
+    final_recv: float | None = None
+    done: bool = False
+    error: str | None = None
+
+    def packet_send_time(self, processed_s: float) -> float | None:
+        need = int(round(processed_s * SAMPLE_RATE)) + HOP_SAMPLES
+        i = bisect_left(self.send_ends, need)
+        return self.send_times[i] if i < len(self.send_times) else None
+
+    def partial_latencies(self) -> list[tuple[float, float]]:
+        """(audio position s, latency s) of every partial whose packet is known."""
+        out = []
+        for recv, processed, _, _ in self.partials:
+            t = self.packet_send_time(processed)
+            if t is not None:
+                out.append((processed, recv - t))
+        return out
+
+    @property
+    def final_latency(self) -> float | None:
+        if self.final_recv is None or self.end_sent is None:
+            return None
+        return self.final_recv - self.end_sent
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [t for f in self.finals for t in f["token_ids"]]
+
+    @property
+    def text(self) -> str:
+        return " ".join(f["text"] for f in self.finals if f["text"])
+
+
+async def stream_item(url: str, worker: int, item: LoadItem, endpointing: bool, timeout_s: float) -> StreamRecord:
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+    rec = StreamRecord(worker, item.item_id, len(item.audio) / SAMPLE_RATE, opened=time.time())
+    config = {"type": "config", "id": f"w{worker}-{item.item_id}", "encoding": "pcm_f32le", "sample_rate": SAMPLE_RATE}
+    if not endpointing:
+        config["endpointing"] = {"enabled": False}
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with connect(url, max_size=None, compression=None, open_timeout=30) as ws:
+                await ws.send(json.dumps(config))
+                ready = json.loads(await ws.recv())
+                if ready.get("type") != "ready":
+                    rec.error = f"refused: {ready.get('reason', ready.get('type'))}"
+                    return rec
+                rec.chunk_ms = float(ready["chunk_ms"])
+                reader = asyncio.create_task(_read(ws, rec))
+                await _send_paced(ws, item.audio, rec)
+                await reader
+    except InvalidStatus as e:
+        rec.error = f"refused: HTTP {e.response.status_code}"
+    except ConnectionClosed as e:
+        rec.error = rec.error or f"closed {e.rcvd.code if e.rcvd else 'abnormally'}"
+    except TimeoutError:
+        rec.error = "timeout"
+    except OSError as e:
+        rec.error = f"connect: {type(e).__name__}"
+    if rec.error is None and not rec.done:
+        rec.error = "no done message"
+    return rec
+
+
+async def _send_paced(ws, audio: np.ndarray, rec: StreamRecord) -> None:
+    """Packet k (one server chunk) goes out when its audio would have been recorded."""
+    chunk = int(round(rec.chunk_ms * SAMPLE_RATE / 1000))
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    for k, start in enumerate(range(0, len(audio), chunk)):
+        packet = audio[start : start + chunk]
+        delay = t0 + (start + len(packet)) / SAMPLE_RATE - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        await ws.send(packet.astype(np.float32).tobytes())
+        rec.send_ends.append(start + len(packet))
+        rec.send_times.append(time.time())
+    await ws.send(json.dumps({"type": "end"}))
+    rec.end_sent = time.time()
+
+
+async def _read(ws, rec: StreamRecord) -> None:
+    async for raw in ws:
+        now = time.time()
+        msg = json.loads(raw)
+        kind = msg.get("type")
+        if kind == "partial":
+            rec.partials.append((now, msg["audio_processed"], msg["audio_arrival_time"], msg["sent_time"]))
+        elif kind == "final":
+            rec.finals.append({"token_ids": msg["token_ids"], "text": msg["text"], "recv": now})
+            rec.final_recv = now
+        elif kind == "done":
+            rec.done = True
+        elif kind == "error":
+            rec.error = f"error: {msg.get('reason', '')[:80]}"
+
+
+async def run_level(
+    url: str,
+    items: list[LoadItem],
+    num_streams: int,
+    duration_s: float,
+    ramp_s: float = 2.0,
+    endpointing: bool = False,
+    progress: bool = True,
+    workers: list[int] | None = None,
+) -> list[StreamRecord]:
+    """N workers for duration_s (plus the streams still in flight at the end). `workers`: the
+    subset of worker numbers this process runs (see run_level_procs)."""
+    loop = asyncio.get_running_loop()
+    t_end = loop.time() + duration_s
+    records: list[StreamRecord] = []
+    bar = _bar(duration_s, f"N={num_streams}") if progress else None
+
+    async def worker(w: int) -> None:
+        await asyncio.sleep(ramp_s * w / num_streams + random.uniform(0, 0.08))
+        k = w * len(items) // num_streams
+        while loop.time() < t_end:
+            item = items[k % len(items)]
+            timeout = 3 * len(item.audio) / SAMPLE_RATE + 60
+            records.append(await stream_item(url, w, item, endpointing, timeout))
+            k += 1
+            if records[-1].error and records[-1].error.startswith(("refused", "connect")):
+                await asyncio.sleep(1.0)  # do not spin on a refusing server
+
+    tasks = [asyncio.create_task(worker(w)) for w in (workers if workers is not None else range(num_streams))]
+    start = loop.time()
+    while not all(t.done() for t in tasks):
+        await asyncio.sleep(1.0)
+        if bar is not None:
+            bar.n = min(duration_s, loop.time() - start)
+            recent = [lat for r in records[-num_streams:] for _, lat in r.partial_latencies()[-3:]]
+            bar.set_postfix_str(
+                f"streams done {len(records)}, errors {sum(r.error is not None for r in records)}"
+                + (f", partial p50 {1000 * float(np.median(recent)):.0f} ms" if recent else "")
+            )
+            bar.refresh()
+    for t in tasks:
+        t.result()
+    if bar is not None:
+        bar.close()
+    return records
+
+
+def run_level_procs(url: str, items: list[LoadItem], num_streams: int, duration_s: float, ramp_s: float,
+                    endpointing: bool, procs: int) -> list[StreamRecord]:
+    """The same level spread over `procs` client processes (worker w runs in process w mod procs),
+    so that one Python event loop is not what limits a large N."""
+    if procs <= 1:
+        return asyncio.run(run_level(url, items, num_streams, duration_s, ramp_s, endpointing))
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")  # the children inherit the test set instead of pickling it
+    global _SHARED_ITEMS
+    _SHARED_ITEMS = items
+    args = [(url, num_streams, duration_s, ramp_s, endpointing, list(range(p, num_streams, procs))) for p in range(procs)]
+    with ctx.Pool(procs) as pool:
+        parts = pool.map(_level_part, args)
+    return [r for part in parts for r in part]
+
+
+_SHARED_ITEMS: list[LoadItem] = []
+
+
+def _level_part(a) -> list[StreamRecord]:
+    url, n, duration_s, ramp_s, endpointing, workers = a
+    return asyncio.run(run_level(url, _SHARED_ITEMS, n, duration_s, ramp_s, endpointing, progress=False, workers=workers))
+
+
+def _bar(total: float, desc: str):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="s", file=sys.stderr, bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s{postfix}")
+
+
+def drift_slope_ms_per_s(points: list[tuple[float, float]]) -> float | None:
+    """Least-squares slope of latency (ms) against audio position (s); None if too short to tell."""
+    if len(points) < DRIFT_MIN_PARTIALS:
+        return None
+    x = np.array([p for p, _ in points])
+    if x.max() - x.min() < DRIFT_MIN_SPAN_S:
+        return None
+    y = 1000.0 * np.array([lat for _, lat in points])
+    return float(np.polyfit(x, y, 1)[0])
+
+
+def _words(text: str) -> list[str]:
+    return re.sub(r"[^\w' ]+", " ", text.lower()).split()
+
+
+def summarise_level(records: list[StreamRecord], items: list[LoadItem], num_streams: int, duration_s: float) -> dict:
+    by_id = {it.item_id: it for it in items}
+    ok = [r for r in records if r.error is None]
+    partial = [lat for r in ok for _, lat in r.partial_latencies()]
+    final = [r.final_latency for r in ok if r.final_latency is not None]
+    server = [sent - arrival for r in ok for _, _, arrival, sent in r.partials]
+    slopes = [s for s in (drift_slope_ms_per_s(r.partial_latencies()) for r in ok) if s is not None]
+    errors = Counter(r.error.split(":")[0] if r.error.startswith(("refused", "connect", "error")) else r.error for r in records if r.error)
+    out = {
+        "streams": num_streams,
+        "duration_s": duration_s,
+        "items_started": len(records),
+        "items_completed": len(ok),
+        "errors": dict(errors),
+        "error_examples": sorted({r.error for r in records if r.error})[:5],
+        "audio_s_completed": round(sum(r.audio_s for r in ok), 1),
+        "partial_latency_ms": _ms(percentiles(partial)),
+        "final_latency_ms": _ms(percentiles(final)),
+        "server_partial_latency_ms": _ms(percentiles(server)),
+        "drift_ms_per_s": {
+            "median": float(np.median(slopes)) if slopes else None,
+            "p90": float(np.percentile(slopes, 90)) if slopes else None,
+            "streams_measured": len(slopes),
+        },
+        "num_partials": len(partial),
+        "quality": _quality(ok, by_id),
+    }
+    return out
+
+
+def _ms(p: dict) -> dict:
+    return {k: (round(1000 * v, 1) if v is not None else None) for k, v in p.items()}
+
+
+def _quality(ok: list[StreamRecord], by_id: dict) -> dict:
+    q: dict = {}
+    with_oracle = [r for r in ok if by_id[r.item_id].oracle is not None]
+    if with_oracle:
+        ref = sum(len(by_id[r.item_id].oracle) for r in with_oracle)
+        err = sum(edit_distance(r.token_ids, by_id[r.item_id].oracle) for r in with_oracle)
+        q["token_identical_streams"] = sum(r.token_ids == by_id[r.item_id].oracle for r in with_oracle)
+        q["streams_compared"] = len(with_oracle)
+        q["token_error_rate_vs_oracle"] = err / max(ref, 1)
+    with_text = [r for r in ok if by_id[r.item_id].text]
+    if with_text:
+        ref_words = sum(len(_words(by_id[r.item_id].text)) for r in with_text)
+        err = sum(edit_distance(_words(r.text), _words(by_id[r.item_id].text)) for r in with_text)
+        q["wer"] = err / max(ref_words, 1)
+    return q
+
+
+def keeps_up(level: dict, max_drift_ms_per_s: float = 20.0) -> bool:
+    """The DESIGN's criterion: partial latency stops growing (median drift near zero), every
+    stream completed, and no stream was refused."""
+    d = level["drift_ms_per_s"]["median"]
+    return d is not None and d <= max_drift_ms_per_s and not level["errors"] and level["items_completed"] > 0
+
+
+def format_level(level: dict) -> str:
+    p, f, d = level["partial_latency_ms"], level["final_latency_ms"], level["drift_ms_per_s"]
+    q = level["quality"]
+    quality = ""
+    if "token_identical_streams" in q:
+        quality = f", oracle-identical {q['token_identical_streams']}/{q['streams_compared']}"
+    if "wer" in q:
+        quality += f", WER {100 * q['wer']:.1f}%"
+    return (
+        f"N={level['streams']}: partial p50/p95/p99 {p['p50']}/{p['p95']}/{p['p99']} ms, "
+        f"final p50/p95 {f['p50']}/{f['p95']} ms, drift {d['median'] if d['median'] is None else round(d['median'], 1)} ms/s, "
+        f"completed {level['items_completed']}/{level['items_started']}, errors {level['errors'] or 0}{quality}"
+        f" -> {'keeps up' if level.get('keeps_up') else 'BEHIND'}"
+    )

@@ -1,6 +1,6 @@
 """Built-in random-weight architectures: build, save/restore, and decode like a real model would.
 
-Emission targets (nemo_serve/builtin.py): 20-45% of encoder frames emit, 0.25-1.0 tokens per
+Emission targets (nemo_serve/builtin/weights.py): 20-45% of encoder frames emit, 0.25-1.0 tokens per
 frame, varied tokens, outputs that depend on the chunk mode and, for prompt models, the language.
 The audio is synthetic with seeds the calibration never uses.
 """
@@ -16,6 +16,9 @@ import pytest
 import torch
 
 from nemo_serve import builtin
+from nemo_serve.builtin import tokenizer
+from nemo_serve.builtin.measure import decode_offline, emission_stats
+from nemo_serve.synth import SAMPLE_RATE, synth_audio
 
 TINY = ("tiny-char", "tiny-hybrid", "tiny-prompt")
 MIN_DISTINCT = {"tiny-char": 20, "tiny-hybrid": 30, "tiny-prompt": 40, "fastconformer-l": 50, "nemotron-0.6b": 50}
@@ -28,11 +31,11 @@ def built(name: str, seed: int = 0):
 
 @functools.lru_cache(maxsize=None)
 def eval_audio(num: int = 3, seconds: float = 8.0) -> torch.Tensor:
-    return torch.stack([builtin.synth_audio(seconds, 1000 + i) for i in range(num)])
+    return torch.stack([synth_audio(seconds, 1000 + i) for i in range(num)])
 
 
 def decode(model, mode, lang=None, audio=None):
-    hyps, encoded_len = builtin.decode_offline(model, eval_audio() if audio is None else audio, mode, lang)
+    hyps, encoded_len = decode_offline(model, eval_audio() if audio is None else audio, mode, lang)
     return hyps, encoded_len
 
 
@@ -41,7 +44,7 @@ def token_lists(hyps) -> list[list[int]]:
 
 
 def check_emission(name, hyps, encoded_len, where):
-    stats = builtin.emission_stats(hyps, encoded_len)
+    stats = emission_stats(hyps, encoded_len)
     assert 0.20 <= stats["emitting_fraction"] <= 0.45, (where, stats)
     assert 0.25 <= stats["tokens_per_frame"] <= 1.0, (where, stats)
     assert stats["distinct_tokens"] >= MIN_DISTINCT[name], (where, stats)
@@ -109,13 +112,13 @@ def test_same_weights_whatever_the_thread_count():
 
 
 def test_tokenizer_cache(tmp_path, monkeypatch):
-    monkeypatch.setattr(builtin, "CACHE_DIR", tmp_path)
+    monkeypatch.setattr(tokenizer, "CACHE_DIR", tmp_path)
     recipe = builtin.builtin_spec("tiny-hybrid").tokenizer
-    first = builtin.ensure_tokenizer("tiny-hybrid", recipe)
+    first = tokenizer.ensure_tokenizer("tiny-hybrid", recipe)
     assert first.parent == tmp_path / "tokenizers" and first.name.startswith("tiny-hybrid-")
     assert {"tokenizer.model", "tokenizer.vocab", "vocab.txt"} <= {p.name for p in first.iterdir()}
     mtime = (first / "tokenizer.model").stat().st_mtime_ns
-    assert builtin.ensure_tokenizer("tiny-hybrid", recipe) == first
+    assert tokenizer.ensure_tokenizer("tiny-hybrid", recipe) == first
     assert (first / "tokenizer.model").stat().st_mtime_ns == mtime  # cached, not retrained
     num_pieces = sum(1 for _ in open(first / "tokenizer.vocab", encoding="utf-8"))
     assert num_pieces == recipe.vocab_size
@@ -197,7 +200,7 @@ def test_prompt_applies_in_nemo_streaming_step():
 def test_silence_is_blank(name):
     """Near-silence emits nothing once the encoder has warmed up (first second) until the last frame."""
     model = built(name)
-    quiet = torch.randn(2, 4 * builtin.SAMPLE_RATE, generator=torch.Generator().manual_seed(7)) * 1e-4
+    quiet = torch.randn(2, 4 * SAMPLE_RATE, generator=torch.Generator().manual_seed(7)) * 1e-4
     lang = languages(model)[0] if getattr(model, "concat", False) else None
     for mode in model.encoder.att_context_size_all:
         hyps, encoded_len = decode(model, mode, lang, audio=quiet)

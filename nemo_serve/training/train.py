@@ -65,9 +65,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
-DEFAULT_CONFIG = REPO / "configs" / "demo_model.yaml"
-DEFAULT_TOKENIZER = REPO / "configs" / "demo_tokenizer"
+from ..audio_io import load_manifest
+from ..config_files import config_dir
+from ..scoring import word_errors
+
+DEFAULT_CONFIG = config_dir() / "demo_model.yaml"
+DEFAULT_TOKENIZER = config_dir() / "demo_tokenizer"
 
 
 def seed_all(seed: int) -> None:
@@ -122,25 +125,10 @@ def feature_stats(model, wavs, n: int = 200) -> tuple[float, float]:
     return float(f.mean()), float(f.std())
 
 
-def read_manifest(path: Path) -> list[dict]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def load_audio(manifest: Path, limit: int | None = None) -> tuple[list[np.ndarray], list[str]]:
-    import soundfile as sf
-
-    rows = read_manifest(manifest)
-    if limit:
-        rows = rows[:limit]
-    base = manifest.parent
-    wavs, texts = [], []
-    for r in rows:
-        x, sr = sf.read(str(base / r["audio_filepath"]), dtype="int16")
-        assert sr == 16000, (r, sr)
-        wavs.append(x)
-        texts.append(r["text"])
-    return wavs, texts
+    """int16 audio (held in RAM for the whole run: half of float32) and texts of a manifest's first `limit` rows."""
+    rows = load_manifest(manifest, dtype="int16", limit=limit)
+    return [audio for _, audio in rows], [row["text"] for row, _ in rows]
 
 
 def collate(wavs: list[np.ndarray], token_lists: list[list[int]]):
@@ -263,17 +251,6 @@ def rnnt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lens: torch.Ten
     tl, ul = logit_lens.long() - 1, target_lens.long()
     ll = alpha[bi, tl, ul] + blank_lp[bi, tl, ul]
     return -ll.mean()
-
-
-def word_errors(ref: str, hyp: str) -> tuple[int, int]:
-    r, h = ref.split(), hyp.split()
-    d = list(range(len(h) + 1))
-    for i in range(1, len(r) + 1):
-        prev, d[0] = d[0], i
-        for j in range(1, len(h) + 1):
-            cur = min(d[j] + 1, d[j - 1] + 1, prev + (r[i - 1] != h[j - 1]))
-            prev, d[j] = d[j], cur
-    return d[len(h)], len(r)
 
 
 def hyp_text(h) -> str:

@@ -1,0 +1,3 @@
+from .measure import main
+
+main()

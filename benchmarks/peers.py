@@ -24,22 +24,26 @@ from nemo_serve.oracle import LoopState, loop_chunks, loop_step
 _PIPELINE_MODELS: dict[tuple[str, str], object] = {}
 
 
-def run_engine(model, audios: list[np.ndarray], kv_cache: bool = True) -> Measurement:
-    """Whole utterances pushed and finished up front; then iterate() until idle (no thread)."""
+def loaded_engine(model, audios: list[np.ndarray], on_result, kv_cache: bool = True):
+    """An engine (no thread) holding every utterance whole, pushed and finished: each iterate()
+    then steps all B streams at once. on_result(i, result) receives stream i's results."""
     from nemo_serve.engine.endpoint import EndpointConfig
     from nemo_serve.engine.loop import Engine
 
     b = len(audios)
     eng = Engine(model, num_slots=b, max_batch=b, endpoint=EndpointConfig.off(), kv_cache=kv_cache)
+    for i, a in enumerate(audios):
+        stream = eng.open_stream(partial(on_result, i))
+        eng.push(stream, a)
+        eng.finish(stream)
+    return eng
+
+
+def run_engine(model, audios: list[np.ndarray], kv_cache: bool = True) -> Measurement:
+    """Whole utterances pushed and finished up front; then iterate() until idle."""
+    b = len(audios)
     tokens: list[list[int]] = [[] for _ in audios]
-
-    def collect(i, result):
-        tokens[i].extend(result.new_token_ids)
-
-    streams = [eng.open_stream(partial(collect, i)) for i in range(b)]
-    for s, a in zip(streams, audios):
-        eng.push(s, a)
-        eng.finish(s)
+    eng = loaded_engine(model, audios, lambda i, result: tokens[i].extend(result.new_token_ids), kv_cache)
     times = []
     with torch.inference_mode():
         while True:

@@ -32,6 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import bench_audio, model_file, run_record, write_json  # noqa: E402
+from benchmarks.peers import NemoPipeline, loaded_engine  # noqa: E402
 
 
 class PhaseTimer:
@@ -55,11 +56,8 @@ class PhaseTimer:
 
 
 def profile_engine(model, audios, torch_profile: bool, cprofile: bool = False, kv_cache: bool = True) -> dict:
-    from nemo_serve.engine.endpoint import EndpointConfig
-    from nemo_serve.engine.loop import Engine
-
     b = len(audios)
-    eng = Engine(model, num_slots=b, max_batch=b, endpoint=EndpointConfig.off(), kv_cache=kv_cache)
+    eng = loaded_engine(model, audios, lambda i, r: None, kv_cache)
     timer = PhaseTimer()
     timer.wrap(eng.features, "compute", "features")
     for name in ("gather_encoder", "gather_decoder", "gather_history"):
@@ -80,10 +78,6 @@ def profile_engine(model, audios, torch_profile: bool, cprofile: bool = False, k
 
     type(computer).__call__ = call
     try:
-        streams = [eng.open_stream(lambda r: None) for _ in range(b)]
-        for s, a in zip(streams, audios):
-            eng.push(s, a)
-            eng.finish(s)
         iter_times, wall_times, phase_snapshots, op_table, py_profiles = [], [], [], None, []
         with torch.inference_mode():
             i = 0
@@ -155,8 +149,6 @@ def _op_table(prof, top: int = 25) -> list[dict]:
 
 
 def profile_pipeline(nemo_path, model, audios) -> dict:
-    from benchmarks.peers import NemoPipeline
-
     g = model.geometry
     pipe = NemoPipeline(nemo_path, g.context_left, g.context_right, len(audios))
     p = pipe.pipeline

@@ -97,16 +97,22 @@ def test_kv_encoder_final_partial_chunk_outputs_match():
 
 
 def test_kv_cache_layout_and_size():
+    """Sizes derived by hand from configs/demo_model.yaml at its default mode [56, 13]: 4 layers, d_model 128,
+    4 heads (d_k 32), conv kernel 9 (causal: 8 cached columns), 56 cached left frames, 13 + 1 scratch positions.
+      NeMo's layout:  channel 4 x 56 x 128 = 28,672 + time 4 x 128 x 8 = 4,096 -> 32,768 floats = 131,072 B
+      key/value:      channel 4 x 4 heads x (56 + 14) x (2 x 32) = 71,680 + time 4,096 -> 75,776 floats = 303,104 B
+    """
     m = helpers.model(None, None)
+    assert m.name == "demo" and m.geometry.context_right == 13
     enc = make_encoder(m.nemo.encoder)
     kv, ref = SlotPool(m, 2, enc.channel_shape), SlotPool(m, 2)
-    (n_layers, c, d), _ = m.cache_shapes
-    heads = m.nemo.encoder.layers[0].self_attn.h
-    s = m.geometry.context_right + 1  # scratch positions: the frames one chunk adds
-    assert kv.cache_last_channel.shape == (n_layers, 2, heads, c + s, 2 * d // heads)
-    assert ref.cache_bytes_per_stream == m.cache_bytes_per_stream
-    extra = kv.cache_last_channel[:, 0].numel() - ref.cache_last_channel[:, 0].numel()
-    assert kv.cache_bytes_per_stream == m.cache_bytes_per_stream + extra * 4
+    assert ref.cache_last_channel.shape == (4, 2, 56, 128) and ref.cache_last_time.shape == (4, 2, 128, 8)
+    assert kv.cache_last_channel.shape == (4, 2, 4, 56 + 14, 64) and kv.cache_last_time.shape == (4, 2, 128, 8)
+    assert m.cache_bytes_per_stream == ref.cache_bytes_per_stream == 131_072
+    assert kv.cache_bytes_per_stream == 303_104
+    # what the tensors really hold, for the two slots
+    assert ref.cache_last_channel.nbytes + ref.cache_last_time.nbytes == 2 * 131_072
+    assert kv.cache_last_channel.nbytes + kv.cache_last_time.nbytes == 2 * 303_104
 
 
 def test_engine_without_kv_cache_runs_nemo_layers_and_agrees():

@@ -65,9 +65,11 @@ def test_freed_row_is_reset_and_neighbours_untouched(m):
 
 
 def test_cache_shapes_follow_model(m):
+    """configs/tiny-char.yaml by hand: 2 layers, d_model 64, 56 cached left frames, conv kernel 9 (causal: 8
+    cached columns). Per stream: 2 x 56 x 64 = 7,168 + 2 x 64 x 8 = 1,024 floats = 8,192 x 4 B = 32,768 B."""
     pool = SlotPool(m, 4)
-    (n_layers, c, d), (_, d2, k) = m.cache_shapes
-    assert pool.cache_last_channel.shape == (n_layers, 4, c, d)  # [L, S, C, D]
-    assert pool.cache_last_time.shape == (n_layers, 4, d2, k)  # [L, S, D, K-1]
+    assert pool.cache_last_channel.shape == (2, 4, 56, 64)  # [L, S, C, D]
+    assert pool.cache_last_time.shape == (2, 4, 64, 8)  # [L, S, D, K-1]
     assert pool.cache_last_channel_len.shape == (4,)
-    assert m.cache_bytes_per_stream == (n_layers * c * d + n_layers * d2 * k) * 4
+    assert m.cache_bytes_per_stream == pool.cache_bytes_per_stream == 32_768
+    assert pool.cache_last_channel.nbytes + pool.cache_last_time.nbytes == 4 * 32_768

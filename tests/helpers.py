@@ -87,7 +87,7 @@ def assert_engine_empty(engine: Engine) -> None:
     assert engine.num_open_streams == 0
     assert engine.pool.num_free == engine.pool.num_slots
     assert not engine.pool.stream_to_slot
-    assert not engine._streams
+    assert not engine.loop_stream_ids
 
 
 def new_engine(m, num_slots: int = 8, endpoint: EndpointConfig | None = None, **kw) -> Engine:

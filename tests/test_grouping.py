@@ -1,4 +1,8 @@
-"""Which streams share an encoder call: first chunks apart (drop 0), equal non-final widths, oldest first."""
+"""Which streams share an encoder call: first chunks apart (drop 0), equal non-final widths, oldest first.
+
+Observed through `Engine.plan()`, the batches the next `iterate()` runs (iterate() runs exactly that plan)."""
+
+import time
 
 import numpy as np
 import pytest
@@ -19,9 +23,8 @@ def open_with(engine, samples: int, finish: bool = False):
     return s
 
 
-def plan(engine):
-    engine._drain_inbox()
-    return engine._group(engine._ready_chunks())
+def ids(groups) -> list[list[str]]:
+    return [[c.stream_id for c in grp] for grp in groups]
 
 
 def test_first_chunks_never_share_a_call_with_later_chunks(m):
@@ -30,11 +33,15 @@ def test_first_chunks_never_share_a_call_with_later_chunks(m):
     a = open_with(eng, 16000 * 3)
     eng.iterate()  # a: first chunk done
     b = open_with(eng, 16000 * 3)
-    groups = plan(eng)
-    assert [[c.stream.stream_id for c in grp] for grp in groups] == [[b.stream_id], [a.stream_id]]
+    groups = eng.plan()
+    assert ids(groups) == [[b.stream_id], [a.stream_id]]
     first, later = groups
-    assert first[0].is_first and first[0].num_frames == g.first_frames
-    assert not later[0].is_first and later[0].num_frames == g.chunk_frames
+    assert first[0].is_first and first[0].num_frames == g.first_frames and first[0].t0 == 0
+    assert not later[0].is_first and later[0].num_frames == g.chunk_frames and later[0].t0 == g.first_frames
+    # iterate() runs that plan: two calls, one stream each
+    steps = []
+    eng.on_step = lambda batch, _s: steps.append(batch)
+    assert eng.iterate() and steps == [1, 1]
 
 
 def test_not_ready_until_next_chunk_features_exist(m):
@@ -44,9 +51,10 @@ def test_not_ready_until_next_chunk_features_exist(m):
     # First chunk needs frames [0, first_frames): samples up to (first_frames - 1) * hop + 2 hops.
     need = (g.first_frames - 1) * hop + 2 * hop
     s = open_with(eng, need - 1)
-    assert plan(eng) == []
+    assert eng.plan() == []
+    assert not eng.iterate() and eng.stats.steps == 0
     eng.push(s, np.zeros(1, np.float32))
-    assert len(plan(eng)) == 1
+    assert ids(eng.plan()) == [[s.stream_id]]
 
 
 def test_final_partial_chunk_shares_the_later_call(m):
@@ -55,11 +63,10 @@ def test_final_partial_chunk_shares_the_later_call(m):
     a = open_with(eng, 16000 * 4)
     b = open_with(eng, g.hop_samples * (g.first_frames + 12), finish=True)  # 13 frames after the first chunk
     eng.iterate()
-    groups = plan(eng)
+    groups = eng.plan()
     assert len(groups) == 1
-    widths = {c.stream.stream_id: (c.num_frames, c.is_last) for c in groups[0]}
-    assert widths[a.stream_id] == (g.chunk_frames, False)
-    assert widths[b.stream_id] == (13, True)  # shorter: only a stream's last chunk may be
+    widths = {c.stream_id: (c.num_frames, c.is_last) for c in groups[0]}
+    assert widths == {a.stream_id: (g.chunk_frames, False), b.stream_id: (13, True)}  # only a last chunk may be shorter
 
 
 def test_tail_shorter_than_sampling_frames_is_dropped_like_nemo(m):
@@ -70,6 +77,7 @@ def test_tail_shorter_than_sampling_frames_is_dropped_like_nemo(m):
     results = []
     s.on_result = results.append
     eng.iterate()
+    assert eng.plan() == []
     eng.iterate()
     assert results[-1].done and results[-1].is_final
     assert eng.stats.stream_steps == 1
@@ -77,13 +85,20 @@ def test_tail_shorter_than_sampling_frames_is_dropped_like_nemo(m):
 
 
 def test_max_batch_caps_a_step_and_oldest_go_first(m):
+    g = m.geometry
     eng = helpers.new_engine(m, num_slots=6, max_batch=4)
-    streams = [open_with(eng, 16000) for _ in range(6)]
-    eng._drain_inbox()
-    chunks = eng._ready_chunks()
-    for k, c in enumerate(chunks):
-        c.stream.ready_since = 100.0 - k  # later-opened streams have waited longer
-    groups = eng._group(chunks)
-    picked = [c.stream.stream_id for grp in groups for c in grp]
-    assert len(picked) == 4
-    assert set(picked) == {s.stream_id for s in streams[2:]}
+    need = g.first_frames * g.hop_samples + g.hop_samples  # a first chunk's audio
+    streams = [open_with(eng, 0) for _ in range(6)]
+    assert eng.plan() == []
+    # Streams become ready in reverse order of opening: the later-opened ones have waited longer.
+    for s in reversed(streams):
+        eng.push(s, np.zeros(need, np.float32) + 0.01)
+        eng.plan()
+        time.sleep(0.002)
+    groups = eng.plan()
+    assert ids(groups) == [[s.stream_id for s in reversed(streams[2:])]]
+    steps = []
+    eng.on_step = lambda batch, _s: steps.append(batch)
+    eng.iterate()
+    assert steps == [4]
+    assert ids(eng.plan()) == [[streams[1].stream_id, streams[0].stream_id]]  # the two left over, next

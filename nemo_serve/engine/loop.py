@@ -37,13 +37,17 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Chunk:
-    """The next chunk of one ready stream."""
+    """The next chunk of one ready stream: its feature frames [t0, t0 + num_frames)."""
 
     stream: Stream
     t0: int
     num_frames: int
     is_first: bool
     is_last: bool
+
+    @property
+    def stream_id(self) -> str:
+        return self.stream.stream_id
 
 
 @dataclass
@@ -150,6 +154,12 @@ class Engine:
         with self._admission:
             return self._num_admitted
 
+    @property
+    def loop_stream_ids(self) -> list[str]:
+        """Ids of the streams the step loop holds: taken in from the inbox, not yet released.
+        Loop thread only (or an engine that is not started and driven with `iterate()`)."""
+        return list(self._streams)
+
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "Engine":
         self._thread = threading.Thread(target=self._run, name="nemo-serve-step-loop", daemon=True)
@@ -176,13 +186,25 @@ class Engine:
     # ------------------------------------------------------------------ one iteration
     def iterate(self) -> bool:
         """One pass of the loop; True if any stream advanced (so the caller should not sleep)."""
-        self._drain_inbox()  # 1
-        ready = self._ready_chunks()  # 2
-        groups = self._group(ready)  # 3
+        groups = self.plan()  # 1, 2, 3
         for group in groups:  # 4, 5
             self._step(group)
         self._release_finished()  # 6
         return bool(groups)
+
+    def plan(self) -> list[list[Chunk]]:
+        """The encoder calls `iterate()` runs next, in order: one list of chunks per batched call.
+
+        Takes in newly opened streams, applies aborts and forced finals, absorbs audio (steps 1-2)
+        and groups the ready streams (step 3): first chunks and later chunks never share a call,
+        oldest-ready first, at most `max_batch` chunks in all. Each chunk gives its stream
+        (`stream_id`), width (`num_frames`) and whether it is the stream's first or last. Runs no
+        model (a forced final, which needs none, is published here); a second call before
+        `iterate()` returns the same plan unless input arrived in between. Loop thread only (or
+        an engine that is not started and driven with `iterate()`).
+        """
+        self._drain_inbox()  # 1
+        return self._group(self._ready_chunks())  # 2, 3
 
     def _drain_inbox(self) -> None:
         while True:

@@ -24,11 +24,7 @@ log = logging.getLogger(__name__)
 
 
 def build(name: str, seed: int = 0):
-    """Build the named architecture with seeded, non-degenerate random weights (eval mode, CPU, fp32).
-
-    Same name, seed, torch and NeMo versions on the same machine give the same weights, whatever
-    the caller's torch thread count.
-    """
+    """Build the named architecture with seeded, non-degenerate random weights (eval mode, CPU, fp32)."""
     timings: dict[str, float] = {}
     with phase(timings, "total"):
         spec = builtin_spec(name)

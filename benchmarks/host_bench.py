@@ -1,0 +1,144 @@
+"""Host CPU per stream-step of the engine's step loop, with the model replaced by a stub.
+
+    python benchmarks/host_bench.py --streams 1000,4000,16000 --context-right 0,13 \
+        --out benchmarks/results/host_core_cpu.json
+
+What one stream-step costs the loop thread besides the model: draining the inbox, absorbing audio,
+readiness, grouping, assembling feature input, building the step batch, turning the step's tokens
+into results (text, endpointing) and handing them to the consumer. The model's own work is stubbed:
+the preprocessor returns a zero tensor of the right shape, and the step returns one token per
+three encoder frames without touching the slots. So the figure is what a GPU cannot take off the
+host; the GPU goals need it far below the chunk period divided by the streams (80 ms / 1,000 =
+80 us at 80 ms chunks, everything included).
+
+The driver is synchronous on one thread: every stream receives exactly one chunk of audio, then
+`iterate()` runs once, so every iteration steps every stream (the most work per iteration). Only
+the CPU time of `iterate()` is counted (time.thread_time), after a warm-up that covers first chunks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.common import run_record, write_json  # noqa: E402
+
+
+class _StubPreprocessor(torch.nn.Module):
+    """Log-mel of the right shape, no arithmetic: a view of one zero tensor (on a GPU the output
+    would be device memory, written by the device: no host cost)."""
+
+    def __init__(self, num_mels: int, hop: int) -> None:
+        super().__init__()
+        self.num_mels, self.hop = num_mels, hop
+        self.out = torch.zeros(0, num_mels, 0)
+
+    def forward(self, input_signal: torch.Tensor, length: torch.Tensor):
+        b, frames = input_signal.shape[0], input_signal.shape[1] // self.hop + 1
+        if self.out.shape[0] < b or self.out.shape[2] < frames:
+            self.out = torch.zeros(max(b, self.out.shape[0]), self.num_mels, max(frames, self.out.shape[2]))
+        return self.out[:b, :, :frames], length
+
+
+def _stub_step(tokens_per_frame: float):
+    from nemo_serve.engine.step import StepResult
+
+    def step(model, encoder, pool, batch) -> StepResult:
+        new_frames = [max(1, (n + model.geometry.subsampling - 1) // model.geometry.subsampling) for n in batch.num_frames]
+        ids, frames, decoded = [], [], []
+        rows = batch.rows.tolist()  # the one device->host transfer a real step makes too
+        for row, n in zip(rows, new_frames):
+            start = int(pool.decoded_lengths[row])
+            k = int((start + n) * tokens_per_frame) - int(start * tokens_per_frame)
+            ids.append([1 + (start + j) % 50 for j in range(k)])
+            frames.append([start + j for j in range(k)])
+            pool.decoded_lengths[row] = start + n
+            decoded.append(start + n)
+        return StepResult(ids, frames, decoded)
+
+    return step
+
+
+def measure(model, num_streams: int, seconds: float, tokens_per_frame: float) -> dict:
+    """Core CPU us per stream-step for `num_streams` streams each fed one chunk per iteration."""
+    from nemo_serve.engine import loop
+    from nemo_serve.engine.endpoint import EndpointConfig
+
+    g = model.geometry
+    engine = loop.Engine(model, num_slots=num_streams, max_batch=num_streams, endpoint=EndpointConfig())
+    engine.features.pre = _StubPreprocessor(model.num_mels, g.hop_samples)
+    real_step, loop.run_step = loop.run_step, _stub_step(tokens_per_frame)
+    try:
+        streams = [engine.open_stream(lambda r: None) for _ in range(num_streams)]
+        chunk_samples = g.chunk_frames * g.hop_samples
+        first_samples = g.first_frames * g.hop_samples + 2 * g.hop_samples
+        audio = (np.random.default_rng(0).standard_normal(first_samples + chunk_samples) * 0.01).astype(np.float32)
+        for s in streams:
+            engine.push(s, audio[:first_samples])
+        engine.iterate()  # opens, first chunks
+        steps = max(3, int(seconds * 1000 / g.chunk_ms))
+        cpu, stream_steps, iterations = 0.0, 0, 0
+        gc.collect()
+        for i in range(steps):
+            for s in streams:
+                engine.push(s, audio[first_samples:])
+            before = engine.stats.stream_steps
+            t0 = time.thread_time()
+            engine.iterate()
+            dt = time.thread_time() - t0
+            if i >= 1:  # the first later chunk may still be completing the warm-up
+                cpu += dt
+                stream_steps += engine.stats.stream_steps - before
+                iterations += 1
+        for s in streams:
+            engine.abort(s)
+        engine.iterate()
+    finally:
+        loop.run_step = real_step
+    return {
+        "streams": num_streams,
+        "context_right": g.context_right,
+        "chunk_ms": g.chunk_ms,
+        "iterations": iterations,
+        "stream_steps": stream_steps,
+        "core_cpu_us_per_stream_step": round(1e6 * cpu / max(stream_steps, 1), 2),
+        "core_cpu_ms_per_iteration": round(1e3 * cpu / max(iterations, 1), 2),
+        "budget_us_per_stream_step": round(1e3 * g.chunk_ms / num_streams, 2),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None, help="model spec (default: the embedded demo model)")
+    p.add_argument("--streams", default="1000,4000,16000")
+    p.add_argument("--context-right", default="0,13")
+    p.add_argument("--seconds", type=float, default=4.0, help="audio per stream per measurement")
+    p.add_argument("--tokens-per-frame", type=float, default=0.33, help="stub emission rate (real models: 0.2-0.5)")
+    p.add_argument("--out", default=None, help="JSON file")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    from nemo_serve.model import load_model
+
+    record = run_record()
+    entries = []
+    for r in [int(x) for x in args.context_right.split(",")]:
+        model = load_model(args.model, context_right=r)
+        for n in [int(x) for x in args.streams.split(",")]:
+            e = measure(model, n, args.seconds, args.tokens_per_frame)
+            entries.append(e)
+            print(f"streams {n:6d}  {e['chunk_ms']:5.0f} ms  core {e['core_cpu_us_per_stream_step']:7.2f} us/stream-step"
+                  f"  (budget {e['budget_us_per_stream_step']:.1f} us)  {e['core_cpu_ms_per_iteration']:.1f} ms/iteration",
+                  flush=True)
+    if args.out:
+        write_json(args.out, {"run": record, "core": entries})
+
+
+if __name__ == "__main__":
+    main()

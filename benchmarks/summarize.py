@@ -9,6 +9,9 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.load_level import keeps_up  # noqa: E402
+
 SYSTEMS = ("engine", "engine-nemo", "pipeline", "loop", "sherpa")
 
 
@@ -27,15 +30,33 @@ def _f(x, nd=0, unit=""):
     return f"{x:.{nd}f}{unit}"
 
 
+def judge(sweep: dict) -> tuple[dict | None, dict | None]:
+    """(highest level kept up with every lower level kept up too, first level not kept up), by
+    today's rule (load_level.keeps_up), whatever rule the sweep was run with."""
+    best = None
+    for lv in sweep["levels"]:
+        if not keeps_up(lv, sweep["chunk_ms"], sweep.get("max_drift_ms_per_s", 20.0)):
+            return best, lv
+        best = lv
+    return best, None
+
+
 def capacity_table(sweeps: list[tuple[Path, dict]]) -> str:
     rows = [
         "| model | chunk | dtype, device, threads | streams kept up | partial p95 at max | final p95 at max "
-        "| next level: drift | cache per stream / at max | server CPU cores at max | quality at max | load avg at start |",
+        "| next level: p90 drift | cache per stream / at max | server CPU cores at max | quality at max | load avg at start |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for _, d in sweeps:
-        c = d["capacity"]
-        best = next((lv for lv in reversed(d["levels"]) if lv["keeps_up"]), None)
+        c = dict(d["capacity"])
+        best, behind = judge(d)
+        c["streams_kept_up"] = best["streams"] if best else 0
+        c["partial_latency_ms_p95_at_max"] = best["partial_latency_ms"]["p95"] if best else None
+        c["final_latency_ms_p95_at_max"] = best["final_latency_ms"]["p95"] if best else None
+        c["next_level"] = behind["streams"] if behind else None
+        c["next_level_drift_ms_per_s"] = behind["drift_ms_per_s"]["p90"] if behind else None
+        per_stream = c.get("cache_mib_per_stream")
+        c["cache_mib_total_at_max"] = round(per_stream * best["streams"], 1) if (best and per_stream) else None
         q = (best or {}).get("quality", {})
         quality = []
         if "token_identical_streams" in q:

@@ -1,0 +1,31 @@
+"""The load benchmarks' keep-up rule: the numbers in the README's capacity table depend on it."""
+
+from benchmarks.load_level import keeps_up
+
+
+def level(p95_ms: float, drift_median: float, drift_p90: float, errors: dict | None = None) -> dict:
+    return {
+        "partial_latency_ms": {"p50": p95_ms / 2, "p95": p95_ms, "p99": p95_ms},
+        "drift_ms_per_s": {"median": drift_median, "p90": drift_p90, "streams_measured": 64},
+        "errors": errors or {},
+        "items_completed": 64,
+    }
+
+
+def test_a_steady_level_keeps_up():
+    assert keeps_up(level(588.0, -0.4, 4.0), chunk_ms=320.0)
+
+
+def test_p95_beyond_two_chunk_periods_is_behind_whatever_the_drift():
+    # The committed 320 ms sweep's N=64 level: p95 2,968 ms with a median drift of -8.9 ms/s.
+    assert not keeps_up(level(2968.1, -8.9, 4.1), chunk_ms=320.0)
+    assert keeps_up(level(2200.0, 0.0, 1.0), chunk_ms=1120.0)
+
+
+def test_a_tenth_of_the_streams_drifting_is_behind_even_with_a_flat_median():
+    # The committed 320 ms sweep's N=96 level: median -0.4 ms/s, p90 24.5 ms/s.
+    assert not keeps_up(level(588.1, -0.4, 24.5), chunk_ms=320.0)
+
+
+def test_refused_streams_are_behind():
+    assert not keeps_up(level(100.0, 0.0, 1.0, errors={"refused": 1}), chunk_ms=320.0)

@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--ssl-certfile", help="TLS certificate (PEM): serves https:// and wss://")
     n.add_argument("--ssl-keyfile", help="TLS private key (PEM)")
     n.add_argument("--auth-token", help="require this bearer token (better: NEMO_SERVE_AUTH_TOKEN)")
+    n.add_argument("--allowed-origins", metavar="ORIGINS",
+                   help="browser pages allowed to stream besides the server's own: comma-separated "
+                   "scheme://host[:port], or '*' (default: same-origin, plus clients that send no Origin)")
     lim = p.add_argument_group("limits")
     lim.add_argument("--max-message-bytes", type=int, help="largest WebSocket message (default 1 MiB)")
     lim.add_argument("--idle-timeout-s", type=float, help="close a stream that sends nothing for this long (30)")
@@ -47,6 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
     lim.add_argument("--ping-timeout-s", type=float, help="close when a ping gets no pong in this time (20)")
     lim.add_argument("--max-stream-s", type=float, help="end a stream's input after this much audio or wall time (3600)")
     lim.add_argument("--drain-timeout-s", type=float, help="on SIGTERM, how long open streams get to finish (30)")
+    lim.add_argument("--send-timeout-s", type=float,
+                     help="close a stream whose client takes no result for this long, freeing its slot (10)")
+    lim.add_argument("--header-timeout-s", type=float, help="close a connection whose request headers take longer (10)")
+    lim.add_argument("--max-connections", type=int, help="open connections, HTTP and WebSocket; more get 503 (1024)")
+    lim.add_argument("--max-connections-per-ip", type=int, help="open connections from one address; more get 503 (256)")
     e = p.add_argument_group("endpointing (defaults; each stream may override them)")
     e.add_argument("--endpoint", dest="endpoint", action="store_const", const=True, help="split segments at pauses (default)")
     e.add_argument("--no-endpoint", dest="endpoint", action="store_const", const=False, help="one segment per stream")

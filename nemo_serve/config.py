@@ -8,11 +8,13 @@ the default here. The token is best passed through the environment: flags show i
 from __future__ import annotations
 
 import os
+import ssl
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .engine.endpoint import EndpointConfig
 
@@ -42,7 +44,14 @@ class Settings(BaseModel):
     ssl_certfile: Path | None = None
     ssl_keyfile: Path | None = None
     auth_token: Annotated[str, Field(min_length=1)] | None = None
+    # Browser pages allowed to open streams, besides the server's own (comma-separated origins,
+    # "*" for any); clients that send no Origin (not browsers) are always allowed.
+    allowed_origins: str | None = None
     # limits
+    max_connections: Annotated[int, Field(ge=1, le=1_000_000)] = 1024  # open sockets, HTTP and WebSocket
+    max_connections_per_ip: Annotated[int, Field(ge=1, le=1_000_000)] = 256
+    header_timeout_s: PositiveSeconds = 10.0  # from connect (or a keep-alive request's first byte) to headers
+    send_timeout_s: PositiveSeconds = 10.0  # a result the client's socket does not take in this time: closed
     max_message_bytes: Annotated[int, Field(ge=1024, le=1 << 30)] = 1 << 20  # sherpa-onnx's default
     idle_timeout_s: PositiveSeconds = 30.0  # no message from the client while input is open
     ping_interval_s: Annotated[float, Field(ge=0, le=3600)] = 20.0  # 0: no keepalive pings
@@ -56,14 +65,34 @@ class Settings(BaseModel):
     rule3_min_utterance_length: PositiveSeconds = 20.0
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
 
+    @field_validator("ssl_certfile", "ssl_keyfile")
+    @classmethod
+    def _tls_file(cls, p: Path | None) -> Path | None:
+        if p is not None and not p.is_file():
+            raise ValueError(f"TLS file not found: {p}")
+        return p
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _origins(cls, v: str | None) -> str | None:
+        for origin in _split_origins(v):
+            parts = urlsplit(origin)
+            if origin not in ("*", "null") and (parts.scheme not in ("http", "https") or not parts.netloc or parts.path):
+                raise ValueError(f"{origin!r} is not an origin (scheme://host[:port], '*' or 'null')")
+        return v
+
     @model_validator(mode="after")
     def _check(self) -> "Settings":
+        # Errors here name their flags themselves: a model-level error has no field to name.
         if self.ssl_keyfile is not None and self.ssl_certfile is None:
-            raise ValueError("ssl_keyfile needs ssl_certfile")
-        for p in (self.ssl_certfile, self.ssl_keyfile):
-            if p is not None and not p.is_file():
-                raise ValueError(f"TLS file not found: {p}")
+            raise ValueError("--ssl-keyfile needs --ssl-certfile")
+        if self.ssl_certfile is not None:
+            check_tls_files(self.ssl_certfile, self.ssl_keyfile)
         return self
+
+    @property
+    def origin_allow_list(self) -> frozenset[str]:
+        return frozenset(_split_origins(self.allowed_origins))
 
     @property
     def endpoint_config(self) -> EndpointConfig:
@@ -93,9 +122,35 @@ class Settings(BaseModel):
             return cls(**values)
         except ValidationError as e:
             first = e.errors()[0]
-            name = ".".join(str(p) for p in first["loc"]) or "settings"
+            msg = first["msg"].removeprefix("Value error, ")
+            if not first["loc"]:  # from _check, which names its flags
+                raise SettingsError(msg) from None
+            name = ".".join(str(p) for p in first["loc"])
             flag = "--" + name.replace("_", "-")
-            raise SettingsError(f"{flag} (or {ENV_PREFIX}{name.upper()}): {first['msg']}") from None
+            raise SettingsError(f"{flag} (or {ENV_PREFIX}{name.upper()}): {msg}") from None
+
+
+def _split_origins(v: str | None) -> list[str]:
+    return [o.strip().lower().rstrip("/") for o in (v or "").split(",") if o.strip()]
+
+
+def check_tls_files(certfile: Path, keyfile: Path | None) -> None:
+    """Load the certificate and key as the server will, so that a bad file is one line at
+    start-up (naming its flag), not a traceback from inside uvicorn. Encrypted keys are refused:
+    OpenSSL would prompt for the passphrase on the terminal."""
+
+    def no_passphrase() -> str:
+        raise ValueError("encrypted")
+
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(certfile, keyfile, password=no_passphrase)
+    except (ssl.SSLError, OSError, ValueError) as e:
+        if b"-----BEGIN CERTIFICATE-----" not in certfile.read_bytes():
+            raise ValueError(f"--ssl-certfile: {certfile} is not a PEM certificate ({e})") from None
+        where = f"--ssl-keyfile: {keyfile}" if keyfile else f"--ssl-certfile: {certfile} (no --ssl-keyfile)"
+        raise ValueError(
+            f"{where}: no PEM private key that matches the certificate, or the key is encrypted ({e})"
+        ) from None
 
 
 def _env_bool(raw: str) -> Any:

@@ -19,6 +19,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from .logsafe import clean, preview
+
 # Close codes (RFC 6455 section 7.4.1). Every close but 1000 is preceded by an `error` message,
 # except 1009, which the transport sends itself (the oversized frame is never read).
 CLOSE_NORMAL = 1000
@@ -27,6 +29,9 @@ CLOSE_TOO_BIG = 1009
 CLOSE_SERVER_ERROR = 1011
 CLOSE_GOING_AWAY = 1012  # service restart: drain deadline passed
 CLOSE_TRY_AGAIN_LATER = 1013  # no free slot
+
+MAX_CLOSE_REASON_BYTES = 123  # RFC 6455 5.5: a control frame's payload is 125 bytes, 2 are the code
+MAX_REASON_CHARS = 500  # an `error` message's reason (the language list of a prompt model fits)
 
 END_OF_INPUT_TEXT = "Done"
 
@@ -65,6 +70,13 @@ def check_transition(old: ProtocolState, new: ProtocolState) -> ProtocolState:
     if new not in _TRANSITIONS[old]:
         raise RuntimeError(f"illegal protocol transition {old.value} -> {new.value}")
     return new
+
+
+def close_reason(reason: str) -> str:
+    """`reason` cut to 123 bytes of UTF-8, on a character boundary. A longer one makes the
+    close frame invalid and the client sees an abnormal close (1006) instead of our code."""
+    data = reason.encode("utf-8", "replace")[:MAX_CLOSE_REASON_BYTES]
+    return data.decode("utf-8", "ignore")
 
 
 # ----------------------------------------------------------------------------- client -> server
@@ -120,19 +132,23 @@ def parse_client_text(text: str) -> ClientMessage:
         return EndMessage(type="end")
     try:
         obj = json.loads(text)
-    except (json.JSONDecodeError, RecursionError):
+    except json.JSONDecodeError:
         raise ProtocolError("text frame is neither JSON nor 'Done'") from None
+    except RecursionError:
+        raise ProtocolError("JSON nested too deeply") from None
+    except ValueError:  # Python refuses integers of more than 4,300 digits
+        raise ProtocolError("JSON number too long") from None
     if not isinstance(obj, dict):
         raise ProtocolError("a JSON message must be an object")
     kind = obj.get("type")
-    if kind not in _CLIENT_TYPES:
-        raise ProtocolError(f"unknown message type {kind!r}; expected one of {sorted(_CLIENT_TYPES)}")
+    if not isinstance(kind, str) or kind not in _CLIENT_TYPES:  # a list or dict is not even hashable
+        raise ProtocolError(f"unknown message type {preview(kind)}; expected one of {sorted(_CLIENT_TYPES)}")
     try:
         return _CLIENT_TYPES[kind].model_validate(obj)
     except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or kind
-        raise ProtocolError(f"invalid {kind} message: {where}: {first['msg']}") from None
+        first = e.errors(include_url=False, include_input=False)[0]
+        where = clean(".".join(str(p) for p in first["loc"]) or kind)  # field names come from the client
+        raise ProtocolError(f"invalid {kind} message: {where}: {clean(first['msg'], 200)}") from None
 
 
 # ----------------------------------------------------------------------------- server -> client
@@ -161,6 +177,11 @@ class ResultMessage(BaseModel):
     tokens: list[str]  # the segment's tokens ...
     token_ids: list[int]
     timestamps: list[float]  # ... and their start times in seconds from the start of the stream
+    # A partial of a long segment carries it from these offsets on (what the client already has
+    # stays): tokens, token_ids and timestamps from token_offset, text from text_offset (code
+    # points). 0 and 0 (the whole segment) for finals and for segments of up to 256 tokens.
+    token_offset: int = 0
+    text_offset: int = 0
     start_time: float  # start of the segment, seconds from the start of the stream
     audio_processed: float  # seconds of audio the model has consumed
     audio_arrival_time: float  # server clock (unix s) when the audio that produced this arrived

@@ -1,6 +1,7 @@
 """Prometheus metrics, one registry per app (so two apps in one process never collide).
 
-Each metric moves at one lifecycle point: open/close of a stream (session), refusal at the
+Each metric moves at one lifecycle point: open/close of a stream (session), open/close of a
+TCP connection and refusals over the connection caps (connections.py), refusal at the
 handshake or at slot acquisition (app / session), every step (the engine's on_step hook, on
 the loop thread: prometheus-client is thread-safe), every result sent (session).
 """
@@ -41,8 +42,10 @@ class ServerMetrics:
         self.streams = Counter("nemo_serve_streams", "Streams admitted", registry=r)
         self.refusals = Counter("nemo_serve_refusals", "Connections refused, by reason", ["reason"], registry=r)
         self.stream_errors = Counter("nemo_serve_stream_errors", "Streams ended by an error, by reason", ["reason"], registry=r)
-        for reason in ("no_free_slot", "draining", "unauthorized", "engine_failed"):  # export zeros, so rate() works from the start
+        refusal_reasons = ("no_free_slot", "draining", "unauthorized", "origin", "connection_limit", "header_timeout", "engine_failed")
+        for reason in refusal_reasons:  # export zeros, so rate() works from the start
             self.refusals.labels(reason=reason)
+        self.connections = Gauge("nemo_serve_connections", "Open TCP connections (HTTP and WebSocket)", registry=r)
         self.step_duration = Histogram(
             "nemo_serve_step_duration_seconds",
             "Duration of one batched model step (features, encoder, decoder), by batch size bin",

@@ -16,6 +16,8 @@ import signal
 import uvicorn
 
 from ..config import Settings
+from . import logsafe
+from .connections import ConnectionLimiter, ConnectionLimits, protocol_classes
 from .context import ServerContext
 
 log = logging.getLogger("nemo_serve.server")
@@ -52,11 +54,14 @@ class DrainingServer(uvicorn.Server):
 
 
 def serve(app, ctx: ServerContext, settings: Settings) -> None:
+    limiter = ConnectionLimiter(settings.max_connections, settings.max_connections_per_ip, ctx.metrics)
+    http_protocol, ws_protocol = protocol_classes(ConnectionLimits(limiter, settings.header_timeout_s))
     config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
-        ws="websockets-sansio",
+        http=http_protocol,  # httptools, with the caps and the header deadline (connections.py)
+        ws=ws_protocol,  # websockets-sansio, likewise
         ws_max_size=settings.max_message_bytes,  # the transport refuses bigger frames with 1009
         ws_ping_interval=settings.ping_interval_s or None,
         ws_ping_timeout=settings.ping_timeout_s,
@@ -67,4 +72,6 @@ def serve(app, ctx: ServerContext, settings: Settings) -> None:
         timeout_graceful_shutdown=5,
         lifespan="on",
     )
+    # After uvicorn.Config, which has just (re)configured uvicorn's handlers.
+    logsafe.install(secrets=(settings.auth_token,) if settings.auth_token else ())
     DrainingServer(config, ctx).run()

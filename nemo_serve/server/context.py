@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("nemo_serve.server")
 
+DRAIN_CLOSE_GRACE_S = 1.0  # after the drain deadline: time for the error and close 1012 frames
+
 
 @dataclass
 class ServerContext:
@@ -65,19 +67,24 @@ class ServerContext:
         log.info("draining: %d open sessions, up to %.0f s", len(self.sessions), self.settings.drain_timeout_s)
         for s in list(self.sessions):
             s.drain()
-        if self.sessions:
-            try:
-                await asyncio.wait_for(self._idle.wait(), self.settings.drain_timeout_s)
-            except asyncio.TimeoutError:
-                pass
+        await self._wait_idle(self.settings.drain_timeout_s)
         for s in list(self.sessions):
             s.fail("server shut down before the stream finished (drain timeout)", CLOSE_GOING_AWAY, "drain_timeout")
-        # Let the send tasks put their close frames on the wire before uvicorn tears down.
-        for _ in range(50):
-            if not self.sessions:
-                break
-            await asyncio.sleep(0.02)
+        # Let the send tasks put their error and close frames on the wire before uvicorn tears
+        # down; a client that does not read cannot take them, and is dropped, so that it cannot
+        # hold the exit past the drain deadline (uvicorn would wait for its buffer to empty).
+        await self._wait_idle(DRAIN_CLOSE_GRACE_S)
+        for s in list(self.sessions):
+            s.drop()
+        await self._wait_idle(DRAIN_CLOSE_GRACE_S)
         log.info("drained")
+
+    async def _wait_idle(self, timeout_s: float) -> None:
+        if self.sessions:
+            try:
+                await asyncio.wait_for(self._idle.wait(), timeout_s)
+            except asyncio.TimeoutError:
+                pass
 
     async def watch_engine(self, period_s: float = 0.5) -> None:
         """If the step loop dies, every open stream gets an error instead of hanging forever."""

@@ -6,7 +6,10 @@
                 whatever way the socket ends (client gone, error, cancellation at shutdown).
 
 The engine calls `_on_result` on its loop thread; the result crosses into the event loop with
-`call_soon_threadsafe` and waits in the outbox. Nothing here blocks the loop thread.
+`call_soon_threadsafe` and waits in the outbox (outbox.py: bounded, partials coalesced). Nothing
+here blocks the loop thread. Every write has a deadline: --send-timeout-s for results, then
+CLOSE_TIMEOUT_S for the error and close frames; a client that cannot take those either is
+dropped (TCP), so a client that stops reading frees its slot in bounded time, pings or not.
 """
 
 from __future__ import annotations
@@ -24,12 +27,15 @@ from ..engine.slots import NoFreeSlotError
 from ..engine.stream import Stream, StreamResult
 from .audio import AudioDecoder, AudioError
 from .context import ServerContext
+from .logsafe import clean
+from .outbox import Outbox, PartialTail
 from .protocol import (
     CLOSE_NORMAL,
     CLOSE_PROTOCOL_ERROR,
     CLOSE_SERVER_ERROR,
     CLOSE_TOO_BIG,
     CLOSE_TRY_AGAIN_LATER,
+    MAX_REASON_CHARS,
     ConfigMessage,
     DoneMessage,
     EndMessage,
@@ -40,6 +46,7 @@ from .protocol import (
     ReadyMessage,
     ResultMessage,
     check_transition,
+    close_reason,
     parse_client_text,
 )
 
@@ -50,6 +57,9 @@ _numbers = itertools.count(1)
 # (TCP then slows the client down). Without it, a client sending an hour of audio at full speed
 # would park it all in server memory. Real-time clients are never near it.
 MAX_AHEAD_S = 20.0
+# A stream that failed (slow client, drain deadline, error) gets this long to put its `error`
+# and close frames on the wire; then the TCP connection is dropped.
+CLOSE_TIMEOUT_S = 1.0
 
 
 @dataclass
@@ -67,7 +77,8 @@ class Session:
         self.ctx = ctx
         self.number = next(_numbers)  # for task names and logs
         self.state = ProtocolState.CONNECTED
-        self.outbox: asyncio.Queue = asyncio.Queue()  # ReadyMessage | StreamResult | _Close
+        self.outbox = Outbox()  # ReadyMessage | StreamResult | _Close
+        self.tail = PartialTail()  # what the client holds of the current segment
         self.config = ConfigMessage()
         self.stream: Stream | None = None
         self.decoder: AudioDecoder | None = None
@@ -111,15 +122,27 @@ class Session:
             self._end_input("draining")
 
     def fail(self, reason: str, code: int = CLOSE_PROTOCOL_ERROR, reason_label: str = "protocol") -> None:
-        """Abort the stream, tell the client why, close. Idempotent."""
+        """Abort the stream (its slot comes back between steps), tell the client why, close.
+        Idempotent. The close jumps the outbox queue: results still waiting are dropped."""
         if self.closing or self.client_gone:
             return
         self.closing = True
         self._progress.set()
         self._abort(reason)
         self.ctx.metrics.stream_errors.labels(reason=reason_label).inc()
+        reason = clean(reason, MAX_REASON_CHARS)
         log.info("ws%d error (%s): %s", self.number, reason_label, reason)
-        self.outbox.put_nowait(_Close(code, reason, error=True))
+        self.outbox.put_first(_Close(code, reason, error=True))
+
+    def drop(self) -> None:
+        """Drop the TCP connection now (a client that could not take its close frame in time).
+        Without the hook (a server other than ours, the test client) the close stays pending."""
+        self._abort("connection dropped")
+        abort = self.ws.scope.get("extensions", {}).get("nemo_serve.connection", {}).get("abort")
+        if abort is not None:
+            log.info("ws%d dropped: the client does not read", self.number)
+            self.client_gone = True
+            abort()
 
     def _set_state(self, new: ProtocolState) -> None:
         self.state = check_transition(self.state, new)
@@ -250,7 +273,7 @@ class Session:
         self._set_state(ProtocolState.STREAMING)
         ctx.metrics.open_streams.inc()
         ctx.metrics.streams.inc()
-        self.outbox.put_nowait(
+        self.outbox.put(
             ReadyMessage(
                 id=config.id,
                 stream_id=self.stream.stream_id,
@@ -283,9 +306,27 @@ class Session:
     def _on_result(self, result: StreamResult) -> None:
         """Engine callback, on the loop thread: hand over and return at once."""
         try:
-            self._loop.call_soon_threadsafe(self.outbox.put_nowait, result)
+            self._loop.call_soon_threadsafe(self._take_result, result)
         except RuntimeError:  # event loop closed at shutdown: nobody is listening any more
             pass
+
+    def _take_result(self, r: StreamResult) -> None:
+        """On the event loop: count the model's progress (whether or not the client reads, so
+        the receive task's backpressure never waits on the client), then queue what is sent."""
+        if self.closing or self.client_gone:
+            return
+        if r.error is not None:
+            self.fail(f"engine error: {r.error}", code=CLOSE_SERVER_ERROR, reason_label="engine")
+            return
+        self.ctx.metrics.audio_seconds.inc(max(0.0, r.audio_processed_s - self._audio_processed_s))
+        self._audio_processed_s = max(self._audio_processed_s, r.audio_processed_s)
+        self._progress.set()
+        if not (r.is_final or r.done or self.config.interim_results):
+            return
+        if not self.outbox.put(r):
+            self.fail(
+                f"client is not reading results ({len(self.outbox)} messages waiting)", reason_label="slow_client"
+            )
 
     # ------------------------------------------------------------------ send task
     async def _send_loop(self) -> None:
@@ -293,35 +334,43 @@ class Session:
             while True:
                 item = await self.outbox.get()
                 if isinstance(item, _Close):
-                    if item.error:
-                        await self._send(ErrorMessage(id=self.config.id, reason=item.reason))
-                    await self.ws.close(item.code, item.reason[:120])
+                    await self._send_close(item)
                     return
                 if self.closing:
                     continue  # results that raced the error are dropped
-                if isinstance(item, StreamResult):
-                    if await self._send_result(item):
-                        return
-                else:
-                    await self._send(item)
+                try:
+                    if isinstance(item, StreamResult):
+                        if await self._send_result(item):
+                            return
+                    else:
+                        await self._send(item)
+                except asyncio.TimeoutError:
+                    timeout_s = self.ctx.settings.send_timeout_s
+                    self.fail(f"client is not reading results (none written for {timeout_s:g} s)",
+                              reason_label="slow_client")  # fmt: skip
         except Exception as e:  # noqa: BLE001 - the client went away mid-send; run() cleans up
             log.debug("ws%d send failed: %r", self.number, e)
             self.client_gone = True
 
+    async def _send_close(self, item: _Close) -> None:
+        try:
+            async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                if item.error:
+                    await self.ws.send_text(ErrorMessage(id=self.config.id, reason=item.reason).model_dump_json())
+                await self.ws.close(item.code, close_reason(item.reason))
+        except TimeoutError:
+            self.drop()
+
     async def _send(self, msg) -> None:
-        await self.ws.send_text(msg.model_dump_json())
+        """One frame, or TimeoutError when the socket took nothing for --send-timeout-s."""
+        await asyncio.wait_for(self.ws.send_text(msg.model_dump_json()), self.ctx.settings.send_timeout_s)
 
     async def _send_result(self, r: StreamResult) -> bool:
         """Send one engine result (and `done` after the last one); True when the socket is closed."""
-        if r.error is not None:
-            self.fail(f"engine error: {r.error}", code=CLOSE_SERVER_ERROR, reason_label="engine")
-            return False
-        m = self.ctx.metrics
-        m.audio_seconds.inc(max(0.0, r.audio_processed_s - self._audio_processed_s))
-        self._audio_processed_s = max(self._audio_processed_s, r.audio_processed_s)
-        self._progress.set()
         if r.is_final or self.config.interim_results:
-            vocabulary = self.ctx.model.vocabulary
+            m, vocabulary = self.ctx.metrics, self.ctx.model.vocabulary
+            token_offset, text_offset = self.tail.offsets(r)
+            ids = r.token_ids[token_offset:]
             sent = time.time()
             await self._send(
                 ResultMessage(
@@ -330,10 +379,12 @@ class Session:
                     stream_id=r.stream_id,
                     segment=r.segment,
                     is_final=r.is_final,
-                    text=r.text,
-                    tokens=[vocabulary[t] if t < len(vocabulary) else "" for t in r.token_ids],
-                    token_ids=r.token_ids,
-                    timestamps=r.token_times_s,
+                    text=r.text[text_offset:],
+                    tokens=[vocabulary[t] if t < len(vocabulary) else "" for t in ids],
+                    token_ids=ids,
+                    timestamps=r.token_times_s[token_offset:],
+                    token_offset=token_offset,
+                    text_offset=text_offset,
                     start_time=r.segment_start_s,
                     audio_processed=r.audio_processed_s,
                     audio_arrival_time=r.audio_arrival_time,
@@ -351,5 +402,5 @@ class Session:
                 reason=self.end_reason or "end",
             )
         )
-        await self.ws.close(CLOSE_NORMAL)
+        await asyncio.wait_for(self.ws.close(CLOSE_NORMAL), self.ctx.settings.send_timeout_s)
         return True

@@ -13,6 +13,9 @@ const page = (window.nemoServe = { state: "idle", messages: [], finals: [] });
 let ws = null;
 let audio = null; // { ctx, source, node, stream }
 let gotReady = false;
+// The current segment's text as a list of code points: a partial of a long segment carries it
+// from `text_offset` (code points) on; what came before stays (docs/protocol.md).
+let segmentText = [];
 
 function setState(state, text, isError = false) {
   page.state = state;
@@ -94,8 +97,10 @@ function onMessage(event) {
     gotReady = true;
     setState("streaming", `streaming (chunk ${msg.chunk_ms} ms)`);
   } else if (msg.type === "partial") {
-    $("partial").textContent = msg.text;
+    segmentText = segmentText.slice(0, msg.text_offset || 0).concat(Array.from(msg.text));
+    $("partial").textContent = segmentText.join("");
   } else if (msg.type === "final") {
+    segmentText = [];
     $("partial").textContent = "";
     if (msg.text) {
       page.finals.push(msg.text);
@@ -135,6 +140,7 @@ async function start() {
   $("partial").textContent = "";
   page.finals = [];
   gotReady = false;
+  segmentText = [];
   try {
     audio = await openAudio();
   } catch (e) {

@@ -6,6 +6,10 @@
   GET /metrics   Prometheus text format
   GET /          the microphone page (static/)
 
+Before anything else, a browser's Origin must be the server's own page or in --allowed-origins
+(403 otherwise): WebSockets are not covered by CORS, so without this check any web page could
+drive a server that has no token. Clients that send no Origin header are not browsers and pass.
+
 Admission happens twice on purpose: a cheap check at the handshake answers HTTP 503 (or 401)
 before the upgrade, so a full server costs a refused client one round trip; the slot itself
 is taken when the first message arrives (it carries the language and endpoint options), and a
@@ -17,14 +21,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import ipaddress
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from fastapi import FastAPI, WebSocket
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from .context import ServerContext
-from .protocol import CLOSE_PROTOCOL_ERROR, CLOSE_TRY_AGAIN_LATER, ErrorMessage
+from .logsafe import preview
+from .protocol import CLOSE_PROTOCOL_ERROR, CLOSE_TRY_AGAIN_LATER, ErrorMessage, close_reason
 from .session import Session
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -77,7 +84,15 @@ def create_app(ctx: ServerContext) -> FastAPI:
     async def metrics() -> Response:
         return Response(ctx.metrics.render(), media_type=ctx.metrics.content_type)
 
+    allowed_origins = ctx.settings.origin_allow_list
+    loopback_only = _is_loopback(ctx.settings.host)
+
     async def stream(ws: WebSocket) -> None:
+        bad_origin = _origin_refusal(ws, allowed_origins, loopback_only)
+        if bad_origin is not None:
+            ctx.metrics.refusals.labels(reason="origin").inc()
+            await _refuse(ws, 403, bad_origin, CLOSE_PROTOCOL_ERROR)
+            return
         if not _authorized(ws, ctx.settings.auth_token):
             ctx.metrics.refusals.labels(reason="unauthorized").inc()
             await _refuse(ws, 401, "missing or wrong bearer token", CLOSE_PROTOCOL_ERROR)
@@ -106,6 +121,41 @@ def _authorized(ws: WebSocket, token: str | None) -> bool:
     return hmac.compare_digest(given.encode(), token.encode())
 
 
+def _origin_refusal(ws: WebSocket, allowed: frozenset[str], loopback_only: bool) -> str | None:
+    """Why this handshake's Origin is refused, or None. Same-origin means the Origin's host and
+    port are the Host the client asked for; on a server bound to loopback that Host must also
+    be a loopback name, or a page on an attacker's domain re-pointed at 127.0.0.1 (DNS
+    rebinding) would count as same-origin."""
+    origin = ws.headers.get("origin")
+    if origin is None:
+        return None
+    normal = origin.strip().lower().rstrip("/")
+    if "*" in allowed or normal in allowed:
+        return None
+    host = ws.headers.get("host", "").lower()
+    if _same_origin(normal, host) and (not loopback_only or _is_loopback(urlsplit("//" + host).hostname or "")):
+        return None
+    return f"origin {preview(origin, 80)} is not allowed (--allowed-origins)"
+
+
+def _same_origin(origin: str, host: str) -> bool:
+    try:
+        o, h = urlsplit(origin), urlsplit("//" + host)
+        default = {"http": 80, "https": 443}.get(o.scheme)
+        return default is not None and o.hostname == h.hostname and (o.port or default) == (h.port or default)
+    except ValueError:  # a port that is not a number
+        return False
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 async def _refuse(ws: WebSocket, status: int, reason: str, close_code: int) -> None:
     """HTTP status at the handshake; where the ASGI server cannot, an error message and a close."""
     body = ErrorMessage(reason=reason).model_dump()
@@ -115,4 +165,4 @@ async def _refuse(ws: WebSocket, status: int, reason: str, close_code: int) -> N
     except RuntimeError:
         await ws.accept()
         await ws.send_json(body)
-        await ws.close(close_code, reason[:120])
+        await ws.close(close_code, close_reason(reason))

@@ -162,6 +162,7 @@ class _FakeEngine:
         self.num_slots = num_slots
         self.streams: list = []
         self.aborted: list = []
+        self.finished: list = []
         self.error: BaseException | None = None
         self._thread = object()  # "started"
 
@@ -179,6 +180,7 @@ class _FakeEngine:
         if self.num_free_slots <= 0:
             raise NoFreeSlotError("full")
         stream = type("S", (), {"stream_id": f"s{len(self.streams)}"})()
+        stream.on_result = on_result  # results are delivered by the test, as the loop thread would
         self.streams.append(stream)
         return stream
 
@@ -186,7 +188,7 @@ class _FakeEngine:
         pass
 
     def finish(self, stream) -> None:
-        pass
+        self.finished.append(stream)
 
     def force_final(self, stream) -> None:
         pass
@@ -243,3 +245,41 @@ def test_client_disconnect_aborts_the_stream():
         while engine.aborted != engine.streams and time.monotonic() < deadline:
             time.sleep(0.01)
         assert engine.aborted == engine.streams and len(engine.streams) == 1
+
+
+def test_drain_refuses_new_streams_until_open_ones_have_their_finals():
+    """SIGTERM's drain (ServerContext.drain), held open by a stream still owed its final: the
+    stream's input is ended, a new handshake is refused with HTTP 503, Retry-After and a reason,
+    /readyz says draining; the final then arrives with `done` reason "draining" and the drain ends."""
+    from starlette.testclient import TestClient, WebSocketDenialResponse
+
+    from nemo_serve.engine.stream import StreamResult
+
+    engine = _FakeEngine(num_slots=2)
+    app = _app(engine)
+    ctx = app.state.ctx
+    with TestClient(app) as client:
+        with client.websocket_connect("/ws") as ws:
+            ws.send_text(json.dumps({"type": "config"}))
+            assert ws.receive_json()["type"] == "ready"
+            drained = client.portal.start_task_soon(ctx.drain)
+            deadline = time.monotonic() + 5
+            while engine.finished != engine.streams and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert engine.finished == engine.streams and not drained.done()  # input ended, final still owed
+            r = client.get("/readyz")
+            assert r.status_code == 503 and r.json()["draining"] and not r.json()["ready"]
+            with pytest.raises(WebSocketDenialResponse) as denied:
+                with client.websocket_connect("/ws"):
+                    pass
+            assert denied.value.status_code == 503 and denied.value.headers["retry-after"] == "1"
+            assert "draining" in denied.value.json()["reason"]
+            assert not drained.done()
+            stream = engine.streams[0]
+            stream.on_result(StreamResult(stream.stream_id, "a", 0, True, [0], [0], [0.0], 0.0, 1.0, time.time(), done=True))
+            assert ws.receive_json()["type"] == "final"
+            done = ws.receive_json()
+            assert done["type"] == "done" and done["reason"] == "draining"
+            drained.result(timeout=5)  # the last session closed itself: the drain is over
+        assert not ctx.sessions
+        assert 'nemo_serve_refusals_total{reason="draining"} 1.0' in client.get("/metrics").text

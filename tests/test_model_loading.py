@@ -1,6 +1,7 @@
 """Model loading: .nemo, pretrained names offline, built-ins, and the start-up summary."""
 
 import pytest
+import torch
 
 from nemo_serve.model import ModelLoadError, load_model
 
@@ -28,6 +29,9 @@ def test_restore_from_local_nemo_equals_builtin(tmp_path):
     assert again.trained_context_right == m.trained_context_right
     assert again.cache_shapes == m.cache_shapes
     assert again.vocabulary == m.vocabulary
+    original, restored = m.nemo.state_dict(), again.nemo.state_dict()
+    assert restored.keys() == original.keys()
+    assert all(torch.equal(restored[k], original[k]) for k in original)
 
 
 def test_summary_names_chunk_cache_and_slots():

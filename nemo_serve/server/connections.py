@@ -20,6 +20,11 @@ it lacks:
     transport.close() would wait for the client to read, forever.
   - a denied WebSocket handshake (401/403/503) counts as complete: uvicorn's sans-I/O protocol
     otherwise logs "ASGI callable returned without completing handshake" for every refusal.
+  - a lingering close after a frame the transport refuses (invalid UTF-8: 1007, too big: 1009):
+    uvicorn closes the socket right after its close frame, and data the client is still
+    sending then meets a closed socket, whose TCP reset can destroy the close frame before the
+    client reads it (the client sees 1006, not why). We keep reading until the client's close
+    reply, or LINGER_S.
 
 Owner of the counts: the event loop (protocol callbacks run on it).
 """
@@ -40,7 +45,9 @@ log = logging.getLogger("nemo_serve.connections")
 SEND_BUFFER_BYTES = 64 * 1024  # SO_SNDBUF per socket (Linux doubles it); results are a few kB/s
 REFUSE_GRACE_S = 2.0  # how long a refused connection may take to send the request it is refused
 SHUTDOWN_ABORT_S = 1.0  # at uvicorn's shutdown, a socket that has not flushed by then is dropped
+LINGER_S = 1.0  # after a 1007/1009 close frame, how long to keep reading before closing
 _MAX_REFUSED_REQUEST = 16 * 1024
+FILE_RESERVE = 64  # open files kept for everything but client sockets
 
 
 @dataclass
@@ -170,6 +177,28 @@ class HttpProtocol(HttpToolsProtocol):
 
 class WebSocketProtocol(WebSocketsSansIOProtocol):
     limits: ConnectionLimits  # set by protocol_classes()
+    _lingering = False
+
+    def data_received(self, data: bytes) -> None:
+        if not self._lingering:  # else discarded: the close frame is out, the close is timed
+            super().data_received(data)
+
+    def handle_parser_exception(self) -> None:
+        close = self.conn.close_sent
+        self.queue.put_nowait({"type": "websocket.disconnect", "code": close.code, "reason": close.reason})
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        self.close_sent = True
+        # After invalid UTF-8 (1007) the frame parser is intact, and the client's close reply
+        # ends the linger at once (handle_close); after a parser failure (a frame too big:
+        # 1009) nothing more can be parsed, and the rest is discarded until LINGER_S.
+        self._lingering = self.conn.parser_exc is not None
+        if self.read_paused:
+            self.read_paused = False
+            self.transport.resume_reading()
+        if self.close_timer is not None:  # the app's close (10 s for the reply) came first
+            self.close_timer.cancel()
+        # As close_timer, so that uvicorn does not close at once when the app returns.
+        self.close_timer = self.loop.call_later(LINGER_S, self.transport.close)
 
     def connection_lost(self, exc) -> None:
         self.limits.limiter.release(self.transport)
@@ -193,6 +222,15 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
     def shutdown(self) -> None:
         super().shutdown()
         self.loop.call_later(SHUTDOWN_ABORT_S, self.transport.abort)  # a no-op once closed
+
+
+def max_connections_for(requested: int, file_limit: int | None) -> int:
+    """The cap actually applied: under the process's open-file limit, with room for the model,
+    the log and the listening socket (FILE_RESERVE), so that the cap refuses clearly before
+    accept() fails with EMFILE and takes /healthz down with it."""
+    if file_limit is None or file_limit <= 0:
+        return requested
+    return max(1, min(requested, file_limit - FILE_RESERVE))
 
 
 def _bound_send_buffer(transport) -> None:

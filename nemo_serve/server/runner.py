@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import signal
 
 import uvicorn
 
 from ..config import Settings
 from . import logsafe
-from .connections import ConnectionLimiter, ConnectionLimits, protocol_classes
+from .connections import ConnectionLimiter, ConnectionLimits, max_connections_for, protocol_classes
 from .context import ServerContext
 
 log = logging.getLogger("nemo_serve.server")
@@ -54,7 +55,12 @@ class DrainingServer(uvicorn.Server):
 
 
 def serve(app, ctx: ServerContext, settings: Settings) -> None:
-    limiter = ConnectionLimiter(settings.max_connections, settings.max_connections_per_ip, ctx.metrics)
+    soft_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    max_total = max_connections_for(settings.max_connections, None if soft_limit == resource.RLIM_INFINITY else soft_limit)
+    if max_total < settings.max_connections:
+        log.warning("--max-connections %d lowered to %d: this process may open only %d files (ulimit -n)",
+                    settings.max_connections, max_total, soft_limit)  # fmt: skip
+    limiter = ConnectionLimiter(max_total, min(settings.max_connections_per_ip, max_total), ctx.metrics)
     http_protocol, ws_protocol = protocol_classes(ConnectionLimits(limiter, settings.header_timeout_s))
     config = uvicorn.Config(
         app,

@@ -7,7 +7,8 @@ What one stream-step costs the loop thread besides the model: draining the inbox
 readiness, grouping, assembling feature input, building the step batch, turning the step's tokens
 into results (text, endpointing) and handing them to the consumer. The model's own work is stubbed:
 the preprocessor returns a zero tensor of the right shape, and the step returns one token per
-three encoder frames without touching the slots. So the figure is what a GPU cannot take off the
+three encoder frames without touching the slots, through the same host-side result handling as
+run_step (one packed array turned into per-row lists). So the figure is what a GPU cannot take off the
 host; the GPU goals need it far below the chunk period divided by the streams (80 ms / 1,000 =
 80 us at 80 ms chunks, everything included).
 
@@ -47,21 +48,26 @@ class _StubPreprocessor(torch.nn.Module):
         return self.out[:b, :, :frames], length
 
 
-def _stub_step(tokens_per_frame: float):
+def _stub_step(tokens_per_frame: float, num_slots: int):
+    """The step's host side without the model: run_step's result handling (one packed [B, 2 + 2W]
+    array turned into lists, sliced per row) over tokens made up at `tokens_per_frame`."""
     from nemo_serve.engine.step import StepResult
 
+    decoded = np.zeros(num_slots, np.int64)  # encoder frames decoded per slot
+
     def step(model, encoder, pool, batch) -> StepResult:
-        new_frames = [max(1, (n + model.geometry.subsampling - 1) // model.geometry.subsampling) for n in batch.num_frames]
-        ids, frames, decoded = [], [], []
-        rows = batch.rows.tolist()  # the one device->host transfer a real step makes too
-        for row, n in zip(rows, new_frames):
-            start = int(pool.decoded_lengths[row])
-            k = int((start + n) * tokens_per_frame) - int(start * tokens_per_frame)
-            ids.append([1 + (start + j) % 50 for j in range(k)])
-            frames.append([start + j for j in range(k)])
-            pool.decoded_lengths[row] = start + n
-            decoded.append(start + n)
-        return StepResult(ids, frames, decoded)
+        rows = batch.rows.numpy()
+        sub = model.geometry.subsampling
+        start = decoded[rows]
+        end = start + (np.asarray(batch.num_frames) + sub - 1) // sub
+        decoded[rows] = end
+        lens = (end * tokens_per_frame).astype(np.int64) - (start * tokens_per_frame).astype(np.int64)
+        width = max(int(lens.max()), 1)
+        frames = start[:, None] + np.arange(width)[None, :]  # [B, W]
+        packed = np.concatenate([lens[:, None], end[:, None], 1 + frames % 50, frames], axis=1)
+        k, d = packed[:, 0].tolist(), packed[:, 1].tolist()
+        ids, fr = packed[:, 2 : 2 + width].tolist(), packed[:, 2 + width :].tolist()
+        return StepResult([r[:n] for r, n in zip(ids, k)], [r[:n] for r, n in zip(fr, k)], d)
 
     return step
 
@@ -74,7 +80,7 @@ def measure(model, num_streams: int, seconds: float, tokens_per_frame: float) ->
     g = model.geometry
     engine = loop.Engine(model, num_slots=num_streams, max_batch=num_streams, endpoint=EndpointConfig())
     engine.features.pre = _StubPreprocessor(model.num_mels, g.hop_samples)
-    real_step, loop.run_step = loop.run_step, _stub_step(tokens_per_frame)
+    real_step, loop.run_step = loop.run_step, _stub_step(tokens_per_frame, num_streams)
     try:
         streams = [engine.open_stream(lambda r: None) for _ in range(num_streams)]
         chunk_samples = g.chunk_frames * g.hop_samples

@@ -63,6 +63,7 @@ class EndpointDetector:
 
     def __init__(self, config: EndpointConfig, frame_s: float) -> None:
         self.config = config
+        self.rules = config.rules if config.enabled else ()  # built once, read every step
         self.frame_s = frame_s
         self.segment_start_frame = 0
         self.last_token_frame = -1  # global frame of the last token in this segment, -1 if none
@@ -72,7 +73,7 @@ class EndpointDetector:
             self.last_token_frame = frames[-1]
 
     def is_endpoint(self, decoded_frames: int) -> bool:
-        if not self.config.enabled:
+        if not self.rules:
             return False
         has_text = self.last_token_frame >= self.segment_start_frame
         silent_from = self.last_token_frame + 1 if has_text else self.segment_start_frame
@@ -80,7 +81,7 @@ class EndpointDetector:
         length_s = (decoded_frames - self.segment_start_frame) * self.frame_s
         if decoded_frames <= self.segment_start_frame:
             return False
-        return any(r.fires(has_text, trailing_s, length_s) for r in self.config.rules)
+        return any(r.fires(has_text, trailing_s, length_s) for r in self.rules)
 
     def new_segment(self, decoded_frames: int) -> None:
         self.segment_start_frame = decoded_frames

@@ -93,11 +93,20 @@ class AudioBuffer:
 
     def segment(self, start: int, end: int) -> np.ndarray:
         """Samples [start, end) in global indices; zeros outside [0, num_samples)."""
-        out = np.zeros(end - start, dtype=np.float32)
-        lo, hi = max(start, self.offset), min(end, self.num_samples)
-        if hi > lo:
-            out[lo - start : hi - start] = self._data[lo - self.offset : hi - self.offset]
+        out = np.empty(end - start, dtype=np.float32)
+        self.copy_segment(start, out)
         return out
+
+    def copy_segment(self, start: int, out: np.ndarray) -> None:
+        """Write samples [start, start + len(out)) into `out`; zeros outside [0, num_samples)."""
+        end = start + len(out)
+        lo, hi = max(start, self.offset), min(end, self.num_samples)
+        if hi <= lo:
+            out[:] = 0.0
+            return
+        out[: lo - start] = 0.0
+        out[lo - start : hi - start] = self._data[lo - self.offset : hi - self.offset]
+        out[hi - start :] = 0.0
 
     def arrival_time(self, sample_end: int) -> float:
         """Server time at which sample `sample_end - 1` arrived (the latest one if beyond)."""
@@ -130,6 +139,7 @@ class FeatureExtractor:
         self.margin = hop * math.ceil((n_fft // 2 + 1) / hop)
         self.margin_frames = self.margin // hop
         self.device = device
+        self._batch = np.empty(0, dtype=np.float32)  # compute()'s input buffer, reused
 
     @classmethod
     def for_model(cls, model) -> "FeatureExtractor":
@@ -156,14 +166,19 @@ class FeatureExtractor:
         """Frames [t0, t0 + n) for each stream -> [B, F, n] fp32 on the device.
 
         Streams whose input has ended get their true sample count as `length`, so the
-        frames past the end are NeMo's masked zeros.
+        frames past the end are NeMo's masked zeros. The input batch is written into one
+        host buffer kept between calls (a fresh array per step costs page faults that grow
+        with batch x chunk).
         """
         seg_len = (n - 1) * self.hop + 2 * self.margin
-        batch = np.zeros((len(audios), seg_len), dtype=np.float32)
-        lengths = np.full(len(audios), seg_len, dtype=np.int64)
+        b = len(audios)
+        if self._batch.size < b * seg_len:
+            self._batch = np.empty(max(b * seg_len, 2 * self._batch.size), dtype=np.float32)
+        batch = self._batch[: b * seg_len].reshape(b, seg_len)
+        lengths = np.full(b, seg_len, dtype=np.int64)
         for i, (a, t0) in enumerate(zip(audios, t0s)):
             start = self.first_sample_needed(t0)
-            batch[i] = a.segment(start, start + seg_len)
+            a.copy_segment(start, batch[i])
             if a.finished:
                 lengths[i] = min(seg_len, a.num_samples - start)
         x = torch.from_numpy(batch).to(self.device)

@@ -1,9 +1,11 @@
 """The step loop: one thread owns the model and advances every ready stream.
 
 Network side (any thread)            loop thread
-  open_stream / push / finish   ->   1 drain inbox (opens, aborts, force-finals)
-  abort / force_final                2 absorb audio, find ready streams
-                                     3 group them (first chunks | later chunks), oldest first
+  open_stream / push / finish   ->   1 drain the queues: opens, aborts, force-finals, and the
+  abort / force_final                  streams with new audio (absorbed; nobody else is visited)
+                                     2-3 scheduler.plan: readiness and grouping as array
+                                       operations over slots (first chunks | later chunks),
+                                       oldest first
   on_result(StreamResult)       <-   4 features + one batched step per group
                                      5 publish results, endpoints
                                      6 release finished streams
@@ -28,6 +30,7 @@ import torch
 from .encoder import make_encoder
 from .endpoint import EndpointConfig
 from .frontend import FeatureExtractor
+from .scheduler import Group, Scheduler
 from .slots import NoFreeSlotError, SlotPool
 from .step import StepBatch, run_step
 from .stream import Detokenizer, Phase, Stream, StreamResult
@@ -37,17 +40,13 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Chunk:
-    """The next chunk of one ready stream: its feature frames [t0, t0 + num_frames)."""
+    """One row of a planned call, as `Engine.plan()` shows it: feature frames [t0, t0 + num_frames)."""
 
-    stream: Stream
+    stream_id: str
     t0: int
     num_frames: int
     is_first: bool
     is_last: bool
-
-    @property
-    def stream_id(self) -> str:
-        return self.stream.stream_id
 
 
 @dataclass
@@ -83,8 +82,15 @@ class Engine:
         self.detok = Detokenizer(model.vocabulary, model.is_bpe)
         self.hop_s = self.geometry.hop_samples / self.geometry.sample_rate
         self.stats = EngineStats()
+        self.scheduler = Scheduler(self.geometry, num_slots, self.max_batch, self.features.margin)  # loop thread only
         self._streams: dict[str, Stream] = {}  # stream_id -> Stream; loop thread only
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # Stream to open, from any thread
+        self._slot_streams: list[Stream | None] = [None] * num_slots  # slot -> Stream; loop thread only
+        self._to_release: list[Stream] = []  # streams done since the last release; loop thread only
+        # From any thread to the loop: streams to open, streams with a request (abort, force
+        # final), streams with new audio or end of input. Queues, so the loop visits only them.
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._requests: queue.SimpleQueue = queue.SimpleQueue()
+        self._dirty: queue.SimpleQueue = queue.SimpleQueue()
         self._admission = threading.Lock()
         self._num_admitted = 0  # streams holding or about to hold a slot (guarded by _admission)
         self._admitted_ids: set[str] = set()  # their stream ids (guarded by _admission)
@@ -129,19 +135,23 @@ class Engine:
 
     def push(self, stream: Stream, samples: np.ndarray) -> None:
         stream.push(np.asarray(samples, dtype=np.float32).reshape(-1))
+        self._dirty.put(stream)
         self._wake.set()
 
     def finish(self, stream: Stream) -> None:
         stream.audio.finish()
+        self._dirty.put(stream)
         self._wake.set()
 
     def force_final(self, stream: Stream) -> None:
         stream.request_force_final()
+        self._requests.put(stream)
         self._wake.set()
 
     def abort(self, stream: Stream, reason: str = "aborted") -> None:
         """Drop the stream between steps; no further results are delivered. Idempotent."""
         stream.request_abort(reason)
+        self._requests.put(stream)
         self._wake.set()
 
     @property
@@ -186,7 +196,7 @@ class Engine:
     # ------------------------------------------------------------------ one iteration
     def iterate(self) -> bool:
         """One pass of the loop; True if any stream advanced (so the caller should not sleep)."""
-        groups = self.plan()  # 1, 2, 3
+        groups = self._schedule()  # 1, 2, 3
         for group in groups:  # 4, 5
             self._step(group)
         self._release_finished()  # 6
@@ -196,17 +206,28 @@ class Engine:
         """The encoder calls `iterate()` runs next, in order: one list of chunks per batched call.
 
         Takes in newly opened streams, applies aborts and forced finals, absorbs audio (steps 1-2)
-        and groups the ready streams (step 3): first chunks and later chunks never share a call,
-        oldest-ready first, at most `max_batch` chunks in all. Each chunk gives its stream
-        (`stream_id`), width (`num_frames`) and whether it is the stream's first or last. Runs no
+        and groups the ready streams (step 3) exactly as `iterate()` does: first chunks and later
+        chunks never share a call, oldest-ready first, at most `max_batch` chunks in all. Runs no
         model (a forced final, which needs none, is published here); a second call before
         `iterate()` returns the same plan unless input arrived in between. Loop thread only (or
         an engine that is not started and driven with `iterate()`).
         """
-        self._drain_inbox()  # 1
-        return self._group(self._ready_chunks())  # 2, 3
+        return [
+            [
+                Chunk(self._slot_streams[slot].stream_id, t0, width, g.is_first, last)
+                for slot, t0, width, last in zip(g.slots.tolist(), g.t0.tolist(), g.widths.tolist(), g.is_last.tolist())
+            ]
+            for g in self._schedule()
+        ]
 
-    def _drain_inbox(self) -> None:
+    def _schedule(self) -> list[Group]:
+        self._drain_queues()  # 1
+        groups, done = self.scheduler.plan(time.time())  # 2, 3
+        for slot in done.tolist():  # input ended on a tail NeMo's loop would not encode
+            self._mark_done(self._slot_streams[slot])
+        return groups
+
+    def _drain_queues(self) -> None:
         while True:
             try:
                 stream = self._inbox.get_nowait()
@@ -215,102 +236,87 @@ class Engine:
             stream.slot = self.pool.allocate(stream.stream_id, stream.language_index)
             stream.phase = Phase.ACTIVE
             self._streams[stream.stream_id] = stream
-        for stream in self._streams.values():
-            if stream.abort_reason is not None and stream.phase is not Phase.DONE:
-                stream.phase = Phase.DONE
+            self._slot_streams[stream.slot] = stream
+            self.scheduler.admit(stream.slot)
+            self._dirty.put(stream)  # audio pushed before admission
+        while True:
+            try:
+                stream = self._requests.get_nowait()
+            except queue.Empty:
+                break
+            if stream.abort_reason is not None:
                 stream.on_result = _discard
+                self._mark_done(stream)
             elif stream.take_force_final() and stream.phase is Phase.ACTIVE:
                 self._publish_final(stream, [], time.time(), done=False)
+        seen: set[int] = set()
+        while True:
+            try:
+                stream = self._dirty.get_nowait()
+            except queue.Empty:
+                break
+            if stream.phase is Phase.ACTIVE and stream.slot not in seen:
+                seen.add(stream.slot)
+                audio = stream.audio
+                audio.absorb()
+                self.scheduler.set_audio(stream.slot, audio.num_samples, audio.finished)
 
-    def _next_chunk(self, s: Stream) -> Chunk | None:
-        g, audio = self.geometry, s.audio
-        audio.absorb()
-        available = self.features.frames_available(audio)
-        if not s.first_chunk_done:
-            if available >= g.first_frames:
-                return Chunk(s, 0, g.first_frames, True, audio.finished and available == g.first_frames)
-            if audio.finished:
-                if available >= g.min_first_frames:
-                    return Chunk(s, 0, available, True, True)
-                s.phase = Phase.DONE  # nothing NeMo's loop would encode
-            return None
-        remaining = available - s.next_frame
-        if remaining >= g.chunk_frames:
-            return Chunk(s, s.next_frame, g.chunk_frames, False, audio.finished and remaining == g.chunk_frames)
-        if audio.finished:
-            # NeMo's loop drops a tail shorter than sampling_frames[1] (8 feature frames).
-            if remaining >= g.min_later_frames:
-                return Chunk(s, s.next_frame, remaining, False, True)
-            s.phase = Phase.DONE
-        return None
+    def _mark_done(self, stream: Stream) -> None:
+        if stream.phase is Phase.ACTIVE:
+            stream.phase = Phase.DONE
+            self.scheduler.release(stream.slot)
+            self._to_release.append(stream)
 
-    def _ready_chunks(self) -> list[Chunk]:
-        now = time.time()
-        chunks = []
-        for s in self._streams.values():
-            if s.phase is not Phase.ACTIVE:
-                continue
-            c = self._next_chunk(s)
-            if c is None:
-                s.ready_since = 0.0
-                continue
-            if not s.ready_since:
-                s.ready_since = now
-            chunks.append(c)
-        return chunks
-
-    def _group(self, chunks: list[Chunk]) -> list[list[Chunk]]:
-        """First chunks and later chunks go in separate calls (different drop); oldest-ready first."""
-        chunks.sort(key=lambda c: c.stream.ready_since)
-        chunks = chunks[: self.max_batch]
-        first = [c for c in chunks if c.is_first]
-        later = [c for c in chunks if not c.is_first]
-        return [g for g in (first, later) if g]
-
-    def _features(self, group: list[Chunk]) -> torch.Tensor:
+    def _features(self, streams: list[Stream], group: Group) -> torch.Tensor:
         """[B, F, W] new frames for the group; final short chunks are computed apart and padded."""
-        width = max(c.num_frames for c in group)
-        out = torch.zeros(len(group), self.model.num_mels, width, device=self.model.device)
-        by_len: dict[int, list[int]] = {}
-        for i, c in enumerate(group):
-            by_len.setdefault(c.num_frames, []).append(i)
-        for n, idx in by_len.items():
-            feats = self.features.compute([group[i].stream.audio for i in idx], [group[i].t0 for i in idx], n)
-            out[idx, :, :n] = feats
+        widths = group.widths
+        t0s = group.t0.tolist()
+        audios = [s.audio for s in streams]
+        if (widths == widths[0]).all():
+            return self.features.compute(audios, t0s, int(widths[0]))
+        width = int(widths.max())
+        out = torch.zeros(len(streams), self.model.num_mels, width, device=self.model.device)
+        for n in np.unique(widths).tolist():
+            idx = np.flatnonzero(widths == n).tolist()
+            out[idx, :, :n] = self.features.compute([audios[i] for i in idx], [t0s[i] for i in idx], n)
         return out
 
-    def _step(self, group: list[Chunk]) -> None:
+    def _step(self, group: Group) -> None:
         t_start = time.perf_counter()
-        rows = torch.tensor([c.stream.slot for c in group], dtype=torch.long, device=self.model.device)
+        slots = group.slots.tolist()
+        streams = [self._slot_streams[slot] for slot in slots]
+        rows = torch.from_numpy(group.slots).to(self.model.device)
         langs = None
         if self.model.prompt_dictionary is not None:
             langs = self.pool.languages.index_select(0, rows)
-        batch = StepBatch(rows, self._features(group), [c.num_frames for c in group], group[0].is_first, langs)
+        widths = group.widths.tolist()
+        batch = StepBatch(rows, self._features(streams, group), widths, group.is_first, langs)
         result = run_step(self.model, self.encoder, self.pool, batch)
+        self.scheduler.advance(group)
         elapsed = time.perf_counter() - t_start
         self.stats.steps += 1
-        self.stats.stream_steps += len(group)
-        self.stats.audio_s += sum(c.num_frames for c in group) * self.hop_s
+        self.stats.stream_steps += len(slots)
+        self.stats.audio_s += sum(widths) * self.hop_s
         if self.on_step is not None:
-            self.on_step(len(group), elapsed)
-        for i, c in enumerate(group):
-            self._advance(c, result.token_ids[i], result.token_frames[i], result.decoded_frames[i])
+            self.on_step(len(slots), elapsed)
+        next_frames = (group.t0 + group.widths).tolist()
+        for s, next_frame, last, ids, frames, decoded in zip(
+            streams, next_frames, group.is_last.tolist(), result.token_ids, result.token_frames, result.decoded_frames
+        ):
+            self._advance(s, next_frame, last, ids, frames, decoded)
 
-    def _advance(self, c: Chunk, ids: list[int], frames: list[int], decoded: int) -> None:
-        s = c.stream
-        s.first_chunk_done = True
-        s.next_frame = c.t0 + c.num_frames
+    def _advance(self, s: Stream, next_frame: int, is_last: bool, ids: list[int], frames: list[int], decoded: int) -> None:
+        s.next_frame = next_frame
         s.decoded_frames = decoded
-        s.ready_since = 0.0
         s.add_tokens(ids, frames, self.detok)
         audio = s.audio
-        audio.discard_before(self.features.first_sample_needed(s.next_frame - self.geometry.pre_cache_frames))
-        sample_end = min(self.features.last_sample_needed(s.next_frame), audio.num_samples)
+        audio.discard_before(self.features.first_sample_needed(next_frame - self.geometry.pre_cache_frames))
+        sample_end = min(self.features.last_sample_needed(next_frame), audio.num_samples)
         arrival = audio.arrival_time(sample_end)
-        if c.is_last:
+        if is_last:
             arrival = max(arrival, audio.finish_time or arrival)
             self._publish_final(s, ids, arrival, done=True)
-            s.phase = Phase.DONE
+            self._mark_done(s)
         elif s.endpoint.is_endpoint(decoded):
             self._publish_final(s, ids, arrival, done=False)
         else:
@@ -322,12 +328,13 @@ class Engine:
         s.close_segment()
 
     def _release_finished(self) -> None:
-        done = [s for s in self._streams.values() if s.phase is Phase.DONE]
+        done, self._to_release = self._to_release, []
         for s in done:
             if s.abort_reason is None and not s.final_sent:
                 # Input ended on a tail too short to encode: the consumer is still owed its final.
                 self._publish_final(s, [], s.audio.finish_time or time.time(), done=True)
             self.pool.free(s.stream_id)
+            self._slot_streams[s.slot] = None
             del self._streams[s.stream_id]
             with self._admission:
                 self._num_admitted -= 1

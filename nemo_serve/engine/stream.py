@@ -66,7 +66,6 @@ class Stream:
     phase: Phase = Phase.PENDING
     slot: int | None = None
     next_frame: int = 0  # first feature frame of the next chunk
-    first_chunk_done: bool = False
     token_ids: list[int] = field(default_factory=list)  # every token of the stream (all segments)
     segment: int = 0
     segment_token_ids: list[int] = field(default_factory=list)
@@ -74,7 +73,6 @@ class Stream:
     segment_text: str = ""
     decoded_frames: int = 0
     final_sent: bool = False  # the done=True result has been delivered
-    ready_since: float = 0.0
     endpoint: EndpointDetector | None = None
     # --- requests from the network side, read by the loop ---
     _flags_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -111,7 +109,7 @@ class Stream:
     def add_tokens(self, ids: list[int], frames: list[int], detok: Detokenizer) -> None:
         self.token_ids.extend(ids)
         self.segment_token_ids.extend(ids)
-        self.segment_token_times_s.extend(f * self.frame_s for f in frames)
+        self.segment_token_times_s.extend(round(f * self.frame_s, 3) for f in frames)  # rounded once, not per result
         self.segment_text += detok.text(ids)
         self.endpoint.on_tokens(frames)
 
@@ -123,7 +121,7 @@ class Stream:
             is_final=is_final,
             new_token_ids=list(new_ids),
             token_ids=list(self.segment_token_ids),
-            token_times_s=[round(t, 3) for t in self.segment_token_times_s],
+            token_times_s=list(self.segment_token_times_s),
             segment_start_s=round(self.endpoint.segment_start_frame * self.frame_s, 3),
             audio_processed_s=round(self.next_frame * hop_s, 3),
             audio_arrival_time=arrival,

@@ -1,0 +1,119 @@
+"""Which slots step next, and in which batched calls: array operations over per-slot state.
+
+The loop thread tells the scheduler what it learns (a slot admitted, audio absorbed, a chunk
+stepped, a slot released) and asks it for a plan. Readiness, the chunk each ready slot steps next,
+oldest-first order and grouping are numpy operations over all active slots: no Python pass over
+every stream each iteration, so an iteration costs Python work only for the streams that changed
+or step.
+
+The rules are NeMo's loop's (see step.py for why calls cannot mix them):
+- a first chunk is `first_frames` new frames (drop 0); first and later chunks never share a call;
+- a later chunk is `chunk_frames` new frames; only a stream's final chunk may be shorter;
+- at end of input, a tail shorter than NeMo's `sampling_frames` is not encoded (the stream is done);
+- the oldest-ready chunks go first (ties: the stream admitted first), at most `max_batch` per plan.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Group:
+    """One batched encoder call: the chunks of the streams in `slots`, in plan order."""
+
+    is_first: bool
+    slots: np.ndarray  # [B] int64 slot rows
+    t0: np.ndarray  # [B] first new feature frame of each chunk
+    widths: np.ndarray  # [B] new feature frames (only a final chunk is shorter than the mode's)
+    is_last: np.ndarray  # [B] bool: the stream's final chunk
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+
+class Scheduler:
+    """Per-slot chunk positions and audio levels; plans the next batched calls. Loop thread only."""
+
+    def __init__(self, geometry, num_slots: int, max_batch: int, margin_samples: int) -> None:
+        self.g = geometry
+        self.max_batch = max_batch
+        self.hop = geometry.hop_samples
+        self.margin = margin_samples  # samples past a frame's centre that its window reads
+        self.active = np.zeros(num_slots, bool)
+        self.first_done = np.zeros(num_slots, bool)
+        self.next_frame = np.zeros(num_slots, np.int64)  # first feature frame of the next chunk
+        self.num_samples = np.zeros(num_slots, np.int64)  # samples absorbed
+        self.finished = np.zeros(num_slots, bool)  # end of input absorbed
+        self.ready_since = np.full(num_slots, math.inf)  # when the pending chunk became ready
+        self.admit_seq = np.zeros(num_slots, np.int64)  # tie-break: earlier admission first
+        self._seq = 0
+
+    # ------------------------------------------------------------------ what the loop learns
+    def admit(self, slot: int) -> None:
+        self.active[slot] = True
+        self.first_done[slot] = False
+        self.next_frame[slot] = 0
+        self.num_samples[slot] = 0
+        self.finished[slot] = False
+        self.ready_since[slot] = math.inf
+        self._seq += 1
+        self.admit_seq[slot] = self._seq
+
+    def set_audio(self, slot: int, num_samples: int, finished: bool) -> None:
+        self.num_samples[slot] = num_samples
+        self.finished[slot] = finished
+
+    def advance(self, group: Group) -> None:
+        """The group's chunks were stepped."""
+        s = group.slots
+        self.next_frame[s] = group.t0 + group.widths
+        self.first_done[s] = True
+        self.ready_since[s] = math.inf
+
+    def release(self, slot: int) -> None:
+        self.active[slot] = False
+
+    def frames_available(self, slots: np.ndarray) -> np.ndarray:
+        """Feature frames whose every input sample has arrived (all of them once input ended;
+        NeMo's buffer then holds floor(L / hop) + 1 frames, the last one masked)."""
+        n, fin = self.num_samples[slots], self.finished[slots]
+        streaming = np.where(n >= self.margin, (n - self.margin) // self.hop + 1, 0)
+        ended = np.where(n > 0, n // self.hop + 1, 0)
+        return np.where(fin, ended, streaming)
+
+    # ------------------------------------------------------------------ the plan
+    def plan(self, now: float) -> tuple[list[Group], np.ndarray]:
+        """(groups to step in order, slots whose input ended with nothing left to encode)."""
+        g = self.g
+        act = np.flatnonzero(self.active)
+        if act.size == 0:
+            return [], act
+        avail = self.frames_available(act)
+        first = ~self.first_done[act]
+        fin = self.finished[act]
+        remaining = np.where(first, avail, avail - self.next_frame[act])
+        full_width = np.where(first, g.first_frames, g.chunk_frames)
+        min_width = np.where(first, g.min_first_frames, g.min_later_frames)
+        full = remaining >= full_width
+        ready = full | (fin & (remaining >= min_width))
+        done = act[fin & ~ready]
+        since = self.ready_since[act]
+        since = np.where(ready, np.where(np.isinf(since), now, since), math.inf)
+        self.ready_since[act] = since
+        idx = np.flatnonzero(ready)
+        if idx.size == 0:
+            return [], done
+        idx = idx[np.lexsort((self.admit_seq[act[idx]], since[idx]))][: self.max_batch]
+        width = np.where(full[idx], full_width[idx], remaining[idx])
+        t0 = np.where(first[idx], 0, self.next_frame[act[idx]])
+        is_last = fin[idx] & (remaining[idx] == width)
+        groups = []
+        for is_first in (True, False):
+            k = first[idx] == is_first
+            if k.any():
+                groups.append(Group(is_first, act[idx[k]], t0[k], width[k], is_last[k]))
+        return groups, done

@@ -138,12 +138,13 @@ def self_signed_certificate(folder: Path) -> tuple[Path, Path] | None:
 
 @contextlib.contextmanager
 def start_server(
-    *args: str, token: str | None = TOKEN, model: str = TEST_MODEL, tls: bool = False
+    *args: str, token: str | None = TOKEN, model: str = TEST_MODEL, tls: bool = False, env: dict | None = None
 ) -> Iterator[ServerProcess]:
-    """`tls=True`: serve https/wss with a fresh self-signed certificate (plain where no openssl)."""
+    """`tls=True`: serve https/wss with a fresh self-signed certificate (plain where no openssl).
+    `env`: extra NEMO_SERVE_* variables (settings as the environment gives them)."""
     port = free_port()
     log_path = Path(tempfile.mkstemp(prefix="nemo-serve-e2e-", suffix=".log")[1])
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
     if token:
         env["NEMO_SERVE_AUTH_TOKEN"] = token  # through the environment, as the docs recommend
     cmd = [*_server_command(), "--model", model, "--port", str(port), "--log-level", "warning", *args]

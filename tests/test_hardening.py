@@ -1,0 +1,520 @@
+"""The front door under hostile clients (issue 14): one regression test per defect, then a
+small fuzz run. The real `nemo-serve` process, with its own small limits given through the
+environment (NEMO_SERVE_*): pings off (so nothing but our own limits frees a stalled
+client), a 2 s send timeout, a 1 s header timeout, 10 connections per address and 24 in
+all, one allowed foreign Origin, and an info-level log that the tests read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from benchmarks.fuzz_server import fuzz
+from nemo_serve.oracle import oracle_transcribe
+
+from . import helpers
+from .helpers_server import TEST_MODEL, TOKEN, raw_session, start_server
+
+PER_IP = 10
+TOTAL = 24
+HARD_ENV = {
+    "NEMO_SERVE_PING_INTERVAL_S": "0",
+    "NEMO_SERVE_SEND_TIMEOUT_S": "2",
+    "NEMO_SERVE_HEADER_TIMEOUT_S": "1",
+    "NEMO_SERVE_MAX_CONNECTIONS": str(TOTAL),
+    "NEMO_SERVE_MAX_CONNECTIONS_PER_IP": str(PER_IP),
+    "NEMO_SERVE_ALLOWED_ORIGINS": "https://app.example.com",
+}
+HARD_ARGS = ("--num-slots", "3", "--idle-timeout-s", "20", "--log-level", "info")
+
+
+@pytest.fixture(scope="module")
+def hard():
+    with start_server(*HARD_ARGS, env=HARD_ENV) as s:
+        yield s
+    assert "Traceback" not in s.log(), s.log()[-4000:]
+
+
+def _connect(url: str, **kw):
+    from websockets.asyncio.client import connect
+
+    kw.setdefault("additional_headers", {"Authorization": f"Bearer {TOKEN}"})
+    return connect(url, proxy=None, compression=None, max_size=None, ping_interval=None, **kw)
+
+
+def _log_since(server, offset: int) -> str:
+    time.sleep(0.3)  # the server's log lines are written as they happen; let the last ones land
+    return server.log()[offset:]
+
+
+def _speech(n: int, seed: int = 1) -> np.ndarray:
+    return np.concatenate(helpers.utterances(n, seed=seed)).astype("<f4")
+
+
+# ----------------------------------------------------------------------------- 1 secrets
+
+
+def test_token_in_query_is_never_logged(hard):
+    """Defect 1: uvicorn's access line printed `?token=T`."""
+    start = len(hard.log())
+    messages, code = asyncio.run(raw_session(hard.ws_url + f"?token={TOKEN}", ["Done"], token=None))
+    assert messages[-1]["type"] == "done" and code == 1000
+    assert hard.get(f"/readyz?token={TOKEN}").status_code == 200
+    log = _log_since(hard, start)
+    assert "WebSocket /ws" in log and "GET /readyz" in log, log  # the access lines are there ...
+    assert TOKEN not in log, log  # ... without the secret
+    hard.assert_no_leak()
+
+
+# ----------------------------------------------------------------------------- 2 log flooding
+
+
+def test_log_lines_bounded_in_size_and_rate(hard):
+    """Defect 2: a 600 kB `type` echoed whole in the reply and the log; a traceback per invalid
+    UTF-8 frame; a handshake error line per 401; one line or more per bad connection."""
+    from websockets.exceptions import InvalidStatus
+
+    from nemo_serve.server.logsafe import BURST, RATE_PER_S
+
+    start, t0 = len(hard.log()), time.monotonic()
+
+    async def scenario():
+        big = []
+        for _ in range(5):
+            big.append(await raw_session(hard.ws_url, [json.dumps({"type": "A" * 600_000 + "\x1b[31m"})]))
+        bad_utf8 = []
+        for _ in range(10):
+            async with _connect(hard.ws_url) as ws:
+                await ws.send(b'{"type": "\xff"}', text=True)
+                await ws.wait_closed()
+                bad_utf8.append(ws.close_code)
+        refused = []
+        for _ in range(10):
+            try:
+                async with _connect(hard.ws_url, additional_headers={"Authorization": "Bearer wrong"}):
+                    refused.append(101)
+            except InvalidStatus as e:
+                refused.append(e.response.status_code)
+        for _ in range(30):  # 150 bad connections, 5 at a time (under the per-address cap)
+            flood = await asyncio.gather(*(raw_session(hard.ws_url, ['{"type": "pause"}']) for _ in range(5)))
+            assert all(code == 1008 for _, code in flood)
+        await asyncio.sleep(1.0 / RATE_PER_S + 0.1)
+        await raw_session(hard.ws_url, ['{"type": "pause"}'])  # its line says how many were dropped
+        return big, bad_utf8, refused
+
+    big, bad_utf8, refused = asyncio.run(scenario())
+    elapsed_s = time.monotonic() - t0
+    for messages, code in big:
+        reason = messages[-1]["reason"]
+        assert code == 1008 and "unknown message type" in reason and len(reason) < 300, (code, reason[:300])
+        assert "\x1b" not in reason
+    assert bad_utf8 == [1007] * 10 and refused == [401] * 10
+    log = _log_since(hard, start)
+    lines = log.splitlines()
+    assert "Traceback" not in log and "without completing handshake" not in log, log[-3000:]
+    assert max(len(line) for line in lines) < 1200, max(lines, key=len)[:300]
+    assert "\x1b" not in log
+    # 175 bad connections, 3-4 lines each unlimited; about 6 kinds of line, each rate-limited
+    assert len(lines) <= 6 * (BURST + RATE_PER_S * elapsed_s) + 10 and len(log) < 60_000, (len(lines), elapsed_s)
+    assert "suppressed" in log  # the rate limit says what it dropped
+    hard.assert_no_leak()
+
+
+# ----------------------------------------------------------------------------- 3 slow readers, drain
+
+
+async def _never_reading_client(server, seconds_of_audio: int):
+    """A client with a tiny receive buffer that streams audio as fast as it may and never reads."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", server.port))
+    s.setblocking(False)
+    ws = await _connect(server.ws_url, sock=s)
+    ws.transport.pause_reading()
+    await ws.send(json.dumps({"type": "config", "endpointing": {"enabled": False}}))
+    speech = _speech(6)
+
+    async def send():
+        for i in range(0, seconds_of_audio * 16000, 16000):
+            j = i % (len(speech) - 16000)
+            await ws.send(speech[j : j + 16000].tobytes())
+
+    return ws, asyncio.create_task(send())
+
+
+def test_client_that_never_reads_loses_its_slot_in_bounded_time(hard):
+    """Defect 3: with pings off, a client that never reads held its slot forever."""
+    label = 'nemo_serve_stream_errors_total{reason="slow_client"}'
+    before = hard.metric(label)
+
+    async def scenario():
+        ws, sender = await _never_reading_client(hard, 3000)
+        while hard.readyz()["open_streams"] < 1:
+            await asyncio.sleep(0.05)
+        t0 = time.monotonic()
+        while hard.readyz()["open_streams"] > 0 and time.monotonic() - t0 < 30:
+            await asyncio.sleep(0.2)
+        freed_s = time.monotonic() - t0
+        assert freed_s < 30, f"slot still held after {freed_s:.0f} s"
+        ws.transport.resume_reading()  # now read: the server must have closed the connection
+        t1 = time.monotonic()
+        try:
+            async with asyncio.timeout(15):
+                await ws.wait_closed()
+        finally:
+            sender.cancel()
+            ws.transport.abort()
+        return freed_s, time.monotonic() - t1, ws.close_code
+
+    freed_s, closed_s, code = asyncio.run(scenario())
+    assert freed_s < 40, f"slot still held after {freed_s:.0f} s"
+    assert hard.metric(label) == before + 1
+    assert closed_s < 10 and code in (1008, 1006), (closed_s, code)
+    hard.assert_no_leak()
+
+
+def test_drain_sends_1012_and_exits_on_time_with_stalled_clients():
+    """Defect 3: during a drain, a client that does not read pushed the exit to drain timeout
+    + ~6 s. Two such clients: one starts reading just after the deadline and gets the
+    documented error and 1012; the other never does and is dropped; the process exits 0."""
+    env = {"NEMO_SERVE_PING_INTERVAL_S": "0", "NEMO_SERVE_SEND_TIMEOUT_S": "60"}
+    with start_server("--num-slots", "2", "--drain-timeout-s", "2", env=env) as srv:
+
+        async def scenario():
+            a, a_send = await _never_reading_client(srv, 400)
+            b, b_send = await _never_reading_client(srv, 400)
+            await asyncio.wait({a_send, b_send}, timeout=30)  # every frame taken: the model is on it
+            await asyncio.sleep(3.0)  # results pile up behind the full socket buffers
+            t0 = time.monotonic()
+            srv.proc.send_signal(signal.SIGTERM)
+            await asyncio.sleep(2.3)
+            a.transport.resume_reading()
+            last = None
+            try:
+                async with asyncio.timeout(20):
+                    async for m in a:
+                        last = json.loads(m)
+            except Exception:  # noqa: BLE001 - the close code below says how it ended
+                pass
+            exit_code = await asyncio.to_thread(srv.proc.wait, 30)
+            b.transport.abort()
+            return time.monotonic() - t0, exit_code, last, a.close_code
+
+        exit_s, exit_code, last, code = asyncio.run(scenario())
+    assert exit_code == 0
+    assert exit_s < 2 + 3, f"exit {exit_s:.1f} s after SIGTERM with --drain-timeout-s 2"
+    assert code == 1012 and last["type"] == "error" and "drain" in last["reason"], (code, last)
+
+
+# ----------------------------------------------------------------------------- 4 header timeout, caps
+
+
+def _silent_for(port: int, payload: bytes) -> tuple[float, bytes]:
+    """Seconds until the server closes a socket that sent `payload` and then nothing; its reply."""
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(payload)
+        s.settimeout(6)
+        t0 = time.monotonic()
+        reply = b""
+        try:
+            while chunk := s.recv(4096):
+                reply += chunk
+        except (TimeoutError, ConnectionResetError):
+            return (6.0 if not reply else time.monotonic() - t0), reply
+        return time.monotonic() - t0, reply
+
+
+def test_header_timeout_closes_silent_and_half_sent_requests(hard):
+    """Defect 4: silent TCP sockets and half-sent requests stayed open (60 s and counting)."""
+    silent_s, _ = _silent_for(hard.port, b"")
+    half_s, reply = _silent_for(hard.port, b"GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+    assert silent_s < 3 and half_s < 3, (silent_s, half_s)
+    assert reply.startswith(b"HTTP/1.1 408"), reply[:100]
+    assert hard.get("/healthz").status_code == 200
+
+
+def test_connection_caps_per_address_and_total(hard):
+    """Defect 4: no cap; one address could hold every socket the server has."""
+    from websockets.exceptions import InvalidStatus
+
+    async def open_many(host: str, n: int) -> list:
+        return [await _connect(hard.ws_url, local_addr=(host, 0)) for _ in range(n)]
+
+    async def refused(host: str) -> InvalidStatus | None:
+        try:
+            ws = await _connect(hard.ws_url, local_addr=(host, 0))
+        except InvalidStatus as e:
+            return e
+        await ws.close()
+        return None
+
+    async def scenario():
+        held = await open_many("127.0.0.1", PER_IP)
+        per_ip = await refused("127.0.0.1")
+        other = await refused("127.0.0.2")  # another address still gets in
+        held += await open_many("127.0.0.2", PER_IP) + await open_many("127.0.0.3", TOTAL - 2 * PER_IP)
+        total = await refused("127.0.0.4")
+        for ws in held:
+            await ws.close()
+        await asyncio.sleep(0.3)
+        after = await refused("127.0.0.1")
+        return per_ip, other, total, after
+
+    per_ip, other, total, after = asyncio.run(scenario())
+    assert per_ip is not None and per_ip.response.status_code == 503
+    assert "connections from your address" in json.loads(per_ip.response.body)["reason"]
+    assert other is None and after is None
+    assert total is not None and total.response.status_code == 503
+    assert "connections" in json.loads(total.response.body)["reason"]
+    assert hard.metric('nemo_serve_refusals_total{reason="connection_limit"}') >= 2
+    hard.assert_no_leak()
+
+
+# ----------------------------------------------------------------------------- 5, 6 bad messages
+
+
+def test_non_ascii_reason_closes_with_1008(hard):
+    """Defect 5: the close reason was cut to 120 characters, 200+ bytes: an abnormal close."""
+    messages, code = asyncio.run(raw_session(hard.ws_url, [json.dumps({"type": "é" * 100})]))
+    assert messages[-1]["type"] == "error" and code == 1008, (messages, code)
+
+
+def test_odd_json_types_get_1008_not_1011(hard):
+    """Defect 6: unhashable `type` values and integers past 4,300 digits raised inside the
+    server: 1011 and a traceback."""
+    frames = [
+        '{"type": []}',
+        '{"type": {}}',
+        '{"type": "config", "sample_rate": ' + "9" * 5000 + "}",
+        "1" * 4301,
+    ]
+
+    async def scenario():
+        return [await raw_session(hard.ws_url, [f]) for f in frames]
+
+    for frame, (messages, code) in zip(frames, asyncio.run(scenario())):
+        assert code == 1008 and messages[-1]["type"] == "error", (frame[:40], messages, code)
+        assert len(messages[-1]["reason"]) < 300
+    hard.assert_no_leak()
+
+
+# ----------------------------------------------------------------------------- 7 long segments
+
+
+def _assemble(partials: list[dict]) -> list[tuple[list[int], str]]:
+    """What a client holds after each partial: a partial replaces the segment from its offsets on."""
+    ids: list[int] = []
+    text = ""
+    held = []
+    for m in partials:
+        ids = ids[: m.get("token_offset", 0)] + m["token_ids"]
+        text = text[: m.get("text_offset", 0)] + m["text"]
+        held.append((ids, text))
+    return held
+
+
+def test_partials_stay_bounded_on_a_long_segment(hard):
+    """Defect 7: with endpointing off every partial carried the whole segment (quadratic)."""
+    audio = _speech(30)  # ~90 s of speech in one segment, ~570 tokens
+
+    async def scenario():
+        out = []
+        async with _connect(hard.ws_url) as ws:
+            await ws.send(json.dumps({"type": "config", "endpointing": {"enabled": False}}))
+
+            async def send():
+                for i in range(0, len(audio), 16000):
+                    await ws.send(audio[i : i + 16000].tobytes())
+                await ws.send("Done")
+
+            sender = asyncio.create_task(send())
+            async for m in ws:
+                out.append((len(m), json.loads(m)))
+            await sender
+        return out
+
+    out = asyncio.run(scenario())
+    partials = [m for _, m in out if m["type"] == "partial"]
+    finals = [m for _, m in out if m["type"] == "final"]
+    assert len(finals) == 1 and out[-1][1]["type"] == "done"
+    final = finals[0]
+    assert len(final["token_ids"]) > 500
+    assert final["token_ids"] == oracle_transcribe(helpers.model(TEST_MODEL), audio).token_ids
+    assert max(n for n, m in out if m["type"] == "partial") < 6000  # bounded, whatever the length
+    for ids, text in _assemble(partials):  # what the client holds is always the final's prefix
+        assert final["token_ids"][: len(ids)] == ids
+        assert final["text"].startswith(text)
+    assert len(_assemble(partials)[-1][0]) > 400
+    hard.assert_no_leak()
+
+
+# ----------------------------------------------------------------------------- 8 origin
+
+
+def test_origin_allow_list(hard):
+    """Defect 8: any web page could drive the server (no token needed on a local one)."""
+    from websockets.exceptions import InvalidStatus
+
+    async def status(origin: str | None) -> int:
+        try:
+            async with _connect(hard.ws_url, origin=origin) as ws:
+                await ws.send("Done")
+                await ws.wait_closed()
+                return 101
+        except InvalidStatus as e:
+            return e.response.status_code
+
+    async def scenario():
+        return [
+            await status(o)
+            for o in (None, f"http://127.0.0.1:{hard.port}", "https://app.example.com", "https://evil.example", "null")
+        ]
+
+    assert asyncio.run(scenario()) == [101, 101, 101, 403, 403]
+    assert hard.metric('nemo_serve_refusals_total{reason="origin"}') == 2
+    hard.assert_no_leak()
+
+
+# ----------------------------------------------------------------------------- 9 start-up errors
+
+
+def test_tls_start_up_errors_are_one_line_exit_2(tmp_path):
+    """Defect 9: a certificate that is not PEM gave a traceback and exit 1; a missing TLS file
+    was blamed on `--settings`, which does not exist."""
+    from nemo_serve import cli
+    from nemo_serve.config import Settings, SettingsError
+
+    not_pem = tmp_path / "cert.der"
+    not_pem.write_bytes(b"\x30\x82\x01\x0a not a PEM certificate")
+    out = subprocess.run(
+        [sys.executable, "-m", "nemo_serve.cli", "--model", TEST_MODEL, "--port", "0", "--ssl-certfile", str(not_pem)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1, out.stderr[-2000:]
+    assert lines[0].startswith("nemo-serve: error: --ssl-certfile") and "PEM" in lines[0]
+    with pytest.raises(SettingsError) as missing:
+        Settings.from_sources({"ssl_certfile": str(not_pem), "ssl_keyfile": str(tmp_path / "nope.pem")}, {})
+    assert str(missing.value).startswith("--ssl-keyfile") and "--settings" not in str(missing.value)
+    with pytest.raises(SettingsError) as alone:
+        Settings.from_sources({"ssl_keyfile": str(not_pem)}, {})
+    assert "--ssl-keyfile" in str(alone.value) and "--ssl-certfile" in str(alone.value)
+    assert "--settings" not in str(alone.value)
+    assert cli.main(["--ssl-keyfile", str(not_pem)]) == 2
+
+
+# ----------------------------------------------------------------------------- the pieces, in process
+
+
+def test_close_reason_is_cut_by_bytes_on_a_character_boundary():
+    from nemo_serve.server.protocol import close_reason
+
+    for text in ("é" * 100, "€" * 60, "a" + "😀" * 40, "plain ascii " * 20):
+        cut = close_reason(text)
+        assert len(cut.encode()) <= 123 and text.startswith(cut) and len(cut.encode()) > 119
+
+
+def test_log_filter_redacts_escapes_cuts_and_rate_limits():
+    import logging
+
+    from nemo_serve.server.logsafe import BURST, SafeLogFilter
+
+    f = SafeLogFilter(secrets=("s3cret",))
+
+    def record(msg, *args, name="nemo_serve.session", exc_info=None):
+        return logging.LogRecord(name, logging.INFO, __file__, 1, msg, args, exc_info)
+
+    r = record('%s - "WebSocket %s" [accepted]', "1.2.3.4:5", "/ws?a=1&token=s3cret&b=2")
+    assert f.filter(r) and r.getMessage() == '1.2.3.4:5 - "WebSocket /ws?a=1&token=<redacted>&b=2" [accepted]'
+    r = record("error: %s", "x" * 100_000 + "\n2026 forged line \x1b[31m s3cret")
+    assert f.filter(r) and len(r.getMessage()) < 1100 and "\n" not in r.getMessage()
+    r = record("tail: %s", "\n2026 forged line \x1b[31m s3cret")
+    assert f.filter(r) and "\x1b" not in r.getMessage() and "s3cret" not in r.getMessage()
+    access = record('%s - "%s %s HTTP/%s" %d', "1.2.3.4:5", "GET", "/readyz?token=s3cret", "1.1", 200, name="uvicorn.access")
+    assert f.filter(access) and len(access.args) == 5 and "s3cret" not in access.args[2]  # uvicorn reads the args
+    try:
+        b"\xff".decode()
+    except UnicodeDecodeError:  # what uvicorn logs with its traceback
+        utf8 = record("Invalid UTF-8 sequence received from client.", name="uvicorn.error", exc_info=sys.exc_info())
+    assert f.filter(utf8) and utf8.exc_info is None and utf8.levelno == logging.INFO
+    kept = sum(f.filter(record("ws%d error: %s", i, "bad")) for i in range(10 * BURST))
+    assert BURST <= kept <= BURST + 2
+    time.sleep(1.1)
+    again = record("ws%d error: %s", 0, "bad")
+    assert f.filter(again) and "similar lines suppressed" in again.getMessage()
+
+
+def test_connection_cap_stays_under_the_open_file_limit():
+    from nemo_serve.server.connections import FILE_RESERVE, max_connections_for
+
+    assert max_connections_for(1024, None) == 1024
+    assert max_connections_for(1024, 256) == 256 - FILE_RESERVE  # refuse before accept() hits EMFILE
+    assert max_connections_for(100, 1 << 20) == 100
+
+
+def _result(segment: int, ids: list[int], is_final: bool = False):
+    from nemo_serve.engine.stream import StreamResult
+
+    text = "".join(chr(ord("a") + i % 26) for i in ids)
+    return StreamResult("s", text, segment, is_final, [], ids, [0.0] * len(ids), 0.0, 0.0, 0.0, done=False)
+
+
+def test_outbox_coalesces_partials_then_refuses():
+    from nemo_serve.server.outbox import Outbox
+
+    box = Outbox(max_queued=3)
+    assert box.put(_result(0, [1])) and box.put(_result(0, [1, 2]))  # the second replaces the first
+    assert len(box) == 1 and box.num_coalesced == 1
+    assert box.put(_result(0, [1, 2, 3], is_final=True)) and box.put(_result(1, [4]))
+    assert not box.put(_result(2, [5], is_final=True))  # full: the session closes the stream
+    box.put_first("close")
+    assert len(box) == 1 and asyncio.run(box.get()) == "close"
+
+
+def test_partial_tail_offsets_rebuild_the_segment():
+    from nemo_serve.server.outbox import PartialTail
+
+    tail = PartialTail(whole_max_tokens=4)
+    held_ids: list[int] = []
+    for n in range(1, 12):
+        r = _result(0, list(range(n)))
+        tok, txt = tail.offsets(r)
+        assert (tok, txt) == ((0, 0) if n <= 4 else (n - 1, n - 1))
+        held_ids = held_ids[:tok] + r.token_ids[tok:]
+        assert held_ids == r.token_ids
+    assert tail.offsets(_result(0, list(range(12)), is_final=True)) == (0, 0)
+    assert tail.offsets(_result(1, [1])) == (0, 0)
+
+
+# ----------------------------------------------------------------------------- fuzz
+
+
+def test_hostile_input_fuzz_small(hard):
+    """A few hundred fuzzed frames (benchmarks/fuzz_server.py runs the long version)."""
+    start = len(hard.log())
+    stats = asyncio.run(fuzz(hard.ws_url, 300, seed=14, token=TOKEN, concurrency=2))
+    assert stats.messages >= 300 and stats.cases >= 50
+    assert stats.crashes == 0 and stats.abnormal == 0 and stats.hangs == 0, stats.as_dict()
+    assert not stats.client_errors, stats.as_dict()
+    assert stats.closes[1008] > 10 and stats.max_reply_bytes < 4096, stats.as_dict()
+    log = _log_since(hard, start)
+    assert "Traceback" not in log and len(log) < 60_000, log[-3000:]
+    assert hard.get("/healthz").status_code == 200
+    hard.assert_no_leak()
+
+
+def test_readme_has_the_fuzz_figures():
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = text.split("## Reliability", 1)[1].split("\n## ", 1)[0]
+    for words in ("fuzz", "slots leaked", "RSS", "drain", "benchmarks/fuzz_server.py"):
+        assert words in section, words

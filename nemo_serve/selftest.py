@@ -24,6 +24,7 @@ from .engine.endpoint import EndpointConfig
 from .engine.loop import Engine
 from .model import ServedModel, load_model
 from .oracle import oracle_transcribe
+from .scoring import word_errors
 from .synth import synth_audio
 
 BUNDLED_MANIFEST = Path(__file__).parent / "assets" / "demo" / "utterances" / "manifest.jsonl"
@@ -35,6 +36,7 @@ class Utterance:
     audio: np.ndarray  # float32 at the model's sample rate
     language: str | None = None
     text: str | None = None  # reference transcript, if known
+    group: str | None = None  # the manifest's `set`, for a WER per set
 
 
 @dataclass
@@ -62,7 +64,8 @@ def load_utterances(source: str | Path, sample_rate: int) -> list[Utterance]:
             raise FileNotFoundError(f"no .wav files in {source}")
         return [Utterance(p.name, read_audio(p, sample_rate)[0]) for p in wavs]
     return [
-        Utterance(audio_path(source, row).name, audio, row.get("language") or row.get("lang"), row.get("text"))
+        Utterance(audio_path(source, row).name, audio, row.get("language") or row.get("lang"), row.get("text"),
+                  row.get("set"))
         for row, audio in load_manifest(source, sample_rate)
     ]
 
@@ -88,7 +91,7 @@ def pick_utterances(model: ServedModel, n: int, audio: str | None, seed: int) ->
     if model.prompt_dictionary is not None and audio is None:
         # Bundled audio carries no language: give neighbours different ones so batches mix prompts.
         codes = sorted(model.prompt_dictionary)[:4]
-        utts = [Utterance(u.name, u.audio, codes[i % len(codes)], u.text) for i, u in enumerate(utts)]
+        utts = [Utterance(u.name, u.audio, codes[i % len(codes)], u.text, u.group) for i, u in enumerate(utts)]
     return utts
 
 
@@ -158,6 +161,22 @@ def run_engine(
 # ----------------------------------------------------------------------------- main
 
 
+def wer_line(outcomes: list[Outcome]) -> str | None:
+    """Word error rate of the engine's transcripts against the references, overall and per set.
+    Informative only: the self-test passes or fails on token identity with NeMo's loop."""
+    scored = [o for o in outcomes if o.utt.text is not None]
+    if not scored:
+        return None
+    totals: dict[str, list[int]] = {}
+    for o in scored:
+        e, w = word_errors(o.utt.text, o.engine_text)
+        for key in ("all", *([o.utt.group] if o.utt.group else [])):
+            t = totals.setdefault(key, [0, 0])
+            t[0], t[1] = t[0] + e, t[1] + w
+    parts = [f"{key} {100 * e / max(w, 1):.1f}% ({e}/{w})" for key, (e, w) in totals.items()]
+    return f"WER against the references ({len(scored)} utterances): " + ", ".join(parts)
+
+
 def run_selftest(
     n: int = 20,
     model: str | None = None,
@@ -189,6 +208,8 @@ def run_selftest(
         mark = "ok  " if o.identical else "DIFF"
         lang = f" lang={o.utt.language}" if o.utt.language else ""
         line = f"[{mark}] {idx:3d} {o.utt.name:<18} {len(o.utt.audio) / served.geometry.sample_rate:5.2f}s{lang} {len(o.oracle_ids):4d} tokens  {o.oracle_text[:60]!r}"
+        if o.utt.text is not None:
+            line += f"\n       reference {o.utt.text[:60]!r}"
         if not o.identical:
             first = next((j for j, (a, b) in enumerate(zip(o.engine_ids, o.oracle_ids)) if a != b), min(len(o.engine_ids), len(o.oracle_ids)))
             line += f"\n       engine {len(o.engine_ids)} tokens, first difference at token {first}: {o.engine_text[:60]!r}"
@@ -196,6 +217,9 @@ def run_selftest(
     if batch_sizes:
         multi = sum(b > 1 for b in batch_sizes)
         print(f"engine: {len(batch_sizes)} batched steps, max batch {max(batch_sizes)}, {multi} steps with >1 stream, {slots} slots", file=out)
+    wer = wer_line(outcomes)
+    if wer:
+        print(wer, file=out)
     g = served.geometry
     print(f"{k}/{n} token-identical ({served.name}, context-right {g.context_right} = {g.chunk_ms:.0f} ms, {dtype}, {device})", file=out, flush=True)
     if json_path:

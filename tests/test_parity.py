@@ -19,7 +19,10 @@ def test_selftest_every_trained_mode_fp32(context_right):
     out = io.StringIO()
     code = run_selftest(6, context_right=context_right, num_slots=4, seed=context_right, out=out)
     assert code == 0, out.getvalue()
-    assert "6/6 token-identical" in out.getvalue()
+    lines = out.getvalue().splitlines()
+    assert "6/6 token-identical" in lines[-1]  # the parity line stays last
+    assert lines[-2].startswith("WER against the references (6 utterances): all ")
+    assert sum(line.strip().startswith("reference '") for line in lines) == 6
 
 
 def test_selftest_bf16():

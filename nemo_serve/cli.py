@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     lim.add_argument("--drain-timeout-s", type=float, help="on SIGTERM, how long open streams get to finish (30)")
     lim.add_argument("--send-timeout-s", type=float,
                      help="close a stream whose client takes no result for this long, freeing its slot (10)")
-    lim.add_argument("--header-timeout-s", type=float, help="close a connection whose request headers take longer (10)")
+    lim.add_argument("--header-timeout-s", type=float, help="close a connection whose request (headers, body) takes longer (10)")
     lim.add_argument("--max-connections", type=int, help="open connections, HTTP and WebSocket; more get 503 (1024)")
     lim.add_argument("--max-connections-per-ip", type=int, help="open connections from one address; more get 503 (256)")
     e = p.add_argument_group("endpointing (defaults; each stream may override them)")

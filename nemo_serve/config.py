@@ -50,7 +50,7 @@ class Settings(BaseModel):
     # limits
     max_connections: Annotated[int, Field(ge=1, le=1_000_000)] = 1024  # open sockets, HTTP and WebSocket
     max_connections_per_ip: Annotated[int, Field(ge=1, le=1_000_000)] = 256
-    header_timeout_s: PositiveSeconds = 10.0  # from connect (or a keep-alive request's first byte) to headers
+    header_timeout_s: PositiveSeconds = 10.0  # from connect (or a keep-alive request's first byte) to a whole request
     send_timeout_s: PositiveSeconds = 10.0  # a result the client's socket does not take in this time: closed
     max_message_bytes: Annotated[int, Field(ge=1024, le=1 << 30)] = 1 << 20  # sherpa-onnx's default
     idle_timeout_s: PositiveSeconds = 30.0  # no message from the client while input is open

@@ -236,9 +236,12 @@ def _silent_for(port: int, payload: bytes) -> tuple[float, bytes]:
 
 def test_header_timeout_closes_silent_and_half_sent_requests(hard):
     """Defect 4: silent TCP sockets and half-sent requests stayed open (60 s and counting)."""
+    # (a body that never comes is bounded by the same deadline)
     silent_s, _ = _silent_for(hard.port, b"")
     half_s, reply = _silent_for(hard.port, b"GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
-    assert silent_s < 3 and half_s < 3, (silent_s, half_s)
+    body = b"POST /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000\r\n\r\n{"
+    body_s, body_reply = _silent_for(hard.port, body)  # headers in time, the body never comes
+    assert silent_s < 3 and half_s < 3 and body_s < 3, (silent_s, half_s, body_s)
     assert reply.startswith(b"HTTP/1.1 408"), reply[:100]
     assert hard.get("/healthz").status_code == 200
 
@@ -460,6 +463,27 @@ def test_connection_cap_stays_under_the_open_file_limit():
     assert max_connections_for(1024, None) == 1024
     assert max_connections_for(1024, 256) == 256 - FILE_RESERVE  # refuse before accept() hits EMFILE
     assert max_connections_for(100, 1 << 20) == 100
+
+
+def test_same_origin_needs_a_loopback_host_on_a_loopback_server():
+    """A page on an attacker's domain re-pointed at 127.0.0.1 (DNS rebinding) is same-origin
+    with itself; on a server bound to loopback the Host must be a loopback name too."""
+    from types import SimpleNamespace
+
+    from nemo_serve.server.app import _origin_refusal
+
+    def ws(origin, host):
+        return SimpleNamespace(headers={"origin": origin, "host": host})
+
+    rebinding = ws("http://evil.example:8000", "evil.example:8000")
+    assert _origin_refusal(rebinding, frozenset(), loopback_only=True) is not None
+    assert _origin_refusal(rebinding, frozenset(), loopback_only=False) is None  # --host 0.0.0.0: its own page
+    for origin, host in (("http://localhost:8000", "localhost:8000"), ("https://[::1]", "[::1]:443"),
+                         ("http://127.0.0.1", "127.0.0.1:80")):  # fmt: skip
+        assert _origin_refusal(ws(origin, host), frozenset(), loopback_only=True) is None, origin
+    assert _origin_refusal(ws("http://127.0.0.1:9000", "127.0.0.1:8000"), frozenset(), True) is not None
+    assert _origin_refusal(ws("http://a.example:x", "a.example"), frozenset(), False) is not None  # bad port
+    assert _origin_refusal(ws("https://app.example.com", "h:1"), frozenset({"https://app.example.com"}), True) is None
 
 
 def _result(segment: int, ids: list[int], is_final: bool = False):

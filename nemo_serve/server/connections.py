@@ -8,9 +8,9 @@ it lacks:
     limit_concurrency, which skips WebSocket upgrades; answering at accept time, before the
     request is read, which lets the client's late request trigger a TCP reset that can
     destroy the answer before it is read.
-  - a header deadline: a request's headers must be in within --header-timeout-s of the
-    connection (or of the first byte of a later keep-alive request), else HTTP 408 and close.
-    uvicorn has none: a silent socket stays open forever. (TLS handshakes are bounded by
+  - a request deadline: a request (headers and any body) must be in within --header-timeout-s
+    of the connection (or of the first byte of a later keep-alive request), else HTTP 408 and
+    close. uvicorn has none: a silent socket, or a body sent a byte at a time, stays open forever. (TLS handshakes are bounded by
     asyncio's own 60 s ssl_handshake_timeout, before any of this runs.)
   - a small kernel send buffer (SEND_BUFFER_BYTES) so that a client that stops reading is
     noticed after a few hundred kilobytes of results, not after the kernel's autotuned
@@ -119,6 +119,7 @@ class HttpProtocol(HttpToolsProtocol):
         self._deadline: asyncio.TimerHandle | None = None
         self._refusal: str | None = None
         self._refused_request = b""
+        self._headers_done = False  # of the request being read
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
@@ -142,12 +143,21 @@ class HttpProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._headers_done = False
         if self._deadline is None:  # a later keep-alive request: its own deadline
             self._arm(self.limits.header_timeout_s)
 
     def on_headers_complete(self) -> None:
-        self._disarm()
+        self._headers_done = True
         super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        super().on_message_complete()
+
+    def handle_websocket_upgrade(self) -> None:
+        self._disarm()  # the request is complete; the WebSocket protocol takes the socket over
+        super().handle_websocket_upgrade()
 
     def _arm(self, seconds: float) -> None:
         self._disarm()
@@ -165,9 +175,12 @@ class HttpProtocol(HttpToolsProtocol):
             return
         if self.limits.limiter.metrics is not None:
             self.limits.limiter.metrics.refusals.labels(reason="header_timeout").inc()
-        log.info("closed a connection from %s: no request headers in %g s", self.client and self.client[0],
+        log.info("closed a connection from %s: request not complete in %g s", self.client and self.client[0],
                  self.limits.header_timeout_s)  # fmt: skip
-        self._answer(408, "Request Timeout", f"request headers not received within {self.limits.header_timeout_s:g} s")
+        if self._headers_done:  # the app may have answered already; only the body is missing
+            self.transport.close()
+            return
+        self._answer(408, "Request Timeout", f"request not received within {self.limits.header_timeout_s:g} s")
 
     def _answer(self, status: int, phrase: str, reason: str) -> None:
         if not self.transport.is_closing():

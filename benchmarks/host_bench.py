@@ -72,8 +72,10 @@ def _stub_step(tokens_per_frame: float, num_slots: int):
     return step
 
 
-def measure(model, num_streams: int, seconds: float, tokens_per_frame: float) -> dict:
-    """Core CPU us per stream-step for `num_streams` streams each fed one chunk per iteration."""
+def measure(model, num_streams: int, seconds: float, tokens_per_frame: float, ready_fraction: float = 1.0) -> dict:
+    """Core CPU us per stream-step for `num_streams` streams, `ready_fraction` of them (in turn)
+    fed one chunk before each iteration: 1.0 steps every stream every time; a real server's
+    iterations come every few milliseconds, when only some streams have a new chunk."""
     from nemo_serve.engine import loop
     from nemo_serve.engine.endpoint import EndpointConfig
 
@@ -89,17 +91,18 @@ def measure(model, num_streams: int, seconds: float, tokens_per_frame: float) ->
         for s in streams:
             engine.push(s, audio[:first_samples])
         engine.iterate()  # opens, first chunks
-        steps = max(3, int(seconds * 1000 / g.chunk_ms))
+        per_turn = max(1, round(num_streams * ready_fraction))
+        steps = max(3, int(seconds * 1000 / g.chunk_ms * num_streams / per_turn))
         cpu, stream_steps, iterations = 0.0, 0, 0
         gc.collect()
         for i in range(steps):
-            for s in streams:
-                engine.push(s, audio[first_samples:])
+            for k in range(i * per_turn, (i + 1) * per_turn):
+                engine.push(streams[k % num_streams], audio[first_samples:])
             before = engine.stats.stream_steps
             t0 = time.thread_time()
             engine.iterate()
             dt = time.thread_time() - t0
-            if i >= 1:  # the first later chunk may still be completing the warm-up
+            if i * per_turn >= num_streams:  # after every stream's first later chunk
                 cpu += dt
                 stream_steps += engine.stats.stream_steps - before
                 iterations += 1
@@ -112,6 +115,7 @@ def measure(model, num_streams: int, seconds: float, tokens_per_frame: float) ->
         "streams": num_streams,
         "context_right": g.context_right,
         "chunk_ms": g.chunk_ms,
+        "ready_fraction": ready_fraction,
         "iterations": iterations,
         "stream_steps": stream_steps,
         "core_cpu_us_per_stream_step": round(1e6 * cpu / max(stream_steps, 1), 2),
@@ -126,6 +130,7 @@ def main() -> None:
     p.add_argument("--streams", default="1000,4000,16000")
     p.add_argument("--context-right", default="0,13")
     p.add_argument("--seconds", type=float, default=4.0, help="audio per stream per measurement")
+    p.add_argument("--ready-fraction", default="1.0", help="comma list: share of the streams stepped per iteration")
     p.add_argument("--tokens-per-frame", type=float, default=0.33, help="stub emission rate (real models: 0.2-0.5)")
     p.add_argument("--out", default=None, help="JSON file")
     args = p.parse_args()
@@ -136,10 +141,10 @@ def main() -> None:
     entries = []
     for r in [int(x) for x in args.context_right.split(",")]:
         model = load_model(args.model, context_right=r)
-        for n in [int(x) for x in args.streams.split(",")]:
-            e = measure(model, n, args.seconds, args.tokens_per_frame)
+        for n, f in [(int(x), float(y)) for x in args.streams.split(",") for y in args.ready_fraction.split(",")]:
+            e = measure(model, n, args.seconds, args.tokens_per_frame, f)
             entries.append(e)
-            print(f"streams {n:6d}  {e['chunk_ms']:5.0f} ms  core {e['core_cpu_us_per_stream_step']:7.2f} us/stream-step"
+            print(f"streams {n:6d} ready {f:4.2f}  {e['chunk_ms']:5.0f} ms  core {e['core_cpu_us_per_stream_step']:7.2f} us/stream-step"
                   f"  (budget {e['budget_us_per_stream_step']:.1f} us)  {e['core_cpu_ms_per_iteration']:.1f} ms/iteration",
                   flush=True)
     if args.out:

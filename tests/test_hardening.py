@@ -188,15 +188,18 @@ def test_drain_sends_1012_and_exits_on_time_with_stalled_clients():
     + ~6 s. Two such clients: one starts reading just after the deadline and gets the
     documented error and 1012; the other never does and is dropped; the process exits 0."""
     env = {"NEMO_SERVE_PING_INTERVAL_S": "0", "NEMO_SERVE_SEND_TIMEOUT_S": "60"}
-    with start_server("--num-slots", "2", "--drain-timeout-s", "2", env=env) as srv:
+    with start_server("--num-slots", "2", "--drain-timeout-s", "2", "--log-level", "info", env=env) as srv:
 
         async def scenario():
+            from websockets.exceptions import ConnectionClosed
+
             a, a_send = await _never_reading_client(srv, 400)
             b, b_send = await _never_reading_client(srv, 400)
             await asyncio.wait({a_send, b_send}, timeout=30)  # every frame taken: the model is on it
             await asyncio.sleep(3.0)  # results pile up behind the full socket buffers
             t0 = time.monotonic()
             srv.proc.send_signal(signal.SIGTERM)
+            exited = asyncio.create_task(asyncio.to_thread(lambda: (srv.proc.wait(30), time.monotonic() - t0)))
             await asyncio.sleep(2.3)
             a.transport.resume_reading()
             last = None
@@ -204,16 +207,16 @@ def test_drain_sends_1012_and_exits_on_time_with_stalled_clients():
                 async with asyncio.timeout(20):
                     async for m in a:
                         last = json.loads(m)
-            except Exception:  # noqa: BLE001 - the close code below says how it ended
+            except ConnectionClosed:  # 1012 is not a normal close; the code is checked below
                 pass
-            exit_code = await asyncio.to_thread(srv.proc.wait, 30)
+            exit_code, exit_s = await exited
             b.transport.abort()
-            return time.monotonic() - t0, exit_code, last, a.close_code
+            return exit_s, exit_code, last, a.close_code
 
         exit_s, exit_code, last, code = asyncio.run(scenario())
     assert exit_code == 0
-    assert exit_s < 2 + 3, f"exit {exit_s:.1f} s after SIGTERM with --drain-timeout-s 2"
-    assert code == 1012 and last["type"] == "error" and "drain" in last["reason"], (code, last)
+    assert exit_s < 2 + 3, f"exit {exit_s:.1f} s after SIGTERM with --drain-timeout-s 2:\n{srv.log()[-3000:]}"
+    assert code == 1012 and last["type"] == "error" and "drain" in last["reason"], (code, last, srv.log()[-3000:])
 
 
 # ----------------------------------------------------------------------------- 4 header timeout, caps

@@ -1,6 +1,7 @@
 """The FastAPI app: the streaming WebSocket, health, readiness, metrics and the browser page.
 
   WS  /ws (and /, for sherpa-onnx clients)  one stream per socket (session.py)
+  WS  /v1/realtime  OpenAI Realtime transcription, GA and beta dialects (realtime.py)
   GET /healthz   200 while the step loop is alive
   GET /readyz    200 with free and total slots; 503 when full, draining or the loop is dead
   GET /metrics   Prometheus text format
@@ -32,6 +33,7 @@ from fastapi.staticfiles import StaticFiles
 from .context import ServerContext
 from .logsafe import preview
 from .protocol import CLOSE_PROTOCOL_ERROR, CLOSE_TRY_AGAIN_LATER, ErrorMessage, close_reason
+from .realtime import RealtimeSession
 from .session import Session
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -104,10 +106,11 @@ def create_app(ctx: ServerContext) -> FastAPI:
             await _refuse(ws, 503, reason, CLOSE_TRY_AGAIN_LATER)
             return
         await ws.accept()
-        await Session(ws, ctx).run()
+        await (RealtimeSession if ws.scope["path"] == "/v1/realtime" else Session)(ws, ctx).run()
 
     app.add_api_websocket_route("/ws", stream)
     app.add_api_websocket_route("/", stream)  # sherpa-onnx clients connect to the root
+    app.add_api_websocket_route("/v1/realtime", stream)  # OpenAI Realtime transcription (realtime.py)
     return app
 
 

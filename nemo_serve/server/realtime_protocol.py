@@ -1,0 +1,293 @@
+"""OpenAI Realtime *transcription* protocol: typed client events, server events, the session config.
+
+Two dialects, both read from the `openai` package's own types (3.57: openai/types/realtime/ and
+openai/types/beta/realtime/):
+  GA    session.update {session: {type: "transcription", audio: {input: {format: {type:
+        "audio/pcm", rate: 24000}, transcription: {model, language, prompt}, turn_detection}}}}
+        -> session.created / session.updated
+  beta  transcription_session.update {session: {input_audio_format: "pcm16",
+        input_audio_transcription: {model, language, prompt}, turn_detection}} (what NVIDIA NIM
+        speaks; NIM adds input_audio_params.sample_rate_hz) -> transcription_session.created / .updated
+Both: input_audio_buffer.append {audio: base64 PCM16} / .commit / .clear, NIM's
+input_audio_buffer.done (end of input); server: input_audio_buffer.committed / .cleared /
+.speech_started / .speech_stopped, conversation.item.input_audio_transcription.delta /
+.completed, error {error: {type, code, message, param, event_id}}.
+
+Unknown fields are ignored (clients send options of OpenAI's models that mean nothing here), unlike
+/ws's config, which refuses them: these clients were written against another server, and refusing
+what we do not use would break them for nothing. docs/protocol.md describes the same thing.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .logsafe import clean, preview
+
+GA_RATE = 24000  # the only rate OpenAI's audio/pcm and beta pcm16 have
+MAX_PREVIEW = 60
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:20]}"
+
+
+class RealtimeError(ValueError):
+    """A client event the server cannot use; answered with an `error` event, the session goes on."""
+
+    def __init__(self, message: str, code: str = "invalid_value", param: str | None = None, event_id=None):
+        super().__init__(message)
+        self.code, self.param, self.event_id = code, param, event_id
+
+
+# ----------------------------------------------------------------------------- client -> server
+
+
+class _Loose(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+_Ms = Annotated[int, Field(ge=0, le=3_600_000)]
+
+
+class TurnDetection(_Loose):
+    type: str | None = None  # server_vad, semantic_vad: both run our endpointer
+    silence_duration_ms: _Ms | None = None  # -> rule2 (silence after text)
+
+
+class Transcription(_Loose):
+    model: str | None = None
+    language: Annotated[str, Field(max_length=32)] | None = None
+    prompt: str | None = None
+
+
+class AudioFormat(_Loose):
+    type: str | None = None  # audio/pcm (audio/pcmu, audio/pcma: not supported)
+    rate: Annotated[int, Field(ge=8000, le=192000)] | None = None
+
+
+class AudioInput(_Loose):
+    format: AudioFormat | None = None
+    transcription: Transcription | None = None
+    turn_detection: TurnDetection | None = None
+
+
+class GAAudio(_Loose):
+    input: AudioInput | None = None
+
+
+class GASession(_Loose):
+    type: str | None = None
+    audio: GAAudio | None = None
+
+
+class InputAudioParams(_Loose):  # NIM's extension of the beta session
+    sample_rate_hz: Annotated[int, Field(ge=8000, le=192000)] | None = None
+    num_channels: Annotated[int, Field(ge=1, le=1)] | None = None
+
+
+class BetaSession(_Loose):
+    input_audio_format: str | None = None
+    input_audio_transcription: Transcription | None = None
+    turn_detection: TurnDetection | None = None
+    input_audio_params: InputAudioParams | None = None
+
+
+@dataclass
+class SessionUpdate:
+    """What one session.update / transcription_session.update asks for; None: leave as is."""
+
+    dialect: str  # "ga" or "beta"
+    event_id: str | None
+    rate: int | None = None
+    transcription: Transcription | None = None
+    turn_detection_set: bool = False  # the field was present (null turns endpointing off)
+    turn_detection: TurnDetection | None = None
+
+
+@dataclass
+class Append:
+    pcm: bytes
+    event_id: str | None
+
+
+@dataclass
+class BufferEvent:
+    """input_audio_buffer.commit, .clear or .done."""
+
+    kind: Literal["commit", "clear", "done"]
+    event_id: str | None
+
+
+ClientEvent = SessionUpdate | Append | BufferEvent
+
+
+def parse_client_event(text: str) -> ClientEvent:
+    """A text frame -> event; raises RealtimeError with a message fit for the wire."""
+    try:
+        obj = json.loads(text)
+    except (json.JSONDecodeError, RecursionError, ValueError):
+        raise RealtimeError("the event is not valid JSON", code="invalid_json") from None
+    if not isinstance(obj, dict):
+        raise RealtimeError("an event must be a JSON object", code="invalid_json")
+    kind, event_id = obj.get("type"), obj.get("event_id")
+    event_id = clean(event_id, 64) if isinstance(event_id, str) else None
+    if not isinstance(kind, str):
+        raise RealtimeError("missing or invalid 'type'", code="invalid_event", param="type", event_id=event_id)
+    try:
+        if kind == "input_audio_buffer.append":
+            return Append(_audio(obj.get("audio"), event_id), event_id)
+        if kind.startswith("input_audio_buffer.") and kind[19:] in ("commit", "clear", "done"):
+            return BufferEvent(kind[19:], event_id)
+        if kind == "session.update":
+            return _ga_update(obj.get("session"), event_id)
+        if kind == "transcription_session.update":
+            return _beta_update(obj.get("session"), event_id)
+    except ValidationError as e:
+        first = e.errors(include_url=False, include_input=False)[0]
+        where = clean(".".join(str(p) for p in ("session", *first["loc"])))
+        raise RealtimeError(f"{where}: {clean(first['msg'], 200)}", param=where, event_id=event_id) from None
+    raise RealtimeError(
+        f"event type {preview(kind, MAX_PREVIEW)} is not supported by a transcription session",
+        code="unsupported_event", param="type", event_id=event_id,
+    )  # fmt: skip
+
+
+def _audio(data: Any, event_id: str | None) -> bytes:
+    if not isinstance(data, str):
+        raise RealtimeError("'audio' must be a base64 string", param="audio", event_id=event_id)
+    try:
+        pcm = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise RealtimeError("'audio' is not valid base64", code="invalid_base64", param="audio", event_id=event_id) from None
+    if len(pcm) % 2:
+        raise RealtimeError(f"'audio' of {len(pcm)} bytes is not whole 16-bit samples", param="audio", event_id=event_id)
+    return pcm
+
+
+def _ga_update(raw: Any, event_id: str | None) -> SessionUpdate:
+    s = GASession.model_validate(raw if raw is not None else {})
+    if s.type not in (None, "transcription"):
+        raise RealtimeError(
+            f"session.type {preview(s.type, MAX_PREVIEW)}: this server only has transcription sessions",
+            param="session.type", event_id=event_id,
+        )  # fmt: skip
+    inp = s.audio.input if s.audio is not None and s.audio.input is not None else AudioInput()
+    raw_input = ((raw or {}).get("audio") or {}).get("input") or {}  # validated: dicts or None
+    update = SessionUpdate("ga", event_id, transcription=inp.transcription)
+    if inp.format is not None:
+        if inp.format.type not in (None, "audio/pcm"):
+            raise RealtimeError(
+                f"audio format {preview(inp.format.type, MAX_PREVIEW)} is not supported; use audio/pcm",
+                param="session.audio.input.format.type", event_id=event_id,
+            )  # fmt: skip
+        update.rate = inp.format.rate
+    if "turn_detection" in raw_input:
+        update.turn_detection_set, update.turn_detection = True, inp.turn_detection
+    return update
+
+
+def _beta_update(raw: Any, event_id: str | None) -> SessionUpdate:
+    raw = raw if raw is not None else {}
+    s = BetaSession.model_validate(raw)
+    if s.input_audio_format not in (None, "pcm16"):
+        raise RealtimeError(
+            f"input_audio_format {preview(s.input_audio_format, MAX_PREVIEW)} is not supported; use pcm16",
+            param="session.input_audio_format", event_id=event_id,
+        )  # fmt: skip
+    update = SessionUpdate("beta", event_id, transcription=s.input_audio_transcription)
+    if s.input_audio_params is not None:
+        update.rate = s.input_audio_params.sample_rate_hz
+    if isinstance(raw, dict) and "turn_detection" in raw:
+        update.turn_detection_set, update.turn_detection = True, s.turn_detection
+    return update
+
+
+def model_language(code: str | None, languages: list[str] | None) -> str | None:
+    """An OpenAI client's ISO-639-1 code (`en`) -> the model's prompt code (`en-US`) where only one
+    fits. A model without prompts has one language: the code is a hint, as OpenAI documents it,
+    and is ignored. Raises RealtimeError for an unknown or ambiguous code."""
+    if not code or not languages:
+        return None
+    by_lower = {c.lower(): c for c in languages}
+    if code.lower() in by_lower:
+        return by_lower[code.lower()]
+    fits = sorted(c for c in languages if c.lower().split("-")[0] == code.lower())
+    if len(fits) == 1:
+        return fits[0]
+    what = f"ambiguous (one of {', '.join(fits)})" if fits else f"unknown; valid: {', '.join(sorted(languages))}"
+    raise RealtimeError(f"language {preview(code, 32)} is {what}", param="language")
+
+
+# ----------------------------------------------------------------------------- the session
+
+
+@dataclass
+class RealtimeConfig:
+    """The effective session, as session.created / .updated show it."""
+
+    session_id: str = field(default_factory=lambda: new_id("sess"))
+    rate: int = GA_RATE
+    transcription_model: str | None = None  # echoed; the server has one model
+    language: str | None = None  # as the client sent it
+    prompt: str | None = None  # echoed, not used
+    turn_detection: TurnDetection | None = None  # None: endpointing off, the client commits
+
+    def ga(self) -> dict:
+        """RealtimeTranscriptionSessionCreateResponse (GA): the session of session.created/updated."""
+        td = None if self.turn_detection is None else {"type": self.turn_detection.type or "server_vad",
+                                                        "silence_duration_ms": self.turn_detection.silence_duration_ms}  # fmt: skip
+        return {
+            "type": "transcription",
+            "id": self.session_id,
+            "object": "realtime.transcription_session",
+            "audio": {"input": {
+                "format": {"type": "audio/pcm", "rate": self.rate},
+                "noise_reduction": None,
+                "transcription": {"model": self.transcription_model, "language": self.language, "prompt": self.prompt},
+                "turn_detection": td,
+            }},
+            "include": [],
+        }  # fmt: skip
+
+    def beta(self) -> dict:
+        """TranscriptionSession (beta, as NIM shows it: with input_audio_params; no client secret)."""
+        td = None if self.turn_detection is None else {"type": self.turn_detection.type or "server_vad",
+                                                        "silence_duration_ms": self.turn_detection.silence_duration_ms}  # fmt: skip
+        return {
+            "id": self.session_id,
+            "object": "realtime.transcription_session",
+            "modalities": ["text"],
+            "input_audio_format": "pcm16",
+            "input_audio_params": {"sample_rate_hz": self.rate, "num_channels": 1},
+            "input_audio_transcription": {"model": self.transcription_model, "language": self.language,
+                                          "prompt": self.prompt},
+            "turn_detection": td,
+            "client_secret": None,
+        }  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- server -> client
+
+
+class ServerEvent(BaseModel):
+    model_config = ConfigDict(extra="allow")  # the few events with dialect-dependent fields
+    type: str
+    event_id: str = Field(default_factory=lambda: new_id("event"))
+
+
+def event(type_: str, **fields) -> ServerEvent:
+    return ServerEvent(type=type_, **fields)
+
+
+def error_event(message: str, *, type_: str = "invalid_request_error", code: str | None = None,
+                param: str | None = None, event_id: str | None = None) -> ServerEvent:  # fmt: skip
+    """OpenAI's error shape (RealtimeErrorEvent): {type: "error", event_id, error: {...}}."""
+    return event("error", error={"type": type_, "code": code, "message": message, "param": param, "event_id": event_id})

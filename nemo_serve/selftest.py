@@ -148,9 +148,14 @@ def run_engine(
             time.sleep(0.001)
             if engine.error is not None:
                 raise RuntimeError("engine loop crashed") from engine.error
+        deadline = time.monotonic() + 600
         for i, ev in enumerate(done):
-            if not ev.wait(timeout=600):
-                raise TimeoutError(f"utterance {utts[i].name} got no final result")
+            while not ev.wait(timeout=0.5):  # a crashed loop is reported as itself, not as a timeout
+                if engine.error is not None:
+                    raise RuntimeError("engine loop crashed") from engine.error
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"utterance {utts[i].name} got no final result "
+                                       f"({engine.num_open_streams} streams open)")
     finally:
         engine.stop()
     ids = [[t for r in rs for t in r.new_token_ids] for rs in results]

@@ -170,3 +170,32 @@ def test_duplicate_stream_id_is_refused_at_admission():
     eng.abort(s)
     helpers.assert_engine_empty(eng)
     eng.open_stream(lambda r: None, stream_id="caller-chosen")  # free again once released
+
+
+def test_audio_pushed_while_the_loop_absorbs_is_not_lost():
+    """The network side may push (and finish) while the loop is absorbing that very stream. Those
+    packets must be taken in a later iteration; the loop once dropped them and the stream hung."""
+    m = helpers.model(None, DEFAULT_MODES[0])
+    audio = helpers.utterances(1, seed=3)[0]
+    eng = helpers.new_engine(m, 2)
+    results = []
+    s = eng.open_stream(results.append)
+    cut = len(audio) // 2
+    eng.push(s, audio[:cut])
+    absorb = s.audio.absorb
+
+    def absorb_then_more_arrives():
+        changed = absorb()
+        if s.audio.num_samples == cut and not s.audio.finished:  # once: the rest lands mid-drain
+            eng.push(s, audio[cut:])
+            eng.finish(s)
+        return changed
+
+    s.audio.absorb = absorb_then_more_arrives
+    for _ in range(200):
+        eng.iterate()
+        if results and results[-1].done:
+            break
+    assert results and results[-1].done, "the stream never got its final"
+    assert [t for r in results for t in r.new_token_ids] == oracle_transcribe(m, audio).token_ids
+    helpers.assert_engine_empty(eng)

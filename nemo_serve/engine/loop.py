@@ -249,17 +249,20 @@ class Engine:
                 self._mark_done(stream)
             elif stream.take_force_final() and stream.phase is Phase.ACTIVE:
                 self._publish_final(stream, [], time.time(), done=False)
-        seen: set[int] = set()
+        # Take the queued entries first, then absorb each stream once. Deduplicating while still
+        # taking entries would drop a packet pushed after that stream's absorb (it hung a stream).
+        dirty: dict[int, Stream] = {}
         while True:
             try:
                 stream = self._dirty.get_nowait()
             except queue.Empty:
                 break
-            if stream.phase is Phase.ACTIVE and stream.slot not in seen:
-                seen.add(stream.slot)
-                audio = stream.audio
-                audio.absorb()
-                self.scheduler.set_audio(stream.slot, audio.num_samples, audio.finished)
+            if stream.phase is Phase.ACTIVE:
+                dirty[stream.slot] = stream
+        for slot, stream in dirty.items():
+            audio = stream.audio
+            audio.absorb()
+            self.scheduler.set_audio(slot, audio.num_samples, audio.finished)
 
     def _mark_done(self, stream: Stream) -> None:
         if stream.phase is Phase.ACTIVE:

@@ -275,15 +275,19 @@ class Printer:
         self.as_json = as_json
         self.tty = out.isatty()
         self.width = shutil.get_terminal_size().columns
+        self.segment_text = ""  # the open segment's text, assembled from partials' text_offset + text
 
     def __call__(self, msg: dict) -> None:
         if self.as_json:
             print(json.dumps(msg), file=self.out, flush=True)
-        elif msg["type"] == "partial" and self.tty:
-            text = msg["text"][-(self.width - 12) :]
-            self.out.write(f"\r\x1b[K  ... {text}")
-            self.out.flush()
+        elif msg["type"] == "partial":
+            # A partial of a long segment carries only the text from text_offset on.
+            self.segment_text = self.segment_text[: msg.get("text_offset", 0)] + msg["text"]
+            if self.tty:
+                self.out.write(f"\r\x1b[K  ... {self.segment_text[-(self.width - 12) :]}")
+                self.out.flush()
         elif msg["type"] == "final":
+            self.segment_text = ""
             clear = "\r\x1b[K" if self.tty else ""
             if msg["text"]:
                 print(f"{clear}[{msg['start_time']:7.2f}s] {msg['text']}", file=self.out, flush=True)

@@ -283,3 +283,22 @@ def test_drain_refuses_new_streams_until_open_ones_have_their_finals():
             drained.result(timeout=5)  # the last session closed itself: the drain is over
         assert not ctx.sessions
         assert 'nemo_serve_refusals_total{reason="draining"} 1.0' in client.get("/metrics").text
+
+
+def test_client_printer_assembles_long_segment_partials_from_offsets():
+    """Partials of a segment over 256 tokens carry only the tail from text_offset (docs/protocol.md)."""
+    import io
+
+    from nemo_serve.client import Printer
+
+    out = io.StringIO()
+    out.isatty = lambda: True
+    p = Printer(out)
+    p.width = 200
+    p({"type": "partial", "text": "turn on the", "text_offset": 0})
+    p({"type": "partial", "text": "the kitchen light", "text_offset": 8})
+    assert p.segment_text == "turn on the kitchen light"
+    assert out.getvalue().endswith("  ... turn on the kitchen light")
+    p({"type": "final", "text": "turn on the kitchen light", "start_time": 0.0})
+    p({"type": "partial", "text": "and", "text_offset": 0})
+    assert p.segment_text == "and"  # a new segment starts from nothing

@@ -362,7 +362,7 @@ async def long_segment(ws_url: str, token: str, seconds: int) -> dict:
         async def send() -> None:
             for i in range(0, len(audio), 16000):
                 await ws.send(audio[i : i + 16000].tobytes())
-            await ws.send("Done")
+            await ws.send(json.dumps({"type": "end"}))
 
         sender = asyncio.create_task(send())
         async for message in ws:

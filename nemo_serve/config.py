@@ -63,6 +63,9 @@ class Settings(BaseModel):
     rule1_min_trailing_silence: PositiveSeconds = 2.4
     rule2_min_trailing_silence: PositiveSeconds = 1.2
     rule3_min_utterance_length: PositiveSeconds = 20.0
+    # Encoding of a stream that names none (no config message, no ?encoding=). float32 is what
+    # sherpa-onnx's clients send, unannounced; PCM16 clients without a config say so in the URL.
+    default_encoding: Literal["pcm_f32le", "pcm_s16le"] = "pcm_f32le"
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
 
     @field_validator("ssl_certfile", "ssl_keyfile")

@@ -210,7 +210,7 @@ def as_model_input(wire: np.ndarray, rate: int, model_rate: int = 16000) -> np.n
 async def raw_session(
     url: str, first: list, *, token: str | None = TOKEN, timeout_s: float = 30.0, ssl_context=None
 ) -> tuple[list[dict], int | None]:
-    """Send `first` (str or bytes frames) on a raw socket; return every JSON message and the close code."""
+    """Send `first` (str or bytes frames) on a raw socket; return every message and the close code."""
     from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed
 
@@ -226,7 +226,8 @@ async def raw_session(
         try:
             async with asyncio.timeout(timeout_s):
                 async for m in ws:
-                    messages.append(json.loads(m))
+                    # "Done!" (bare text, to clients that ended with "Done"/"eof") as a pseudo message
+                    messages.append({"type": m} if m == "Done!" else json.loads(m))
         except ConnectionClosed:
             pass
         return messages, ws.close_code

@@ -341,7 +341,7 @@ def test_partials_stay_bounded_on_a_long_segment(hard):
             async def send():
                 for i in range(0, len(audio), 16000):
                     await ws.send(audio[i : i + 16000].tobytes())
-                await ws.send("Done")
+                await ws.send(json.dumps({"type": "end"}))  # "Done" would add the bare text "Done!"
 
             sender = asyncio.create_task(send())
             async for m in ws:

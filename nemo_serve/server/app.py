@@ -106,7 +106,10 @@ def create_app(ctx: ServerContext) -> FastAPI:
             await _refuse(ws, 503, reason, CLOSE_TRY_AGAIN_LATER)
             return
         await ws.accept()
-        await (RealtimeSession if ws.scope["path"] == "/v1/realtime" else Session)(ws, ctx).run()
+        if ws.scope["path"] == "/v1/realtime":
+            await RealtimeSession(ws, ctx).run()
+        else:
+            await Session(ws, ctx, query=ws.query_params).run()
 
     app.add_api_websocket_route("/ws", stream)
     app.add_api_websocket_route("/", stream)  # sherpa-onnx clients connect to the root

@@ -4,9 +4,13 @@ Client -> server
   text   {"type": "config", ...}         optional, first message only (ConfigMessage)
   binary PCM samples                      any number of whole samples per frame
   text   {"type": "force_final"}          close the current segment now (a final result)
-  text   {"type": "end"} or "Done"        end of input ("Done" is what sherpa-onnx clients send)
+  text   {"type": "end"}, "Done" or "eof" end of input ("Done" is what sherpa-onnx clients send)
 Server -> client (JSON text frames)
   ready -> partial* / final* -> done, or error at any point; then the server closes.
+  A client that ended with the bare text "Done" or "eof" also gets the text "Done!" just before
+  `done`, as sherpa-onnx's server sends it after the last result.
+The URL may carry ?encoding=&sample_rate=: the defaults for a client that sends no config (or a
+config without those fields); --default-encoding is the server-wide default.
 
 docs/protocol.md is the user-facing description of the same thing; keep the two in step.
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import enum
 import json
+from collections.abc import Mapping
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -33,7 +38,9 @@ CLOSE_TRY_AGAIN_LATER = 1013  # no free slot
 MAX_CLOSE_REASON_BYTES = 123  # RFC 6455 5.5: a control frame's payload is 125 bytes, 2 are the code
 MAX_REASON_CHARS = 500  # an `error` message's reason (the language list of a prompt model fits)
 
-END_OF_INPUT_TEXT = "Done"
+END_OF_INPUT_TEXTS = ("Done", "eof")  # sherpa-onnx clients send "Done"
+END_OF_INPUT_REPLY = "Done!"  # what sherpa-onnx's server sends after the last result
+ENCODINGS = ("pcm_f32le", "pcm_s16le")
 
 ENCODING_ALIASES = {
     "pcm_f32le": "pcm_f32le",
@@ -111,11 +118,17 @@ class ConfigMessage(_Strict):
         try:
             return ENCODING_ALIASES[v.lower()]
         except KeyError:
-            raise ValueError(f"encoding must be one of {sorted(set(ENCODING_ALIASES.values()))}") from None
+            raise ValueError(f"encoding must be one of {list(ENCODINGS)}") from None
 
 
 class EndMessage(_Strict):
     type: Literal["end"]
+
+
+class BareEndMessage(EndMessage):
+    """End of input as the bare text "Done" or "eof": answered with the text "Done!" as well.
+    Never parsed from JSON ({"type": "end"} is an EndMessage), so our own clients, which parse
+    every frame as JSON, never see the bare text."""
 
 
 class ForceFinalMessage(_Strict):
@@ -128,12 +141,12 @@ _CLIENT_TYPES = {"config": ConfigMessage, "end": EndMessage, "force_final": Forc
 
 def parse_client_text(text: str) -> ClientMessage:
     """A text frame -> message; raises ProtocolError with a reason fit for the wire."""
-    if text.strip() == END_OF_INPUT_TEXT:
-        return EndMessage(type="end")
+    if text.strip() in END_OF_INPUT_TEXTS:
+        return BareEndMessage(type="end")
     try:
         obj = json.loads(text)
     except json.JSONDecodeError:
-        raise ProtocolError("text frame is neither JSON nor 'Done'") from None
+        raise ProtocolError("text frame is neither JSON nor 'Done' or 'eof'") from None
     except RecursionError:
         raise ProtocolError("JSON nested too deeply") from None
     except ValueError:  # Python refuses integers of more than 4,300 digits
@@ -146,9 +159,30 @@ def parse_client_text(text: str) -> ClientMessage:
     try:
         return _CLIENT_TYPES[kind].model_validate(obj)
     except ValidationError as e:
-        first = e.errors(include_url=False, include_input=False)[0]
-        where = clean(".".join(str(p) for p in first["loc"]) or kind)  # field names come from the client
-        raise ProtocolError(f"invalid {kind} message: {where}: {clean(first['msg'], 200)}") from None
+        raise ProtocolError(f"invalid {kind} message: {_first_error(e, kind)}") from None
+
+
+def parse_query_config(params: Mapping[str, str], default_encoding: str) -> ConfigMessage:
+    """`?encoding=&sample_rate=` on the URL over --default-encoding: the config of a client that
+    sends none, and the defaults of one that does. Other parameters (token, ...) are not ours."""
+    fields = {"encoding": default_encoding}
+    fields.update({k: v for k, v in params.items() if k in ("encoding", "sample_rate")})
+    try:
+        return ConfigMessage.model_validate(fields)  # the same checks as a config message's fields
+    except ValidationError as e:
+        raise ProtocolError(f"invalid query parameter {_first_error(e, 'query')}") from None
+
+
+def with_defaults(config: ConfigMessage, defaults: ConfigMessage) -> ConfigMessage:
+    """A client's config, with the encoding and rate it left out taken from `defaults` (the URL's)."""
+    unset = {k: getattr(defaults, k) for k in ("encoding", "sample_rate") if k not in config.model_fields_set}
+    return config.model_copy(update=unset)
+
+
+def _first_error(e: ValidationError, kind: str) -> str:
+    first = e.errors(include_url=False, include_input=False)[0]
+    where = clean(".".join(str(p) for p in first["loc"]) or kind)  # field names come from the client
+    return f"{where}: {clean(first['msg'], 200)}"
 
 
 # ----------------------------------------------------------------------------- server -> client

@@ -18,6 +18,7 @@ import asyncio
 import itertools
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from starlette.websockets import WebSocket
@@ -35,7 +36,9 @@ from .protocol import (
     CLOSE_SERVER_ERROR,
     CLOSE_TOO_BIG,
     CLOSE_TRY_AGAIN_LATER,
+    END_OF_INPUT_REPLY,
     MAX_REASON_CHARS,
+    BareEndMessage,
     ConfigMessage,
     DoneMessage,
     EndMessage,
@@ -48,6 +51,8 @@ from .protocol import (
     check_transition,
     close_reason,
     parse_client_text,
+    parse_query_config,
+    with_defaults,
 )
 
 log = logging.getLogger("nemo_serve.session")
@@ -72,14 +77,23 @@ class _Close:
 
 
 class Session:
-    def __init__(self, ws: WebSocket, ctx: ServerContext) -> None:
+    def __init__(self, ws: WebSocket, ctx: ServerContext, query: Mapping[str, str] | None = None) -> None:
+        """`query`: the URL's parameters, whose encoding and sample_rate are this stream's defaults
+        (/ws and /; None for subclasses with their own formats). A bad one is refused in run()."""
         self.ws = ws
         self.ctx = ctx
         self.number = next(_numbers)  # for task names and logs
         self.state = ProtocolState.CONNECTED
         self.outbox = Outbox()  # ReadyMessage | StreamResult | _Close
         self.tail = PartialTail()  # what the client holds of the current segment
-        self.config = ConfigMessage()
+        self.config = ConfigMessage(encoding=ctx.settings.default_encoding)  # until the client's config
+        self._query_error: str | None = None
+        if query is not None:
+            try:
+                self.config = parse_query_config(query, ctx.settings.default_encoding)
+            except ProtocolError as e:
+                self._query_error = str(e)
+        self.reply_done_text = False  # the client ended with bare "Done"/"eof": send "Done!" (sherpa-onnx)
         self.stream: Stream | None = None
         self.decoder: AudioDecoder | None = None
         self.end_reason: str | None = None  # why input ended: "end", "draining", "max_stream_duration"
@@ -94,6 +108,8 @@ class Session:
     # ------------------------------------------------------------------ lifecycle
     async def run(self) -> None:
         self.ctx.add(self)
+        if self._query_error is not None:  # refused as a bad config message is: error, then 1008
+            self.fail(self._query_error, reason_label="bad_config")
         recv = asyncio.create_task(self._receive_loop(), name=f"ws{self.number}-receive")
         send = asyncio.create_task(self._send_loop(), name=f"ws{self.number}-send")
         try:
@@ -217,8 +233,9 @@ class Session:
         if isinstance(msg, ConfigMessage):
             if self.state is not ProtocolState.CONNECTED:
                 raise ProtocolError("config must be the first message (it came after audio or another config)")
-            self._open(msg)
+            self._open(with_defaults(msg, self.config))
         elif isinstance(msg, EndMessage):
+            self.reply_done_text = isinstance(msg, BareEndMessage)
             if self.state is ProtocolState.CONNECTED:
                 self._open(self.config)
             if self.state is ProtocolState.STREAMING:
@@ -233,7 +250,7 @@ class Session:
 
     def _on_audio(self, data: bytes) -> None:
         if self.state is ProtocolState.CONNECTED:
-            self._open(self.config)  # no config message: defaults (float32 at the model's rate)
+            self._open(self.config)  # no config message: the URL's or the server's defaults
         if self.state is ProtocolState.ENDING:
             if self.end_reason == "end":
                 raise ProtocolError("audio after end of input")
@@ -394,6 +411,11 @@ class Session:
             (m.final_latency if r.is_final else m.partial_latency).observe(max(0.0, sent - r.audio_arrival_time))
         if not r.done:
             return False
+        if self.reply_done_text:
+            # sherpa-onnx's clients stop reading at "Done!" and print the message before it as
+            # the result, so it comes after the last final and before `done` (rejected: "Done!"
+            # after `done`, which those clients would print as the transcript).
+            await asyncio.wait_for(self.ws.send_text(END_OF_INPUT_REPLY), self.ctx.settings.send_timeout_s)
         await self._send(
             DoneMessage(
                 id=self.config.id,

@@ -147,19 +147,10 @@ class RealtimeSession(Session):
     def _append(self, a: Append) -> None:
         if self.state is ProtocolState.CONNECTED:
             self._open()
-        if self.state is ProtocolState.ENDING:
-            if self.end_reason == "end":
-                raise ProtocolError("input_audio_buffer.append after input_audio_buffer.done")
-            return  # the server ended input (drain, duration cap); the client may not know yet
-        if self.state is not ProtocolState.STREAMING:
-            return
-        samples = self.decoder.decode(a.pcm)
-        if len(samples):
-            self.num_model_samples += len(samples)
-            self.ctx.engine.push(self.stream, samples)
-        self.appended_since_commit = self.appended_since_commit or len(a.pcm) > 0
-        if self.decoder.input_seconds >= self.ctx.settings.max_stream_s:
-            self._end_input("max_stream_duration")
+        n = self._push_audio(a.pcm, "input_audio_buffer.append after input_audio_buffer.done")
+        if n is not None:
+            self.num_model_samples += n
+            self.appended_since_commit = self.appended_since_commit or len(a.pcm) > 0
 
     def _commit(self, b: BufferEvent) -> None:
         if b.kind == "clear":

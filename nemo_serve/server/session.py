@@ -251,17 +251,23 @@ class Session:
     def _on_audio(self, data: bytes) -> None:
         if self.state is ProtocolState.CONNECTED:
             self._open(self.config)  # no config message: the URL's or the server's defaults
+        self._push_audio(data, "audio after end of input")
+
+    def _push_audio(self, data: bytes, after_end: str) -> int | None:
+        """Decode one packet of the client's audio and hand it to the engine; the model-rate
+        samples it gave, or None if the packet was not taken (input already ended)."""
         if self.state is ProtocolState.ENDING:
             if self.end_reason == "end":
-                raise ProtocolError("audio after end of input")
-            return  # the server ended input (drain, duration cap); the client may not know yet
+                raise ProtocolError(after_end)
+            return None  # the server ended input (drain, duration cap); the client may not know yet
         if self.state is not ProtocolState.STREAMING:
-            return
+            return None
         samples = self.decoder.decode(data)
         if len(samples):
             self.ctx.engine.push(self.stream, samples)
         if self.decoder.input_seconds >= self.ctx.settings.max_stream_s:
             self._end_input("max_stream_duration")
+        return len(samples)
 
     # ------------------------------------------------------------------ stream
     def _open(self, config: ConfigMessage) -> None:

@@ -91,12 +91,6 @@ class AudioBuffer:
         self.finished = finished
         return changed
 
-    def segment(self, start: int, end: int) -> np.ndarray:
-        """Samples [start, end) in global indices; zeros outside [0, num_samples)."""
-        out = np.empty(end - start, dtype=np.float32)
-        self.copy_segment(start, out)
-        return out
-
     def copy_segment(self, start: int, out: np.ndarray) -> None:
         """Write samples [start, start + len(out)) into `out`; zeros outside [0, num_samples)."""
         end = start + len(out)
@@ -130,6 +124,16 @@ class AudioBuffer:
             del self._arrival_ends[: i - 1], self._arrival_times[: i - 1]
 
 
+def frames_available(num_samples, finished, hop: int, margin: int):
+    """Feature frames whose every input sample has arrived, for one stream or arrays of them:
+    (n - margin) // hop + 1 while input continues; once it ended, all of NeMo's floor(n / hop) + 1
+    frames (the last one masked)."""
+    n = np.asarray(num_samples)
+    streaming = np.where(n >= margin, (n - margin) // hop + 1, 0)
+    ended = np.where(n > 0, n // hop + 1, 0)
+    return np.where(finished, ended, streaming)
+
+
 class FeatureExtractor:
     """Computes feature frames [t0, t0 + n) for many streams with one preprocessor call per shape."""
 
@@ -148,11 +152,7 @@ class FeatureExtractor:
 
     def frames_available(self, audio: AudioBuffer) -> int:
         """Frames whose every input sample has arrived (all of them once input has finished)."""
-        if audio.finished:
-            return audio.num_samples // self.hop + 1 if audio.num_samples > 0 else 0
-        if audio.num_samples < self.margin:
-            return 0
-        return (audio.num_samples - self.margin) // self.hop + 1
+        return int(frames_available(audio.num_samples, audio.finished, self.hop, self.margin))
 
     def first_sample_needed(self, t0: int) -> int:
         return t0 * self.hop - self.margin

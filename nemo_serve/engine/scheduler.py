@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .frontend import frames_available
+
 
 @dataclass
 class Group:
@@ -80,10 +82,7 @@ class Scheduler:
     def frames_available(self, slots: np.ndarray) -> np.ndarray:
         """Feature frames whose every input sample has arrived (all of them once input ended;
         NeMo's buffer then holds floor(L / hop) + 1 frames, the last one masked)."""
-        n, fin = self.num_samples[slots], self.finished[slots]
-        streaming = np.where(n >= self.margin, (n - self.margin) // self.hop + 1, 0)
-        ended = np.where(n > 0, n // self.hop + 1, 0)
-        return np.where(fin, ended, streaming)
+        return frames_available(self.num_samples[slots], self.finished[slots], self.hop, self.margin)
 
     # ------------------------------------------------------------------ the plan
     def plan(self, now: float) -> tuple[list[Group], np.ndarray]:

@@ -49,12 +49,11 @@ def aten_rnn(device: torch.device, dtype: torch.dtype):
 
     oneDNN's LSTM reorders its weights on every call. The label-looping decoder calls it once per
     emitted label with a single time step, so the reorder costs more than the arithmetic. In fp32
-    the two differ only in the order of float operations (|diff| ~1e-6 on a 640-unit LSTM state),
-    as the key/value-cached encoder does, and tokens stay identical to NeMo's loop (parity tests).
-    Not in bf16: without oneDNN every GEMM of the decoder (LSTM and joint) rounds to bf16 in other
-    places than NeMo's loop does (|diff| up to 1.6e-2), which changed 5 of 24 token sequences on
-    the tiny prompt model. The flag is process-wide; only the step loop thread runs the model, and
-    it is restored at once.
+    the two differ only in the order of float operations, as the key/value-cached encoder does,
+    and tokens stay identical to NeMo's loop (parity tests). Not in bf16: without oneDNN every
+    GEMM of the decoder (LSTM and joint) rounds to bf16 in other places than NeMo's loop does,
+    which changes tokens (test_prompt_model_bf16_mixed_languages_match_oracle fails with it). The
+    flag is process-wide; only the step loop thread runs the model, and it is restored at once.
     """
     if device.type != "cpu" or dtype != torch.float32 or not torch._C._get_mkldnn_enabled():
         yield

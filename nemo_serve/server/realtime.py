@@ -36,6 +36,7 @@ from dataclasses import replace
 from starlette.websockets import WebSocket
 
 from ..engine.endpoint import EndpointConfig
+from ..engine.frontend import frames_available
 from ..engine.slots import NoFreeSlotError
 from ..engine.stream import StreamResult
 from .audio import AudioDecoder
@@ -178,10 +179,10 @@ class RealtimeSession(Session):
 
     def _decodable_s(self) -> float:
         """audio_processed_s once the model has stepped every whole chunk of what was pushed
-        (the scheduler's readiness rule, engine/scheduler.py: a chunk needs its feature windows)."""
+        (the engine's readiness rule, engine/frontend.frames_available: a chunk needs its feature windows)."""
         g, margin = self.ctx.model.geometry, self.ctx.engine.features.margin
         n = self.num_model_samples
-        frames = (n - margin) // g.hop_samples + 1 if n >= margin else 0
+        frames = int(frames_available(n, False, g.hop_samples, margin))
         if frames < g.first_frames:
             return 0.0
         frames = g.first_frames + (frames - g.first_frames) // g.chunk_frames * g.chunk_frames

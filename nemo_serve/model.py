@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf, open_dict
 
+from .engine.geometry import ChunkGeometry, language_index
+
 log = logging.getLogger(__name__)
 
 DEMO_MODEL_PATH = Path(__file__).parent / "assets" / "demo" / "demo.nemo"
@@ -31,35 +33,6 @@ class ModelLoadError(RuntimeError):
 
 class UnsupportedModeError(ValueError):
     """--context-right names a mode the model was not trained for."""
-
-
-@dataclass(frozen=True)
-class ChunkGeometry:
-    """Chunk sizes in feature frames for one att_context mode, as NeMo's `setup_streaming_params` sets them.
-
-    First chunk: `first_frames` new frames, no pre-encode cache, drop 0.
-    Later chunks: `pre_cache_frames` history + `chunk_frames` new frames, drop `drop_frames`.
-    """
-
-    context_left: int
-    context_right: int
-    first_frames: int  # 1 + 8R
-    chunk_frames: int  # 8(R+1)
-    pre_cache_frames: int  # 9
-    drop_frames: int  # 2
-    min_first_frames: int  # shortest first chunk NeMo's loop encodes (sampling_frames[0])
-    min_later_frames: int  # shortest later chunk NeMo's loop encodes (sampling_frames[1])
-    hop_samples: int  # 160
-    sample_rate: int  # 16000
-    subsampling: int  # 8
-
-    @property
-    def chunk_ms(self) -> float:
-        return 1000.0 * self.chunk_frames * self.hop_samples / self.sample_rate
-
-    @property
-    def encoder_frame_s(self) -> float:
-        return self.subsampling * self.hop_samples / self.sample_rate
 
 
 @dataclass
@@ -94,15 +67,7 @@ class ServedModel:
 
     def language_index(self, language: str | None) -> int:
         """Prompt index for `language` (None -> default); raises ValueError with the valid codes."""
-        if self.prompt_dictionary is None:
-            if language not in (None, ""):
-                raise ValueError("this model has no language prompts; omit 'language'")
-            return 0
-        code = language or self.default_language
-        if code not in self.prompt_dictionary:
-            codes = ", ".join(sorted(self.prompt_dictionary))
-            raise ValueError(f"unknown language {code!r}; valid: {codes}")
-        return int(self.prompt_dictionary[code])
+        return language_index(self.prompt_dictionary, self.default_language, language)
 
     def summary(self, num_slots: int, cache_bytes_per_stream: int | None = None, attention_cache: str = "") -> str:
         """One line for the log; the engine passes its own cache size (its layout may differ)."""

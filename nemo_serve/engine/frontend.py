@@ -32,6 +32,8 @@ from bisect import bisect_left
 import numpy as np
 import torch
 
+from .geometry import frames_available  # noqa: F401 - the readiness rule, re-exported
+
 
 class AudioBuffer:
     """One stream's raw samples. `push` runs on the network side; everything else on the loop thread.
@@ -122,16 +124,6 @@ class AudioBuffer:
         i = bisect_left(self._arrival_ends, start)
         if i > 1:  # keep one entry before `start` so arrival_time stays defined
             del self._arrival_ends[: i - 1], self._arrival_times[: i - 1]
-
-
-def frames_available(num_samples, finished, hop: int, margin: int):
-    """Feature frames whose every input sample has arrived, for one stream or arrays of them:
-    (n - margin) // hop + 1 while input continues; once it ended, all of NeMo's floor(n / hop) + 1
-    frames (the last one masked)."""
-    n = np.asarray(num_samples)
-    streaming = np.where(n >= margin, (n - margin) // hop + 1, 0)
-    ended = np.where(n > 0, n // hop + 1, 0)
-    return np.where(finished, ended, streaming)
 
 
 class FeatureExtractor:

@@ -17,9 +17,7 @@ from dataclasses import dataclass
 import torch
 from nemo.collections.asr.parts.submodules.transducer_decoding.label_looping_base import BatchedLabelLoopingState
 
-
-class NoFreeSlotError(RuntimeError):
-    """Every slot is held by an open stream."""
+from .errors import NoFreeSlotError  # noqa: F401 - raised here, importable without torch
 
 
 @dataclass

@@ -1,0 +1,80 @@
+"""What the front ends need to know about the served model, without torch or NeMo.
+
+The front-end processes import only this (and results.py) from the engine, so each starts in
+about a second and holds no model: chunk geometry, vocabulary, languages and the readiness rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ChunkGeometry:
+    """Chunk sizes in feature frames for one att_context mode, as NeMo's `setup_streaming_params` sets them.
+
+    First chunk: `first_frames` new frames, no pre-encode cache, drop 0.
+    Later chunks: `pre_cache_frames` history + `chunk_frames` new frames, drop `drop_frames`.
+    """
+
+    context_left: int
+    context_right: int
+    first_frames: int  # 1 + 8R
+    chunk_frames: int  # 8(R+1)
+    pre_cache_frames: int  # 9
+    drop_frames: int  # 2
+    min_first_frames: int  # shortest first chunk NeMo's loop encodes (sampling_frames[0])
+    min_later_frames: int  # shortest later chunk NeMo's loop encodes (sampling_frames[1])
+    hop_samples: int  # 160
+    sample_rate: int  # 16000
+    subsampling: int  # 8
+
+    @property
+    def chunk_ms(self) -> float:
+        return 1000.0 * self.chunk_frames * self.hop_samples / self.sample_rate
+
+    @property
+    def encoder_frame_s(self) -> float:
+        return self.subsampling * self.hop_samples / self.sample_rate
+
+
+def frames_available(num_samples, finished, hop: int, margin: int):
+    """Feature frames whose every input sample has arrived, for one stream or arrays of them:
+    (n - margin) // hop + 1 while input continues; once it ended, all of NeMo's floor(n / hop) + 1
+    frames (the last one masked)."""
+    n = np.asarray(num_samples)
+    streaming = np.where(n >= margin, (n - margin) // hop + 1, 0)
+    ended = np.where(n > 0, n // hop + 1, 0)
+    return np.where(finished, ended, streaming)
+
+
+def language_index(prompt_dictionary: dict[str, int] | None, default_language: str | None, language: str | None) -> int:
+    """Prompt index for `language` (None -> default); raises ValueError with the valid codes."""
+    if prompt_dictionary is None:
+        if language not in (None, ""):
+            raise ValueError("this model has no language prompts; omit 'language'")
+        return 0
+    code = language or default_language
+    if code not in prompt_dictionary:
+        codes = ", ".join(sorted(prompt_dictionary))
+        raise ValueError(f"unknown language {code!r}; valid: {codes}")
+    return int(prompt_dictionary[code])
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """The served model as the network side sees it (`ServerContext.model`), in every mode."""
+
+    name: str
+    geometry: ChunkGeometry
+    vocabulary: list[str]
+    is_bpe: bool
+    prompt_dictionary: dict[str, int] | None
+    default_language: str | None
+    feature_margin: int  # samples a feature frame reads past its hop (readiness rule)
+    summary: str  # the start-up line
+
+    def language_index(self, language: str | None) -> int:
+        return language_index(self.prompt_dictionary, self.default_language, language)

@@ -158,13 +158,13 @@ class _FakeEngine:
     """The Engine's network-side API with no model: enough for the app's own paths."""
 
     def __init__(self, num_slots: int = 1) -> None:
-        self.model = _FakeModel()
+        self.model_info = _FakeModel()
         self.num_slots = num_slots
         self.streams: list = []
         self.aborted: list = []
         self.finished: list = []
         self.error: BaseException | None = None
-        self._thread = object()  # "started"
+        self.started = True
 
     @property
     def num_open_streams(self) -> int:
@@ -175,7 +175,7 @@ class _FakeEngine:
         return self.num_slots - self.num_open_streams
 
     def open_stream(self, on_result, *, stream_id=None, language=None, endpoint=None):
-        from nemo_serve.engine.slots import NoFreeSlotError
+        from nemo_serve.engine.errors import NoFreeSlotError
 
         if self.num_free_slots <= 0:
             raise NoFreeSlotError("full")

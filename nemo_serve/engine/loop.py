@@ -6,7 +6,7 @@ Network side (any thread)            loop thread
                                      2-3 scheduler.plan: readiness and grouping as array
                                        operations over slots (first chunks | later chunks),
                                        oldest first
-  on_result(StreamResult)       <-   4 features + one batched step per group
+  on_result(StreamUpdate)       <-   4 features + one batched step per group
                                      5 publish results, endpoints
                                      6 release finished streams
 
@@ -31,9 +31,12 @@ from .encoder import make_encoder
 from .endpoint import EndpointConfig
 from .frontend import FeatureExtractor
 from .scheduler import Group, Scheduler
-from .slots import NoFreeSlotError, SlotPool
+from .errors import NoFreeSlotError
+from .geometry import ModelInfo
+from .slots import SlotPool
 from .step import StepBatch, run_step
-from .stream import Detokenizer, Phase, Stream, StreamResult
+from .results import Detokenizer, ResultAssembler, StreamResult, StreamUpdate
+from .stream import Phase, Stream
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +84,16 @@ class Engine:
         self.features = FeatureExtractor.for_model(model)
         self.detok = Detokenizer(model.vocabulary, model.is_bpe)
         self.hop_s = self.geometry.hop_samples / self.geometry.sample_rate
+        self.model_info = ModelInfo(
+            name=model.name,
+            geometry=model.geometry,
+            vocabulary=list(model.vocabulary),
+            is_bpe=model.is_bpe,
+            prompt_dictionary=dict(model.prompt_dictionary) if model.prompt_dictionary else None,
+            default_language=model.default_language,
+            feature_margin=self.features.margin,
+            summary=self.summary(),
+        )
         self.stats = EngineStats()
         self.scheduler = Scheduler(self.geometry, num_slots, self.max_batch, self.features.margin)  # loop thread only
         self._streams: dict[str, Stream] = {}  # stream_id -> Stream; loop thread only
@@ -106,14 +119,22 @@ class Engine:
     # ------------------------------------------------------------------ network-side API
     def open_stream(
         self,
-        on_result: Callable[[StreamResult], None],
+        on_result: Callable[[StreamResult], None] | Callable[[StreamUpdate], None],
         *,
         stream_id: str | None = None,
         language: str | None = None,
+        language_index: int | None = None,
         endpoint: EndpointConfig | None = None,
+        updates: bool = False,
     ) -> Stream:
-        """Admit a stream or raise NoFreeSlotError / ValueError (bad language)."""
-        lang = self.model.language_index(language)
+        """Admit a stream or raise NoFreeSlotError / ValueError (bad language).
+
+        `on_result` is called on the loop thread with a `StreamResult` (text and the segment's
+        tokens, assembled here), or with each raw `StreamUpdate` if `updates` (the engine core
+        ships those to the front ends, which assemble)."""
+        lang = self.model.language_index(language) if language_index is None else language_index
+        if not updates:
+            on_result = _assembling(on_result, self.detok, self.geometry.encoder_frame_s)
         stream_id = stream_id or uuid.uuid4().hex
         with self._admission:
             if stream_id in self._admitted_ids:
@@ -171,6 +192,10 @@ class Engine:
         return list(self._streams)
 
     # ------------------------------------------------------------------ lifecycle
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
     def start(self) -> "Engine":
         self._thread = threading.Thread(target=self._run, name="nemo-serve-step-loop", daemon=True)
         self._thread.start()
@@ -248,7 +273,7 @@ class Engine:
                 stream.on_result = _discard
                 self._mark_done(stream)
             elif stream.take_force_final() and stream.phase is Phase.ACTIVE:
-                self._publish_final(stream, [], time.time(), done=False)
+                self._publish_final(stream, [], [], time.time(), done=False)
         # Take the queued entries first, then absorb each stream once. Deduplicating while still
         # taking entries would drop a packet pushed after that stream's absorb (it hung a stream).
         dirty: dict[int, Stream] = {}
@@ -311,22 +336,22 @@ class Engine:
     def _advance(self, s: Stream, next_frame: int, is_last: bool, ids: list[int], frames: list[int], decoded: int) -> None:
         s.next_frame = next_frame
         s.decoded_frames = decoded
-        s.add_tokens(ids, frames, self.detok)
+        s.add_tokens(frames)
         audio = s.audio
         audio.discard_before(self.features.first_sample_needed(next_frame - self.geometry.pre_cache_frames))
         sample_end = min(self.features.last_sample_needed(next_frame), audio.num_samples)
         arrival = audio.arrival_time(sample_end)
         if is_last:
             arrival = max(arrival, audio.finish_time or arrival)
-            self._publish_final(s, ids, arrival, done=True)
+            self._publish_final(s, ids, frames, arrival, done=True)
             self._mark_done(s)
         elif s.endpoint.is_endpoint(decoded):
-            self._publish_final(s, ids, arrival, done=False)
+            self._publish_final(s, ids, frames, arrival, done=False)
         else:
-            s.on_result(s.result(ids, False, arrival, self.hop_s))
+            s.on_result(s.update(ids, frames, False, arrival, self.hop_s))
 
-    def _publish_final(self, s: Stream, ids: list[int], arrival: float, done: bool) -> None:
-        s.on_result(s.result(ids, True, arrival, self.hop_s, done=done))
+    def _publish_final(self, s: Stream, ids: list[int], frames: list[int], arrival: float, done: bool) -> None:
+        s.on_result(s.update(ids, frames, True, arrival, self.hop_s, done=done))
         s.final_sent = done
         s.close_segment()
 
@@ -335,7 +360,7 @@ class Engine:
         for s in done:
             if s.abort_reason is None and not s.final_sent:
                 # Input ended on a tail too short to encode: the consumer is still owed its final.
-                self._publish_final(s, [], s.audio.finish_time or time.time(), done=True)
+                self._publish_final(s, [], [], s.audio.finish_time or time.time(), done=True)
             self.pool.free(s.stream_id)
             self._slot_streams[s.slot] = None
             del self._streams[s.stream_id]
@@ -345,5 +370,10 @@ class Engine:
         assert self.pool.num_free + self.pool.num_used == self.pool.num_slots
 
 
-def _discard(_: StreamResult) -> None:
+def _discard(_: StreamUpdate) -> None:
     pass
+
+
+def _assembling(on_result: Callable[[StreamResult], None], detok: Detokenizer, frame_s: float):
+    assemble = ResultAssembler(detok, frame_s)
+    return lambda update: on_result(assemble(update))

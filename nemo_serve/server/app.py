@@ -42,7 +42,7 @@ STATIC_DIR = Path(__file__).parent / "static"
 def create_app(ctx: ServerContext) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        if ctx.engine._thread is None:
+        if not ctx.engine.started:
             ctx.engine.start()
         watchdog = asyncio.create_task(ctx.watch_engine(), name="engine-watchdog")
         try:

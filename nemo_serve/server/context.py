@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..config import Settings
-from ..engine.loop import Engine
 from .metrics import ServerMetrics
 from .protocol import CLOSE_GOING_AWAY, CLOSE_SERVER_ERROR
 
 if TYPE_CHECKING:
+    from ..engine.loop import Engine
     from .session import Session
 
 log = logging.getLogger("nemo_serve.server")
@@ -26,7 +26,7 @@ DRAIN_CLOSE_GRACE_S = 1.0  # after the drain deadline: time for the error and cl
 
 @dataclass
 class ServerContext:
-    engine: Engine
+    engine: "Engine"  # or a core/client.EngineClient: the same network-side API
     settings: Settings
     metrics: ServerMetrics
     sessions: set["Session"] = field(default_factory=set)  # accepted sockets not yet closed
@@ -35,7 +35,8 @@ class ServerContext:
 
     @property
     def model(self):
-        return self.engine.model
+        """ModelInfo: what the network side knows of the model (no torch)."""
+        return self.engine.model_info
 
     @property
     def engine_alive(self) -> bool:

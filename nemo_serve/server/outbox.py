@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
-from ..engine.stream import StreamResult
+from ..engine.results import StreamResult
 
 MAX_QUEUED = 64  # messages (other than the one coalesced partial) waiting for a slow client
 WHOLE_PARTIAL_MAX_TOKENS = 256  # up to this, a partial carries the whole segment

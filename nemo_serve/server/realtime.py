@@ -36,9 +36,9 @@ from dataclasses import replace
 from starlette.websockets import WebSocket
 
 from ..engine.endpoint import EndpointConfig
-from ..engine.frontend import frames_available
-from ..engine.slots import NoFreeSlotError
-from ..engine.stream import StreamResult
+from ..engine.errors import NoFreeSlotError
+from ..engine.geometry import frames_available
+from ..engine.results import StreamResult
 from .audio import AudioDecoder
 from .context import ServerContext
 from .logsafe import clean
@@ -180,7 +180,7 @@ class RealtimeSession(Session):
     def _decodable_s(self) -> float:
         """audio_processed_s once the model has stepped every whole chunk of what was pushed
         (the engine's readiness rule, engine/frontend.frames_available: a chunk needs its feature windows)."""
-        g, margin = self.ctx.model.geometry, self.ctx.engine.features.margin
+        g, margin = self.ctx.model.geometry, self.ctx.model.feature_margin
         n = self.num_model_samples
         frames = int(frames_available(n, False, g.hop_samples, margin))
         if frames < g.first_frames:

@@ -24,8 +24,8 @@ from dataclasses import dataclass, replace
 from starlette.websockets import WebSocket
 
 from ..engine.endpoint import EndpointConfig
-from ..engine.slots import NoFreeSlotError
-from ..engine.stream import Stream, StreamResult
+from ..engine.errors import NoFreeSlotError
+from ..engine.results import StreamResult
 from .audio import AudioDecoder, AudioError
 from .context import ServerContext
 from .logsafe import clean
@@ -94,7 +94,7 @@ class Session:
             except ProtocolError as e:
                 self._query_error = str(e)
         self.reply_done_text = False  # the client ended with bare "Done"/"eof": send "Done!" (sherpa-onnx)
-        self.stream: Stream | None = None
+        self.stream = None  # the engine's handle (has .stream_id) once admitted
         self.decoder: AudioDecoder | None = None
         self.end_reason: str | None = None  # why input ended: "end", "draining", "max_stream_duration"
         self.closing = False  # a _Close is queued: ignore everything else

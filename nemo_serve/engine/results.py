@@ -1,0 +1,94 @@
+"""What a step produces for one stream (`StreamUpdate`, only what changed) and what a consumer
+reads (`StreamResult`, the segment so far), and the assembler that turns one into the other.
+
+The engine emits updates: new token ids and their encoder frames, flags and times. Text and the
+segment's token list are built by the consumer's `ResultAssembler`, on the consumer's side: in
+a front-end process when the engine core runs in its own process, so the core never
+detokenises, and in the engine's own thread in the in-process mode. Importable without torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgspec
+
+
+class StreamUpdate(msgspec.Struct, array_like=True, gc=False):
+    """One step's news for one stream (crosses the process boundary as msgpack)."""
+
+    stream_id: str
+    segment: int
+    is_final: bool
+    done: bool  # no update follows this one
+    new_token_ids: list[int]
+    new_token_frames: list[int]  # global encoder frame of each new token
+    segment_start_frame: int
+    audio_processed_s: float  # audio consumed by the model so far
+    audio_arrival_time: float  # server time.time() when the last sample that produced this arrived
+    error: str | None = None
+
+
+@dataclass
+class StreamResult:
+    """What a stream's consumer receives after a step (or at an endpoint / end of input)."""
+
+    stream_id: str
+    text: str  # text of the current segment (partial) or of the closed segment (final)
+    segment: int
+    is_final: bool
+    new_token_ids: list[int]  # tokens decoded by the step that produced this result
+    token_ids: list[int]  # all tokens of the segment so far
+    token_times_s: list[float]  # start time of each token of the segment (encoder frame * frame_s)
+    segment_start_s: float
+    audio_processed_s: float  # audio consumed by the model so far
+    audio_arrival_time: float  # server time.time() when the last sample that produced this arrived
+    done: bool = False  # no result follows this one
+    error: str | None = None
+
+
+class Detokenizer:
+    """Token id -> text piece, so text grows by appending (never re-decoding the hypothesis)."""
+
+    def __init__(self, vocabulary: list[str], is_bpe: bool) -> None:
+        if is_bpe:
+            self.pieces = [p.replace("▁", " ") if not (p.startswith("<") and p.endswith(">")) else "" for p in vocabulary]
+        else:
+            self.pieces = list(vocabulary)
+
+    def text(self, token_ids: list[int]) -> str:
+        return "".join(self.pieces[t] for t in token_ids if t < len(self.pieces))
+
+
+class ResultAssembler:
+    """One stream's segment state on the consumer side: updates in, results out."""
+
+    def __init__(self, detok: Detokenizer, frame_s: float) -> None:
+        self.detok = detok
+        self.frame_s = frame_s
+        self.token_ids: list[int] = []
+        self.token_times_s: list[float] = []
+        self.text = ""
+
+    def __call__(self, u: StreamUpdate) -> StreamResult:
+        if u.new_token_ids:
+            self.token_ids.extend(u.new_token_ids)
+            self.token_times_s.extend(round(f * self.frame_s, 3) for f in u.new_token_frames)
+            self.text += self.detok.text(u.new_token_ids)
+        r = StreamResult(
+            stream_id=u.stream_id,
+            text=self.text.strip(),
+            segment=u.segment,
+            is_final=u.is_final,
+            new_token_ids=u.new_token_ids,
+            token_ids=list(self.token_ids),
+            token_times_s=list(self.token_times_s),
+            segment_start_s=round(u.segment_start_frame * self.frame_s, 3),
+            audio_processed_s=u.audio_processed_s,
+            audio_arrival_time=u.audio_arrival_time,
+            done=u.done,
+            error=u.error,
+        )
+        if u.is_final:  # the segment is closed: the next update starts a new one
+            self.token_ids, self.token_times_s, self.text = [], [], ""
+        return r

@@ -55,6 +55,8 @@ def test_freed_row_is_reset_and_neighbours_untouched(m):
     assert torch.equal(again.cache_last_time, filled.cache_last_time)
     assert pool.gather_decoder(rows).decoded_lengths.tolist() == [11, 12]
     pool.free("a")
+    assert pool.cache_last_channel[:, a].abs().sum() > 0  # the reset waits for the next step or gather
+    pool.flush()  # ... and comes in one batch, without waiting for the device
     assert pool.cache_last_channel[:, a].abs().sum() == 0
     assert pool.cache_last_time[:, a].abs().sum() == 0
     assert pool.cache_last_channel_len[a] == 0
@@ -68,8 +70,9 @@ def test_cache_shapes_follow_model(m):
     """configs/tiny-char.yaml by hand: 2 layers, d_model 64, 56 cached left frames, conv kernel 9 (causal: 8
     cached columns). Per stream: 2 x 56 x 64 = 7,168 + 2 x 64 x 8 = 1,024 floats = 8,192 x 4 B = 32,768 B."""
     pool = SlotPool(m, 4)
-    assert pool.cache_last_channel.shape == (2, 4, 56, 64)  # [L, S, C, D]
-    assert pool.cache_last_time.shape == (2, 4, 64, 8)  # [L, S, D, K-1]
-    assert pool.cache_last_channel_len.shape == (4,)
+    assert pool.scratch == 4  # one more row: the padded rows of a bucketed step point at it
+    assert pool.cache_last_channel.shape == (2, 5, 56, 64)  # [L, S+1, C, D]
+    assert pool.cache_last_time.shape == (2, 5, 64, 8)  # [L, S+1, D, K-1]
+    assert pool.cache_last_channel_len.shape == (5,)
     assert m.cache_bytes_per_stream == pool.cache_bytes_per_stream == 32_768
-    assert pool.cache_last_channel.nbytes + pool.cache_last_time.nbytes == 4 * 32_768
+    assert pool.cache_last_channel.nbytes + pool.cache_last_time.nbytes == 5 * 32_768

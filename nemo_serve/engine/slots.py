@@ -1,9 +1,16 @@
 """The slot pool: every open stream's encoder caches and RNN-T decoder state, preallocated.
 
-One row (slot) per stream in fixed tensors, allocated once at start-up. A step gathers the
-rows of its streams with `index_select`, runs the model on the dense batch, and writes the
-new state back with `index_copy_`; a freed row is reset in place. Only the step loop thread
-touches this object.
+One row (slot) per stream in fixed tensors, allocated once at start-up, plus one scratch row
+(`pool.scratch`, index `num_slots`) that padded rows of a bucketed step point at: its state is
+garbage and its results are discarded. A step gathers the rows of its streams with
+`index_select`, runs the model on the dense batch, and writes the new state back with
+`index_copy_`. Only the step loop thread touches this object.
+
+Nothing here waits for the device. A freed row is queued and reset with the other rows freed since
+the last step, in one batch, when the next step (or gather) calls `flush()`; the row indices reach
+the device through a pinned host buffer and a non-blocking copy. A slot's language is written with
+a device-side fill. The gathered attention cache lands in one buffer sized once for the largest
+step (`max_step_rows`, engine/buckets.py), not grown with the batch.
 
 Why slot tensors and not per-stream tensors stacked each step (sherpa-onnx's StackStates, NeMo's
 Hypothesis.dec_state): the gather is one kernel per tensor whatever the batch, and a freed
@@ -14,8 +21,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from nemo.collections.asr.parts.submodules.transducer_decoding.label_looping_base import BatchedLabelLoopingState
+
+from .buckets import max_step_rows
 
 from .errors import NoFreeSlotError  # noqa: F401 - raised here, importable without torch
 
@@ -30,39 +40,93 @@ class EncoderCache:
 class SlotPool:
     """Owns the cache tensors, the free list and the stream-to-slot map."""
 
-    def __init__(self, model, num_slots: int, channel_shape: tuple[int, ...] | None = None) -> None:
-        """`channel_shape`: one stream's attention cache after the layer axis (default NeMo's [C, D])."""
+    def __init__(
+        self,
+        model,
+        num_slots: int,
+        channel_shape: tuple[int, ...] | None = None,
+        max_rows: int | None = None,
+    ) -> None:
+        """`channel_shape`: one stream's attention cache after the layer axis (default NeMo's [C, D]).
+        `max_rows`: rows one step may run (default: what the step cache budget allows,
+        engine/buckets.py); larger ready sets are split into several steps."""
         if num_slots < 1:
             raise ValueError("num_slots must be >= 1")
         self.num_slots = num_slots
+        self.scratch = num_slots  # the padded rows' slot
+        rows = num_slots + 1
         dev, dtype = model.device, model.dtype
+        self.device = dev
         (n_layers, c, d), (_, d2, k) = model.cache_shapes
         shape = channel_shape or (c, d)
-        self.cache_last_channel = torch.zeros(n_layers, num_slots, *shape, device=dev, dtype=dtype)  # [L, S, *shape]
-        self.cache_last_time = torch.zeros(n_layers, num_slots, d2, k, device=dev, dtype=dtype)  # [L, S, D, K-1]
-        self.cache_last_channel_len = torch.zeros(num_slots, device=dev, dtype=torch.long)  # [S]
-        self._channel_buf: torch.Tensor | None = None  # gather_encoder's output, grown to the largest batch
+        self.cache_last_channel = torch.zeros(n_layers, rows, *shape, device=dev, dtype=dtype)  # [L, S+1, *shape]
+        self.cache_last_time = torch.zeros(n_layers, rows, d2, k, device=dev, dtype=dtype)  # [L, S+1, D, K-1]
+        self.cache_last_channel_len = torch.zeros(rows, device=dev, dtype=torch.long)  # [S+1]
         # Decoder state after <SOS>, one row; a fresh slot is reset to it.
         sos = model.decoding_computer._get_batched_decoding_state_after_sos(device=dev, batch_size=1)
         self._sos = sos
-        self.predictor_states = [s.repeat(1, num_slots, 1).contiguous() for s in sos.predictor_states]  # [layers, S, H]
-        self.predictor_outputs = sos.predictor_outputs.repeat(num_slots, 1, 1).contiguous()  # [S, 1, J]
-        self.labels = sos.labels.repeat(num_slots).contiguous()  # [S]
-        self.decoded_lengths = torch.zeros(num_slots, device=dev, dtype=torch.long)  # [S]
+        self.predictor_states = [s.repeat(1, rows, 1).contiguous() for s in sos.predictor_states]  # [layers, S+1, H]
+        self.predictor_outputs = sos.predictor_outputs.repeat(rows, 1, 1).contiguous()  # [S+1, 1, J]
+        self.labels = sos.labels.repeat(rows).contiguous()  # [S+1]
+        self.decoded_lengths = torch.zeros(rows, device=dev, dtype=torch.long)  # [S+1]
         if sos.fusion_states_list:
             raise ValueError("LM fusion / biasing states are not supported by the slot pool")
         # Feature history: the last pre-encode-cache frames each later chunk is prefixed with.
         g = model.geometry
-        self.feature_history = torch.zeros(num_slots, model.num_mels, g.pre_cache_frames, device=dev)  # [S, F, 9]
-        self.languages = torch.zeros(num_slots, device=dev, dtype=torch.long)  # [S]
+        self.feature_history = torch.zeros(rows, model.num_mels, g.pre_cache_frames, device=dev)  # [S+1, F, 9]
+        self.languages = torch.zeros(rows, device=dev, dtype=torch.long)  # [S+1]
+        self.max_step_rows = max_rows or max_step_rows(num_slots, self.gather_bytes_per_row)
+        # gather_encoder's output: one buffer for the largest step, allocated here, never grown.
+        self._channel_buf = torch.empty(
+            n_layers * self.max_step_rows * self.cache_last_channel[0, 0].numel(), device=dev, dtype=dtype
+        )
         self._free: list[int] = list(range(num_slots - 1, -1, -1))  # stack: lowest slot first
         self.stream_to_slot: dict[str, int] = {}  # stream_id -> slot
+        # Freed rows waiting for their reset (flush): host staging (pinned on CUDA) -> device.
+        self._to_reset: list[int] = []
+        pin = dev.type == "cuda"
+        self._reset_host = torch.empty(rows, dtype=torch.long, pin_memory=pin)
+        self._reset_dev = torch.empty(rows, dtype=torch.long, device=dev)
+        self._reset_event = None  # CUDA: the last reset copy; the host buffer is reused after it
 
     @property
     def cache_bytes_per_stream(self) -> int:
         """Encoder cache bytes one slot holds (attention + convolution caches)."""
         t = (self.cache_last_channel, self.cache_last_time)
         return sum(x[:, 0].numel() * x.element_size() for x in t)
+
+    @property
+    def gather_bytes_per_row(self) -> int:
+        """Bytes of one row of the gathered attention cache (what the gather buffer holds per row)."""
+        return self.cache_last_channel[:, 0].numel() * self.cache_last_channel.element_size()
+
+    def _slot_tensors(self) -> list[torch.Tensor]:
+        return [
+            self.cache_last_channel, self.cache_last_time, self.cache_last_channel_len, *self.predictor_states,
+            self.predictor_outputs, self.labels, self.decoded_lengths, self.feature_history, self.languages,
+        ]
+
+    @property
+    def bytes_per_slot(self) -> int:
+        """Everything one stream holds: encoder caches, fill level, decoder state, feature history,
+        language."""
+        total = 0
+        for t in self._slot_tensors():
+            axis = 1 if t.dim() >= 2 and t.shape[0] != self.num_slots + 1 else 0
+            total += t.numel() // t.shape[axis] * t.element_size()
+        return total
+
+    @property
+    def fixed_bytes(self) -> int:
+        """What does not scale with the slots: the scratch row and the step's gather buffer."""
+        return self.bytes_per_slot + self._channel_buf.numel() * self._channel_buf.element_size()
+
+    def memory_summary(self) -> str:
+        per, fixed = self.bytes_per_slot, self.fixed_bytes
+        return (
+            f"state {per / 2**20:.2f} MiB/stream x {self.num_slots} slots = {per * self.num_slots / 2**30:.2f} GiB"
+            f" + {fixed / 2**30:.2f} GiB per step (gather buffer for {self.max_step_rows} rows, scratch row)"
+        )
 
     # -- allocation -------------------------------------------------------------------------------
     @property
@@ -80,36 +144,55 @@ class SlotPool:
             raise NoFreeSlotError(f"all {self.num_slots} slots are in use")
         slot = self._free.pop()
         self.stream_to_slot[stream_id] = slot
-        self.languages[slot] = language_index
+        self.languages[slot].fill_(language_index)  # a device-side fill: no host->device copy
         return slot
 
     def free(self, stream_id: str) -> None:
-        """Release the stream's slot and reset its row; a second call is a no-op."""
+        """Release the stream's slot; its row is reset at the next `flush()` (before any step or
+        gather reads it), with every other row freed meanwhile. A second call is a no-op."""
         slot = self.stream_to_slot.pop(stream_id, None)
         if slot is None:
             return
-        self._reset_rows(torch.tensor([slot], device=self.cache_last_channel_len.device))
+        self._to_reset.append(slot)
         self._free.append(slot)
         assert self.num_free + self.num_used == self.num_slots
 
+    def flush(self) -> None:
+        """Reset the rows freed since the last flush: one batch, no wait for the device."""
+        if not self._to_reset:
+            return
+        slots = sorted(set(self._to_reset))
+        self._to_reset = []
+        n = len(slots)
+        if self._reset_event is not None:
+            self._reset_event.synchronize()  # the previous copy has read the host buffer (long done)
+        self._reset_host[:n] = torch.from_numpy(np.asarray(slots, dtype=np.int64))
+        rows = self._reset_dev[:n]
+        rows.copy_(self._reset_host[:n], non_blocking=self.device.type == "cuda")
+        if self.device.type == "cuda":
+            self._reset_event = torch.cuda.Event()
+            self._reset_event.record()
+        self._reset_rows(rows)
+
     def _reset_rows(self, rows: torch.Tensor) -> None:
+        """The rows' state back to a fresh stream's. Languages are not touched: `allocate` sets them."""
         self.cache_last_channel.index_fill_(1, rows, 0.0)
         self.cache_last_time.index_fill_(1, rows, 0.0)
         self.cache_last_channel_len.index_fill_(0, rows, 0)
         n = len(rows)
         for dst, src in zip(self.predictor_states, self._sos.predictor_states):
-            dst.index_copy_(1, rows, src.expand(-1, n, -1).contiguous())
-        self.predictor_outputs.index_copy_(0, rows, self._sos.predictor_outputs.expand(n, -1, -1).contiguous())
-        self.labels.index_copy_(0, rows, self._sos.labels.expand(n).contiguous())
+            dst.index_copy_(1, rows, src.expand(-1, n, -1))
+        self.predictor_outputs.index_copy_(0, rows, self._sos.predictor_outputs.expand(n, -1, -1))
+        self.labels.index_copy_(0, rows, self._sos.labels.expand(n))
         self.decoded_lengths.index_fill_(0, rows, 0)
         self.feature_history.index_fill_(0, rows, 0.0)
-        self.languages.index_fill_(0, rows, 0)
 
     # -- gather / scatter -------------------------------------------------------------------------
     def gather_encoder(self, rows: torch.Tensor) -> EncoderCache:
         """The rows' encoder caches. The attention cache lands in a buffer reused by every
         gather (valid until the next one): a fresh tensor this size (80 MB at FastConformer-L,
-        batch 32) costs more in page faults than the copy itself on CPU."""
+        batch 32) costs more in page faults than the copy itself on CPU. At most `max_step_rows`."""
+        self.flush()
         return EncoderCache(
             self._gather_channel(rows),
             self.cache_last_time.index_select(1, rows),
@@ -118,11 +201,10 @@ class SlotPool:
 
     def _gather_channel(self, rows: torch.Tensor) -> torch.Tensor:
         src = self.cache_last_channel
+        if len(rows) > self.max_step_rows:
+            raise ValueError(f"{len(rows)} rows in one gather; this pool's steps take at most {self.max_step_rows}")
         shape = (src.shape[0], len(rows), *src.shape[2:])
-        numel = shape[0] * shape[1] * src[0, 0].numel()
-        if self._channel_buf is None or self._channel_buf.numel() < numel:
-            self._channel_buf = torch.empty(numel, dtype=src.dtype, device=src.device)
-        out = self._channel_buf[:numel].view(shape)
+        out = self._channel_buf[: shape[0] * shape[1] * src[0, 0].numel()].view(shape)
         return torch.index_select(src, 1, rows, out=out)
 
     def scatter_encoder(self, rows: torch.Tensor, cache: EncoderCache) -> None:
@@ -134,6 +216,7 @@ class SlotPool:
         self.cache_last_channel_len.index_copy_(0, rows, cache.cache_last_channel_len)
 
     def gather_decoder(self, rows: torch.Tensor) -> BatchedLabelLoopingState:
+        self.flush()
         return BatchedLabelLoopingState(
             predictor_states=[s.index_select(1, rows) for s in self.predictor_states],
             predictor_outputs=self.predictor_outputs.index_select(0, rows),
@@ -150,6 +233,7 @@ class SlotPool:
         self.decoded_lengths.index_copy_(0, rows, state.decoded_lengths[:n])
 
     def gather_history(self, rows: torch.Tensor) -> torch.Tensor:
+        self.flush()
         return self.feature_history.index_select(0, rows)  # [B, F, 9]
 
     def scatter_history(self, rows: torch.Tensor, history: torch.Tensor) -> None:

@@ -4,25 +4,42 @@ All rows of one call share the chunk mode (one per server), the drop count (firs
 0, later chunks drop 2) and the chunk width (only a stream's final chunk may be shorter: its
 cache is discarded afterwards, and the encoder masks its padding). Mixing first and later chunks,
 or unequal widths, would change the drop or pad a row that the cache keeps: not NeMo's arithmetic.
+
+Static shapes. A call over n rows runs at the smallest batch bucket >= n (engine/buckets.py), at
+the mode's full chunk width: rows past n point at the pool's scratch slot (their results are
+dropped, their decoder length is 0), and a short final chunk is zero-padded to the full width and
+masked by its length, as a short chunk beside full ones always was. Every input goes into a
+persistent buffer sliced to the bucket, so one bucket always reads and writes the same memory:
+what a CUDA graph needs (engine/cuda_graphs.py), and on CPU the same code runs eagerly. More
+than `pool.max_step_rows` rows are split into several steps.
+
+One host-device synchronisation per step. Rows, lengths, languages and host-side features go
+through host staging buffers (pinned on CUDA) and non-blocking copies into the device buffers;
+tensors already on the device are copied device to device. The decoder's results are packed on
+the device as int32 at the width a step can fill (new encoder frames x max_symbols) and come back
+in one copy, the step's only wait for the device.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from .buckets import bucket_for, bucket_sizes, split
 from .slots import SlotPool
 
 
 @dataclass
 class StepBatch:
-    rows: torch.Tensor  # [B] slot indices, long, on the device
+    rows: torch.Tensor | np.ndarray  # [B] slot indices (a tensor on any device, or a numpy array)
     features: torch.Tensor  # [B, F, W] fp32, new frames only (right-padded)
     num_frames: list[int]  # new frames per row (<= W)
     is_first: bool  # first chunks: no pre-encode history, drop 0
-    languages: torch.Tensor | None  # [B] prompt index per row (prompt models)
+    languages: torch.Tensor | np.ndarray | None  # [B] prompt index per row (prompt models)
 
 
 @dataclass
@@ -65,55 +82,234 @@ def aten_rnn(device: torch.device, dtype: torch.dtype):
         torch._C._set_mkldnn_enabled(True)
 
 
+class Stepper:
+    """The bucketed step of one (model, encoder, pool): its buckets, staging and device buffers,
+    per-bucket decoders and (CUDA) graphs. Created once per pool by `stepper_for`."""
+
+    def __init__(self, model, encoder, pool: SlotPool, graphs: bool | None = None) -> None:
+        g = model.geometry
+        self.model, self.encoder, self.pool, self.g = model, encoder, pool, g
+        self.device = dev = model.device
+        self.cuda = dev.type == "cuda"
+        self.max_rows = pool.max_step_rows
+        self.sizes = bucket_sizes(self.max_rows)
+        self.widths = {True: g.first_frames, False: g.chunk_frames}  # full chunk width per kind
+        self.new_frames = model.nemo.encoder.streaming_cfg.valid_out_len  # encoder frames per chunk
+        self.max_symbols = int(model.decoding_computer.max_symbols)
+        self.out_width = self.new_frames * self.max_symbols  # tokens one step can add per row
+        self.prompt = model.prompt_dictionary is not None
+        b, w, f = self.max_rows, max(self.widths.values()), model.num_mels
+        pin = self.cuda
+        # Host staging (pinned on CUDA: non-blocking copies from it), reused every step; the step's
+        # final wait guarantees the previous step's copies have read them.
+        self.h_rows = torch.empty(b, dtype=torch.long, pin_memory=pin)
+        self.h_lens = torch.empty(b, dtype=torch.long, pin_memory=pin)
+        self.h_langs = torch.zeros(b, dtype=torch.long, pin_memory=pin)
+        self.h_feat = torch.zeros(b, f, w, dtype=torch.float32, pin_memory=pin) if self.cuda else None
+        self.h_out = torch.empty(b, 2 + 2 * self.out_width, dtype=torch.int32, pin_memory=pin)
+        # Device buffers, sliced [:bucket] by every step of that bucket.
+        self.d_rows = torch.full((b,), pool.scratch, dtype=torch.long, device=dev)
+        self.d_lens = torch.zeros(b, dtype=torch.long, device=dev)
+        self.d_langs = torch.zeros(b, dtype=torch.long, device=dev)
+        self.d_feat = torch.zeros(b, f, w, dtype=torch.float32, device=dev)
+        self.d_out = torch.zeros(b, 2 + 2 * self.out_width, dtype=torch.int32, device=dev)
+        self.host_buffers = [x for x in (self.h_rows, self.h_lens, self.h_langs, self.h_feat, self.h_out) if x is not None]
+        # NeMo's decoder keeps its CUDA graph and hypothesis buffers in the computer object, sized
+        # by the largest batch it has seen: one computer per bucket, each captured once.
+        self._computers: dict[int, object] = {}
+        self.graphs = None
+        if self.cuda and (graphs is None or graphs):
+            from .cuda_graphs import StepGraphs
+
+            self.graphs = StepGraphs(self)
+
+    # ------------------------------------------------------------------ host side
+    def run(self, batch: StepBatch) -> StepResult:
+        n = len(batch.num_frames)
+        if n == 0:
+            return StepResult([], [], [])
+        self.pool.flush()  # rows freed since the last step: reset in one batch, before any gather
+        parts = [self._run_part(batch, lo, hi) for lo, hi in split(n, self.max_rows)]
+        if len(parts) == 1:
+            return parts[0]
+        return StepResult(
+            [r for p in parts for r in p.token_ids],
+            [r for p in parts for r in p.token_frames],
+            [r for p in parts for r in p.decoded_frames],
+        )
+
+    def _run_part(self, batch: StepBatch, lo: int, hi: int) -> StepResult:
+        n = hi - lo
+        bucket = bucket_for(n, self.sizes)
+        width = self.widths[batch.is_first]
+        num_frames = batch.num_frames[lo:hi]
+        if max(num_frames) > width or batch.features.shape[-1] > width:
+            raise ValueError(f"chunk wider than the mode's {width} frames")
+        full = min(num_frames) == width
+        self._stage_rows(batch.rows, lo, hi, bucket)
+        self.h_lens[:n] = torch.as_tensor(num_frames, dtype=torch.long)
+        self.h_lens[n:bucket] = width  # padded rows: full width (the unmasked path stays open)
+        self.d_lens[:bucket].copy_(self.h_lens[:bucket], non_blocking=self.cuda)
+        if self.prompt:
+            self._stage_languages(batch.languages, lo, hi, bucket)
+        self._stage_features(batch.features, lo, hi, width)
+        if self.graphs is not None:
+            self.graphs.run(bucket, batch.is_first, full)
+        else:
+            self.device_step(bucket, batch.is_first, full)
+        # The one wait for the device: the packed results of the real rows, int32.
+        out = self.h_out[:n]
+        out.copy_(self.d_out[:n])
+        return self._unpack(out.numpy())
+
+    def _stage_rows(self, rows, lo: int, hi: int, bucket: int) -> None:
+        n, scratch = hi - lo, self.pool.scratch
+        if isinstance(rows, torch.Tensor) and rows.device == self.device and self.cuda:
+            self.d_rows[:n].copy_(rows[lo:hi])  # already there: device to device
+            self.d_rows[n:bucket].fill_(scratch)
+            return
+        src = rows[lo:hi] if isinstance(rows, torch.Tensor) else torch.from_numpy(np.asarray(rows[lo:hi], dtype=np.int64))
+        self.h_rows[:n] = src
+        self.h_rows[n:bucket] = scratch
+        self.d_rows[:bucket].copy_(self.h_rows[:bucket], non_blocking=self.cuda)
+
+    def _stage_languages(self, languages, lo: int, hi: int, bucket: int) -> None:
+        n = hi - lo
+        if languages is None:  # the slots' own languages, gathered on the device
+            torch.index_select(self.pool.languages, 0, self.d_rows[:n], out=self.d_langs[:n])
+        elif isinstance(languages, torch.Tensor) and languages.device == self.device and self.cuda:
+            self.d_langs[:n].copy_(languages[lo:hi])
+        else:
+            src = languages[lo:hi] if isinstance(languages, torch.Tensor) else torch.from_numpy(np.asarray(languages[lo:hi], dtype=np.int64))
+            self.h_langs[:n] = src
+            self.d_langs[:n].copy_(self.h_langs[:n], non_blocking=self.cuda)
+        self.d_langs[n:bucket].fill_(0)
+
+    def _stage_features(self, features: torch.Tensor, lo: int, hi: int, width: int) -> None:
+        n, w = hi - lo, features.shape[-1]
+        if features.device == self.device:
+            self.d_feat[:n, :, :w].copy_(features[lo:hi])
+        else:
+            self.h_feat[:n, :, :w].copy_(features[lo:hi])
+            self.d_feat[:n, :, :w].copy_(self.h_feat[:n, :, :w], non_blocking=True)
+        if w < width:
+            self.d_feat[:n, :, w:width].zero_()  # a short final chunk: zero padding, masked by its length
+        # Rows past n keep earlier features (finite): they feed only the scratch slot.
+
+    def _unpack(self, out: np.ndarray) -> StepResult:
+        k = self.out_width
+        lens = out[:, 0]
+        used = int(lens.max(initial=0))
+        ids = out[:, 2 : 2 + used].tolist()
+        frames = out[:, 2 + k : 2 + k + used].tolist()
+        lens = lens.tolist()
+        return StepResult(
+            token_ids=[r[:m] for r, m in zip(ids, lens)],
+            token_frames=[r[:m] for r, m in zip(frames, lens)],
+            decoded_frames=out[:, 1].tolist(),
+        )
+
+    # ------------------------------------------------------------------ device side
+    def device_step(self, bucket: int, is_first: bool, full: bool) -> None:
+        """Everything between the staged inputs and the packed results, at static shapes: reads
+        d_rows/d_lens/d_langs/d_feat[:bucket], writes the pool's rows and d_out[:bucket]. No host
+        sync outside the decoder (NeMo's CUDA-graph decoder has none)."""
+        encoded, encoded_len = self.encode(bucket, is_first, full)
+        self.decode(bucket, encoded, encoded_len)
+
+    def encode(self, bucket: int, is_first: bool, full: bool):
+        model, pool, g = self.model, self.pool, self.g
+        rows = self.d_rows[:bucket]
+        features = self.d_feat[:bucket, :, : self.widths[is_first]]
+        # 1. input: [history | new frames] for later chunks, new frames alone for first chunks.
+        history = pool.gather_history(rows)  # [B, F, 9]
+        with_history = torch.cat([history, features], dim=-1)
+        pool.scatter_history(rows, with_history[:, :, -g.pre_cache_frames :])  # only used if the chunk was full
+        if is_first:
+            signal, drop, lengths = features, 0, self.d_lens[:bucket]
+        else:
+            signal, drop, lengths = with_history, g.drop_frames, self.d_lens[:bucket] + g.pre_cache_frames
+        # 2. encoder, caches gathered from and written back to the slot rows.
+        encoded, encoded_len, cache = self.encoder.step(
+            signal.to(model.dtype), lengths, pool.gather_encoder(rows), drop, full
+        )
+        pool.scatter_encoder(rows, cache)
+        if self.prompt:
+            encoded = apply_prompt(model, encoded, self.d_langs[:bucket])
+        # Padded rows decode nothing: length 0 (what NeMo's graph decoder gives its padding).
+        encoded_len = torch.where(rows == pool.scratch, 0, encoded_len)
+        return encoded, encoded_len
+
+    def decode(self, bucket: int, encoded: torch.Tensor, encoded_len: torch.Tensor) -> None:
+        pool, rows = self.pool, self.d_rows[:bucket]
+        # 3. RNN-T greedy label-looping decoding from the rows' carried state.
+        state = pool.gather_decoder(rows)
+        with aten_rnn(encoded.device, encoded.dtype):
+            hyps, new_state = self.computer(bucket)(
+                x=encoded.transpose(1, 2), out_len=encoded_len, prev_batched_state=state
+            )
+        pool.scatter_decoder(rows, new_state)
+        # 4. results packed as int32 at the width a step can fill: [lens | decoded | ids | frames].
+        out, k = self.d_out[:bucket], self.out_width
+        m = min(k, hyps.transcript.shape[1])
+        out[:, 0].copy_(hyps.current_lengths[:bucket])
+        out[:, 1].copy_(new_state.decoded_lengths[:bucket])
+        out[:, 2 : 2 + m].copy_(hyps.transcript[:bucket, :m])
+        out[:, 2 + k : 2 + k + m].copy_(hyps.timestamps[:bucket, :m])
+
+    def computer(self, bucket: int):
+        """NeMo's label-looping computer for this bucket. On CPU the model's own (no graphs); on
+        CUDA a shallow copy per bucket, so its graph and buffers are sized for that bucket and
+        captured once (`prepare`), not re-captured whenever the batch reaches a new maximum."""
+        base = self.model.decoding_computer
+        if not self.cuda or getattr(base, "cuda_graphs_mode", None) is None:
+            return base
+        c = self._computers.get(bucket)
+        if c is None:
+            c = copy.copy(base)
+            c.state, c.full_graph, c.separate_graphs = None, None, None
+            self._computers[bucket] = c
+        return c
+
+    def prepare(self, buckets: list[int] | None = None) -> None:
+        """Run every (bucket, first/later, full/short) once on scratch rows only: captures the
+        CUDA graphs (ours and NeMo's decoder per bucket) at start-up. Nothing a stream holds is
+        touched (all rows point at the scratch slot). Cheap to skip on CPU."""
+        with torch.inference_mode():
+            self._prepare(buckets)
+
+    def _prepare(self, buckets: list[int] | None) -> None:
+        for bucket in buckets or self.sizes:
+            self.d_rows[:bucket].fill_(self.pool.scratch)
+            for is_first in (True, False):
+                self.d_lens[:bucket].fill_(self.widths[is_first])
+                for full in (True, False):
+                    if self.graphs is not None:
+                        self.graphs.run(bucket, is_first, full)
+                    else:
+                        self.device_step(bucket, is_first, full)
+        if self.cuda:
+            torch.cuda.synchronize()
+
+
+def stepper_for(model, encoder, pool: SlotPool) -> Stepper:
+    """The pool's stepper (one per pool and encoder), created on first use."""
+    s = getattr(pool, "_stepper", None)
+    if s is None or s.encoder is not encoder or s.model is not model:
+        s = Stepper(model, encoder, pool)
+        pool._stepper = s
+    return s
+
+
+def prepare_step(model, encoder, pool: SlotPool, buckets: list[int] | None = None) -> Stepper:
+    """Start-up: build the pool's stepper and, on CUDA, capture every bucket's graphs now."""
+    s = stepper_for(model, encoder, pool)
+    if s.cuda:
+        s.prepare(buckets)
+    return s
+
+
 @torch.inference_mode()
 def run_step(model, encoder, pool: SlotPool, batch: StepBatch) -> StepResult:
     """`encoder`: a NemoEncoder or KVCacheEncoder whose cache layout matches `pool`."""
-    g = model.geometry
-    rows = batch.rows
-    # 1. input: [history | new frames] for later chunks, new frames alone for first chunks.
-    history = pool.gather_history(rows)  # [B, F, 9]
-    with_history = torch.cat([history, batch.features], dim=-1)
-    pool.scatter_history(rows, with_history[:, :, -g.pre_cache_frames :])  # only used if the chunk was full
-    lengths = torch.tensor(batch.num_frames, dtype=torch.long)
-    if batch.is_first:
-        signal, drop = batch.features, 0
-    else:
-        signal, drop = with_history, g.drop_frames
-        lengths = lengths + g.pre_cache_frames
-    signal = signal.to(model.dtype)
-    lengths = lengths.to(signal.device)
-    # 2. encoder, caches gathered from and written back to the slot rows.
-    full = min(batch.num_frames) == batch.features.shape[-1]  # no row padded (known here, no sync)
-    encoded, encoded_len, cache = encoder.step(signal, lengths, pool.gather_encoder(rows), drop, full)
-    pool.scatter_encoder(rows, cache)
-    if batch.languages is not None:
-        encoded = apply_prompt(model, encoded, batch.languages)
-    # 3. RNN-T greedy label-looping decoding from the rows' carried state.
-    state = pool.gather_decoder(rows)
-    with aten_rnn(encoded.device, encoded.dtype):
-        hyps, new_state = model.decoding_computer(
-            x=encoded.transpose(1, 2), out_len=encoded_len, prev_batched_state=state
-        )
-    pool.scatter_decoder(rows, new_state)
-    # 4. one device->host copy for everything the results need.
-    n = len(batch.num_frames)
-    packed = torch.cat(
-        [
-            hyps.current_lengths[:n, None],
-            new_state.decoded_lengths[:n, None],
-            hyps.transcript[:n].to(torch.long),
-            hyps.timestamps[:n].to(torch.long),
-        ],
-        dim=1,
-    ).cpu()  # [B, 2 + 2W]: one sync per step, not four
-    width = hyps.transcript.shape[1]
-    lens = packed[:, 0].tolist()
-    decoded = packed[:, 1].tolist()
-    used = max(lens, default=0)
-    ids = packed[:, 2 : 2 + used].tolist()
-    frames = packed[:, 2 + width : 2 + width + used].tolist()
-    return StepResult(
-        token_ids=[r[:k] for r, k in zip(ids, lens)],
-        token_frames=[r[:k] for r, k in zip(frames, lens)],
-        decoded_frames=decoded,
-    )
+    return stepper_for(model, encoder, pool).run(batch)

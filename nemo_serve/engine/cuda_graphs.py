@@ -1,0 +1,75 @@
+"""CUDA graphs of the bucketed step (CUDA only; never imported on CPU).
+
+Per (bucket, first/later chunk, full/short final chunk) the encoder half of `Stepper.device_step`
+is captured once and replayed: feature history, the gathered caches, every encoder layer, the
+cache write-back, the prompt and the padded rows' zero lengths. Its inputs are the stepper's
+persistent device buffers sliced to the bucket, its outputs (encoded frames and lengths) are
+static tensors of the graph, consumed at once by the decoder half.
+
+The decoder half runs NeMo's label-looping computer in its own CUDA-graph mode, one computer per
+bucket (`Stepper.computer`) whose graph NeMo captures on that bucket's first call (at start-up
+with `Stepper.prepare`). It cannot sit inside our capture: NeMo replays its graph with a
+cudaGraphLaunch and clones its outputs, neither of which stream capture records. Around it,
+gathering and scattering the decoder state and packing the results are ~15 eager launches.
+
+All graphs share one memory pool. That is safe here because a graph's outputs are read right after
+its own replay, before any other graph runs, and graphs never run concurrently (one step loop).
+
+Nothing here has run on a GPU yet (no device was lent when it was written); a capture that
+fails falls back to the eager step for that key, with one warning.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+class StepGraphs:
+    def __init__(self, stepper, warmup_iters: int = 2) -> None:
+        self.s = stepper
+        self.warmup_iters = warmup_iters
+        self.mempool = torch.cuda.graph_pool_handle()
+        self.graphs: dict[tuple[int, bool, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self.failed: set[tuple[int, bool, bool]] = set()
+
+    def run(self, bucket: int, is_first: bool, full: bool) -> None:
+        key = (bucket, is_first, full)
+        entry = self.graphs.get(key)
+        if entry is None and key not in self.failed:
+            entry = self._capture(key)
+        if entry is None:
+            self.s.device_step(bucket, is_first, full)
+            return
+        graph, encoded, encoded_len = entry
+        graph.replay()
+        self.s.decode(bucket, encoded, encoded_len)
+
+    def _capture(self, key):
+        """Warm up and capture with every row pointed at the scratch slot, so neither the warm-up
+        runs nor the capture touch a stream's state; the staged rows are put back afterwards."""
+        s = self.s
+        bucket = key[0]
+        saved = s.d_rows[:bucket].clone()
+        s.d_rows[:bucket].fill_(s.pool.scratch)
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(self.warmup_iters):  # lazy caches (positions), cuBLAS/cuDNN workspaces
+                    s.encode(*key)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.mempool):
+                encoded, encoded_len = s.encode(*key)
+            self.graphs[key] = (graph, encoded, encoded_len)
+            return self.graphs[key]
+        except Exception as e:  # noqa: BLE001 - a step that cannot be captured still runs eagerly
+            log.warning("CUDA graph capture failed for bucket %d first=%s full=%s: %s; running it eagerly", *key, e)
+            self.failed.add(key)
+            return None
+        finally:
+            s.d_rows[:bucket].copy_(saved)

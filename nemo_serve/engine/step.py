@@ -117,6 +117,8 @@ class Stepper:
         # NeMo's decoder keeps its CUDA graph and hypothesis buffers in the computer object, sized
         # by the largest batch it has seen: one computer per bucket, each captured once.
         self._computers: dict[int, object] = {}
+        self.parts = 0  # device steps run (a ready set over max_rows makes several)
+        self.padded_rows = 0  # rows run for the scratch slot
         self.graphs = None
         if self.cuda and (graphs is None or graphs):
             from .cuda_graphs import StepGraphs
@@ -146,6 +148,8 @@ class Stepper:
         if max(num_frames) > width or batch.features.shape[-1] > width:
             raise ValueError(f"chunk wider than the mode's {width} frames")
         full = min(num_frames) == width
+        self.parts += 1
+        self.padded_rows += bucket - n
         self._stage_rows(batch.rows, lo, hi, bucket)
         self.h_lens[:n] = torch.as_tensor(num_frames, dtype=torch.long)
         self.h_lens[n:bucket] = width  # padded rows: full width (the unmasked path stays open)
@@ -164,7 +168,7 @@ class Stepper:
 
     def _stage_rows(self, rows, lo: int, hi: int, bucket: int) -> None:
         n, scratch = hi - lo, self.pool.scratch
-        if isinstance(rows, torch.Tensor) and rows.device == self.device and self.cuda:
+        if isinstance(rows, torch.Tensor) and rows.device == self.device:
             self.d_rows[:n].copy_(rows[lo:hi])  # already there: device to device
             self.d_rows[n:bucket].fill_(scratch)
             return
@@ -177,7 +181,7 @@ class Stepper:
         n = hi - lo
         if languages is None:  # the slots' own languages, gathered on the device
             torch.index_select(self.pool.languages, 0, self.d_rows[:n], out=self.d_langs[:n])
-        elif isinstance(languages, torch.Tensor) and languages.device == self.device and self.cuda:
+        elif isinstance(languages, torch.Tensor) and languages.device == self.device:
             self.d_langs[:n].copy_(languages[lo:hi])
         else:
             src = languages[lo:hi] if isinstance(languages, torch.Tensor) else torch.from_numpy(np.asarray(languages[lo:hi], dtype=np.int64))

@@ -78,10 +78,23 @@ def test_recipe_trains_saves_and_streams(tmp_path):
     from nemo_serve.training import corpus, evaluate, train
 
     data = tmp_path / "corpus"
-    corpus.main(["--out", str(data), "--n-train", "2", "--n-eval", "2", "--workers", "2"])
-    for split in ["train", "dev", "heldout_sentences", "heldout_voices", "flite"]:
-        rows = [json.loads(l) for l in open(data / f"{split}.jsonl")]
-        assert len(rows) == 2 and all((data / r["audio_filepath"]).exists() and r["duration"] > 0.3 for r in rows)
+    corpus.main(["--out", str(data), "--n-train", "2", "--n-train-flite", "2", "--n-eval", "2", "--workers", "2"])
+    counts = {"train": 4, "dev": 2, "heldout_sentences": 2, "heldout_voices": 2, "flite": 2, "dev_mix": 3}
+    split_rows = {}
+    for split, n in counts.items():
+        rows = split_rows[split] = [json.loads(l) for l in open(data / f"{split}.jsonl")]
+        assert len(rows) == n and all((data / r["audio_filepath"]).exists() and r["duration"] > 0.3 for r in rows)
+    # flite in training (varied) and in dev, but the held-out flite voice never; espeak-ng variants as before
+    train_voices = {r["voice"] for r in split_rows["train"]}
+    flite_train = [r for r in split_rows["train"] if r["audio_filepath"].startswith("train_flite/")]
+    assert len(flite_train) == 2 and {r["voice"] for r in flite_train} <= set(corpus.FLITE_TRAIN_VOICES)
+    assert all(0.75 <= r["rate"] <= 1.35 and r["pitch"] > 0 for r in flite_train)
+    assert {r["voice"] for r in split_rows["flite"]} == set(corpus.FLITE_HELDOUT_VOICES)
+    assert not set(corpus.FLITE_HELDOUT_VOICES) & set(corpus.FLITE_TRAIN_VOICES)
+    assert not set(corpus.FLITE_HELDOUT_VOICES) & train_voices
+    assert split_rows["dev_mix"][2]["audio_filepath"].startswith("dev_flite/")
+    held = {r["text"] for s in ("dev_mix", "heldout_sentences", "heldout_voices", "flite") for r in split_rows[s]}
+    assert not held & {r["text"] for r in split_rows["train"]}
 
     # Four CTC-only steps on one batch (both training utterances), SpecAugment on the last one.
     out = tmp_path / "run"
@@ -110,6 +123,12 @@ def test_recipe_trains_saves_and_streams(tmp_path):
     assert "dev_wer_rnnt" in log[-1] and "dev_wer_rnnt_chain" in log[-1]
     st = torch.load(out / "last.pt", weights_only=False)
     assert st["step"] == 5 and "best_mixed" in st and (out / "best.nemo").exists()
+
+    # Fine-tuning (--init): a new run starts from the saved model's weights exactly, at step 0.
+    ft = train.parser().parse_args(["--data", str(data), "--out", str(tmp_path / "ft"), "--init", str(final),
+                                    "--steps", "0", "--limit", "2", "--dev-limit", "0", "--threads", "1"])
+    ft_state = train.train(ft)["model"].state_dict()
+    assert ft_state.keys() == trained.keys() and all(torch.equal(ft_state[k], trained[k]) for k in trained)
 
     # The model saved after step 4 has the recipe's streaming config; NeMo's own loop on the trained model
     # (in memory, never saved) and the engine on the restored file emit the same tokens on one of its training

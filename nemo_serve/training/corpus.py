@@ -214,7 +214,14 @@ TRAIN_VARIANTS = ["", "m1", "m2", "m3", "m4", "m5", "m6", "m7", "f1", "f2", "f3"
 # Never used in training (the unseen-voice-variant held-out set).
 HELDOUT_VARIANTS = ["Annie", "linda", "Mike", "Andy", "edward2", "Gene2", "iven3", "steph3", "f5",
                     "klatt3", "klatt5", "m8"]
-FLITE_VOICES = ["slt", "rms", "awb", "kal16", "kal"]
+FLITE_VOICES = ["slt", "rms", "awb", "kal16", "kal"]  # flite's built-in voices
+# Flite voices in training (with varied duration, pitch and speed) and the one never used in training (the
+# ``flite`` held-out set).  rms is held out: a US male clustergen voice whose pitch flite cannot change
+# (``int_f0_target_mean`` leaves it bit-identical), so training could not have covered it by pitch shifts.
+FLITE_TRAIN_VOICES = ["slt", "awb", "kal16", "kal"]
+FLITE_HELDOUT_VOICES = ["rms"]
+# int_f0_target_mean ranges (Hz) for the training voices (slt is female, the others male); awb ignores it.
+FLITE_F0 = {"slt": (140, 250), "awb": (80, 160), "kal16": (75, 160), "kal": (75, 160)}
 
 
 def espeak_wave(text: str, voice: str, rate: int, pitch: int) -> tuple[np.ndarray, int]:
@@ -223,8 +230,14 @@ def espeak_wave(text: str, voice: str, rate: int, pitch: int) -> tuple[np.ndarra
     return _parse_wav_bytes(out)
 
 
-def flite_wave(text: str, voice: str, tmp: str) -> tuple[np.ndarray, int]:
-    subprocess.run(["flite", "-voice", voice, "-t", text, "-o", tmp], check=True, capture_output=True)
+def flite_wave(text: str, voice: str, tmp: str, stretch: float = 0.0, f0: int = 0) -> tuple[np.ndarray, int]:
+    """flite's voice as it ships, or (stretch > 0 / f0 > 0) with ``duration_stretch`` / ``int_f0_target_mean``."""
+    cmd = ["flite", "-voice", voice]
+    if stretch > 0:
+        cmd += ["--setf", f"duration_stretch={stretch:.3f}"]
+    if f0 > 0:
+        cmd += ["--setf", f"int_f0_target_mean={f0}"]
+    subprocess.run(cmd + ["-t", text, "-o", tmp], check=True, capture_output=True)
     return read_audio(tmp)
 
 
@@ -258,16 +271,18 @@ def augment(x: np.ndarray, rng: np.random.Generator, clean: bool = False) -> np.
 
 
 def _job(args):
-    idx, text, engine, voice, rate, pitch, seed, out_wav, clean = args
+    idx, text, engine, voice, rate, pitch, speed, seed, out_wav, clean = args
     import soundfile as sf
     import soxr
     if engine == "espeak":
         x, sr = espeak_wave(text, voice, rate, pitch)
     else:
-        x, sr = flite_wave(text, voice, out_wav + ".tmp.wav")
+        x, sr = flite_wave(text, voice, out_wav + ".tmp.wav", stretch=rate, f0=pitch)
         os.remove(out_wav + ".tmp.wav")
     if sr != SR:
         x = soxr.resample(x, sr, SR)
+    if speed != 1.0:  # speed perturbation: tempo, pitch and formants move together (resampling)
+        x = soxr.resample(x, SR * speed, SR)
     rng = np.random.default_rng(seed)
     # trim synthesizer's own leading/trailing silence before adding ours
     nz = np.nonzero(np.abs(x) > 1e-3)[0]
@@ -279,30 +294,63 @@ def _job(args):
 
 
 def build_split(name: str, sentences: list[str], engine: str, voices: list[str], variants: list[str],
-                out: Path, seed: int, workers: int, clean: bool = False) -> None:
+                out: Path, seed: int, workers: int, clean: bool = False, vary: bool = False,
+                write: bool = True) -> list[dict]:
+    """Synthesize one split into ``out/name/`` and (``write``) ``out/name.jsonl``; returns the manifest rows.
+
+    espeak-ng: a random voice + variant, rate 120-230 wpm, pitch 20-80.  flite: a random voice, as it ships;
+    with ``vary`` (training flite data) also ``duration_stretch`` 0.75-1.35, ``int_f0_target_mean`` in the
+    voice's range (FLITE_F0) and, for half of the utterances, speed perturbation 0.9-1.1."""
     rng = random.Random(seed)
     wav_dir = out / name
     wav_dir.mkdir(parents=True, exist_ok=True)
     jobs, meta = [], []
     for i, text in enumerate(sentences):
+        speed = 1.0
         if engine == "espeak":
             v = rng.choice(voices)
             var = rng.choice(variants)
             voice = v + ("+" + var if var else "")
             rate, pitch = rng.randint(120, 230), rng.randint(20, 80)
+        elif vary:
+            voice = rng.choice(voices)
+            rate = round(rng.uniform(0.75, 1.35), 3)
+            pitch = rng.randint(*FLITE_F0.get(voice, (80, 160)))
+            if rng.random() < 0.5:
+                speed = round(rng.uniform(0.9, 1.1), 3)
         else:
             voice, rate, pitch = rng.choice(voices), 0, 0
         rel = f"{name}/{i:06d}.wav"
-        jobs.append((i, text, engine, voice, rate, pitch, seed * 1000003 + i, str(out / rel), clean))
-        meta.append({"audio_filepath": rel, "text": text, "voice": voice, "rate": rate, "pitch": pitch})
+        jobs.append((i, text, engine, voice, rate, pitch, speed, seed * 1000003 + i, str(out / rel), clean))
+        row = {"audio_filepath": rel, "text": text, "voice": voice, "rate": rate, "pitch": pitch}
+        if engine == "flite" and vary:
+            row["speed"] = speed
+        meta.append(row)
     with ProcessPoolExecutor(workers) as ex:
         for idx, dur in ex.map(_job, jobs, chunksize=32):
             meta[idx]["duration"] = round(dur, 3)
-    with open(out / f"{name}.jsonl", "w") as f:
-        for m in meta:
-            f.write(json.dumps(m) + "\n")
+    if write:
+        write_manifest(out / f"{name}.jsonl", meta)
     hours = sum(m["duration"] for m in meta) / 3600
     print(f"{name}: {len(meta)} utterances, {hours:.2f} h", flush=True)
+    return meta
+
+
+def write_manifest(path: Path, rows: list[dict]) -> None:
+    with open(path, "w") as f:
+        for m in rows:
+            f.write(json.dumps(m) + "\n")
+
+
+def interleave(a: list, b: list, every: int) -> list:
+    """b's rows spread through a's: after every ``every`` rows of a, one of b (the rest of either at the end)."""
+    out, j = [], 0
+    for i, r in enumerate(a):
+        out.append(r)
+        if (i + 1) % every == 0 and j < len(b):
+            out.append(b[j])
+            j += 1
+    return out + b[j:]
 
 
 def unique_sentences(rng: random.Random, n: int, exclude: set[str], max_words: int = 14) -> list[str]:
@@ -319,7 +367,9 @@ def unique_sentences(rng: random.Random, n: int, exclude: set[str], max_words: i
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True)
-    p.add_argument("--n-train", type=int, default=20000)
+    p.add_argument("--n-train", type=int, default=20000, help="espeak-ng training utterances")
+    p.add_argument("--n-train-flite", type=int, default=0,
+                   help="flite training utterances (FLITE_TRAIN_VOICES, varied); 0: an espeak-ng-only corpus")
     p.add_argument("--n-eval", type=int, default=300, help="utterances per held-out set")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--workers", type=int, default=os.cpu_count() or 2)
@@ -327,7 +377,8 @@ def main(argv=None) -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(a.seed)
-    # Evaluation sentences first; training sentences exclude all of them.
+    # Evaluation sentences first; training sentences exclude all of them.  The flite additions are drawn
+    # after the espeak-ng training sentences, so every espeak-ng split is the same as in an espeak-only corpus.
     dev = unique_sentences(rng, a.n_eval, set())
     hs = unique_sentences(rng, a.n_eval, set(dev))
     hv = unique_sentences(rng, a.n_eval, set(dev) | set(hs))
@@ -335,13 +386,32 @@ def main(argv=None) -> None:
     held = set(dev) | set(hs) | set(hv) | set(fl)
     train = [make_sentence(rng) for _ in range(a.n_train * 2)]
     train = [s for s in train if s not in held and len(s.split()) <= 14][: a.n_train]
+    flite_train, dev_flite = [], []
+    if a.n_train_flite:
+        # unseen sentences in the training flite voices, mixed into the dev set (one in three rows)
+        dev_flite = unique_sentences(rng, a.n_eval // 2, held | set(train))
+        held |= set(dev_flite)
+        flite_train = [make_sentence(rng) for _ in range(a.n_train_flite * 2)]
+        flite_train = [s for s in flite_train if s not in held and len(s.split()) <= 14][: a.n_train_flite]
     with open(out / "train_text.txt", "w") as f:
-        f.write("\n".join(train) + "\n")
+        f.write("\n".join(train + flite_train) + "\n")
     build_split("dev", dev, "espeak", ESPEAK_VOICES, TRAIN_VARIANTS, out, a.seed + 1, a.workers)
     build_split("heldout_sentences", hs, "espeak", ESPEAK_VOICES, TRAIN_VARIANTS, out, a.seed + 2, a.workers)
     build_split("heldout_voices", hv, "espeak", ESPEAK_VOICES, HELDOUT_VARIANTS, out, a.seed + 3, a.workers)
-    build_split("flite", fl, "flite", FLITE_VOICES, [], out, a.seed + 4, a.workers)
-    build_split("train", train, "espeak", ESPEAK_VOICES, TRAIN_VARIANTS, out, a.seed + 5, a.workers)
+    held_flite = FLITE_HELDOUT_VOICES if a.n_train_flite else FLITE_VOICES
+    build_split("flite", fl, "flite", held_flite, [], out, a.seed + 4, a.workers)
+    rows = build_split("train", train, "espeak", ESPEAK_VOICES, TRAIN_VARIANTS, out, a.seed + 5, a.workers,
+                       write=not a.n_train_flite)
+    if a.n_train_flite:
+        frows = build_split("train_flite", flite_train, "flite", FLITE_TRAIN_VOICES, [], out, a.seed + 6,
+                            a.workers, vary=True)
+        write_manifest(out / "train.jsonl", rows + frows)
+        drows = build_split("dev_flite", dev_flite, "flite", FLITE_TRAIN_VOICES, [], out, a.seed + 7,
+                            a.workers, vary=True)
+        dev_rows = [json.loads(line) for line in open(out / "dev.jsonl")]
+        write_manifest(out / "dev_mix.jsonl", interleave(dev_rows, drows, 2))
+        print(f"train.jsonl: {len(rows)} espeak-ng + {len(frows)} flite; dev_mix.jsonl: espeak-ng dev with "
+              f"every third row flite", flush=True)
 
 
 if __name__ == "__main__":

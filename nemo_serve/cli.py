@@ -31,6 +31,11 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--device", help="cpu, cuda or cuda:N (default cpu)")
     m.add_argument("--num-slots", type=int, help="streams served at once (default 16)")
     m.add_argument("--max-batch", type=int, help="most streams in one model step (default: num-slots)")
+    m.add_argument("--frontends", type=int,
+                   help="WebSocket front-end processes around one engine-core process; 0 = one process "
+                   "for everything (default: from the CPU count, (cores - 1) // 2, 1 to 8)")
+    m.add_argument("--audio-ring-s", type=float,
+                   help="shared-memory audio buffer per slot between front ends and core, in s (2)")
     m.add_argument("--no-kv-cache", dest="kv_cache", action="store_const", const=False,
                    help="run NeMo's own attention layers (cache layer inputs, half the memory, slower steps) "
                    "instead of caching projected keys/values")
@@ -112,6 +117,19 @@ def _selftest(args, settings: Settings) -> int:
 
 
 def _serve(settings: Settings) -> int:
+    from .core.supervisor import default_frontends, run_server
+
+    frontends = default_frontends() if settings.frontends is None else settings.frontends
+    if frontends > 0:
+        code = run_server(settings, frontends)
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # as below: skip the interpreter's teardown
+    return _serve_in_process(settings)
+
+
+def _serve_in_process(settings: Settings) -> int:
     from .engine.loop import Engine
     from .model import ModelLoadError, UnsupportedModeError, load_model
 
@@ -149,12 +167,13 @@ def _serve(settings: Settings) -> int:
     os._exit(0)
 
 
-def _print_urls(s: Settings) -> None:
+def _print_urls(s: Settings, port: int | None = None) -> None:
     host = "localhost" if s.host in ("127.0.0.1", "0.0.0.0", "::") else s.host
+    port = s.port if port is None else port
     http, ws = ("https", "wss") if s.tls else ("http", "ws")
     print(
-        f"page {http}://{host}:{s.port}/  stream {ws}://{host}:{s.port}/ws  "
-        f"metrics {http}://{host}:{s.port}/metrics  ready {http}://{host}:{s.port}/readyz",
+        f"page {http}://{host}:{port}/  stream {ws}://{host}:{port}/ws  "
+        f"metrics {http}://{host}:{port}/metrics  ready {http}://{host}:{port}/readyz",
         flush=True,
     )
     if not s.tls and s.host not in ("127.0.0.1", "localhost", "::1"):

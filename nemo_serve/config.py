@@ -38,6 +38,10 @@ class Settings(BaseModel):
     num_slots: Annotated[int, Field(ge=1, le=65536)] = 16
     max_batch: Annotated[int, Field(ge=1, le=65536)] | None = None  # None: num_slots
     kv_cache: bool = True  # cache projected keys/values (engine/encoder.py); False: NeMo's layer code
+    # Front-end processes around one engine-core process (nemo_serve/core); 0: one process for
+    # everything; None: core/supervisor.default_frontends() from the CPU count.
+    frontends: Annotated[int, Field(ge=0, le=64)] | None = None
+    audio_ring_s: Annotated[float, Field(ge=0.25, le=60)] = 2.0  # shared-memory audio per slot
     # network
     host: str = "127.0.0.1"  # loopback by default: exposing the port is a deliberate --host 0.0.0.0
     port: Annotated[int, Field(ge=0, le=65535)] = 8000

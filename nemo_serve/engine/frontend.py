@@ -58,11 +58,12 @@ class AudioBuffer:
         self._arrival_times: list[float] = []
 
     # -- network side -------------------------------------------------------------------------
-    def push(self, samples: np.ndarray) -> None:
+    def push(self, samples: np.ndarray, arrived: float | None = None) -> None:
+        """`arrived`: when the samples reached the server (default now)."""
         with self._lock:
             if self._finished:
                 raise RuntimeError("audio pushed after end of input")
-            self._inbox.append((samples, time.time()))
+            self._inbox.append((samples, time.time() if arrived is None else arrived))
 
     def finish(self) -> None:
         with self._lock:

@@ -79,6 +79,7 @@ class Engine:
         self.max_batch = max_batch or num_slots
         self.endpoint = endpoint
         self.on_step = on_step  # metrics hook: (batch size, seconds)
+        self.on_release: Callable[[Stream], None] | None = None  # after a stream's slot is freed
         self.encoder = make_encoder(model.nemo.encoder, kv_cache=kv_cache)  # loop thread only
         self.pool = SlotPool(model, num_slots, self.encoder.channel_shape)  # loop thread only
         self.features = FeatureExtractor.for_model(model)
@@ -154,8 +155,10 @@ class Engine:
         self._wake.set()
         return stream
 
-    def push(self, stream: Stream, samples: np.ndarray) -> None:
-        stream.push(np.asarray(samples, dtype=np.float32).reshape(-1))
+    def push(self, stream: Stream, samples: np.ndarray, arrived: float | None = None) -> None:
+        """`arrived`: server time the samples came in (default now; the engine core passes the
+        front end's time, so latency counts the wait in the audio ring)."""
+        stream.push(np.asarray(samples, dtype=np.float32).reshape(-1), arrived)
         self._dirty.put(stream)
         self._wake.set()
 
@@ -367,6 +370,8 @@ class Engine:
             with self._admission:
                 self._num_admitted -= 1
                 self._admitted_ids.discard(s.stream_id)
+            if self.on_release is not None:
+                self.on_release(s)
         assert self.pool.num_free + self.pool.num_used == self.pool.num_slots
 
 

@@ -50,8 +50,8 @@ class Stream:
         self.endpoint = EndpointDetector(self.endpoint_config, self.frame_s)
 
     # network side
-    def push(self, samples: np.ndarray) -> None:
-        self.audio.push(samples)
+    def push(self, samples: np.ndarray, arrived: float | None = None) -> None:
+        self.audio.push(samples, arrived)
 
     def request_force_final(self) -> None:
         with self._flags_lock:

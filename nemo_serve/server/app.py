@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import os
 import ipaddress
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -79,6 +80,7 @@ def create_app(ctx: ServerContext) -> FastAPI:
             "chunk_ms": ctx.model.geometry.chunk_ms,
             "languages": sorted(ctx.model.prompt_dictionary) if ctx.model.prompt_dictionary else None,
             "auth": ctx.settings.auth_token is not None,
+            "pid": os.getpid(),  # the process that answered (one of the front ends)
         }
         return JSONResponse(body, status_code=200 if body["ready"] else 503)
 

@@ -8,7 +8,10 @@ the loop thread: prometheus-client is thread-safe), every result sent (session).
 
 from __future__ import annotations
 
+import os
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 # The *_created series double the output and nobody graphs them. (Process-wide switch.)
@@ -28,24 +31,18 @@ def batch_size_label(n: int) -> str:
     return f"{hi // 2 + 1}-{hi}"
 
 
-class ServerMetrics:
-    content_type = CONTENT_TYPE_LATEST
+def multiprocess_dir() -> str | None:
+    """Set (by the supervisor) when the server runs as several processes: every process writes
+    its metrics there and any front end's /metrics adds them up (prometheus-client's
+    multiprocess mode). Read once at import by prometheus-client itself."""
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
 
-    def __init__(self, num_slots: int, free_slots_fn) -> None:
-        r = self.registry = CollectorRegistry()
-        self.open_streams = Gauge("nemo_serve_open_streams", "WebSocket streams holding a slot", registry=r)
-        self.free_slots = Gauge("nemo_serve_free_slots", "Slots not held by any stream", registry=r)
-        self.free_slots.set_function(free_slots_fn)  # read from the engine: one owner of the count
-        self.total_slots = Gauge("nemo_serve_slots", "Slots allocated at start-up", registry=r)
-        self.total_slots.set(num_slots)
-        self.draining = Gauge("nemo_serve_draining", "1 while the server drains after SIGTERM", registry=r)
-        self.streams = Counter("nemo_serve_streams", "Streams admitted", registry=r)
-        self.refusals = Counter("nemo_serve_refusals", "Connections refused, by reason", ["reason"], registry=r)
-        self.stream_errors = Counter("nemo_serve_stream_errors", "Streams ended by an error, by reason", ["reason"], registry=r)
-        refusal_reasons = ("no_free_slot", "draining", "unauthorized", "origin", "connection_limit", "header_timeout", "engine_failed")
-        for reason in refusal_reasons:  # export zeros, so rate() works from the start
-            self.refusals.labels(reason=reason)
-        self.connections = Gauge("nemo_serve_connections", "Open TCP connections (HTTP and WebSocket)", registry=r)
+
+class StepMetrics:
+    """Per-step metrics, observed where the step loop runs (this process or the engine core)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = registry if registry is not None else CollectorRegistry()
         self.step_duration = Histogram(
             "nemo_serve_step_duration_seconds",
             "Duration of one batched model step (features, encoder, decoder), by batch size bin",
@@ -54,6 +51,47 @@ class ServerMetrics:
             registry=r,
         )
         self.batch_size = Histogram("nemo_serve_batch_size", "Streams per model step", buckets=_BATCH_BUCKETS, registry=r)
+
+    def on_step(self, batch_size: int, seconds: float) -> None:
+        """Engine hook, called on the loop thread after every step."""
+        self.step_duration.labels(batch_size=batch_size_label(batch_size)).observe(seconds)
+        self.batch_size.observe(batch_size)
+
+
+class _SlotGauges:
+    """free and total slots, read at scrape time (multiprocess mode has no set_function)."""
+
+    def __init__(self, num_slots: int, free_slots_fn) -> None:
+        self.num_slots, self.free_slots_fn = num_slots, free_slots_fn
+
+    def collect(self):
+        yield GaugeMetricFamily("nemo_serve_free_slots", "Slots not held by any stream", value=self.free_slots_fn())
+        yield GaugeMetricFamily("nemo_serve_slots", "Slots allocated at start-up", value=self.num_slots)
+
+
+class ServerMetrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, num_slots: int, free_slots_fn, steps: bool = True) -> None:
+        """`steps`: this process runs the step loop (False in a front end: the core observes them)."""
+        self.multiprocess = multiprocess_dir() is not None
+        r = self.registry = CollectorRegistry()
+        self._slots = _SlotGauges(num_slots, free_slots_fn)
+        if not self.multiprocess:
+            r.register(self._slots)
+        self.open_streams = Gauge("nemo_serve_open_streams", "WebSocket streams holding a slot", registry=r,
+                                  multiprocess_mode="livesum")  # fmt: skip
+        self.draining = Gauge("nemo_serve_draining", "1 while the server drains after SIGTERM", registry=r,
+                              multiprocess_mode="livemax")  # fmt: skip
+        self.streams = Counter("nemo_serve_streams", "Streams admitted", registry=r)
+        self.refusals = Counter("nemo_serve_refusals", "Connections refused, by reason", ["reason"], registry=r)
+        self.stream_errors = Counter("nemo_serve_stream_errors", "Streams ended by an error, by reason", ["reason"], registry=r)
+        refusal_reasons = ("no_free_slot", "draining", "unauthorized", "origin", "connection_limit", "header_timeout", "engine_failed")
+        for reason in refusal_reasons:  # export zeros, so rate() works from the start
+            self.refusals.labels(reason=reason)
+        self.connections = Gauge("nemo_serve_connections", "Open TCP connections (HTTP and WebSocket)", registry=r,
+                                 multiprocess_mode="livesum")  # fmt: skip
+        self.steps = StepMetrics(r) if steps else None
         self.audio_seconds = Counter("nemo_serve_audio_seconds", "Seconds of audio consumed by the model", registry=r)
         self.partial_latency = Histogram(
             "nemo_serve_partial_latency_seconds",
@@ -70,8 +108,14 @@ class ServerMetrics:
 
     def on_step(self, batch_size: int, seconds: float) -> None:
         """Engine hook, called on the loop thread after every step."""
-        self.step_duration.labels(batch_size=batch_size_label(batch_size)).observe(seconds)
-        self.batch_size.observe(batch_size)
+        self.steps.on_step(batch_size, seconds)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        if not self.multiprocess:
+            return generate_latest(self.registry)
+        from prometheus_client import multiprocess
+
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # every process's files, summed
+        registry.register(self._slots)
+        return generate_latest(registry)

@@ -25,9 +25,13 @@ log = logging.getLogger("nemo_serve.server")
 
 
 class DrainingServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, ctx: ServerContext) -> None:
+    def __init__(self, config: uvicorn.Config, ctx: ServerContext, ignore_sigint: bool = False) -> None:
+        """`ignore_sigint`: a front-end process, whose supervisor turns Ctrl-C into one SIGTERM
+        (the terminal sends SIGINT to the whole process group: counting it too would make the
+        first Ctrl-C a "second signal" and skip the drain)."""
         super().__init__(config)
         self.ctx = ctx
+        self.ignore_sigint = ignore_sigint
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain_task: asyncio.Task | None = None
 
@@ -36,6 +40,8 @@ class DrainingServer(uvicorn.Server):
         await super().serve(sockets)
 
     def handle_exit(self, sig: int, frame) -> None:
+        if self.ignore_sigint and sig == signal.SIGINT:
+            return
         if self._drain_task is None and self._loop is not None and self.started and not self.should_exit:
             log.info("received %s: draining (send it again to quit at once)", signal.Signals(sig).name)
             # A signal handler interrupts the loop mid-callback: schedule, do not run, the drain.
@@ -54,7 +60,9 @@ class DrainingServer(uvicorn.Server):
             self.should_exit = True
 
 
-def serve(app, ctx: ServerContext, settings: Settings) -> None:
+def serve(app, ctx: ServerContext, settings: Settings, sock=None) -> None:
+    """`sock`: a bound socket to serve on (a front-end process's SO_REUSEPORT socket); None
+    binds --host/--port."""
     soft_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     max_total = max_connections_for(settings.max_connections, None if soft_limit == resource.RLIM_INFINITY else soft_limit)
     if max_total < settings.max_connections:
@@ -80,4 +88,5 @@ def serve(app, ctx: ServerContext, settings: Settings) -> None:
     )
     # After uvicorn.Config, which has just (re)configured uvicorn's handlers.
     logsafe.install(secrets=(settings.auth_token,) if settings.auth_token else ())
-    DrainingServer(config, ctx).run()
+    server = DrainingServer(config, ctx, ignore_sigint=sock is not None)
+    server.run(sockets=[sock] if sock is not None else None)

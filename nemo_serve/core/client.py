@@ -1,0 +1,224 @@
+"""EngineClient: the Engine's network-side API, inside a front-end process.
+
+Sessions call the same methods as on the in-process Engine (open_stream, push, finish,
+force_final, abort, num_free_slots, error); here they become a slot taken in shared memory,
+samples written into the slot's ring, and small control messages to the core. The core's
+StreamUpdates come back on one socket; a task on the event loop assembles each into the
+StreamResult the session expects (text and detokenisation happen here, not in the core).
+
+Everything runs on the front end's event loop thread: no locks besides the slot table's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+import uuid
+from collections import deque
+from typing import Callable
+
+import numpy as np
+import zmq
+import zmq.asyncio
+
+from ..engine.endpoint import EndpointConfig
+from ..engine.geometry import ModelInfo
+from ..engine.results import Detokenizer, ResultAssembler, StreamResult
+from . import messages as m
+from .engine_core import control_address, results_address
+from .shared import FAILED, SERVING, STOPPED, SharedSlots
+
+log = logging.getLogger("nemo_serve.frontend")
+
+FLUSH_PERIOD_S = 0.005  # retry for audio that did not fit in a full ring
+
+
+class EngineFailed(RuntimeError):
+    """The engine core process is gone or reported a failure."""
+
+
+@dataclasses.dataclass(eq=False)
+class StreamHandle:
+    stream_id: str
+    slot: int
+    gen: int
+    on_result: Callable[[StreamResult], None]
+    assemble: ResultAssembler
+    pending: deque = dataclasses.field(default_factory=deque)  # audio waiting for ring space
+    finish_pending: bool = False
+    ended: bool = False  # aborted, or its last result was delivered
+
+
+class EngineClient:
+    def __init__(self, info: ModelInfo, shared: SharedSlots, frontend: int, ipc_dir: str, max_batch: int | None = None) -> None:
+        self.model_info = info
+        self.shared = shared
+        self.frontend = frontend
+        self.ipc_dir = ipc_dir
+        self.num_slots = shared.num_slots
+        self.detok = Detokenizer(info.vocabulary, info.is_bpe)
+        self.frame_s = info.geometry.encoder_frame_s
+        self._streams: dict[str, StreamHandle] = {}
+        self._pending: set[StreamHandle] = set()
+        self._wake_flush = asyncio.Event()
+        self._zmq: zmq.asyncio.Context | None = None
+        self._control = None
+        self._results = None
+        self._tasks: list[asyncio.Task] = []
+        self._encoder = m.msgspec.msgpack.Encoder()
+        self._stopped = False
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def started(self) -> bool:
+        return self._zmq is not None
+
+    def start(self) -> "EngineClient":
+        """On the event loop (the app's lifespan)."""
+        self._zmq = zmq.asyncio.Context()
+        self._results = self._zmq.socket(zmq.PULL)
+        self._results.setsockopt(zmq.RCVHWM, 0)
+        self._results.bind(results_address(self.ipc_dir, self.frontend))
+        self._control = self._zmq.socket(zmq.PUSH)
+        self._control.setsockopt(zmq.SNDHWM, 0)
+        self._control.setsockopt(zmq.LINGER, 2000)  # aborts sent at shutdown still reach the core
+        self._control.connect(control_address(self.ipc_dir))
+        self._tasks = [
+            asyncio.create_task(self._receive_results(), name="engine-results"),
+            asyncio.create_task(self._flush_pending(), name="engine-ring-flush"),
+        ]
+        return self
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        self._stopped = True
+        for t in self._tasks:
+            t.cancel()
+        if self._zmq is not None:
+            self._results.close(0)
+            self._control.close(int(timeout_s * 1000))
+            self._zmq.term()
+
+    @property
+    def error(self) -> BaseException | None:
+        state = int(self.shared.state[0])
+        if state == FAILED:
+            return EngineFailed("engine core failed")
+        if state == STOPPED and not self._stopped:
+            return EngineFailed("engine core stopped")
+        return None
+
+    @property
+    def serving(self) -> bool:
+        return int(self.shared.state[0]) == SERVING
+
+    # ------------------------------------------------------------------ network-side API
+    def open_stream(
+        self,
+        on_result: Callable[[StreamResult], None],
+        *,
+        stream_id: str | None = None,
+        language: str | None = None,
+        endpoint: EndpointConfig | None = None,
+    ) -> StreamHandle:
+        """Take a slot now, or raise NoFreeSlotError / ValueError (bad language)."""
+        lang = self.model_info.language_index(language)
+        stream_id = stream_id or uuid.uuid4().hex
+        if stream_id in self._streams:
+            raise ValueError(f"stream id {stream_id!r} is already open")
+        slot, gen = self.shared.allocate(self.frontend)
+        h = StreamHandle(stream_id, slot, gen, on_result, ResultAssembler(self.detok, self.frame_s))
+        self._streams[stream_id] = h
+        ep = dataclasses.asdict(endpoint) if endpoint is not None else {}
+        self._send(m.Open(slot, gen, self.frontend, stream_id, lang, ep))
+        return h
+
+    def push(self, h: StreamHandle, samples: np.ndarray, arrived: float | None = None) -> None:
+        if h.ended or len(samples) == 0:
+            return
+        samples = np.asarray(samples, dtype=np.float32).reshape(-1)
+        now = time.time() if arrived is None else arrived
+        rest = samples if h.pending else self._write(h, samples, now)
+        if rest is not None:
+            h.pending.append((rest, now))
+            self._pending.add(h)
+            self._wake_flush.set()
+
+    def finish(self, h: StreamHandle) -> None:
+        if h.ended:
+            return
+        if h.pending:
+            h.finish_pending = True  # sent once the ring took the rest of the audio
+        else:
+            self._send(m.Finish(h.slot, h.gen))
+
+    def force_final(self, h: StreamHandle) -> None:
+        if not h.ended:
+            self._send(m.ForceFinal(h.slot, h.gen))
+
+    def abort(self, h: StreamHandle, reason: str = "aborted") -> None:
+        """No further results are delivered. Idempotent."""
+        if h.ended:
+            return
+        h.ended = True
+        self._streams.pop(h.stream_id, None)
+        self._pending.discard(h)
+        self._send(m.Abort(h.slot, h.gen, reason))
+
+    @property
+    def num_free_slots(self) -> int:
+        return self.shared.num_free
+
+    @property
+    def num_open_streams(self) -> int:
+        return self.num_slots - self.shared.num_free
+
+    # ------------------------------------------------------------------ internals
+    def _send(self, msg) -> None:
+        if self._control is not None and not self._stopped:
+            self._control.send(self._encoder.encode(msg))  # HWM 0: queues, never blocks
+
+    def _write(self, h: StreamHandle, samples: np.ndarray, now: float) -> np.ndarray | None:
+        """Write what fits into the slot's ring; the rest, or None when all of it went in."""
+        k = min(self.shared.space(h.slot), len(samples))
+        if k:
+            self.shared.write(h.slot, samples[:k], now)
+        return samples[k:] if k < len(samples) else None
+
+    async def _flush_pending(self) -> None:
+        """Audio that found its ring full (the core is behind): retried until it fits, in order."""
+        while True:
+            await self._wake_flush.wait()
+            while self._pending:
+                for h in list(self._pending):
+                    while h.pending and not h.ended:
+                        samples, now = h.pending[0]
+                        rest = self._write(h, samples, now)
+                        if rest is not None:
+                            h.pending[0] = (rest, now)
+                            break
+                        h.pending.popleft()
+                    if not h.pending or h.ended:
+                        self._pending.discard(h)
+                        if h.finish_pending and not h.ended:
+                            h.finish_pending = False
+                            self._send(m.Finish(h.slot, h.gen))
+                if self._pending:
+                    await asyncio.sleep(FLUSH_PERIOD_S)
+            self._wake_flush.clear()
+
+    async def _receive_results(self) -> None:
+        while True:
+            raw = await self._results.recv(copy=False)
+            for u in m.updates_decoder.decode(raw.buffer):
+                h = self._streams.get(u.stream_id)
+                if h is None:
+                    continue  # aborted here meanwhile
+                if u.done:
+                    h.ended = True
+                    del self._streams[u.stream_id]
+                try:
+                    h.on_result(h.assemble(u))
+                except Exception:  # noqa: BLE001 - one session's bug must not stop the others' results
+                    log.exception("result delivery failed for stream %s", u.stream_id)

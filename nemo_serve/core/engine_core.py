@@ -1,0 +1,260 @@
+"""The engine core process: the Engine, driven by a loop that never touches the network.
+
+One iteration:
+  1 control messages (open, finish, force-final, abort, front end gone), without blocking
+  2 audio: the slots whose ring write position moved (one array comparison over the slots),
+    copied out of shared memory into the streams' buffers, with the front end's arrival time
+  3 ends of input (after 2, so a stream's last packet is in before its end)
+  4 Engine.iterate(): scheduling as array operations, features, one batched step per group
+  5 one results message per front end with the StreamUpdates of its streams
+When nothing moved, it waits up to POLL_MS for a control message: audio arriving in a ring
+waits at most that long (plus the step that is running) before the core sees it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import zmq
+
+from ..engine.endpoint import EndpointConfig
+from ..engine.results import StreamUpdate
+from . import messages as m
+from .shared import FAILED, FREE, SERVING, STOPPED, SharedLayout, SharedSlots
+
+log = logging.getLogger("nemo_serve.core")
+
+POLL_MS = 2
+
+
+def control_address(ipc_dir: str) -> str:
+    return f"ipc://{Path(ipc_dir) / 'core.ctl'}"
+
+
+def results_address(ipc_dir: str, frontend: int) -> str:
+    return f"ipc://{Path(ipc_dir) / f'frontend{frontend}.results'}"
+
+
+class EngineCore:
+    def __init__(self, engine, shared: SharedSlots, ipc_dir: str, zmq_context: zmq.Context | None = None) -> None:
+        self.engine = engine
+        self.shared = shared
+        self.ipc_dir = ipc_dir
+        engine.on_release = self._released
+        self._zmq = zmq_context or zmq.Context.instance()
+        self.control = self._zmq.socket(zmq.PULL)
+        self.control.bind(control_address(ipc_dir))
+        self._slots: dict[int, tuple] = {}  # slot -> (Stream, generation, front end)
+        self._slot_of: dict[str, int] = {}  # stream id -> slot
+        self._active = np.zeros(shared.num_slots, dtype=bool)  # slots with an open stream
+        self._finishes: list = []  # streams whose end of input arrived this iteration
+        self._outgoing: dict[int, list[StreamUpdate]] = defaultdict(list)  # front end -> updates
+        self._results: dict[int, zmq.Socket] = {}  # front end -> PUSH socket
+        self._gone: set[int] = set()  # front ends that died
+        self._encoder = m.msgspec.msgpack.Encoder()
+
+    # ------------------------------------------------------------------ the loop
+    def run(self, parent_pid: int | None = None) -> None:
+        self.shared.state[0] = SERVING
+        last_check = time.monotonic()
+        while True:
+            busy = self._take_control()
+            if busy is None:  # Stop
+                break
+            self._take_audio()
+            self._apply_finishes()
+            busy = self.engine.iterate() or busy
+            self._send_results()
+            now = time.monotonic()
+            self.shared.heartbeat[0] = time.time()
+            if parent_pid is not None and now - last_check > 0.5:
+                last_check = now
+                if os.getppid() != parent_pid:
+                    log.error("the supervisor is gone; exiting")
+                    break
+            if not busy:
+                self.control.poll(POLL_MS)
+        self.shared.state[0] = STOPPED
+
+    def iterate_once(self) -> bool:
+        """One iteration without waiting (tests)."""
+        busy = self._take_control()
+        self._take_audio()
+        self._apply_finishes()
+        busy = self.engine.iterate() or bool(busy)
+        self._send_results()
+        return busy
+
+    # ------------------------------------------------------------------ 1 control
+    def _take_control(self) -> bool | None:
+        busy = False
+        while True:
+            try:
+                raw = self.control.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return busy
+            busy = True
+            try:
+                msg = m.control_decoder.decode(raw)
+            except m.msgspec.DecodeError:
+                log.error("malformed control message dropped (%d bytes)", len(raw))
+                continue
+            if isinstance(msg, m.Stop):
+                return None
+            self._on_control(msg)
+
+    def _on_control(self, msg) -> None:
+        if isinstance(msg, m.Open):
+            self._open(msg)
+        elif isinstance(msg, m.FrontendGone):
+            self._frontend_gone(msg.frontend)
+        else:
+            entry = self._slots.get(msg.slot)
+            if entry is None or entry[1] != msg.gen:
+                return  # the stream already ended (its slot may have a new one): nothing to do
+            stream = entry[0]
+            if isinstance(msg, m.Finish):
+                self._finishes.append(stream)
+            elif isinstance(msg, m.ForceFinal):
+                self.engine.force_final(stream)
+            elif isinstance(msg, m.Abort):
+                self.engine.abort(stream, msg.reason)
+
+    def _open(self, msg: m.Open) -> None:
+        if msg.frontend in self._gone:  # sent just before its front end died
+            self._free_if_held(msg.slot, msg.gen)
+            return
+        out = self._outgoing[msg.frontend]
+        try:
+            stream = self.engine.open_stream(
+                out.append,
+                stream_id=msg.stream_id,
+                language_index=msg.language_index,
+                endpoint=EndpointConfig(**msg.endpoint),
+                updates=True,
+            )
+        except (RuntimeError, ValueError, TypeError) as e:  # cannot happen with a sane front end
+            log.error("open refused for slot %d: %s", msg.slot, e)
+            out.append(StreamUpdate(msg.stream_id, 0, True, True, [], [], 0, 0.0, time.time(), error=str(e)))
+            self._free_if_held(msg.slot, msg.gen)
+            return
+        self._slots[msg.slot] = (stream, msg.gen, msg.frontend)
+        self._slot_of[stream.stream_id] = msg.slot
+        self._active[msg.slot] = True
+        if msg.frontend not in self._results:
+            sock = self._zmq.socket(zmq.PUSH)
+            sock.setsockopt(zmq.SNDHWM, 0)  # never block or drop: a dead front end's socket is closed instead
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(results_address(self.ipc_dir, msg.frontend))
+            self._results[msg.frontend] = sock
+
+    def _frontend_gone(self, frontend: int) -> None:
+        self._gone.add(frontend)
+        n = 0
+        for stream, _, fe in list(self._slots.values()):
+            if fe == frontend:
+                self.engine.abort(stream, "front end died")
+                n += 1
+        held = np.flatnonzero(self.shared.owner == frontend)
+        orphans = [int(s) for s in held if int(s) not in self._slots]  # allocated, never opened
+        if orphans:
+            self.shared.free(orphans)
+        sock = self._results.pop(frontend, None)
+        if sock is not None:
+            sock.close(0)
+        self._outgoing.pop(frontend, None)
+        log.warning("front end %d gone: %d streams aborted, %d slots freed", frontend, n, len(orphans))
+
+    def _free_if_held(self, slot: int, gen: int) -> None:
+        with self.shared.lock:
+            if self.shared.gen[slot] == gen and self.shared.owner[slot] != FREE:
+                self.shared.owner[slot] = FREE
+
+    def _released(self, stream) -> None:
+        """Engine hook: the stream's engine slot is free; so is its ring."""
+        slot = self._slot_of.pop(stream.stream_id)
+        self._slots.pop(slot, None)
+        self._active[slot] = False
+        self.shared.free([slot])
+
+    # ------------------------------------------------------------------ 2-3 audio
+    def _take_audio(self) -> None:
+        sh = self.shared
+        active = np.flatnonzero(self._active)
+        if active.size == 0:
+            return
+        ends = sh.write_pos[active]
+        moved = ends != sh.read_pos[active]
+        for slot, end in zip(active[moved].tolist(), ends[moved].tolist()):
+            stream = self._slots[slot][0]
+            self.engine.push(stream, sh.read(slot, end), arrived=float(sh.arrival[slot]))
+
+    def _apply_finishes(self) -> None:
+        for stream in self._finishes:
+            self.engine.finish(stream)
+        self._finishes.clear()
+
+    # ------------------------------------------------------------------ 5 results
+    def _send_results(self) -> None:
+        for frontend, updates in self._outgoing.items():
+            if updates:
+                sock = self._results.get(frontend)
+                if sock is not None:
+                    sock.send(self._encoder.encode(updates), copy=False)
+                updates.clear()
+
+    def close(self) -> None:
+        for sock in self._results.values():
+            sock.close(0)
+        self.control.close(0)
+
+
+def run_core_process(settings, ipc_dir: str, lock, conn, parent_pid: int) -> None:
+    """Process entry (spawned by the supervisor): load the model, report, attach, serve."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when the core stops
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    from ..cli import _configure_logging
+
+    _configure_logging(settings.log_level)
+    import torch
+
+    from ..engine.loop import Engine
+    from ..model import ModelLoadError, UnsupportedModeError, load_model
+    from ..server.metrics import StepMetrics
+
+    torch.set_grad_enabled(False)
+    try:
+        model = load_model(settings.model, context_right=settings.context_right, dtype=settings.dtype, device=settings.device)
+        engine = Engine(model, num_slots=settings.num_slots, max_batch=settings.max_batch,
+                        endpoint=settings.endpoint_config, kv_cache=settings.kv_cache)  # fmt: skip
+    except (ModelLoadError, UnsupportedModeError, FileNotFoundError, ValueError) as e:
+        conn.send(("error", str(e)))  # the supervisor prints it as the one-process server does
+        sys.exit(2)
+    except Exception as e:  # noqa: BLE001 - reported to the supervisor, which prints one line
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+        sys.exit(2)
+    engine.on_step = StepMetrics().on_step  # into PROMETHEUS_MULTIPROC_DIR, read by the front ends
+    conn.send(("ready", engine.model_info))
+    shm_name, layout = conn.recv()
+    shared = SharedSlots.attach(shm_name, layout, lock)
+    core = EngineCore(engine, shared, ipc_dir)
+    conn.send(("serving", os.getpid()))
+    try:
+        core.run(parent_pid)
+    except BaseException:
+        log.exception("engine core failed")
+        shared.state[0] = FAILED
+        os._exit(1)
+    core.close()
+    os._exit(0)
+
+
+def ring_layout(settings, sample_rate: int) -> SharedLayout:
+    return SharedLayout(settings.num_slots, int(settings.audio_ring_s * sample_rate))

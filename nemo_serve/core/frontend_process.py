@@ -1,0 +1,59 @@
+"""A front-end process: today's FastAPI app and sessions, with an EngineClient for an engine.
+
+Every front end binds the same port with SO_REUSEPORT; the kernel spreads new connections
+over them. A front end holds no model and imports no torch: it decodes audio, writes it into
+the slot rings, assembles results from the core's updates and speaks the protocols.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+
+from .client import EngineClient
+from .shared import SharedSlots
+
+log = logging.getLogger("nemo_serve.frontend")
+
+
+def bind_reuseport(host: str, port: int) -> socket.socket:
+    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    if family == socket.AF_INET6:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    sock.bind(addr)
+    return sock
+
+
+def run_frontend_process(settings, info, shm_name: str, layout, lock, ipc_dir: str, frontend: int, port: int,
+                         num_frontends: int) -> None:  # fmt: skip
+    """Process entry (spawned by the supervisor). The connection caps are per process, so each
+    front end enforces its share of --max-connections and --max-connections-per-ip (the kernel
+    spreads connections evenly over the front ends' sockets)."""
+    from ..cli import _configure_logging
+    from ..server.app import create_app
+    from ..server.context import ServerContext
+    from ..server.metrics import ServerMetrics
+    from ..server.runner import serve
+
+    _configure_logging(settings.log_level)
+    k = num_frontends
+    settings = settings.model_copy(update={
+        "max_connections": max(1, -(-settings.max_connections // k)),
+        "max_connections_per_ip": max(1, -(-settings.max_connections_per_ip // k)),
+    })  # fmt: skip
+    shared = SharedSlots.attach(shm_name, layout, lock)
+    engine = EngineClient(info, shared, frontend, ipc_dir)
+    metrics = ServerMetrics(shared.num_slots, lambda: shared.num_free, steps=False)
+    ctx = ServerContext(engine=engine, settings=settings, metrics=metrics)
+    sock = bind_reuseport(settings.host, port)
+    log.debug("front end %d (pid %d) serving on port %d", frontend, os.getpid(), port)
+    serve(create_app(ctx), ctx, settings, sock=sock)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -1,0 +1,255 @@
+"""The multi-process server: one engine core process, front-end processes on one port.
+
+Unit tests of the shared slot table and audio rings, then the real `nemo-serve --frontends 2`:
+streams spread over both front ends keep NeMo's tokens, a full server refuses at the handshake
+whichever front end answers, a front end killed mid-stream costs only its own streams (the
+others keep every token, its slots come back, a new front end takes its place), and a killed
+engine core gives every stream an error, /readyz 503 and a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from nemo_serve.core.shared import FREE, FileLock, SharedLayout, SharedSlots
+from nemo_serve.engine.errors import NoFreeSlotError
+
+from . import helpers
+from .helpers_server import TEST_MODEL, TOKEN, encode, start_server
+from .test_server_e2e import check_well_formed, oracle_tokens, stream
+
+# ----------------------------------------------------------------------------- shared memory
+
+
+@pytest.fixture
+def shared(tmp_path):
+    s = SharedSlots.create(SharedLayout(num_slots=3, ring_samples=10), FileLock(str(tmp_path / "lock")))
+    yield s
+    s.close()
+
+
+def test_ring_keeps_order_across_the_wrap(shared):
+    slot, _ = shared.allocate(frontend=0)
+    got = []
+    for n in (4, 5, 3, 7, 1):  # 20 samples through a 10-sample ring: wraps twice
+        start = int(shared.write_pos[slot])
+        assert shared.space(slot) >= n
+        shared.write(slot, np.arange(start, start + n, dtype=np.float32), now=1.0)
+        got.append(shared.read(slot, int(shared.write_pos[slot])))
+    assert np.concatenate(got).tolist() == list(range(20))
+    shared.write(slot, np.arange(10, dtype=np.float32), now=2.0)  # exactly full
+    assert shared.space(slot) == 0
+    assert shared.read(slot, int(shared.write_pos[slot])).tolist() == list(range(10))
+
+
+def test_slot_table_allocates_frees_and_counts_generations(shared):
+    a, gen_a = shared.allocate(frontend=1)
+    b, _ = shared.allocate(frontend=2)
+    c, _ = shared.allocate(frontend=1)
+    assert sorted((a, b, c)) == [0, 1, 2] and shared.num_free == 0
+    with pytest.raises(NoFreeSlotError):
+        shared.allocate(frontend=2)
+    shared.free([b])
+    assert shared.num_free == 1 and shared.owner[b] == FREE
+    shared.free([a])
+    again, gen_again = shared.allocate(frontend=3)
+    assert shared.owner[again] == 3
+    if again == a:
+        assert gen_again == gen_a + 1  # a late message for the slot's previous stream is told apart
+
+
+def test_attached_view_sees_the_creators_writes(shared):
+    other = SharedSlots.attach(shared.name, shared.layout, shared.lock)
+    try:
+        slot, _ = other.allocate(frontend=5)
+        other.write(slot, np.ones(3, dtype=np.float32), now=3.0)
+        assert shared.owner[slot] == 5 and int(shared.write_pos[slot]) == 3
+        assert shared.read(slot, 3).tolist() == [1.0, 1.0, 1.0] and int(other.read_pos[slot]) == 3
+    finally:
+        other.close()
+
+
+# ----------------------------------------------------------------------------- processes
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        out += [int(x) for x in (task / "children").read_text().split()]
+    return out
+
+
+def _socket_inodes(port: int, state: str) -> dict[int, int]:
+    """inode -> remote port of TCP sockets on local `port` in `state` (0A listen, 01 established)."""
+    found = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            f = line.split()
+            if int(f[1].rsplit(":", 1)[1], 16) == port and f[3] == state:
+                found[int(f[9])] = int(f[2].rsplit(":", 1)[1], 16)
+    return found
+
+
+def _owners(pids: list[int], inodes) -> dict[int, int]:
+    """pid -> how many of `inodes` it holds."""
+    counts = {}
+    for pid in pids:
+        try:
+            links = [os.readlink(p) for p in Path(f"/proc/{pid}/fd").iterdir()]
+        except (FileNotFoundError, PermissionError):
+            continue
+        held = {int(x[8:-1]) for x in links if x.startswith("socket:[")}
+        counts[pid] = len(held & set(inodes))
+    return counts
+
+
+def frontend_pids(srv) -> list[int]:
+    listening = _socket_inodes(srv.port, "0A")
+    return sorted(pid for pid, n in _owners(_children(srv.proc.pid), listening).items() if n)
+
+
+def streams_per_frontend(srv) -> dict[int, int]:
+    return _owners(frontend_pids(srv), _socket_inodes(srv.port, "01"))
+
+
+def core_pid(srv) -> int:
+    return int(re.search(r"engine core pid (\d+)", srv.log()).group(1))
+
+
+@pytest.fixture(scope="module")
+def oracle_model():
+    return helpers.model(TEST_MODEL, None)
+
+
+@pytest.fixture(scope="module")
+def two_frontends():
+    with start_server("--frontends", "2", "--num-slots", "6", "--idle-timeout-s", "20") as s:
+        deadline = time.monotonic() + 60
+        while len(frontend_pids(s)) < 2:  # /readyz answers as soon as the first one listens
+            assert time.monotonic() < deadline, s.log()[-3000:]
+            time.sleep(0.2)
+        yield s
+
+
+def test_streams_over_two_frontends_match_oracle(two_frontends, oracle_model):
+    srv = two_frontends
+    utts = helpers.utterances(6, seed=5)
+
+    async def run_all():
+        return await asyncio.gather(
+            *(stream(srv.ws_url, encode(u, "pcm_s16le"), 16000, "pcm_s16le", speed=3.0, delay_s=0.1 * i)
+              for i, u in enumerate(utts))
+        )  # fmt: skip
+
+    transcripts = asyncio.run(run_all())
+    for i, (t, u) in enumerate(zip(transcripts, utts)):
+        check_well_formed(t)
+        assert t.token_ids == oracle_tokens(oracle_model, encode(u, "pcm_s16le"), 16000), f"stream {i}"
+    answered = {srv.readyz()["pid"] for _ in range(40)}  # fresh connections, spread by the kernel
+    assert answered == set(frontend_pids(srv)) and len(answered) == 2
+    srv.assert_no_leak()
+
+
+def test_full_server_refuses_at_the_handshake_on_every_frontend(two_frontends):
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import InvalidStatus
+
+    srv = two_frontends
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+
+    async def scenario():
+        held = []
+        for _ in range(6):  # every slot, whichever front end each socket lands on
+            ws = await connect(srv.ws_url, additional_headers=headers)
+            await ws.send('{"type": "config"}')
+            assert '"ready"' in await ws.recv()
+            held.append(ws)
+        refused = []
+        for _ in range(6):
+            try:
+                ws = await connect(srv.ws_url, additional_headers=headers)
+                refused.append(None)
+                await ws.close()
+            except InvalidStatus as e:
+                refused.append(e.response.status_code)
+        ready = httpx.get(srv.http_url + "/readyz", timeout=10)
+        for ws in held:
+            await ws.close()
+        return refused, ready
+
+    refused, ready = asyncio.run(scenario())
+    assert refused == [503] * 6
+    assert ready.status_code == 503 and ready.json()["free_slots"] == 0
+    srv.assert_no_leak()
+
+
+def test_frontend_killed_mid_stream_costs_only_its_own_streams(two_frontends, oracle_model):
+    srv = two_frontends
+    utts = helpers.utterances(6, seed=9)
+    wires = [encode(u, "pcm_s16le") for u in utts]
+    killed: dict = {}
+
+    async def scenario():
+        tasks = [asyncio.create_task(stream(srv.ws_url, w, 16000, "pcm_s16le", speed=1.0, packet=1600))
+                 for w in wires]  # fmt: skip
+        deadline = time.monotonic() + 30
+        while srv.readyz()["open_streams"] < 6:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)
+        counts = streams_per_frontend(srv)
+        # the front end with the fewest streams, but at least one if any has one
+        victim = min((p for p in counts if counts[p] > 0), key=lambda p: counts[p], default=min(counts))
+        killed.update(pid=victim, streams=counts[victim], counts=counts)
+        os.kill(victim, signal.SIGKILL)
+        return await asyncio.gather(*tasks)
+
+    transcripts = asyncio.run(scenario())
+    cut = [t for t in transcripts if t.done is None]
+    kept = [(t, w) for t, w in zip(transcripts, wires) if t.done is not None]
+    assert len(cut) == killed["streams"], (killed, [t.close_code for t in transcripts])
+    assert all(t.close_code == 1006 for t in cut)  # the connection dropped with its process
+    assert kept, killed
+    for t, w in kept:  # the other front end's streams: every token
+        check_well_formed(t)
+        assert t.token_ids == oracle_tokens(oracle_model, w, 16000)
+    srv.assert_no_leak()  # the dead front end's slots came back
+    deadline = time.monotonic() + 60
+    while len(frontend_pids(srv)) < 2:  # and a new front end took its place
+        assert time.monotonic() < deadline, srv.log()[-3000:]
+        time.sleep(0.2)
+    assert killed["pid"] not in frontend_pids(srv)
+    t = asyncio.run(stream(srv.ws_url, wires[0], 16000, "pcm_s16le"))
+    assert t.token_ids == oracle_tokens(oracle_model, wires[0], 16000)
+    assert "Traceback" not in srv.log(), srv.log()[-3000:]
+
+
+def test_dead_engine_core_fails_streams_and_exits_nonzero():
+    utts = helpers.utterances(2, seed=3)
+    with start_server("--frontends", "2", "--num-slots", "2") as srv:
+
+        async def scenario():
+            tasks = [asyncio.create_task(stream(srv.ws_url, encode(u, "pcm_f32le"), 16000, "pcm_f32le", speed=1.0))
+                     for u in utts]  # fmt: skip
+            while srv.readyz()["open_streams"] < 2:
+                await asyncio.sleep(0.05)
+            os.kill(core_pid(srv), signal.SIGKILL)
+            transcripts = await asyncio.gather(*tasks)
+            return transcripts, srv.get("/readyz").status_code, srv.get("/healthz").status_code
+
+        transcripts, ready_status, health_status = asyncio.run(scenario())
+        code = srv.proc.wait(timeout=30)
+    for t in transcripts:
+        assert t.error is not None and "engine" in t.error["reason"], t.messages[-2:]
+        assert t.close_code == 1011
+    assert ready_status == 503 and health_status == 503
+    assert code == 1

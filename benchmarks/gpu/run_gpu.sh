@@ -1,100 +1,44 @@
 #!/usr/bin/env bash
-# GPU capacity run for the Nemotron 3.5 ASR architecture (builtin:nemotron-0.6b, random weights):
-# step_bench (engine vs NeMo 3.0 pipeline vs NeMo's per-stream loop) and a server sweep at
-# 80, 320 and 1120 ms in bf16 and fp32, on one CUDA machine without network.
+# The GPU run, engine only, for a bare lent H200 (Python 3.12, its own CUDA torch, no NeMo, no
+# network): installs the carried wheels into /tmp/site, then runs benchmarks/gpu/gpu_bench.py, which
+# appends every result to OUT/results.jsonl as soon as it exists (a killed run keeps what it measured).
 #
-#   benchmarks/gpu/run_gpu.sh OUT_DIR [WHEELS_DIR]
+#   benchmarks/gpu/run_gpu.sh OUT [gpu_bench.py options]        # from the repository root
 #
-# Run from the repository root. With WHEELS_DIR, a fresh venv is made in /tmp and everything
-# is installed from that folder only (--no-index); without it, the current Python is used as is.
-# Results (JSON, PNG, logs, the exact commands) go to OUT_DIR. The run is budgeted: it stops
-# starting new work when BUDGET_S (default 540 s) is close, so it ends inside 10 minutes even
-# if a phase is slower than planned; what was skipped is listed in OUT_DIR/skipped.txt.
-# See benchmarks/gpu/README.md (gathering the wheels, what each phase costs, reading results).
-set -euo pipefail
+# CARRY (default .gpu_carry, made here by benchmarks/gpu/build_carry.sh and named in the device
+# tool's `carry`): wheels/ (NeMo and what it imports that the machine lacks) and cache/ (the
+# built-ins' trained tokenizers, so nothing is trained there). Without CARRY/wheels the current
+# Python is used as it is. BUDGET_S (default 540) bounds gpu_bench.py: each phase starts only if
+# it fits, and `timeout` kills it 20 s after. Results: OUT/results.jsonl, OUT/run.log, OUT/env.txt.
+# CPU dry run (tests/test_gpu_dry_run.py): DEVICE=cpu DTYPE=fp32 MODEL=tiny-prompt and small options.
+set -uo pipefail
 
-OUT=${1:?usage: run_gpu.sh OUT_DIR [WHEELS_DIR]}
-WHEELS=${2:-}
+OUT=${1:?usage: run_gpu.sh OUT [gpu_bench.py options]}
+shift
+CARRY=${CARRY:-.gpu_carry}
 BUDGET_S=${BUDGET_S:-540}
-MODEL=${MODEL:-builtin:nemotron-0.6b}
+MODEL=${MODEL:-nemotron-0.6b}
 DEVICE=${DEVICE:-cuda}
-MODES=${MODES:-"3 0 13"}            # right context: 320, 80, 1120 ms (the order is the priority)
-DTYPES=${DTYPES:-"bf16 fp32"}
-BATCHES=${BATCHES:-1,8,64,256}
-LOOP_MAX_BATCH=${LOOP_MAX_BATCH:-8}  # NeMo's per-stream loop does not batch: a few streams suffice
-SECONDS_PER_STREAM=${SECONDS_PER_STREAM:-8}
-LEVEL_S=${LEVEL_S:-10}               # seconds per sweep level
-LOADGEN_PROCS=${LOADGEN_PROCS:-6}
-THREADS=${THREADS:-4}                # CPU threads of the bench process and of the server
-SWEEP_COST_S=${SWEEP_COST_S:-75}     # start a sweep only with this much budget left
-START_TIMEOUT=${START_TIMEOUT:-120}  # seconds for a server to load the model and answer /readyz
-
+DTYPE=${DTYPE:-bf16}
+PY=${PY:-python3}
 START=$(date +%s)
 mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
 exec > >(tee -a "$OUT/run.log") 2>&1
-: > "$OUT/skipped.txt"
-elapsed() { echo $(( $(date +%s) - START )); }
-left() { echo $(( BUDGET_S - $(elapsed) )); }
-note() { echo "[$(elapsed)s] $*"; }
-run() { echo "$*" >> "$OUT/commands.txt"; note "$*"; "$@"; }
 
-# ---------------------------------------------------------------------------- 1. environment
-if [[ -n "$WHEELS" ]]; then
-  VENV=/tmp/nemo-serve-gpu-venv
-  python3 -m venv "$VENV"
-  . "$VENV/bin/activate"
-  run pip install -q --no-index --find-links "$WHEELS" setuptools wheel
-  run pip install -q --no-index --find-links "$WHEELS" --no-build-isolation -e ".[bench]"
+if [[ -d "$CARRY/wheels" ]] && compgen -G "$CARRY/wheels/*.whl" > /dev/null; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$CARRY"/wheels/*.whl \
+    || { echo "wheel install failed"; exit 3; }
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
-PY=${PY:-python}
-export NEMO_SERVE_BENCH_CACHE=${NEMO_SERVE_BENCH_CACHE:-/tmp/nemo-serve-bench}  # the 2.4 GB .nemo stays off OUT
-export OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS
-(nvidia-smi || true) > "$OUT/nvidia-smi.txt" 2>&1
-$PY - <<'EOF' | tee "$OUT/env.txt"
-import torch, sys
-print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda,
-      "available", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")
-EOF
-pip freeze > "$OUT/pip-freeze.txt" 2>/dev/null || true
-note "environment ready"
+[[ -d "$CARRY/cache" ]] && export NEMO_SERVE_CACHE="$(cd "$CARRY/cache" && pwd)"
+export PYTHONPATH=$(pwd)${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
+{ (nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true); $PY -V; } > "$OUT/env.txt" 2>&1
+echo "[$(( $(date +%s) - START ))s] environment ready"
 
-# ---------------------------------------------------------------------------- 2. the model, built once
-# Built on the CPU (random init + weight calibration): give it every core. On a busy 2-core box
-# with one thread this took 24 min for nemotron-0.6b; pre-build it if the machine is kept.
-OMP_NUM_THREADS=$(nproc) MKL_NUM_THREADS=$(nproc) \
-  run $PY -c "import torch; torch.set_num_threads($(nproc)); from benchmarks.common import model_file; print(model_file('$MODEL')[0])" \
-  | tee "$OUT/model_path.txt"
-# Every later command gets this file, so the step bench and all sweeps measure the same weights.
-MODEL_FILE=$(tail -n 1 "$OUT/model_path.txt")
-[[ -f "$MODEL_FILE" ]] || { echo "no model file: $MODEL_FILE"; exit 1; }
-note "model ready: $MODEL_FILE"
-
-# ---------------------------------------------------------------------------- 3. step bench (one process per dtype: all modes)
-MODES_CSV=$(echo $MODES | tr ' ' ',')
-for dtype in $DTYPES; do
-  if (( $(left) < 120 )); then echo "step_bench $dtype (budget)" >> "$OUT/skipped.txt"; continue; fi
-  run timeout $(( $(left) - 60 )) $PY benchmarks/step_bench.py --model "$MODEL_FILE" --device "$DEVICE" --dtype "$dtype" \
-      --context-right "$MODES_CSV" --batch-sizes "$BATCHES" --loop-max-batch "$LOOP_MAX_BATCH" \
-      --seconds "$SECONDS_PER_STREAM" --systems engine,pipeline,loop --threads "$THREADS" --no-why \
-      --out "$OUT/step_nemotron_${dtype}_r{r}.json" \
-    || echo "step_bench $dtype (failed or timed out: see run.log)" >> "$OUT/skipped.txt"
-done
-
-# ---------------------------------------------------------------------------- 4. sweeps, in priority order
-for r in $MODES; do
-  for dtype in $DTYPES; do
-    sb="$OUT/step_nemotron_${dtype}_r${r}.json"
-    if (( $(left) < SWEEP_COST_S )); then echo "sweep r=$r $dtype (budget)" >> "$OUT/skipped.txt"; continue; fi
-    if [[ ! -f "$sb" ]]; then echo "sweep r=$r $dtype (no step_bench result to size the levels)" >> "$OUT/skipped.txt"; continue; fi
-    run timeout $(( $(left) - 15 )) $PY benchmarks/sweep.py --model "$MODEL_FILE" --device "$DEVICE" --dtype "$dtype" \
-        --context-right "$r" --threads "$THREADS" --levels auto --step-bench "$sb" \
-        --level-fractions 0.5,0.8,1.0,1.25 --duration "$LEVEL_S" --ramp-s 2 --items 8 --item-seconds 8,10 \
-        --procs "$LOADGEN_PROCS" --start-timeout "$START_TIMEOUT" \
-        --out "$OUT/sweep_nemotron_${dtype}_r${r}.json" \
-      || echo "sweep r=$r $dtype (failed or timed out: see run.log)" >> "$OUT/skipped.txt"
-  done
-done
-
-note "done in $(elapsed) s; skipped:"
-cat "$OUT/skipped.txt"
+LEFT=$(( BUDGET_S - ($(date +%s) - START) ))
+timeout $(( LEFT + 20 )) $PY benchmarks/gpu/gpu_bench.py --out "$OUT" --model "$MODEL" --device "$DEVICE" \
+  --dtype "$DTYPE" --budget-s "$LEFT" "$@"
+rc=$?
+echo "[$(( $(date +%s) - START ))s] gpu_bench.py exit $rc"
+exit $rc

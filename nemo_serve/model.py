@@ -69,8 +69,11 @@ class ServedModel:
         """Prompt index for `language` (None -> default); raises ValueError with the valid codes."""
         return language_index(self.prompt_dictionary, self.default_language, language)
 
-    def summary(self, num_slots: int, cache_bytes_per_stream: int | None = None, attention_cache: str = "") -> str:
-        """One line for the log; the engine passes its own cache size (its layout may differ)."""
+    def summary(
+        self, num_slots: int, cache_bytes_per_stream: int | None = None, attention_cache: str = "", memory: str = ""
+    ) -> str:
+        """One line for the log; the engine passes its own cache size (its layout may differ) and
+        its slot pool's memory line (`SlotPool.memory_summary`)."""
         g = self.geometry
         per = cache_bytes_per_stream or self.cache_bytes_per_stream
         layout = f" ({attention_cache})" if attention_cache else ""
@@ -80,6 +83,7 @@ class ServedModel:
             f"att_context [{g.context_left},{g.context_right}] chunk {g.chunk_ms:.0f} ms "
             f"(trained right contexts {list(self.trained_context_right)}); "
             f"cache {per / 2**20:.2f} MiB/stream x {num_slots} slots = {per * num_slots / 2**20:.1f} MiB{layout}"
+            + (f"; {memory}" if memory else "")
         )
 
 

@@ -139,3 +139,12 @@ def test_reallocated_slot_keeps_its_new_language_across_the_deferred_reset():
     assert pool.allocate("b", language_index=7) == a  # the freed slot comes back first
     pool.flush()
     assert int(pool.languages[a]) == 7
+
+
+def test_start_up_memory_line():
+    m = helpers.model("builtin:tiny-char", 3)
+    pool = SlotPool(m, 16, max_rows=4)
+    line = m.summary(16, pool.cache_bytes_per_stream, "kv", pool.memory_summary())
+    per = pool.bytes_per_slot
+    assert f"state {per / 2**20:.2f} MiB/stream x 16 slots = {per * 16 / 2**20:.1f} MiB" in line
+    assert "gather buffer for 4 rows per step" in line

@@ -63,7 +63,7 @@ class StepGraphs:
                     s.encode(*key)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.mempool):
+            with torch.cuda.graph(graph, pool=self.mempool, capture_error_mode="thread_local"):
                 encoded, encoded_len = s.encode(*key)
             self.graphs[key] = (graph, encoded, encoded_len)
             return self.graphs[key]

@@ -30,6 +30,10 @@ from .buckets import max_step_rows
 from .errors import NoFreeSlotError  # noqa: F401 - raised here, importable without torch
 
 
+def _size(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
 @dataclass
 class EncoderCache:
     cache_last_channel: torch.Tensor  # [L, B, C, D] layer inputs (NeMo's layout) or [L, B, ...] (engine/encoder.py)
@@ -122,11 +126,17 @@ class SlotPool:
         return self.bytes_per_slot + self._channel_buf.numel() * self._channel_buf.element_size()
 
     def memory_summary(self) -> str:
+        """Per stream, at the configured slots, and (CUDA) the most slots the device's memory would hold."""
         per, fixed = self.bytes_per_slot, self.fixed_bytes
-        return (
-            f"state {per / 2**20:.2f} MiB/stream x {self.num_slots} slots = {per * self.num_slots / 2**30:.2f} GiB"
-            f" + {fixed / 2**30:.2f} GiB per step (gather buffer for {self.max_step_rows} rows, scratch row)"
+        line = (
+            f"state {per / 2**20:.2f} MiB/stream x {self.num_slots} slots = {_size(per * self.num_slots)}"
+            f" + {_size(fixed)} fixed (gather buffer for {self.max_step_rows} rows per step, scratch row)"
         )
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            line += f"; {free / 2**30:.1f} of {total / 2**30:.1f} GiB free: room for ~{self.num_slots + free // per:,} slots"
+            line += " before activations"
+        return line
 
     # -- allocation -------------------------------------------------------------------------------
     @property

@@ -81,8 +81,14 @@ def main(argv=None) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
+    import importlib.util
+
     import nemo_serve
-    from benchmarks.architecture import served
+
+    spec = importlib.util.spec_from_file_location("architecture", REPO / "benchmarks" / "architecture.py")
+    architecture = importlib.util.module_from_spec(spec)  # this checkout's, whatever --source is
+    spec.loader.exec_module(architecture)
+    served = architecture.served
     from nemo_serve.engine.encoder import make_encoder
     from nemo_serve.engine.slots import SlotPool
     from nemo_serve.engine.step import StepBatch, run_step

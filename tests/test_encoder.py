@@ -106,13 +106,14 @@ def test_kv_cache_layout_and_size():
     assert m.name == "demo" and m.geometry.context_right == 13
     enc = make_encoder(m.nemo.encoder)
     kv, ref = SlotPool(m, 2, enc.channel_shape), SlotPool(m, 2)
-    assert ref.cache_last_channel.shape == (4, 2, 56, 128) and ref.cache_last_time.shape == (4, 2, 128, 8)
-    assert kv.cache_last_channel.shape == (4, 2, 4, 56 + 14, 64) and kv.cache_last_time.shape == (4, 2, 128, 8)
+    # two slots + the scratch row padded steps point at
+    assert ref.cache_last_channel.shape == (4, 3, 56, 128) and ref.cache_last_time.shape == (4, 3, 128, 8)
+    assert kv.cache_last_channel.shape == (4, 3, 4, 56 + 14, 64) and kv.cache_last_time.shape == (4, 3, 128, 8)
     assert m.cache_bytes_per_stream == ref.cache_bytes_per_stream == 131_072
     assert kv.cache_bytes_per_stream == 303_104
-    # what the tensors really hold, for the two slots
-    assert ref.cache_last_channel.nbytes + ref.cache_last_time.nbytes == 2 * 131_072
-    assert kv.cache_last_channel.nbytes + kv.cache_last_time.nbytes == 2 * 303_104
+    # what the tensors really hold, for the two slots and the scratch row
+    assert ref.cache_last_channel.nbytes + ref.cache_last_time.nbytes == 3 * 131_072
+    assert kv.cache_last_channel.nbytes + kv.cache_last_time.nbytes == 3 * 303_104
 
 
 def test_engine_without_kv_cache_runs_nemo_layers_and_agrees():

@@ -118,9 +118,137 @@ def measure(model, num_streams: int, seconds: float, tokens_per_frame: float, re
         "ready_fraction": ready_fraction,
         "iterations": iterations,
         "stream_steps": stream_steps,
-        "core_cpu_us_per_stream_step": round(1e6 * cpu / max(stream_steps, 1), 2),
-        "core_cpu_ms_per_iteration": round(1e3 * cpu / max(iterations, 1), 2),
+        "inprocess_cpu_us_per_stream_step": round(1e6 * cpu / max(stream_steps, 1), 2),
+        "inprocess_cpu_ms_per_iteration": round(1e3 * cpu / max(iterations, 1), 2),
         "budget_us_per_stream_step": round(1e3 * g.chunk_ms / num_streams, 2),
+    }
+
+
+def _thread_cpu_s(tids: list[int]) -> float:
+    """CPU seconds of some of this process's threads (their schedstat, ns)."""
+    total = 0
+    for tid in tids:
+        try:
+            total += int(Path(f"/proc/self/task/{tid}/schedstat").read_text().split()[0])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / 1e9
+
+
+def _tids() -> set[int]:
+    return {int(t.name) for t in Path("/proc/self/task").iterdir()}
+
+
+def measure_core(model, num_streams: int, seconds: float, tokens_per_frame: float, ready_fraction: float = 1.0) -> dict:
+    """The same work through the engine core (nemo_serve/core/engine_core.py): the streams are
+    opened with Open control messages over ZMQ, the bench writes each stream's audio into its
+    shared-memory ring as a front end would (off the clock), and the clock covers
+    EngineCore.iterate_once(): control intake, ring intake (one array comparison over the slots,
+    a copy out of each moved ring), Engine.iterate() and the encoding of one msgpack results
+    message for the front end plus its hand-off to ZMQ. The results socket's peer (the front end's
+    PULL) is bound here and drained off the clock. Counted: the iterating thread's CPU
+    (time.thread_time) plus the CPU of the core's ZMQ I/O thread over the measured iterations
+    (it writes the results message to the socket: the core process pays for it), reported
+    apart as `core_zmq_io_us_per_stream_step` and included in `core_cpu_us_per_stream_step`."""
+    import tempfile
+
+    import zmq
+
+    from nemo_serve.core import messages as m
+    from nemo_serve.core.engine_core import EngineCore, control_address, results_address
+    from nemo_serve.core.shared import FileLock, SharedLayout, SharedSlots
+    from nemo_serve.engine import loop
+    from nemo_serve.engine.endpoint import EndpointConfig
+
+    g = model.geometry
+    chunk_samples = g.chunk_frames * g.hop_samples
+    first_samples = g.first_frames * g.hop_samples + 2 * g.hop_samples
+    ipc_dir = tempfile.mkdtemp(prefix="host-bench-")
+    shared = SharedSlots.create(SharedLayout(num_streams, max(first_samples, chunk_samples)), FileLock(f"{ipc_dir}/slots.lock"))
+    engine = loop.Engine(model, num_slots=num_streams, max_batch=num_streams, endpoint=EndpointConfig())
+    engine.features.pre = _StubPreprocessor(model.num_mels, g.hop_samples)
+    real_step, loop.run_step = loop.run_step, _stub_step(tokens_per_frame, num_streams)
+    before_tids = _tids()
+    core_ctx = zmq.Context()
+    core = EngineCore(engine, shared, ipc_dir, core_ctx)
+    io_tids = sorted(_tids() - before_tids)  # the core context's I/O (and reaper) threads
+    fe_ctx = zmq.Context()  # the front end's side, its own I/O thread (not counted)
+    results = fe_ctx.socket(zmq.PULL)
+    results.setsockopt(zmq.RCVHWM, 0)
+    results.bind(results_address(ipc_dir, 0))
+    control = fe_ctx.socket(zmq.PUSH)
+    control.connect(control_address(ipc_dir))
+    received = {"messages": 0, "bytes": 0, "updates": 0}
+
+    def drain(block_ms: int = 0) -> None:
+        while results.poll(block_ms):
+            raw = results.recv(copy=False)
+            received["messages"] += 1
+            received["bytes"] += len(raw.buffer)
+            received["updates"] += len(m.updates_decoder.decode(raw.buffer))
+            block_ms = 0
+
+    try:
+        slots = []
+        for i in range(num_streams):
+            slot, gen = shared.allocate(0)
+            slots.append((slot, gen))
+            control.send(m.control_encoder.encode(m.Open(slot, gen, 0, f"s{i}", 0, {})))
+        deadline = time.time() + 60
+        while len(core._slots) < num_streams:  # the opens travel through ZMQ
+            core.iterate_once()
+            if time.time() > deadline:
+                raise RuntimeError(f"only {len(core._slots)} of {num_streams} streams opened")
+        audio = (np.random.default_rng(0).standard_normal(first_samples + chunk_samples) * 0.01).astype(np.float32)
+        now = time.time()
+        for slot, _ in slots:
+            shared.write(slot, audio[:first_samples], now)
+        core.iterate_once()  # first chunks
+        drain(1000)
+        per_turn = max(1, round(num_streams * ready_fraction))
+        steps = max(3, int(seconds * 1000 / g.chunk_ms * num_streams / per_turn))
+        cpu, io_cpu, stream_steps, iterations = 0.0, 0.0, 0, 0
+        gc.collect()
+        for i in range(steps):
+            now = time.time()
+            for k in range(i * per_turn, (i + 1) * per_turn):  # the front end's writes: off the clock
+                shared.write(slots[k % num_streams][0], audio[first_samples:], now)
+            before = engine.stats.stream_steps
+            io0 = _thread_cpu_s(io_tids)
+            t0 = time.thread_time()
+            core.iterate_once()
+            dt = time.thread_time() - t0
+            drain(1000)  # off the clock; waits for the message, so the I/O thread is done with it
+            dio = _thread_cpu_s(io_tids) - io0
+            if i * per_turn >= num_streams:
+                cpu += dt
+                io_cpu += dio
+                stream_steps += engine.stats.stream_steps - before
+                iterations += 1
+        for slot, gen in slots:
+            control.send(m.control_encoder.encode(m.Abort(slot, gen, "bench over")))
+        time.sleep(0.2)
+        core.iterate_once()
+        drain(200)
+    finally:
+        loop.run_step = real_step
+        core.close()
+        results.close(0)
+        control.close(0)
+        fe_ctx.term()
+        core_ctx.term()
+        shared.close()
+    total = cpu + io_cpu
+    return {
+        "core_iterations": iterations,
+        "core_stream_steps": stream_steps,
+        "core_cpu_us_per_stream_step": round(1e6 * total / max(stream_steps, 1), 2),
+        "core_loop_thread_us_per_stream_step": round(1e6 * cpu / max(stream_steps, 1), 2),
+        "core_zmq_io_us_per_stream_step": round(1e6 * io_cpu / max(stream_steps, 1), 2),
+        "core_cpu_ms_per_iteration": round(1e3 * total / max(iterations, 1), 2),
+        "core_results_messages": received["messages"],
+        "core_results_updates": received["updates"],
+        "core_results_bytes_per_update": round(received["bytes"] / max(received["updates"], 1), 1),
     }
 
 
@@ -132,23 +260,42 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=4.0, help="audio per stream per measurement")
     p.add_argument("--ready-fraction", default="1.0", help="comma list: share of the streams stepped per iteration")
     p.add_argument("--tokens-per-frame", type=float, default=0.33, help="stub emission rate (real models: 0.2-0.5)")
+    p.add_argument("--core-only", action="store_true", help="skip the in-process Engine measurement")
+    p.add_argument("--frontend", action="store_true", help="also parts (b) and (c): a real server's front ends (benchmarks/frontend_bench.py)")
+    p.add_argument("--notes", default=None, help="free text kept in the JSON (what else ran on the machine)")
     p.add_argument("--out", default=None, help="JSON file")
+    from benchmarks.frontend_bench import add_args
+
+    add_args(p)
     args = p.parse_args()
     torch.set_num_threads(1)
     from nemo_serve.model import load_model
 
     record = run_record()
+    record["notes"] = args.notes
     entries = []
     for r in [int(x) for x in args.context_right.split(",")]:
         model = load_model(args.model, context_right=r)
         for n, f in [(int(x), float(y)) for x in args.streams.split(",") for y in args.ready_fraction.split(",")]:
-            e = measure(model, n, args.seconds, args.tokens_per_frame, f)
+            e = measure(model, n, args.seconds, args.tokens_per_frame, f) if not args.core_only else {
+                "streams": n, "context_right": r, "chunk_ms": model.geometry.chunk_ms, "ready_fraction": f,
+                "budget_us_per_stream_step": round(1e3 * model.geometry.chunk_ms / n, 2)}  # fmt: skip
+            gc.collect()
+            e.update(measure_core(model, n, args.seconds, args.tokens_per_frame, f))
+            gc.collect()
             entries.append(e)
             print(f"streams {n:6d} ready {f:4.2f}  {e['chunk_ms']:5.0f} ms  core {e['core_cpu_us_per_stream_step']:7.2f} us/stream-step"
+                  f" (loop {e['core_loop_thread_us_per_stream_step']:.2f} + zmq io {e['core_zmq_io_us_per_stream_step']:.2f})"
+                  f"  in-process engine {e.get('inprocess_cpu_us_per_stream_step', float('nan')):7.2f}"
                   f"  (budget {e['budget_us_per_stream_step']:.1f} us)  {e['core_cpu_ms_per_iteration']:.1f} ms/iteration",
                   flush=True)
+    out = {"run": record, "core": entries}
+    if args.frontend:
+        from benchmarks.frontend_bench import run_frontend_parts
+
+        out["frontend"] = run_frontend_parts(args)
     if args.out:
-        write_json(args.out, {"run": record, "core": entries})
+        write_json(args.out, out)
 
 
 if __name__ == "__main__":

@@ -59,10 +59,13 @@ class Server:
             "--log-level", "warning",
             "--idle-timeout-s", "120",
         ]  # fmt: skip
+        if args.frontends is not None:
+            cmd += ["--frontends", str(args.frontends)]
         env = dict(os.environ)
         if args.threads:
             env.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
         self.command = cmd
+        self.processes: dict = {}
         self.log_path = log_path
         self._log = open(log_path, "w")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
@@ -111,13 +114,52 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants, from /proc/<pid>/task/*/children (recursively). With the
+    multi-process server the top process is an idle supervisor: the engine core and the front
+    ends are its children."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*/children") if Path(f"/proc/{p}/task").exists() else ():
+            try:
+                todo.extend(int(c) for c in task.read_text().split())
+            except OSError:
+                pass
+    return out
+
+
+def tree_cpu_rss(pid: int, tick: int) -> tuple[float, float, dict[int, float]]:
+    """(CPU seconds, RSS MiB, {pid: CPU seconds}) summed over the process tree under `pid`.
+    CPU of children that already exited is not counted (their time goes to cutime of a parent
+    that waited for them; the server's processes live as long as the server). Raises OSError
+    when `pid` itself is gone."""
+    cpu_total, rss_total, per = 0.0, 0.0, {}
+    for p in process_tree(pid):
+        try:
+            stat = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            rss_kib = next(int(ln.split()[1]) for ln in Path(f"/proc/{p}/status").read_text().splitlines() if ln.startswith("VmRSS"))
+        except (OSError, StopIteration, IndexError):
+            if p == pid:
+                raise OSError(f"process {pid} is gone")
+            continue  # a child that just exited
+        cpu = (int(stat[11]) + int(stat[12])) / tick  # utime + stime
+        per[p] = cpu
+        cpu_total += cpu
+        rss_total += rss_kib / 1024
+    return cpu_total, rss_total, per
+
+
 class Sampler(threading.Thread):
-    """CPU seconds and RSS of one process from /proc, GPU memory from nvidia-smi, every period_s."""
+    """CPU seconds and RSS summed over a process and all its descendants (the supervisor, the
+    engine core, the front ends) from /proc, GPU memory from nvidia-smi, every period_s."""
 
     def __init__(self, pid: int, period_s: float = 0.5) -> None:
         super().__init__(daemon=True, name="sampler")
         self.pid, self.period_s = pid, period_s
         self.samples: list[tuple[float, float, float, float | None]] = []  # (wall, cpu_s, rss_mib, gpu_mib)
+        self.per_process: list[tuple[float, dict[int, float]]] = []  # (wall, {pid: cpu_s})
         self._stop = threading.Event()
         self._tick = os.sysconf("SC_CLK_TCK")
         self._smi = shutil.which("nvidia-smi")
@@ -127,14 +169,14 @@ class Sampler(threading.Thread):
         gpu = None
         while not self._stop.is_set():
             try:
-                stat = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
-                cpu = (int(stat[11]) + int(stat[12])) / self._tick  # utime + stime
-                rss = next(int(ln.split()[1]) for ln in Path(f"/proc/{self.pid}/status").read_text().splitlines() if ln.startswith("VmRSS")) / 1024
-            except (OSError, StopIteration, IndexError):
+                cpu, rss, per = tree_cpu_rss(self.pid, self._tick)
+            except OSError:
                 return
             if self._smi and n % 4 == 0:
                 gpu = self._gpu_mib()
-            self.samples.append((time.time(), cpu, rss, gpu))
+            now = time.time()
+            self.samples.append((now, cpu, rss, gpu))
+            self.per_process.append((now, per))
             n += 1
             self._stop.wait(self.period_s)
 
@@ -146,7 +188,7 @@ class Sampler(threading.Thread):
             ).stdout  # fmt: skip
             for line in out.splitlines():
                 pid, mem = [x.strip() for x in line.split(",")]
-                if int(pid) == self.pid:
+                if int(pid) in process_tree(self.pid):
                     return float(mem)
             out = subprocess.run(
                 [self._smi, "--query-gpu=memory.used", "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=5
@@ -161,8 +203,14 @@ class Sampler(threading.Thread):
             return {}
         (w0, c0, _, _), (w1, c1, _, _) = inside[0], inside[-1]
         gpus = [s[3] for s in inside if s[3] is not None]
+        per = [p for p in self.per_process if t0 <= p[0] <= t1]
+        by_pid = {}
+        if len(per) >= 2:
+            (pw0, p0), (pw1, p1) = per[0], per[-1]
+            by_pid = {str(k): round((v - p0.get(k, 0.0)) / (pw1 - pw0), 2) for k, v in p1.items()}
         return {
             "server_cpu_cores": round((c1 - c0) / (w1 - w0), 2),
+            "server_cpu_cores_by_pid": by_pid,
             "server_rss_mib_max": round(max(s[2] for s in inside), 1),
             "gpu_mem_mib_max": max(gpus) if gpus else None,
         }
@@ -225,6 +273,11 @@ def sweep(args) -> dict:
     results = []
     try:
         ready = server.wait_ready(args.start_timeout)
+        server.processes = {
+            "top": server.proc.pid,
+            "tree": process_tree(server.proc.pid),
+            "frontend_answering_readyz": ready.get("pid"),
+        }
         sampler = Sampler(server.proc.pid)
         sampler.start()
         idle = _idle_footprint(sampler)
@@ -297,6 +350,9 @@ def _assemble(args, record, name, nemo_path, server, ready, idle, results) -> di
         "dtype": args.dtype,
         "device": args.device,
         "server_threads": args.threads,
+        "server_frontends": args.frontends,
+        "server_processes": server.processes,
+        "notes": args.notes,
         "server_command": " ".join(server.command),
         "server_summary": info.get("summary"),
         "duration_s_per_level": args.duration,
@@ -373,6 +429,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="OMP/MKL threads of the server (0: leave as is)")
     ap.add_argument("--levels", default="1,2,4,8,12,16,24,32,48,64", help="comma-separated N, or 'auto' (see --step-bench)")
     ap.add_argument("--level-fractions", default="0.5,0.8,1.0,1.25", help="with --levels auto: fractions of the predicted capacity")
+    ap.add_argument("--frontends", type=int, default=None,
+                    help="the server's --frontends (default: the server's own default; 0: one process)")
     ap.add_argument("--procs", type=int, default=1, help="load generator processes (for large N)")
     ap.add_argument("--item-seconds", default="10,20", help="length range of the synthetic test items")
     ap.add_argument("--duration", type=float, default=60.0)
@@ -383,6 +441,7 @@ def main() -> None:
     ap.add_argument("--max-drift", type=float, default=20.0)
     ap.add_argument("--start-timeout", type=float, default=900.0)
     ap.add_argument("--step-bench", default=None, help="a step_bench JSON: overlaid on the step-time plot; feeds --levels auto")
+    ap.add_argument("--notes", default=None, help="free text kept in the JSON (e.g. what else ran on the machine)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     result = sweep(args)

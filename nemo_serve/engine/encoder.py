@@ -142,14 +142,19 @@ class KVCacheEncoder:
         positions = self._positions(pos_emb)
         kv = cache.cache_last_channel  # [L, B, h, C + S, 2 d_k], gathered: ours to write
         time_next = []
+        # The mask's per-head view and its all-masked rows are the same in every layer: made once.
+        masks = (att_mask, att_mask.unsqueeze(1), att_mask.all(dim=-1)[:, None, :, None])
         for i, layer in enumerate(enc.layers):
-            residual = x + layer.feed_forward1(layer.norm_feed_forward1(x)) * layer.fc_factor
+            # x + ff(x) * fc_factor as one add (alpha): the product by 0.5 is exact, so is the sum.
+            residual = torch.add(x, layer.feed_forward1(layer.norm_feed_forward1(x)), alpha=layer.fc_factor)
             residual = residual + self._attention(
-                i, layer.self_attn, layer.norm_self_att(residual), att_mask, positions[i], kv[i]
+                i, layer.self_attn, layer.norm_self_att(residual), masks, positions[i], kv[i]
             )
             h, conv_cache = layer.conv(layer.norm_conv(residual), pad_mask=pad_mask, cache=cache.cache_last_time[i])
             residual = residual + h
-            residual = residual + layer.feed_forward2(layer.norm_feed_forward2(residual)) * layer.fc_factor
+            residual = torch.add(
+                residual, layer.feed_forward2(layer.norm_feed_forward2(residual)), alpha=layer.fc_factor
+            )
             x = layer.norm_out(residual)
             time_next.append(conv_cache)
         if enc.out_proj is not None:
@@ -180,13 +185,15 @@ class KVCacheEncoder:
         b, _, t, _ = h.shape
         return pe.out(h.transpose(1, 2).reshape(b, t, -1)), cur.long()
 
-    def _attention(self, i, a, x, mask, p, kv):
+    def _attention(self, i, a, x, masks, p, kv):
         """RelPositionMultiHeadAttention.forward over cached projected keys/values.
 
-        x [B,T,D] new frames (post-LayerNorm); kv [B,h,C+S,2 d_k] this layer's cache, whose
+        masks: (att_mask [B,T,C+T], its [B,1,T,C+T] view, [B,1,T,1] rows with every position
+        masked); x [B,T,D] new frames (post-LayerNorm); kv [B,h,C+S,2 d_k] this layer's cache, whose
         positions [C, C+T) receive the new keys/values; p [h,P,d_k] projected positions.
         """
         b, t, d = x.shape
+        mask, mask_heads, all_masked = masks
         h, dk, n = a.h, a.d_k, self.cache_len + t
         w, bias = self._qkv[i]
         qkv = torch.nn.functional.linear(x, w, bias)  # [B, T, 3D]
@@ -203,9 +210,9 @@ class KVCacheEncoder:
         bd = a.rel_shift(bd.view(h, b, t, -1).transpose(0, 1))
         if a.use_pytorch_sdpa:
             bd = bd[:, :, :, :n] * (1 / a.s_d_k)
-            bd.masked_fill_(mask.unsqueeze(1), -INF_VAL)
+            bd.masked_fill_(mask_heads, -INF_VAL)
             out = torch.nn.functional.scaled_dot_product_attention(q_u, k, v, attn_mask=bd)
-            out = out.masked_fill(mask.all(dim=-1)[:, None, :, None], 0.0)
+            out = out.masked_fill(all_masked, 0.0)
             out = out.transpose(1, 2).reshape(b, t, d)
             return a.linear_out(out)
         ac = torch.matmul(q_u, k.transpose(-2, -1))

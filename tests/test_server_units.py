@@ -4,6 +4,7 @@ resampling, settings precedence, metric labels, the CLI's one-line errors."""
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import numpy as np
@@ -132,9 +133,12 @@ def test_batch_size_labels():
     ]
 
 
-def test_cli_errors_are_one_line_exit_2(capsys):
+def test_cli_errors_are_one_line_exit_2(capsys, monkeypatch):
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
     assert cli.main(["--port", "99999"]) == 2
-    assert cli.main(["--model", "/nonexistent/model.nemo"]) == 2
+    assert cli.main(["--model", "/nonexistent/model.nemo"]) == 2  # the multi-process server's load failure
+    # its metrics directory is gone, and so is the variable: metrics in this process keep working
+    assert "PROMETHEUS_MULTIPROC_DIR" not in os.environ
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all(line.startswith("nemo-serve: error: ") for line in err)
     assert "--port" in err[0] and "not found" in err[1]

@@ -65,13 +65,21 @@ class Supervisor:
 
     # ------------------------------------------------------------------ main
     def run(self) -> int:
+        previous = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = self.metrics_dir  # inherited by every child
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
+        handlers = signal.signal(signal.SIGTERM, self._on_signal), signal.signal(signal.SIGINT, self._on_signal)
         try:
             return self._run()
         finally:
             self._cleanup()
+            # the directory is gone: a caller that goes on in this process (cli.main in a test) must
+            # not find prometheus-client pointed at it
+            if previous is None:
+                os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+            else:
+                os.environ["PROMETHEUS_MULTIPROC_DIR"] = previous
+            signal.signal(signal.SIGTERM, handlers[0])
+            signal.signal(signal.SIGINT, handlers[1])
 
     def _run(self) -> int:
         parent, child = self.mp.Pipe()

@@ -177,6 +177,7 @@ def measure_core(model, num_streams: int, seconds: float, tokens_per_frame: floa
     results.setsockopt(zmq.RCVHWM, 0)
     results.bind(results_address(ipc_dir, 0))
     control = fe_ctx.socket(zmq.PUSH)
+    control.setsockopt(zmq.SNDHWM, 0)  # as the front end's (core/client.py): 16,000 opens queue before the core reads
     control.connect(control_address(ipc_dir))
     received = {"messages": 0, "bytes": 0, "updates": 0}
 

@@ -105,3 +105,28 @@ def test_push_after_finish_is_refused():
     a.finish()
     with pytest.raises(RuntimeError):
         a.push(np.zeros(10, np.float32))
+
+
+def test_loop_side_extend_equals_push_and_absorb():
+    """The engine core copies wrapped ring halves straight into the buffer (`extend`); the samples,
+    the arrival bookkeeping and what a chunk reads must be those of push + absorb."""
+    rng = np.random.default_rng(1)
+    packets = [rng.standard_normal(n).astype(np.float32) for n in (1600, 0, 37, 20000, 5)]
+    pushed, extended = AudioBuffer(), AudioBuffer()
+    for i, p in enumerate(packets):
+        pushed.push(p, arrived=float(i))
+        cut = len(p) // 3
+        extended.extend((p[:cut], p[cut:]), float(i))
+    pushed.absorb()
+    assert extended.num_samples == pushed.num_samples == sum(map(len, packets))
+    a, b = np.empty(30000, np.float32), np.empty(30000, np.float32)
+    pushed.copy_segment(-100, a)
+    extended.copy_segment(-100, b)
+    assert np.array_equal(a, b)
+    for end in (1, 1600, 1637, 1638, 21637, 21642):
+        assert extended.arrival_time(end) == pushed.arrival_time(end)
+    for buf in (pushed, extended):
+        buf.discard_before(21000)
+    pushed.copy_segment(21000, a[:642])
+    extended.copy_segment(21000, b[:642])
+    assert np.array_equal(a[:642], b[:642])

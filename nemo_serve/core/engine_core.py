@@ -192,9 +192,11 @@ class EngineCore:
             return
         ends = sh.write_pos[active]
         moved = ends != sh.read_pos[active]
-        for slot, end in zip(active[moved].tolist(), ends[moved].tolist()):
-            stream = self._slots[slot][0]
-            self.engine.push(stream, sh.read(slot, end), arrived=float(sh.arrival[slot]))
+        arrivals = sh.arrival[active[moved]].tolist()
+        for slot, end, arrived in zip(active[moved].tolist(), ends[moved].tolist(), arrivals):
+            # one copy, ring -> the stream's buffer; the front end may reuse that ring space after consume
+            self.engine.take_audio(self._slots[slot][0], sh.views(slot, end), arrived)
+            sh.consume(slot, end)
 
     def _apply_finishes(self) -> None:
         for stream in self._finishes:

@@ -166,11 +166,20 @@ class SharedSlots:
         self.arrival[slot] = now
         self.write_pos[slot] = w + n  # last: the core reads the position, then the samples
 
-    def read(self, slot: int, end: int) -> np.ndarray:
-        """Core: samples [read_pos, end) as a new array; advances read_pos."""
+    def views(self, slot: int, end: int) -> tuple[np.ndarray, ...]:
+        """Core: samples [read_pos, end) as one or two views of the ring (no copy). The caller
+        copies them out, then calls `consume`: until then the front end cannot overwrite them."""
         r = int(self.read_pos[slot])
         i, j = r % self.ring_samples, end % self.ring_samples
         ring = self.ring[slot]
-        out = ring[i:j].copy() if i < j or end == r else np.concatenate([ring[i:], ring[:j]])
+        return (ring[i:j],) if i < j or end == r else (ring[i:], ring[:j])
+
+    def consume(self, slot: int, end: int) -> None:
         self.read_pos[slot] = end
+
+    def read(self, slot: int, end: int) -> np.ndarray:
+        """Core: samples [read_pos, end) as a new array; advances read_pos."""
+        parts = self.views(slot, end)
+        out = parts[0].copy() if len(parts) == 1 else np.concatenate(parts)
+        self.consume(slot, end)
         return out

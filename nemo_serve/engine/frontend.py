@@ -79,20 +79,29 @@ class AudioBuffer:
             finished = self._finished
         changed = bool(packets) or (finished and not self.finished)
         for samples, arrived in packets:
-            n = len(samples)
-            if n == 0:
-                continue
-            if self._used + n > len(self._data):
-                new = np.zeros(max(2 * len(self._data), self._used + n), dtype=np.float32)
-                new[: self._used] = self._data[: self._used]
-                self._data = new
-            self._data[self._used : self._used + n] = samples
-            self._used += n
-            self.num_samples += n
-            self._arrival_ends.append(self.num_samples)
-            self._arrival_times.append(arrived)
+            self.extend((samples,), arrived)
         self.finished = finished
         return changed
+
+    def extend(self, parts: tuple[np.ndarray, ...], arrived: float) -> None:
+        """Loop side: append samples (given as consecutive pieces, e.g. the two halves of a
+        wrapped ring) straight into the buffer, one copy. The engine core uses this instead of
+        `push` + `absorb`: it runs on the loop thread and needs neither the lock nor the inbox."""
+        n = len(parts[0]) if len(parts) == 1 else sum(map(len, parts))
+        if n == 0:
+            return
+        used = self._used
+        if used + n > len(self._data):
+            new = np.zeros(max(2 * len(self._data), used + n), dtype=np.float32)
+            new[:used] = self._data[:used]
+            self._data = new
+        for p in parts:
+            self._data[used : used + len(p)] = p
+            used += len(p)
+        self._used = used
+        self.num_samples += n
+        self._arrival_ends.append(self.num_samples)
+        self._arrival_times.append(arrived)
 
     def copy_segment(self, start: int, out: np.ndarray) -> None:
         """Write samples [start, start + len(out)) into `out`; zeros outside [0, num_samples)."""
@@ -122,9 +131,10 @@ class AudioBuffer:
             self._data[: self._used - k] = self._data[k : self._used].copy()
             self._used -= k
             self.offset += k
-        i = bisect_left(self._arrival_ends, start)
-        if i > 1:  # keep one entry before `start` so arrival_time stays defined
-            del self._arrival_ends[: i - 1], self._arrival_times[: i - 1]
+        if len(self._arrival_ends) > 32:  # trimmed now and then, not at every step
+            i = bisect_left(self._arrival_ends, start)
+            if i > 1:  # keep one entry before `start` so arrival_time stays defined
+                del self._arrival_ends[: i - 1], self._arrival_times[: i - 1]
 
 
 class FeatureExtractor:

@@ -156,16 +156,34 @@ class Engine:
         return stream
 
     def push(self, stream: Stream, samples: np.ndarray, arrived: float | None = None) -> None:
-        """`arrived`: server time the samples came in (default now; the engine core passes the
-        front end's time, so latency counts the wait in the audio ring)."""
+        """`arrived`: server time the samples came in (default now)."""
         stream.push(np.asarray(samples, dtype=np.float32).reshape(-1), arrived)
         self._dirty.put(stream)
-        self._wake.set()
+        self._wake_loop()
+
+    def take_audio(self, stream: Stream, parts: tuple[np.ndarray, ...], arrived: float) -> None:
+        """`push` for a caller on the loop thread (the engine core, which drives `iterate()`
+        itself): float32 samples in one or two pieces go straight into the stream's buffer and
+        the scheduler, without the lock, queue and wake-up a network thread needs. `arrived` is
+        the front end's time, so latency counts the wait in the audio ring. A stream the loop has
+        not taken in yet goes the queued way (its buffer is absorbed when it gets its slot)."""
+        if stream.phase is not Phase.ACTIVE:
+            self.push(stream, parts[0] if len(parts) == 1 else np.concatenate(parts), arrived)
+            return
+        audio = stream.audio
+        audio.extend(parts, arrived)
+        self.scheduler.set_audio(stream.slot, audio.num_samples, audio.finished)
+
+    def _wake_loop(self) -> None:
+        # Event.set takes a lock and notifies even when the event is set already; a set event
+        # means the loop has not cleared it yet and will iterate (and see this input) after it does.
+        if not self._wake.is_set():
+            self._wake.set()
 
     def finish(self, stream: Stream) -> None:
         stream.audio.finish()
         self._dirty.put(stream)
-        self._wake.set()
+        self._wake_loop()
 
     def force_final(self, stream: Stream) -> None:
         stream.request_force_final()

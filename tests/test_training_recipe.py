@@ -157,7 +157,7 @@ def test_shipped_demo_model_transcribes_bundled_utterances_and_long_streams():
     """One pass of the shipped model over the bundled utterances at the 1120 ms mode. A live stream carries
     many sentences through one cache and one decoder state (the model shipped before chained training dropped
     the first words of every later sentence: 32-35% WER chained by four), so the espeak-ng sets are streamed
-    four sentences per stream; the flite voices, which the model never heard, one utterance per stream."""
+    four sentences per stream; the flite utterances (rms, the flite voice held out of training) one per stream."""
     import soundfile as sf
 
     from nemo_serve.training import evaluate
@@ -186,7 +186,9 @@ def test_shipped_demo_model_transcribes_bundled_utterances_and_long_streams():
     espeak = [wer["heldout_sentences"], wer["heldout_voices"]]
     errs, words = sum(e for e, _ in espeak), sum(n for _, n in espeak)
     assert words > 100 and errs / words < 0.15, wer  # measured 8/126 (6.3%) chained by four
-    assert rate["flite"] < 1.0, wer  # the unseen synthesizer is hard for this small model, but not noise
+    # The flite voice never heard: 13/34 (38%) wrong on the bundled ones with the step-3600 fine-tune, 89% before
+    # flite voices were in training; under 60% means the fine-tune is the model shipped, not noise.
+    assert rate["flite"] < 0.6, wer
 
 
 def test_evaluate_chains_consecutive_utterances():

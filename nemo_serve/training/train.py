@@ -21,7 +21,7 @@ commands as run and the measured time)::
     python -m nemo_serve.training.corpus --out work_data/corpus --n-train 24000 --n-train-flite 12000
     OMP_WAIT_POLICY=PASSIVE nice -n 19 python -m nemo_serve.training.train --data work_data/corpus \
         --out work_data/ft1 --init work_data/demo_step14800.nemo --dev-manifest dev_mix.jsonl \
-        --steps 2800 --lr 5e-4 --warmup 100 --ctc-warmup 0 --short-steps 0 --specaug-start 0 \
+        --steps 3600 --lr 5e-4 --warmup 100 --ctc-warmup 0 --short-steps 0 --specaug-start 0 \
         --chain-prob 0.5 --chain-max 3 --dev-chain 4 --eval-every 200
 
 Recipe (configs/demo_model.yaml):

@@ -12,3 +12,16 @@ torch.set_num_threads(1)
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: builds the large architectures; deselect with -m 'not slow'")
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _grad_mode_is_left_as_found():
+    """Grad mode is per thread and global within it: a test (or the code it calls) that switches it off on
+    pytest's thread would make every later training test fail far from the cause. Fail the leaker instead."""
+    yield
+    leaked = not torch.is_grad_enabled()
+    torch.set_grad_enabled(True)
+    assert not leaked, "this test left torch's grad mode disabled on the main thread"

@@ -98,7 +98,7 @@ def main(argv=None) -> None:
     for r in [int(x) for x in args.modes.split(",")]:
         t0 = time.time()
         model = served(args.model, r, args.dtype)
-        encoder = make_encoder(model.nemo.encoder)
+        encoder = make_encoder(model)
         b, g = args.batch, model.geometry
         pool = SlotPool(model, b, encoder.channel_shape)
         for i in range(b):

@@ -68,7 +68,10 @@ class StreamRecord:
         return " ".join(f["text"] for f in self.finals if f["text"])
 
 
-async def stream_item(url: str, worker: int, item: LoadItem, endpointing: bool, timeout_s: float) -> StreamRecord:
+async def stream_item(
+    url: str, worker: int, item: LoadItem, endpointing: bool, timeout_s: float, context_right: int | None = None
+) -> StreamRecord:
+    """One item at real-time pace; `context_right`: the chunk mode to ask for (None: the server's default)."""
     from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed, InvalidStatus
 
@@ -76,6 +79,8 @@ async def stream_item(url: str, worker: int, item: LoadItem, endpointing: bool, 
     config = {"type": "config", "id": f"w{worker}-{item.item_id}", "encoding": "pcm_f32le", "sample_rate": SAMPLE_RATE}
     if not endpointing:
         config["endpointing"] = {"enabled": False}
+    if context_right is not None:
+        config["context_right"] = context_right
     try:
         async with asyncio.timeout(timeout_s):
             async with connect(url, max_size=None, compression=None, open_timeout=30) as ws:
@@ -143,9 +148,11 @@ async def run_level(
     endpointing: bool = False,
     progress: bool = True,
     workers: list[int] | None = None,
+    context_right: int | None = None,
 ) -> list[StreamRecord]:
     """N workers for duration_s (plus the streams still in flight at the end). `workers`: the
-    subset of worker numbers this process runs (see run_level_procs)."""
+    subset of worker numbers this process runs (see run_level_procs); `context_right`: the
+    chunk mode every stream asks for (None: the server's default)."""
     loop = asyncio.get_running_loop()
     t_end = loop.time() + duration_s
     records: list[StreamRecord] = []
@@ -157,7 +164,7 @@ async def run_level(
         while loop.time() < t_end:
             item = items[k % len(items)]
             timeout = 3 * len(item.audio) / SAMPLE_RATE + 60
-            records.append(await stream_item(url, w, item, endpointing, timeout))
+            records.append(await stream_item(url, w, item, endpointing, timeout, context_right))
             k += 1
             if records[-1].error and records[-1].error.startswith(("refused", "connect")):
                 await asyncio.sleep(1.0)  # do not spin on a refusing server

@@ -63,7 +63,7 @@ def peak_step_bytes(model, encoder, pool, rows: int, is_first: bool) -> int:
 
 def measure(name: str, context_right: int, dtype: str, slots: int, device_gib: float) -> dict:
     model = served(name, context_right, dtype)
-    encoder = make_encoder(model.nemo.encoder)
+    encoder = make_encoder(model)
     small = (2, 8)
     pool = SlotPool(model, max(small), encoder.channel_shape, max_rows=max(small))
     per_slot, gather_row = pool.bytes_per_slot, pool.gather_bytes_per_row

@@ -186,7 +186,7 @@ def encoder_ops(model, b: int, top: int = 16, kv_cache: bool = True) -> dict:
     from nemo_serve.engine.slots import EncoderCache
 
     g = model.geometry
-    enc = make_encoder(model.nemo.encoder, kv_cache=kv_cache)
+    enc = make_encoder(model, kv_cache=kv_cache)
     w = g.pre_cache_frames + g.chunk_frames
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(b, model.num_mels, w, generator=gen)

@@ -280,7 +280,7 @@ def _engine_cache_bytes(model) -> int:
     from nemo_serve.engine.encoder import make_encoder
     from nemo_serve.engine.slots import SlotPool
 
-    return SlotPool(model, 1, make_encoder(model.nemo.encoder).channel_shape).cache_bytes_per_stream
+    return SlotPool(model, 1, make_encoder(model).channel_shape).cache_bytes_per_stream
 
 
 def _ratios(results: list[dict], sizes: list[int], key: str = "stream_steps_per_s_rounds") -> dict:

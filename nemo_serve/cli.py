@@ -26,7 +26,10 @@ def build_parser() -> argparse.ArgumentParser:
     # Every default is None: config.Settings holds the real defaults and the env fallback.
     m = p.add_argument_group("model and engine")
     m.add_argument("--model", help="a .nemo file, builtin:NAME, or a pretrained name (default: the shipped demo model)")
-    m.add_argument("--context-right", type=int, help="right context r of att_context [L, r]: chunk = (r+1) x 80 ms")
+    m.add_argument("--context-right", metavar="R|R1,R2,...|all",
+                   help="chunk mode(s) served: right context r of att_context [L, r], chunk = (r+1) x 80 ms; "
+                   "a list (0,13) or all serves several at once, each stream choosing one in its config "
+                   "(the first is the default); default: the model's first trained mode")
     m.add_argument("--dtype", choices=["fp32", "bf16"])
     m.add_argument("--device", help="cpu, cuda or cuda:N (default cpu)")
     m.add_argument("--num-slots", type=int, help="streams served at once (default 16)")

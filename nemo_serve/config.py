@@ -32,7 +32,9 @@ class Settings(BaseModel):
 
     # model and engine
     model: str | None = None  # .nemo path, builtin:NAME or pretrained name; None: the shipped demo model
-    context_right: Annotated[int, Field(ge=0)] | None = None  # None: the model's first trained mode
+    # One mode ("3"), several ("0,3,13": the first is the default) or "all" trained modes; None: the
+    # model's first trained mode. Kept as text; model.parse_modes checks it here and load_model reads it.
+    context_right: str | None = None
     dtype: Literal["fp32", "bf16"] = "fp32"
     device: Annotated[str, Field(pattern=r"^(cpu|cuda(:\d+)?)$")] = "cpu"
     num_slots: Annotated[int, Field(ge=1, le=65536)] = 16
@@ -71,6 +73,16 @@ class Settings(BaseModel):
     # sherpa-onnx's clients send, unannounced; PCM16 clients without a config say so in the URL.
     default_encoding: Literal["pcm_f32le", "pcm_s16le"] = "pcm_f32le"
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+
+    @field_validator("context_right", mode="before")
+    @classmethod
+    def _modes(cls, v):
+        if v is None:
+            return None
+        from .engine.geometry import parse_modes
+
+        modes = parse_modes(v if isinstance(v, (int, list, tuple)) else str(v))
+        return "all" if modes == "all" else ",".join(map(str, modes))
 
     @field_validator("ssl_certfile", "ssl_keyfile")
     @classmethod

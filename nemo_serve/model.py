@@ -9,17 +9,19 @@ pieces and prompt dictionary the engine works from. Nothing here runs per step.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import math
 import os
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf, open_dict
 
-from .engine.geometry import ChunkGeometry, language_index
+from .engine.geometry import ChunkGeometry, UnsupportedModeError, language_index, parse_modes  # noqa: F401 - re-exported
 
 log = logging.getLogger(__name__)
 
@@ -31,10 +33,6 @@ class ModelLoadError(RuntimeError):
     """The model could not be loaded; the message is one line that names the cause."""
 
 
-class UnsupportedModeError(ValueError):
-    """--context-right names a mode the model was not trained for."""
-
-
 @dataclass
 class ServedModel:
     """A loaded model plus the facts the engine needs. Owned by the step loop once serving."""
@@ -43,7 +41,7 @@ class ServedModel:
     name: str
     device: torch.device
     dtype: torch.dtype
-    geometry: ChunkGeometry
+    geometry: ChunkGeometry  # the default mode's (modes[0])
     trained_context_right: tuple[int, ...]
     preprocessor: torch.nn.Module  # fp32, eval, dither 0, pad_to 0 (same recipe as NeMo's streaming buffer)
     num_mels: int
@@ -55,6 +53,39 @@ class ServedModel:
     num_prompts: int
     default_language: str | None
     num_parameters: int
+    # Every mode this server serves (right contexts; the first is the default) and its geometry.
+    geometries: dict[int, ChunkGeometry] = field(default_factory=dict)
+    # NeMo's encoder keeps one mode in module state (att_context_size, streaming_cfg): whoever runs
+    # NeMo's own step (NeMo's loop, NemoEncoder) switches it under this lock (`nemo_mode`).
+    _mode_lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.geometries:
+            self.geometries = {self.geometry.context_right: self.geometry}
+
+    @property
+    def modes(self) -> tuple[int, ...]:
+        return tuple(self.geometries)
+
+    def geometry_for(self, context_right: int | None) -> ChunkGeometry:
+        """The geometry of a served mode (None -> the default); ValueError lists the served ones."""
+        if context_right is None:
+            return self.geometry
+        g = self.geometries.get(context_right)
+        if g is None:
+            raise UnsupportedModeError(mode_refusal(context_right, self.geometries))
+        return g
+
+    @contextlib.contextmanager
+    def nemo_mode(self, context_right: int | None):
+        """NeMo's encoder set to this mode for the duration (serialised: its mode is module state)."""
+        g = self.geometry_for(context_right)
+        with self._mode_lock:
+            enc = self.nemo.encoder
+            want = [g.context_left, g.context_right]
+            if list(enc.att_context_size) != want:
+                enc.set_default_att_context_size(want)
+            yield g
 
     @property
     def decoding_computer(self):
@@ -77,10 +108,13 @@ class ServedModel:
         g = self.geometry
         per = cache_bytes_per_stream or self.cache_bytes_per_stream
         layout = f" ({attention_cache})" if attention_cache else ""
+        modes = ""
+        if len(self.geometries) > 1:
+            modes = " + " + ", ".join(f"[{m.context_left},{m.context_right}] {m.chunk_ms:.0f} ms" for m in list(self.geometries.values())[1:])
         return (
             f"model {self.name} ({type(self.nemo).__name__}, {self.num_parameters / 1e6:.1f}M params) "
             f"on {self.device} {str(self.dtype).replace('torch.', '')}; "
-            f"att_context [{g.context_left},{g.context_right}] chunk {g.chunk_ms:.0f} ms "
+            f"att_context [{g.context_left},{g.context_right}] chunk {g.chunk_ms:.0f} ms (default){modes} "
             f"(trained right contexts {list(self.trained_context_right)}); "
             f"cache {per / 2**20:.2f} MiB/stream x {num_slots} slots = {per * num_slots / 2**20:.1f} MiB{layout}"
             + (f"; {memory}" if memory else "")
@@ -130,17 +164,25 @@ def _trained_context_right(encoder) -> tuple[int, ...]:
     return tuple(int(m[1]) for m in modes)
 
 
-def _select_mode(encoder, context_right: int | None) -> list[int]:
-    modes = [list(map(int, m)) for m in (getattr(encoder, "att_context_size_all", None) or [encoder.att_context_size])]
-    if context_right is None:
-        return modes[0]
-    for m in modes:
-        if m[1] == context_right:
-            return m
-    valid = ", ".join(str(m[1]) for m in modes)
-    raise UnsupportedModeError(
-        f"--context-right {context_right} is not a mode this model was trained for; valid values: {valid}"
-    )
+def mode_refusal(context_right, served) -> str:
+    valid = ", ".join(str(r) for r in served)
+    return f"context_right {context_right} is not served here; valid values: {valid}"
+
+
+def _select_modes(encoder, context_right) -> list[list[int]]:
+    """[[L, R], ...] for --context-right (None, an int, a list, "all"); the first is the default."""
+    trained = [list(map(int, m)) for m in (getattr(encoder, "att_context_size_all", None) or [encoder.att_context_size])]
+    wanted = parse_modes(context_right)
+    if wanted is None:
+        return trained[:1]
+    if wanted == "all":
+        return trained
+    by_right = {m[1]: m for m in trained}
+    for r in wanted:
+        if r not in by_right:
+            valid = ", ".join(str(m[1]) for m in trained)
+            raise UnsupportedModeError(f"--context-right {r} is not a mode this model was trained for; valid values: {valid}")
+    return [by_right[r] for r in wanted]
 
 
 def _check_streamable(nemo) -> None:
@@ -226,11 +268,13 @@ def _prompts(nemo) -> tuple[dict[str, int] | None, int, str | None]:
 def load_model(
     spec: str | None = None,
     *,
-    context_right: int | None = None,
+    context_right: int | list[int] | str | None = None,
     dtype: str = "fp32",
     device: str = "cpu",
 ) -> ServedModel:
-    """Load `spec` (None -> the embedded demo model) and prepare it for serving one chunk mode."""
+    """Load `spec` (None -> the embedded demo model) and prepare it for serving its chunk modes:
+    `context_right` is one right context, a list ("0,3,13" or [0, 3, 13]; the first is the default)
+    or "all" (every trained mode, the model's first as default); None: the model's first mode."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}")
     dev = torch.device(device)
@@ -241,8 +285,12 @@ def load_model(
     nemo, name = _load_nemo(spec, dev)
     _check_streamable(nemo)
     nemo.eval()
-    mode = _select_mode(nemo.encoder, context_right)
-    nemo.encoder.set_default_att_context_size(mode)
+    modes = _select_modes(nemo.encoder, context_right)
+    geometries = {}
+    for mode in reversed(modes):  # the default (first) is set last and stays set
+        nemo.encoder.set_default_att_context_size(mode)
+        geometries[mode[1]] = _geometry(nemo, mode)
+    geometries = {m[1]: geometries[m[1]] for m in modes}
     _use_greedy_label_looping(nemo)
     nemo.to(DTYPES[dtype])
     # Our own fp32 preprocessor; the model's copy was cast with the weights.
@@ -258,7 +306,8 @@ def load_model(
         name=name,
         device=dev,
         dtype=DTYPES[dtype],
-        geometry=_geometry(nemo, mode),
+        geometry=geometries[modes[0][1]],
+        geometries=geometries,
         trained_context_right=_trained_context_right(enc),
         preprocessor=preprocessor,
         num_mels=int(enc._feat_in),

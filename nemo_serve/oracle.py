@@ -101,10 +101,12 @@ def nemo_loop(nemo, audio: np.ndarray, dtype: torch.dtype = torch.float32, pad_a
     return state
 
 
-def oracle_transcribe(model, audio: np.ndarray, language: str | None = None) -> OracleResult:
-    """Transcribe one utterance (float32 at the model's rate) with NeMo's loop on `model` (a ServedModel)."""
+def oracle_transcribe(model, audio: np.ndarray, language: str | None = None, context_right: int | None = None) -> OracleResult:
+    """Transcribe one utterance (float32 at the model's rate) with NeMo's loop on `model` (a ServedModel)
+    at one of its served modes (None: the default), NeMo's encoder switched to it for the call."""
     nemo = model.nemo
-    if model.prompt_dictionary is not None:
-        nemo.set_inference_prompt(language or model.default_language)
-    state = nemo_loop(nemo, audio, model.dtype)
+    with model.nemo_mode(context_right):
+        if model.prompt_dictionary is not None:
+            nemo.set_inference_prompt(language or model.default_language)
+        state = nemo_loop(nemo, audio, model.dtype)
     return OracleResult(state.token_ids, state.text)

@@ -4,7 +4,9 @@ Each utterance is transcribed twice:
   oracle: NeMo's loop (nemo_serve.oracle), one utterance at a time, whole-file features;
   engine: the serving engine, streams starting at staggered times, audio pushed in random
           packet sizes (1 sample to 1.5 s), several streams sharing every batch.
-The run passes only if every utterance's token ids are identical.
+The run passes only if every utterance's token ids are identical. With several modes served
+(`--context-right 0,13` or `all`), utterances take the modes in turn and run in one engine at once,
+each against NeMo's loop at its own mode.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import random
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +39,7 @@ class Utterance:
     language: str | None = None
     text: str | None = None  # reference transcript, if known
     group: str | None = None  # the manifest's `set`, for a WER per set
+    context_right: int | None = None  # the chunk mode it streams at (None: the default)
 
 
 @dataclass
@@ -92,7 +95,8 @@ def pick_utterances(model: ServedModel, n: int, audio: str | None, seed: int) ->
         # Bundled audio carries no language: give neighbours different ones so batches mix prompts.
         codes = sorted(model.prompt_dictionary)[:4]
         utts = [Utterance(u.name, u.audio, codes[i % len(codes)], u.text, u.group) for i, u in enumerate(utts)]
-    return utts
+    modes = model.modes
+    return [replace(u, context_right=modes[i % len(modes)]) for i, u in enumerate(utts)]
 
 
 # ----------------------------------------------------------------------------- engine run
@@ -112,7 +116,7 @@ def run_engine(
         num_slots=num_slots,
         max_batch=max_batch,
         endpoint=EndpointConfig(),  # endpointing on: segments must not change tokens
-        on_step=lambda b, _s: batch_sizes.append(b),
+        on_step=lambda b, _s, _mode: batch_sizes.append(b),
         kv_cache=kv_cache,
     )
     print(engine.summary(), file=out, flush=True)
@@ -133,7 +137,8 @@ def run_engine(
             now = time.monotonic() - t_begin
             while waiting and engine.num_free_slots > 0 and now >= due[waiting[0]]:
                 i = waiting.pop(0)
-                stream = engine.open_stream(lambda r, i=i: on_result(i, r), language=utts[i].language)
+                stream = engine.open_stream(lambda r, i=i: on_result(i, r), language=utts[i].language,
+                                            context_right=utts[i].context_right)
                 active[i] = (stream, 0)
             for i, (stream, pos) in list(active.items()):
                 x = utts[i].audio
@@ -185,7 +190,7 @@ def wer_line(outcomes: list[Outcome]) -> str | None:
 def run_selftest(
     n: int = 20,
     model: str | None = None,
-    context_right: int | None = None,
+    context_right: int | list[int] | str | None = None,
     dtype: str = "fp32",
     device: str = "cpu",
     audio: str | None = None,
@@ -202,7 +207,7 @@ def run_selftest(
     utts = pick_utterances(served, n, audio, seed)
     outcomes = []
     for u in utts:
-        o = oracle_transcribe(served, u.audio, u.language)
+        o = oracle_transcribe(served, u.audio, u.language, u.context_right)
         outcomes.append(Outcome(u, o.token_ids, o.text))
     ids, texts, batch_sizes = run_engine(served, utts, slots, max_batch, seed, kv_cache, out)
     for o, i, t in zip(outcomes, ids, texts):
@@ -212,6 +217,8 @@ def run_selftest(
         k += o.identical
         mark = "ok  " if o.identical else "DIFF"
         lang = f" lang={o.utt.language}" if o.utt.language else ""
+        if len(served.modes) > 1:
+            lang += f" {served.geometry_for(o.utt.context_right).chunk_ms:.0f}ms"
         line = f"[{mark}] {idx:3d} {o.utt.name:<18} {len(o.utt.audio) / served.geometry.sample_rate:5.2f}s{lang} {len(o.oracle_ids):4d} tokens  {o.oracle_text[:60]!r}"
         if o.utt.text is not None:
             line += f"\n       reference {o.utt.text[:60]!r}"
@@ -225,13 +232,21 @@ def run_selftest(
     wer = wer_line(outcomes)
     if wer:
         print(wer, file=out)
-    g = served.geometry
-    print(f"{k}/{n} token-identical ({served.name}, context-right {g.context_right} = {g.chunk_ms:.0f} ms, {dtype}, {device})", file=out, flush=True)
+    modes = [served.geometry_for(r) for r in served.modes]
+    if len(modes) > 1:
+        for g in modes:
+            mine = [o for o in outcomes if o.utt.context_right == g.context_right]
+            print(f"context-right {g.context_right:2d} ({g.chunk_ms:4.0f} ms): {sum(o.identical for o in mine)}/{len(mine)} token-identical", file=out)
+    rights = ",".join(str(g.context_right) for g in modes)
+    chunks = "/".join(f"{g.chunk_ms:.0f}" for g in modes)
+    mixed = " in one engine" if len(modes) > 1 else ""
+    print(f"{k}/{n} token-identical ({served.name}, context-right {rights} = {chunks} ms{mixed}, {dtype}, {device})", file=out, flush=True)
     if json_path:
         Path(json_path).write_text(json.dumps([
             {
                 "name": o.utt.name,
                 "language": o.utt.language,
+                "context_right": served.geometry_for(o.utt.context_right).context_right,
                 "reference": o.utt.text,
                 "identical": o.identical,
                 "engine_token_ids": o.engine_ids,

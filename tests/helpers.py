@@ -44,14 +44,17 @@ def drive(
     packet: int | list[int] = 1600,
     start_tick: list[int] | None = None,
     languages: list[str | None] | None = None,
+    modes: list[int | None] | None = None,
     abort: dict[int, int] | None = None,
     max_ticks: int = 100000,
 ) -> Driven:
-    """Step-synchronous clients: stream i opens at tick start_tick[i] and pushes one packet per tick;
-    the engine iterates once per tick on this thread. `abort` maps stream -> tick of abort."""
+    """Step-synchronous clients: stream i opens at tick start_tick[i] (in chunk mode modes[i]) and
+    pushes one packet per tick; the engine iterates once per tick on this thread. `abort` maps
+    stream -> tick of abort."""
     n = len(audios)
     start_tick = start_tick or [0] * n
     languages = languages or [None] * n
+    modes = modes or [None] * n
     abort = abort or {}
     out = Driven([[] for _ in range(n)])
     sizes = packet if isinstance(packet, list) else [packet]
@@ -60,7 +63,7 @@ def drive(
     for tick in range(max_ticks):
         for i in range(n):
             if tick == start_tick[i]:
-                streams[i] = engine.open_stream(out.results[i].append, language=languages[i])
+                streams[i] = engine.open_stream(out.results[i].append, language=languages[i], context_right=modes[i])
             if i in streams and i not in finished:
                 if abort.get(i) == tick:
                     engine.abort(streams[i], "test abort")

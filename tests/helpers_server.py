@@ -36,7 +36,8 @@ STARTUP_TIMEOUT_S = float(os.environ.get("NEMO_SERVE_TEST_STARTUP_S", "600"))  #
 
 # The shared server (e2e and browser tests): small limits so that the limit tests are quick.
 SHARED_NUM_SLOTS = 3
-SHARED_ARGS = ("--num-slots", str(SHARED_NUM_SLOTS), "--idle-timeout-s", "5", "--max-stream-s", "10")
+# Every trained mode (the first, 1120 ms, stays the default): the latency-mode tests choose others.
+SHARED_ARGS = ("--num-slots", str(SHARED_NUM_SLOTS), "--idle-timeout-s", "5", "--max-stream-s", "10", "--context-right", "all")
 
 
 @pytest.fixture(scope="session")

@@ -27,7 +27,7 @@ def _run_both(m, steps: int, rows: int, start: list[int], final_width: int | Non
     """Drive both encoders over random features; row r joins at step start[r]. Yields per-step outputs.
     Every row of a call has the full width, so `full` may be passed as True (masks skipped) or False."""
     g = m.geometry
-    kv, ref = KVCacheEncoder(m.nemo.encoder), NemoEncoder(m.nemo.encoder)
+    kv, ref = KVCacheEncoder(m), NemoEncoder(m)
     pools = {"kv": SlotPool(m, rows, kv.channel_shape), "ref": SlotPool(m, rows)}
     gen = torch.Generator().manual_seed(0)
     history = torch.zeros(rows, m.num_mels, g.pre_cache_frames)
@@ -104,7 +104,7 @@ def test_kv_cache_layout_and_size():
     """
     m = helpers.model(None, None)
     assert m.name == "demo" and m.geometry.context_right == 13
-    enc = make_encoder(m.nemo.encoder)
+    enc = make_encoder(m)
     kv, ref = SlotPool(m, 2, enc.channel_shape), SlotPool(m, 2)
     # two slots + the scratch row padded steps point at
     assert ref.cache_last_channel.shape == (4, 3, 56, 128) and ref.cache_last_time.shape == (4, 3, 128, 8)
@@ -131,7 +131,7 @@ def test_engine_without_kv_cache_runs_nemo_layers_and_agrees():
 
 def test_unmasked_subsampling_equals_nemos_when_no_row_is_padded():
     m = helpers.model(None, None)
-    enc = KVCacheEncoder(m.nemo.encoder)
+    enc = KVCacheEncoder(m)
     g = m.geometry
     w = g.pre_cache_frames + g.chunk_frames
     x = torch.randn(3, w, m.num_mels, generator=torch.Generator().manual_seed(1))

@@ -40,7 +40,7 @@ def test_first_chunks_never_share_a_call_with_later_chunks(m):
     assert not later[0].is_first and later[0].num_frames == g.chunk_frames and later[0].t0 == g.first_frames
     # iterate() runs that plan: two calls, one stream each
     steps = []
-    eng.on_step = lambda batch, _s: steps.append(batch)
+    eng.on_step = lambda batch, _s, _mode: steps.append(batch)
     assert eng.iterate() and steps == [1, 1]
 
 
@@ -98,7 +98,7 @@ def test_max_batch_caps_a_step_and_oldest_go_first(m):
     groups = eng.plan()
     assert ids(groups) == [[s.stream_id for s in reversed(streams[2:])]]
     steps = []
-    eng.on_step = lambda batch, _s: steps.append(batch)
+    eng.on_step = lambda batch, _s, _mode: steps.append(batch)
     eng.iterate()
     assert steps == [4]
     assert ids(eng.plan()) == [[streams[1].stream_id, streams[0].stream_id]]  # the two left over, next

@@ -199,3 +199,14 @@ def test_audio_pushed_while_the_loop_absorbs_is_not_lost():
     assert results and results[-1].done, "the stream never got its final"
     assert [t for r in results for t in r.new_token_ids] == oracle_transcribe(m, audio).token_ids
     helpers.assert_engine_empty(eng)
+
+
+def test_selftest_every_mode_in_one_engine():
+    """`--selftest N --context-right all`: the utterances take the modes in turn, in one engine."""
+    out = io.StringIO()
+    code = run_selftest(8, context_right="all", num_slots=8, seed=4, out=out)
+    assert code == 0, out.getvalue()
+    lines = out.getvalue().splitlines()
+    assert "8/8 token-identical" in lines[-1] and "in one engine" in lines[-1]
+    per_mode = [line for line in lines if line.startswith("context-right ")]
+    assert len(per_mode) == len(DEFAULT_MODES) and all(line.endswith("2/2 token-identical") for line in per_mode)

@@ -211,6 +211,60 @@ def test_malformed_input_fails_only_that_stream(server, oracle_model):
     server.assert_no_leak()
 
 
+# ----------------------------------------------------------------------------- latency modes
+
+
+def test_each_stream_picks_its_chunk_mode(server):
+    """The shared server runs --context-right all: three streams at the same time and a fourth, one per
+    trained mode (one in the URL, the others in the config), each echoed in `ready` and token-identical to NeMo's loop
+    at its own mode; /readyz and /metrics count them per mode."""
+    modes = server.readyz()["modes"]
+    assert [m["chunk_ms"] for m in modes] == [80.0 * (m["context_right"] + 1) for m in modes] and len(modes) == 4
+    rights = [m["context_right"] for m in modes]
+    model = helpers.model(TEST_MODEL, "all")
+    utts = helpers.utterances(4, seed=31)
+    wires = [encode(a, "pcm_f32le") for a in utts]
+
+    async def run_all():  # three at once (the shared server has 3 slots), then the fourth
+        url_mode = server.ws_url + f"?context_right={rights[0]}"  # the URL's mode, no config field
+        first = await asyncio.gather(
+            stream(url_mode, wires[0], 16000, "pcm_f32le", packet=1280, speed=4.0),
+            *(stream(server.ws_url, w, 16000, "pcm_f32le", packet=1280, speed=4.0, context_right=r)
+              for w, r in zip(wires[1:3], rights[1:3])),
+        )
+        await asyncio.to_thread(server.wait_open_streams, 0)
+        return [*first, await stream(server.ws_url, wires[3], 16000, "pcm_f32le", speed=4.0, context_right=rights[3])]
+
+    before = {r: server.metric(f'nemo_serve_mode_streams_total{{context_right="{r}"}}') for r in rights}
+    transcripts = asyncio.run(run_all())
+    for t, a, r in zip(transcripts, utts, rights):
+        check_well_formed(t)
+        assert t.ready["context_right"] == r and t.ready["chunk_ms"] == 80.0 * (r + 1)
+        assert t.token_ids == oracle_transcribe(model, a, context_right=r).token_ids, r
+    text = server.metrics()
+    for r in rights:
+        assert server.metric(f'nemo_serve_mode_streams_total{{context_right="{r}"}}') == before[r] + 1
+        assert f'nemo_serve_batch_size_count{{context_right="{r}"}}' in text
+        assert f'nemo_serve_final_latency_seconds_count{{context_right="{r}"}}' in text
+    server.assert_no_leak()
+
+
+def test_a_mode_not_served_is_refused_before_audio(server):
+    served = [m["context_right"] for m in server.readyz()["modes"]]
+    bad = next(r for r in range(1, 30) if r not in served)
+    valid = ", ".join(map(str, served))
+
+    async def both():
+        config = json.dumps({"type": "config", "context_right": bad})
+        return (await raw_session(server.ws_url, [config, b"\x00" * 3200]),
+                await raw_session(server.ws_url + f"?context_right={bad}", [b"\x00" * 3200]))
+
+    for messages, code in asyncio.run(both()):
+        assert code == 1008 and [m["type"] for m in messages] == ["error"], messages
+        assert messages[0]["reason"].endswith(f"context_right {bad} is not served here; valid values: {valid}")
+    server.assert_no_leak()
+
+
 # ----------------------------------------------------------------------------- admission
 
 

@@ -156,6 +156,14 @@ class _FakeModel:
     class geometry:  # noqa: N801 - mimics ChunkGeometry's attributes
         sample_rate = 16000
         chunk_ms = 160.0
+        context_right = 1
+
+    geometries = None
+
+    def geometry_for(self, context_right):
+        if context_right not in (None, 1):
+            raise ValueError(f"context_right {context_right} is not served here; valid values: 1")
+        return self.geometry
 
 
 class _FakeEngine:
@@ -178,7 +186,7 @@ class _FakeEngine:
     def num_free_slots(self) -> int:
         return self.num_slots - self.num_open_streams
 
-    def open_stream(self, on_result, *, stream_id=None, language=None, endpoint=None):
+    def open_stream(self, on_result, *, stream_id=None, language=None, endpoint=None, context_right=None):
         from nemo_serve.engine.errors import NoFreeSlotError
 
         if self.num_free_slots <= 0:
@@ -187,6 +195,9 @@ class _FakeEngine:
         stream.on_result = on_result  # results are delivered by the test, as the loop thread would
         self.streams.append(stream)
         return stream
+
+    def open_by_mode(self) -> dict:
+        return {1: self.num_open_streams} if self.num_open_streams else {}
 
     def push(self, stream, samples) -> None:
         pass

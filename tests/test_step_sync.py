@@ -158,7 +158,7 @@ def test_run_step_waits_for_the_device_exactly_once(spec, rows_as):
             assert counter.d2h == ["copy_"], counter.d2h  # the packed results, one copy
             assert counter.host_reads == [], counter.host_reads
             assert counter.h2d_unstaged == [], counter.h2d_unstaged
-            del pool._stepper.computer  # back to the class method
+            del stepper_for(m, eng.encoder, pool).computer  # back to the class method
 
 
 def test_the_counter_sees_each_kind_of_wait():

@@ -234,7 +234,7 @@ def run_mode(args, model, res: Results, levels: list[int]) -> None:
     slots = max(max(args.batches), max(levels, default=1))
     t = time.time()
     engine = Engine(model, num_slots=slots, endpoint=EndpointConfig.off())
-    stepper = prepare_step(model, engine.encoder, engine.pool)
+    stepper = prepare_step(model, engine.encoder, engine.pool)[0]
     res.write("engine", chunk_ms=round(g.chunk_ms), context_right=g.context_right, slots=slots,
               buckets=stepper.sizes, max_step_rows=engine.pool.max_step_rows, graphs=stepper.graphs is not None,
               prepare_s=round(time.time() - t, 1), memory=engine.pool.memory_summary())
@@ -287,8 +287,13 @@ def main(argv=None) -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    torch.set_grad_enabled(False)
-    res = Results(Path(args.out))
+    with torch.no_grad():  # not set_grad_enabled(False): main() also runs inside the tests' process
+        _run(args, levels, Results(Path(args.out)))
+
+
+def _run(args, levels, res) -> None:
+    import torch
+
     res.write("env", python=platform.python_version(), torch=torch.__version__, cuda=torch.version.cuda,
               device=torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu", argv=sys.argv[1:])
     from benchmarks.architecture import set_mode
@@ -298,7 +303,7 @@ def main(argv=None) -> None:
     m0 = models[args.modes[0]]
     set_mode(m0)
     t = time.time()
-    cal = calibrate_blank(m0, make_encoder(m0.nemo.encoder), args.emit_target, args.calibrate_iters)
+    cal = calibrate_blank(m0, make_encoder(m0), args.emit_target, args.calibrate_iters)
     res.write("calibration", seconds=round(time.time() - t, 1), **cal)
     for r in args.modes:
         if left(args.budget_s) < args.reserve_s + 5:

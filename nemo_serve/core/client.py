@@ -121,17 +121,19 @@ class EngineClient:
         stream_id: str | None = None,
         language: str | None = None,
         endpoint: EndpointConfig | None = None,
+        context_right: int | None = None,
     ) -> StreamHandle:
-        """Take a slot now, or raise NoFreeSlotError / ValueError (bad language)."""
+        """Take a slot now, or raise NoFreeSlotError / ValueError (bad language or mode)."""
         lang = self.model_info.language_index(language)
+        mode = self.model_info.geometry_for(context_right).context_right
         stream_id = stream_id or uuid.uuid4().hex
         if stream_id in self._streams:
             raise ValueError(f"stream id {stream_id!r} is already open")
-        slot, gen = self.shared.allocate(self.frontend)
+        slot, gen = self.shared.allocate(self.frontend, mode)
         h = StreamHandle(stream_id, slot, gen, on_result, ResultAssembler(self.detok, self.frame_s))
         self._streams[stream_id] = h
         ep = dataclasses.asdict(endpoint) if endpoint is not None else {}
-        self._send(m.Open(slot, gen, self.frontend, stream_id, lang, ep))
+        self._send(m.Open(slot, gen, self.frontend, stream_id, lang, ep, mode))
         return h
 
     def push(self, h: StreamHandle, samples: np.ndarray, arrived: float | None = None) -> None:
@@ -173,6 +175,10 @@ class EngineClient:
     @property
     def num_open_streams(self) -> int:
         return self.num_slots - self.shared.num_free
+
+    def open_by_mode(self) -> dict[int, int]:
+        """Slots held, by chunk mode, across every front end."""
+        return self.shared.open_by_mode()
 
     # ------------------------------------------------------------------ internals
     def _send(self, msg) -> None:

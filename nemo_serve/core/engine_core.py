@@ -139,6 +139,7 @@ class EngineCore:
                 language_index=msg.language_index,
                 endpoint=EndpointConfig(**msg.endpoint),
                 updates=True,
+                context_right=msg.context_right,
             )
         except (RuntimeError, ValueError, TypeError) as e:  # cannot happen with a sane front end
             log.error("open refused for slot %d: %s", msg.slot, e)

@@ -24,6 +24,7 @@ class Open(msgspec.Struct, tag=True, array_like=True):
     stream_id: str
     language_index: int
     endpoint: dict  # EndpointConfig's fields
+    context_right: int | None = None  # the stream's chunk mode (None: the default)
 
 
 class Finish(msgspec.Struct, tag=True, array_like=True):

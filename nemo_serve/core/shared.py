@@ -44,6 +44,7 @@ class SharedLayout:
             ("state", np.int64, (4,)),
             ("heartbeat", np.float64, (1,)),
             ("owner", np.int32, (s,)),
+            ("mode", np.int32, (s,)),  # the holder's chunk mode (right context), for /readyz
             ("gen", np.int64, (s,)),
             ("write_pos", np.int64, (s,)),
             ("read_pos", np.int64, (s,)),
@@ -132,8 +133,8 @@ class SharedSlots:
     def num_free(self) -> int:
         return int(np.count_nonzero(self.owner == FREE))
 
-    def allocate(self, frontend: int) -> tuple[int, int]:
-        """(slot, generation) now held by `frontend`, or NoFreeSlotError."""
+    def allocate(self, frontend: int, mode: int = 0) -> tuple[int, int]:
+        """(slot, generation) now held by `frontend` for a stream of chunk mode `mode`, or NoFreeSlotError."""
         with self.lock:
             free = np.flatnonzero(self.owner == FREE)
             if free.size == 0:
@@ -143,7 +144,13 @@ class SharedSlots:
             self.write_pos[slot] = 0
             self.read_pos[slot] = 0
             self.owner[slot] = frontend
+            self.mode[slot] = mode
             return slot, int(self.gen[slot])
+
+    def open_by_mode(self) -> dict[int, int]:
+        """Slots held, by chunk mode (every front end's streams)."""
+        modes, counts = np.unique(self.mode[self.owner != FREE], return_counts=True)
+        return dict(zip(modes.tolist(), counts.tolist()))
 
     def free(self, slots) -> None:
         with self.lock:

@@ -39,24 +39,36 @@ INF_VAL = 10000.0  # NeMo's mask fill (multi_head_attention.INF_VAL)
 
 
 class NemoEncoder:
-    """NeMo's `cache_aware_stream_step`, unchanged: caches layer inputs."""
+    """NeMo's `cache_aware_stream_step`, unchanged: caches layer inputs. NeMo reads the chunk mode
+    from module state, so each call sets it (a no-op when it is already that mode) under the
+    model's mode lock, which NeMo's reference loop takes too."""
 
     kind = "nemo"
 
-    def __init__(self, encoder: torch.nn.Module) -> None:
-        self.encoder = encoder
+    def __init__(self, model) -> None:
+        self.model = model
+        self.encoder = encoder = model.nemo.encoder
         self.channel_shape = (encoder.streaming_cfg.last_channel_cache_size, encoder.d_model)  # [C, D]
 
-    def step(self, signal, lengths, cache: EncoderCache, drop: int, full: bool = False):
-        encoded, encoded_len, c_ch, c_t, c_len = self.encoder.cache_aware_stream_step(
-            processed_signal=signal,
-            processed_signal_length=lengths,
-            cache_last_channel=cache.cache_last_channel,
-            cache_last_time=cache.cache_last_time,
-            cache_last_channel_len=cache.cache_last_channel_len,
-            keep_all_outputs=False,
-            drop_extra_pre_encoded=drop,
-        )
+    def new_frames(self, context_right: int | None = None) -> int:
+        """Encoder frames a full chunk of this mode adds (NeMo's valid_out_len)."""
+        return self.model.geometry_for(context_right).encoder_frames
+
+    def cache_bytes_for(self, context_right: int, pooled_bytes: int) -> int:
+        """Cache bytes per stream a pool for this mode alone would hold: NeMo's layout is the same in every mode."""
+        return pooled_bytes
+
+    def step(self, signal, lengths, cache: EncoderCache, drop: int, full: bool = False, context_right: int | None = None):
+        with self.model.nemo_mode(context_right):
+            encoded, encoded_len, c_ch, c_t, c_len = self.encoder.cache_aware_stream_step(
+                processed_signal=signal,
+                processed_signal_length=lengths,
+                cache_last_channel=cache.cache_last_channel,
+                cache_last_time=cache.cache_last_time,
+                cache_last_channel_len=cache.cache_last_channel_len,
+                keep_all_outputs=False,
+                drop_extra_pre_encoded=drop,
+            )
         return encoded, encoded_len, EncoderCache(c_ch, c_t, c_len)
 
 
@@ -86,15 +98,18 @@ class KVCacheEncoder:
 
     kind = "kv"
 
-    def __init__(self, encoder: torch.nn.Module) -> None:
+    def __init__(self, model) -> None:
+        encoder = model.nemo.encoder
         why = kv_cache_unsupported(encoder)
         if why:
             raise ValueError(f"KV-cache encoder unsupported: {why}")
+        self.model = model
         self.encoder = encoder
-        self.cache_len = c = encoder.streaming_cfg.last_channel_cache_size
-        self.new_frames = encoder.streaming_cfg.valid_out_len  # frames a full chunk adds
+        self.cache_len = c = encoder.streaming_cfg.last_channel_cache_size  # the same in every mode
+        # Scratch positions for the largest served mode: every mode's rows share one slot pool.
+        self.scratch_frames = max(g.encoder_frames for g in model.geometries.values())
         a = encoder.layers[0].self_attn
-        self.channel_shape = (a.h, c + self.new_frames, 2 * a.d_k)  # [heads, C + S, K|V]
+        self.channel_shape = (a.h, c + self.scratch_frames, 2 * a.d_k)  # [heads, C + S, K|V]
         # One Q|K|V weight per layer: three GEMMs over the new frames become one.
         self._qkv = []
         for layer in encoder.layers:
@@ -117,10 +132,25 @@ class KVCacheEncoder:
             self._pos[key] = out
         return self._pos[key]
 
-    def step(self, signal, lengths, cache: EncoderCache, drop: int, full: bool = False):
-        """`full`: every row's length is the signal's width (the caller knows it on the host)."""
+    def new_frames(self, context_right: int | None = None) -> int:
+        """Encoder frames a full chunk of this mode adds (NeMo's valid_out_len)."""
+        return self.model.geometry_for(context_right).encoder_frames
+
+    def cache_bytes_for(self, context_right: int, pooled_bytes: int) -> int:
+        """Cache bytes per stream a pool for this mode alone would hold (`pooled_bytes`: the shared pool's,
+        whose attention cache has scratch positions for the largest mode)."""
+        a = self.encoder.layers[0].self_attn
+        per_position = len(self.encoder.layers) * a.h * 2 * a.d_k * torch.finfo(self.model.dtype).bits // 8
+        return pooled_bytes - per_position * (self.scratch_frames - self.model.geometry_for(context_right).encoder_frames)
+
+    def step(self, signal, lengths, cache: EncoderCache, drop: int, full: bool = False, context_right: int | None = None):
+        """`full`: every row's length is the signal's width (the caller knows it on the host).
+        `context_right`: the rows' mode (None: the default). The mode is an argument, not NeMo's
+        module state: the masks get its att_context_size and the output its frame count."""
         enc = self.encoder
         c = self.cache_len
+        g = self.model.geometry_for(context_right)
+        new_frames = g.encoder_frames
         # Subsampling, pre-encode drop, masks and positions: NeMo's forward_internal, L636-681.
         x, length = self._pre_encode(signal.transpose(1, 2), lengths, full)
         length = length.to(torch.int64)
@@ -130,15 +160,15 @@ class KVCacheEncoder:
         t = x.size(1)
         x, pos_emb = enc.pos_enc(x=x, cache_len=c)
         pad_mask, att_mask = enc._create_masks(
-            att_context_size=enc.att_context_size,
+            att_context_size=[g.context_left, g.context_right],
             padding_length=length + c,
             max_audio_length=t + c,
             offset=c - cache.cache_last_channel_len,
             device=x.device,
         )
         pad_mask, att_mask = pad_mask[:, c:], att_mask[:, c:]
-        if t > self.new_frames:
-            raise ValueError(f"chunk of {t} encoder frames; this mode adds at most {self.new_frames}")
+        if t > new_frames:
+            raise ValueError(f"chunk of {t} encoder frames; this mode adds at most {new_frames}")
         positions = self._positions(pos_emb)
         kv = cache.cache_last_channel  # [L, B, h, C + S, 2 d_k], gathered: ours to write
         time_next = []
@@ -160,8 +190,8 @@ class KVCacheEncoder:
         if enc.out_proj is not None:
             x = enc.out_proj(x)
         # streaming_post_process: the encoder emits exactly valid_out_len frames per full chunk.
-        encoded = x.transpose(1, 2)[:, :, : self.new_frames]
-        encoded_len = length.clamp(max=self.new_frames)
+        encoded = x.transpose(1, 2)[:, :, :new_frames]
+        encoded_len = length.clamp(max=new_frames)
         fill = torch.clamp(cache.cache_last_channel_len + t, max=c)
         next_kv = kv[:, :, :, t : t + c]  # NeMo's update_cache: drop the oldest t, keep C
         return encoded, encoded_len, EncoderCache(next_kv, torch.stack(time_next), fill)
@@ -246,8 +276,8 @@ def causal_conv2d(conv: CausalConv2D, x: torch.Tensor) -> torch.Tensor:
     return y[..., :out_h, :out_w]
 
 
-def make_encoder(encoder: torch.nn.Module, kv_cache: bool = True):
-    """The KV-cache step where the architecture allows it, else NeMo's own."""
-    if kv_cache and kv_cache_unsupported(encoder) is None:
-        return KVCacheEncoder(encoder)
-    return NemoEncoder(encoder)
+def make_encoder(model, kv_cache: bool = True):
+    """The KV-cache step where the architecture allows it, else NeMo's own (`model`: a ServedModel)."""
+    if kv_cache and kv_cache_unsupported(model.nemo.encoder) is None:
+        return KVCacheEncoder(model)
+    return NemoEncoder(model)

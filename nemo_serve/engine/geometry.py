@@ -11,6 +11,27 @@ from dataclasses import dataclass
 import numpy as np
 
 
+class UnsupportedModeError(ValueError):
+    """--context-right names a mode the model was not trained for."""
+
+
+def parse_modes(value) -> list[int] | str | None:
+    """--context-right as given: None (the model's first mode), an int, "all", or a list such as "0,3,13"
+    (the first is the default for streams that do not choose)."""
+    if value is None:
+        return None
+    text = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value).strip().lower()
+    if text == "all":
+        return "all"
+    try:
+        modes = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UnsupportedModeError(f"--context-right {value!r}: give an integer, a list such as 0,3,13, or all") from None
+    if not modes or len(set(modes)) != len(modes) or min(modes) < 0:
+        raise UnsupportedModeError(f"--context-right {value!r}: give distinct non-negative integers, or all")
+    return modes
+
+
 @dataclass(frozen=True)
 class ChunkGeometry:
     """Chunk sizes in feature frames for one att_context mode, as NeMo's `setup_streaming_params` sets them.
@@ -34,6 +55,11 @@ class ChunkGeometry:
     @property
     def chunk_ms(self) -> float:
         return 1000.0 * self.chunk_frames * self.hop_samples / self.sample_rate
+
+    @property
+    def encoder_frames(self) -> int:
+        """Encoder frames a full chunk adds (NeMo's valid_out_len: R + 1)."""
+        return self.chunk_frames // self.subsampling
 
     @property
     def encoder_frame_s(self) -> float:
@@ -75,6 +101,21 @@ class ModelInfo:
     default_language: str | None
     feature_margin: int  # samples a feature frame reads past its hop (readiness rule)
     summary: str  # the start-up line
+    geometries: dict[int, ChunkGeometry] | None = None  # every served mode by right context; the first is the default
+
+    @property
+    def modes(self) -> tuple[int, ...]:
+        return tuple(self.geometries) if self.geometries else (self.geometry.context_right,)
+
+    def geometry_for(self, context_right: int | None) -> ChunkGeometry:
+        """A served mode's geometry (None: the default); ValueError lists the served modes."""
+        if context_right is None:
+            return self.geometry
+        g = (self.geometries or {self.geometry.context_right: self.geometry}).get(context_right)
+        if g is None:
+            valid = ", ".join(str(r) for r in self.modes)
+            raise ValueError(f"context_right {context_right} is not served here; valid values: {valid}")
+        return g
 
     def language_index(self, language: str | None) -> int:
         return language_index(self.prompt_dictionary, self.default_language, language)

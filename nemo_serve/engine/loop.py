@@ -4,8 +4,8 @@ Network side (any thread)            loop thread
   open_stream / push / finish   ->   1 drain the queues: opens, aborts, force-finals, and the
   abort / force_final                  streams with new audio (absorbed; nobody else is visited)
                                      2-3 scheduler.plan: readiness and grouping as array
-                                       operations over slots (first chunks | later chunks),
-                                       oldest first
+                                       operations over slots (by mode, first | later chunks),
+                                       earliest deadline first
   on_result(StreamUpdate)       <-   4 features + one batched step per group
                                      5 publish results, endpoints
                                      6 release finished streams
@@ -21,7 +21,7 @@ import queue
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -57,6 +57,7 @@ class EngineStats:
     steps: int = 0
     stream_steps: int = 0
     audio_s: float = 0.0
+    by_mode: dict = field(default_factory=dict)  # context_right -> [steps, stream_steps]
 
 
 class Engine:
@@ -68,7 +69,7 @@ class Engine:
         num_slots: int = 64,
         max_batch: int | None = None,
         endpoint: EndpointConfig = EndpointConfig(),
-        on_step: Callable[[int, float], None] | None = None,
+        on_step: Callable[[int, float, int], None] | None = None,
         kv_cache: bool = True,
     ) -> None:
         """`kv_cache`: cache projected keys/values (engine/encoder.py) where the architecture
@@ -78,9 +79,9 @@ class Engine:
         self.num_slots = num_slots
         self.max_batch = max_batch or num_slots
         self.endpoint = endpoint
-        self.on_step = on_step  # metrics hook: (batch size, seconds)
+        self.on_step = on_step  # metrics hook: (batch size, seconds, the group's context_right)
         self.on_release: Callable[[Stream], None] | None = None  # after a stream's slot is freed
-        self.encoder = make_encoder(model.nemo.encoder, kv_cache=kv_cache)  # loop thread only
+        self.encoder = make_encoder(model, kv_cache=kv_cache)  # loop thread only
         self.pool = SlotPool(model, num_slots, self.encoder.channel_shape)  # loop thread only
         self.features = FeatureExtractor.for_model(model)
         self.detok = Detokenizer(model.vocabulary, model.is_bpe)
@@ -88,6 +89,7 @@ class Engine:
         self.model_info = ModelInfo(
             name=model.name,
             geometry=model.geometry,
+            geometries=dict(model.geometries),
             vocabulary=list(model.vocabulary),
             is_bpe=model.is_bpe,
             prompt_dictionary=dict(model.prompt_dictionary) if model.prompt_dictionary else None,
@@ -107,7 +109,7 @@ class Engine:
         self._dirty: queue.SimpleQueue = queue.SimpleQueue()
         self._admission = threading.Lock()
         self._num_admitted = 0  # streams holding or about to hold a slot (guarded by _admission)
-        self._admitted_ids: set[str] = set()  # their stream ids (guarded by _admission)
+        self._admitted_ids: dict[str, int] = {}  # their stream ids -> chunk mode (guarded by _admission)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -115,7 +117,15 @@ class Engine:
 
     def summary(self) -> str:
         layout = "keys/values cached" if self.encoder.kind == "kv" else "NeMo layer inputs cached"
-        return self.model.summary(self.num_slots, self.pool.cache_bytes_per_stream, layout)
+        line = self.model.summary(self.num_slots, self.pool.cache_bytes_per_stream, layout)
+        if len(self.model.modes) > 1:
+            # One pool serves every mode, sized for the largest; what each mode alone would need.
+            alone = ", ".join(
+                f"{g.chunk_ms:.0f} ms {self.encoder.cache_bytes_for(r, self.pool.cache_bytes_per_stream) / 2**20:.2f} MiB"
+                for r, g in self.model.geometries.items()
+            )
+            line += f"; one slot pool for every mode (a mode alone would need per stream: {alone})"
+        return line
 
     # ------------------------------------------------------------------ network-side API
     def open_stream(
@@ -127,13 +137,16 @@ class Engine:
         language_index: int | None = None,
         endpoint: EndpointConfig | None = None,
         updates: bool = False,
+        context_right: int | None = None,
     ) -> Stream:
-        """Admit a stream or raise NoFreeSlotError / ValueError (bad language).
+        """Admit a stream or raise NoFreeSlotError / ValueError (bad language, or a chunk mode
+        `context_right` the engine does not serve: the message lists those it does).
 
         `on_result` is called on the loop thread with a `StreamResult` (text and the segment's
         tokens, assembled here), or with each raw `StreamUpdate` if `updates` (the engine core
         ships those to the front ends, which assemble)."""
         lang = self.model.language_index(language) if language_index is None else language_index
+        mode = self.model.geometry_for(context_right).context_right
         if not updates:
             on_result = _assembling(on_result, self.detok, self.geometry.encoder_frame_s)
         stream_id = stream_id or uuid.uuid4().hex
@@ -143,13 +156,14 @@ class Engine:
             if self._num_admitted >= self.num_slots:
                 raise NoFreeSlotError(f"all {self.num_slots} slots are in use")
             self._num_admitted += 1
-            self._admitted_ids.add(stream_id)
+            self._admitted_ids[stream_id] = mode
         stream = Stream(
             stream_id=stream_id,
             on_result=on_result,
             language_index=lang,
             endpoint_config=endpoint or self.endpoint,
             frame_s=self.geometry.encoder_frame_s,
+            context_right=mode,
         )
         self._inbox.put(stream)
         self._wake.set()
@@ -206,6 +220,12 @@ class Engine:
         with self._admission:
             return self._num_admitted
 
+    def open_by_mode(self) -> dict[int, int]:
+        """Streams admitted, by chunk mode (right context)."""
+        with self._admission:
+            modes = list(self._admitted_ids.values())
+        return {r: modes.count(r) for r in sorted(set(modes))}
+
     @property
     def loop_stream_ids(self) -> list[str]:
         """Ids of the streams the step loop holds: taken in from the inbox, not yet released.
@@ -252,8 +272,8 @@ class Engine:
         """The encoder calls `iterate()` runs next, in order: one list of chunks per batched call.
 
         Takes in newly opened streams, applies aborts and forced finals, absorbs audio (steps 1-2)
-        and groups the ready streams (step 3) exactly as `iterate()` does: first chunks and later
-        chunks never share a call, oldest-ready first, at most `max_batch` chunks in all. Runs no
+        and groups the ready streams (step 3) exactly as `iterate()` does: modes, and first chunks
+        and later chunks, never share a call; earliest deadline first, at most `max_batch` chunks. Runs no
         model (a forced final, which needs none, is published here); a second call before
         `iterate()` returns the same plan unless input arrived in between. Loop thread only (or
         an engine that is not started and driven with `iterate()`).
@@ -283,7 +303,7 @@ class Engine:
             stream.phase = Phase.ACTIVE
             self._streams[stream.stream_id] = stream
             self._slot_streams[stream.slot] = stream
-            self.scheduler.admit(stream.slot)
+            self.scheduler.admit(stream.slot, self.model.geometries[stream.context_right])
             self._dirty.put(stream)  # audio pushed before admission
         while True:
             try:
@@ -339,15 +359,18 @@ class Engine:
         if self.model.prompt_dictionary is not None:
             langs = self.pool.languages.index_select(0, rows)
         widths = group.widths.tolist()
-        batch = StepBatch(rows, self._features(streams, group), widths, group.is_first, langs)
+        batch = StepBatch(rows, self._features(streams, group), widths, group.is_first, langs, group.context_right)
         result = run_step(self.model, self.encoder, self.pool, batch)
         self.scheduler.advance(group)
         elapsed = time.perf_counter() - t_start
         self.stats.steps += 1
         self.stats.stream_steps += len(slots)
         self.stats.audio_s += sum(widths) * self.hop_s
+        per_mode = self.stats.by_mode.setdefault(group.context_right, [0, 0])
+        per_mode[0] += 1
+        per_mode[1] += len(slots)
         if self.on_step is not None:
-            self.on_step(len(slots), elapsed)
+            self.on_step(len(slots), elapsed, group.context_right)
         next_frames = (group.t0 + group.widths).tolist()
         for s, next_frame, last, ids, frames, decoded in zip(
             streams, next_frames, group.is_last.tolist(), result.token_ids, result.token_frames, result.decoded_frames
@@ -387,7 +410,7 @@ class Engine:
             del self._streams[s.stream_id]
             with self._admission:
                 self._num_admitted -= 1
-                self._admitted_ids.discard(s.stream_id)
+                self._admitted_ids.pop(s.stream_id, None)
             if self.on_release is not None:
                 self.on_release(s)
         assert self.pool.num_free + self.pool.num_used == self.pool.num_slots

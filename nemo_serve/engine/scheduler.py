@@ -7,10 +7,18 @@ every stream each iteration, so an iteration costs Python work only for the stre
 or step.
 
 The rules are NeMo's loop's (see step.py for why calls cannot mix them):
+- each stream has its own chunk mode (right context); streams of different modes never share a call;
 - a first chunk is `first_frames` new frames (drop 0); first and later chunks never share a call;
 - a later chunk is `chunk_frames` new frames; only a stream's final chunk may be shorter;
-- at end of input, a tail shorter than NeMo's `sampling_frames` is not encoded (the stream is done);
-- the oldest-ready chunks go first (ties: the stream admitted first), at most `max_batch` per plan.
+- at end of input, a tail shorter than NeMo's `sampling_frames` is not encoded (the stream is done).
+
+Order: earliest deadline first. A chunk that became ready at t is due at t + its mode's chunk
+duration (the next chunk of that stream is ready then; a stream stepped later than that falls
+behind). At most `max_batch` chunks per plan, the earliest-due; ties go to the stream admitted
+first. Modes run in the order of their earliest deadline, and within a mode first chunks first. So under mixed load an 80 ms chunk,
+due 80 ms after it is ready, goes before a 1120 ms chunk that became ready up to a second earlier:
+a burst of long-chunk work waits (it has the slack) instead of starving the short-chunk streams.
+With one mode this is oldest-ready first, as before.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ class Group:
     t0: np.ndarray  # [B] first new feature frame of each chunk
     widths: np.ndarray  # [B] new feature frames (only a final chunk is shorter than the mode's)
     is_last: np.ndarray  # [B] bool: the stream's final chunk
+    context_right: int | None = None  # the chunk mode every row shares
 
     def __len__(self) -> int:
         return len(self.slots)
@@ -41,7 +50,7 @@ class Scheduler:
     """Per-slot chunk positions and audio levels; plans the next batched calls. Loop thread only."""
 
     def __init__(self, geometry, num_slots: int, max_batch: int, margin_samples: int) -> None:
-        self.g = geometry
+        self.g = geometry  # the default mode's; a slot may be admitted with another mode's
         self.max_batch = max_batch
         self.hop = geometry.hop_samples
         self.margin = margin_samples  # samples past a frame's centre that its window reads
@@ -52,10 +61,25 @@ class Scheduler:
         self.finished = np.zeros(num_slots, bool)  # end of input absorbed
         self.ready_since = np.full(num_slots, math.inf)  # when the pending chunk became ready
         self.admit_seq = np.zeros(num_slots, np.int64)  # tie-break: earlier admission first
+        # The slot's chunk mode: right context, chunk widths, shortest encodable tails, chunk duration.
+        self.mode = np.zeros(num_slots, np.int64)
+        self.first_w = np.zeros(num_slots, np.int64)
+        self.chunk_w = np.zeros(num_slots, np.int64)
+        self.min_first = np.zeros(num_slots, np.int64)
+        self.min_later = np.zeros(num_slots, np.int64)
+        self.period_s = np.zeros(num_slots, np.float64)
         self._seq = 0
 
     # ------------------------------------------------------------------ what the loop learns
-    def admit(self, slot: int) -> None:
+    def admit(self, slot: int, geometry=None) -> None:
+        """A stream got `slot`; `geometry`: its chunk mode (None: the default)."""
+        g = geometry or self.g
+        self.mode[slot] = g.context_right
+        self.first_w[slot] = g.first_frames
+        self.chunk_w[slot] = g.chunk_frames
+        self.min_first[slot] = g.min_first_frames
+        self.min_later[slot] = g.min_later_frames
+        self.period_s[slot] = g.chunk_ms / 1000.0
         self.active[slot] = True
         self.first_done[slot] = False
         self.next_frame[slot] = 0
@@ -87,7 +111,6 @@ class Scheduler:
     # ------------------------------------------------------------------ the plan
     def plan(self, now: float) -> tuple[list[Group], np.ndarray]:
         """(groups to step in order, slots whose input ended with nothing left to encode)."""
-        g = self.g
         act = np.flatnonzero(self.active)
         if act.size == 0:
             return [], act
@@ -95,8 +118,8 @@ class Scheduler:
         first = ~self.first_done[act]
         fin = self.finished[act]
         remaining = np.where(first, avail, avail - self.next_frame[act])
-        full_width = np.where(first, g.first_frames, g.chunk_frames)
-        min_width = np.where(first, g.min_first_frames, g.min_later_frames)
+        full_width = np.where(first, self.first_w[act], self.chunk_w[act])
+        min_width = np.where(first, self.min_first[act], self.min_later[act])
         full = remaining >= full_width
         ready = full | (fin & (remaining >= min_width))
         done = act[fin & ~ready]
@@ -106,13 +129,20 @@ class Scheduler:
         idx = np.flatnonzero(ready)
         if idx.size == 0:
             return [], done
-        idx = idx[np.lexsort((self.admit_seq[act[idx]], since[idx]))][: self.max_batch]
+        due = since[idx] + self.period_s[act[idx]]
+        order = np.lexsort((self.admit_seq[act[idx]], due))[: self.max_batch]
+        idx, due = idx[order], due[order]
         width = np.where(full[idx], full_width[idx], remaining[idx])
         t0 = np.where(first[idx], 0, self.next_frame[act[idx]])
         is_last = fin[idx] & (remaining[idx] == width)
+        mode = self.mode[act[idx]]
+        # One group per (mode, first/later). Modes in order of their earliest deadline (idx is sorted
+        # by it); within a mode, first chunks first (a new stream's first result comes soonest).
+        modes, firsts = np.unique(mode, return_index=True)
         groups = []
-        for is_first in (True, False):
-            k = first[idx] == is_first
-            if k.any():
-                groups.append(Group(is_first, act[idx[k]], t0[k], width[k], is_last[k]))
+        for m in modes[np.argsort(firsts, kind="stable")].tolist():
+            for is_first in (True, False):
+                k = (mode == m) & (first[idx] == is_first)
+                if k.any():
+                    groups.append(Group(is_first, act[idx[k]], t0[k], width[k], is_last[k], m))
         return groups, done

@@ -1,6 +1,6 @@
 """One batched model step over a group of slots: encoder chunk + prompt + RNN-T greedy decoding.
 
-All rows of one call share the chunk mode (one per server), the drop count (first chunks drop
+All rows of one call share the chunk mode (a stream's own; one Stepper per mode), the drop count (first chunks drop
 0, later chunks drop 2) and the chunk width (only a stream's final chunk may be shorter: its
 cache is discarded afterwards, and the encoder masks its padding). Mixing first and later chunks,
 or unequal widths, would change the drop or pad a row that the cache keeps: not NeMo's arithmetic.
@@ -40,6 +40,7 @@ class StepBatch:
     num_frames: list[int]  # new frames per row (<= W)
     is_first: bool  # first chunks: no pre-encode history, drop 0
     languages: torch.Tensor | np.ndarray | None  # [B] prompt index per row (prompt models)
+    context_right: int | None = None  # the rows' chunk mode (None: the model's default)
 
 
 @dataclass
@@ -83,18 +84,20 @@ def aten_rnn(device: torch.device, dtype: torch.dtype):
 
 
 class Stepper:
-    """The bucketed step of one (model, encoder, pool): its buckets, staging and device buffers,
-    per-bucket decoders and (CUDA) graphs. Created once per pool by `stepper_for`."""
+    """The bucketed step of one (model, encoder, pool, chunk mode): its buckets, staging and device
+    buffers, per-bucket decoders and (CUDA) graphs. Created once per pool and mode by `stepper_for`;
+    the steppers of all modes share the pool (one slot serves any mode)."""
 
-    def __init__(self, model, encoder, pool: SlotPool, graphs: bool | None = None) -> None:
-        g = model.geometry
+    def __init__(self, model, encoder, pool: SlotPool, graphs: bool | None = None, context_right: int | None = None) -> None:
+        g = model.geometry_for(context_right)
         self.model, self.encoder, self.pool, self.g = model, encoder, pool, g
+        self.mode = g.context_right
         self.device = dev = model.device
         self.cuda = dev.type == "cuda"
         self.max_rows = pool.max_step_rows
         self.sizes = bucket_sizes(self.max_rows)
         self.widths = {True: g.first_frames, False: g.chunk_frames}  # full chunk width per kind
-        self.new_frames = model.nemo.encoder.streaming_cfg.valid_out_len  # encoder frames per chunk
+        self.new_frames = g.encoder_frames  # encoder frames per chunk of this mode
         self.max_symbols = int(model.decoding_computer.max_symbols)
         self.out_width = self.new_frames * self.max_symbols  # tokens one step can add per row
         self.prompt = model.prompt_dictionary is not None
@@ -235,7 +238,7 @@ class Stepper:
             signal, drop, lengths = with_history, g.drop_frames, self.d_lens[:bucket] + g.pre_cache_frames
         # 2. encoder, caches gathered from and written back to the slot rows.
         encoded, encoded_len, cache = self.encoder.step(
-            signal.to(model.dtype), lengths, pool.gather_encoder(rows), drop, full
+            signal.to(model.dtype), lengths, pool.gather_encoder(rows), drop, full, context_right=self.mode
         )
         pool.scatter_encoder(rows, cache)
         if self.prompt:
@@ -296,24 +299,27 @@ class Stepper:
             torch.cuda.synchronize()
 
 
-def stepper_for(model, encoder, pool: SlotPool) -> Stepper:
-    """The pool's stepper (one per pool and encoder), created on first use."""
-    s = getattr(pool, "_stepper", None)
+def stepper_for(model, encoder, pool: SlotPool, context_right: int | None = None) -> Stepper:
+    """The pool's stepper for one mode (None: the default), created on first use."""
+    mode = model.geometry_for(context_right).context_right
+    steppers = pool.__dict__.setdefault("_steppers", {})
+    s = steppers.get(mode)
     if s is None or s.encoder is not encoder or s.model is not model:
-        s = Stepper(model, encoder, pool)
-        pool._stepper = s
+        s = steppers[mode] = Stepper(model, encoder, pool, context_right=mode)
     return s
 
 
-def prepare_step(model, encoder, pool: SlotPool, buckets: list[int] | None = None) -> Stepper:
-    """Start-up: build the pool's stepper and, on CUDA, capture every bucket's graphs now."""
-    s = stepper_for(model, encoder, pool)
-    if s.cuda:
-        s.prepare(buckets)
-    return s
+def prepare_step(model, encoder, pool: SlotPool, buckets: list[int] | None = None) -> list[Stepper]:
+    """Start-up: build the pool's stepper of every served mode and, on CUDA, capture every
+    bucket's graphs now."""
+    steppers = [stepper_for(model, encoder, pool, mode) for mode in model.modes]
+    for s in steppers:
+        if s.cuda:
+            s.prepare(buckets)
+    return steppers
 
 
 @torch.inference_mode()
 def run_step(model, encoder, pool: SlotPool, batch: StepBatch) -> StepResult:
     """`encoder`: a NemoEncoder or KVCacheEncoder whose cache layout matches `pool`."""
-    return stepper_for(model, encoder, pool).run(batch)
+    return stepper_for(model, encoder, pool, batch.context_right).run(batch)

@@ -32,6 +32,7 @@ class Stream:
     language_index: int
     endpoint_config: EndpointConfig
     frame_s: float
+    context_right: int | None = None  # the stream's chunk mode (None: the served default)
     audio: AudioBuffer = field(default_factory=AudioBuffer)
     # --- loop-thread state ---
     phase: Phase = Phase.PENDING

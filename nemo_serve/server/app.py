@@ -77,7 +77,9 @@ def create_app(ctx: ServerContext) -> FastAPI:
             "draining": ctx.draining,
             "model": ctx.model.name,
             "sample_rate": ctx.model.geometry.sample_rate,
-            "chunk_ms": ctx.model.geometry.chunk_ms,
+            "chunk_ms": ctx.model.geometry.chunk_ms,  # the default mode's
+            "context_right": ctx.model.geometry.context_right,
+            "modes": _modes(ctx),
             "languages": sorted(ctx.model.prompt_dictionary) if ctx.model.prompt_dictionary else None,
             "auth": ctx.settings.auth_token is not None,
             "pid": os.getpid(),  # the process that answered (one of the front ends)
@@ -153,6 +155,15 @@ def _same_origin(origin: str, host: str) -> bool:
         return default is not None and o.hostname == h.hostname and (o.port or default) == (h.port or default)
     except ValueError:  # a port that is not a number
         return False
+
+
+def _modes(ctx) -> list[dict]:
+    """Every served chunk mode with the streams open in it (the first is the default)."""
+    open_by_mode = ctx.engine.open_by_mode()
+    return [
+        {"context_right": r, "chunk_ms": g.chunk_ms, "open_streams": open_by_mode.get(r, 0)}
+        for r, g in (ctx.model.geometries or {ctx.model.geometry.context_right: ctx.model.geometry}).items()
+    ]
 
 
 def _is_loopback(host: str) -> bool:

@@ -39,23 +39,26 @@ def multiprocess_dir() -> str | None:
 
 
 class StepMetrics:
-    """Per-step metrics, observed where the step loop runs (this process or the engine core)."""
+    """Per-step metrics, observed where the step loop runs (this process or the engine core), by chunk
+    mode (`context_right`): a step runs the streams of one mode."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = registry if registry is not None else CollectorRegistry()
         self.step_duration = Histogram(
             "nemo_serve_step_duration_seconds",
-            "Duration of one batched model step (features, encoder, decoder), by batch size bin",
-            ["batch_size"],
+            "Duration of one batched model step (features, encoder, decoder), by batch size bin and chunk mode",
+            ["batch_size", "context_right"],
             buckets=_STEP_BUCKETS_S,
             registry=r,
         )
-        self.batch_size = Histogram("nemo_serve_batch_size", "Streams per model step", buckets=_BATCH_BUCKETS, registry=r)
+        self.batch_size = Histogram("nemo_serve_batch_size", "Streams per model step, by chunk mode", ["context_right"],
+                                    buckets=_BATCH_BUCKETS, registry=r)  # fmt: skip
 
-    def on_step(self, batch_size: int, seconds: float) -> None:
+    def on_step(self, batch_size: int, seconds: float, context_right: int | None = None) -> None:
         """Engine hook, called on the loop thread after every step."""
-        self.step_duration.labels(batch_size=batch_size_label(batch_size)).observe(seconds)
-        self.batch_size.observe(batch_size)
+        mode = str(context_right)
+        self.step_duration.labels(batch_size=batch_size_label(batch_size), context_right=mode).observe(seconds)
+        self.batch_size.labels(context_right=mode).observe(batch_size)
 
 
 class _SlotGauges:
@@ -84,6 +87,9 @@ class ServerMetrics:
         self.draining = Gauge("nemo_serve_draining", "1 while the server drains after SIGTERM", registry=r,
                               multiprocess_mode="livemax")  # fmt: skip
         self.streams = Counter("nemo_serve_streams", "Streams admitted", registry=r)
+        self.mode_open_streams = Gauge("nemo_serve_mode_open_streams", "Streams holding a slot, by chunk mode",
+                                       ["context_right"], registry=r, multiprocess_mode="livesum")  # fmt: skip
+        self.mode_streams = Counter("nemo_serve_mode_streams", "Streams admitted, by chunk mode", ["context_right"], registry=r)
         self.refusals = Counter("nemo_serve_refusals", "Connections refused, by reason", ["reason"], registry=r)
         self.stream_errors = Counter("nemo_serve_stream_errors", "Streams ended by an error, by reason", ["reason"], registry=r)
         refusal_reasons = ("no_free_slot", "draining", "unauthorized", "origin", "connection_limit", "header_timeout", "engine_failed")
@@ -95,20 +101,35 @@ class ServerMetrics:
         self.audio_seconds = Counter("nemo_serve_audio_seconds", "Seconds of audio consumed by the model", registry=r)
         self.partial_latency = Histogram(
             "nemo_serve_partial_latency_seconds",
-            "Partial result sent time minus arrival time of the audio that produced it",
+            "Partial result sent time minus arrival time of the audio that produced it, by chunk mode",
+            ["context_right"],
             buckets=_LATENCY_BUCKETS_S,
             registry=r,
         )
         self.final_latency = Histogram(
             "nemo_serve_final_latency_seconds",
-            "Final result sent time minus arrival time of the audio that produced it",
+            "Final result sent time minus arrival time of the audio that produced it, by chunk mode",
+            ["context_right"],
             buckets=_LATENCY_BUCKETS_S,
             registry=r,
         )
 
-    def on_step(self, batch_size: int, seconds: float) -> None:
+    def on_step(self, batch_size: int, seconds: float, context_right: int | None = None) -> None:
         """Engine hook, called on the loop thread after every step."""
-        self.steps.on_step(batch_size, seconds)
+        self.steps.on_step(batch_size, seconds, context_right)
+
+    def stream_opened(self, mode: str) -> None:
+        self.open_streams.inc()
+        self.streams.inc()
+        self.mode_open_streams.labels(context_right=mode).inc()
+        self.mode_streams.labels(context_right=mode).inc()
+
+    def stream_closed(self, mode: str) -> None:
+        self.open_streams.dec()
+        self.mode_open_streams.labels(context_right=mode).dec()
+
+    def result_sent(self, is_final: bool, mode: str, latency_s: float) -> None:
+        (self.final_latency if is_final else self.partial_latency).labels(context_right=mode).observe(latency_s)
 
     def render(self) -> bytes:
         if not self.multiprocess:

@@ -111,6 +111,9 @@ class ConfigMessage(_Strict):
     interim_results: bool = True
     endpointing: EndpointOptions | None = None
     language: Annotated[str, Field(max_length=32)] | None = None
+    # The stream's chunk mode: a right context the server was started with (--context-right);
+    # None: the server's default (the first). Chunk = (context_right + 1) x 80 ms.
+    context_right: Annotated[int, Field(ge=0, le=10000)] | None = None
 
     @field_validator("encoding")
     @classmethod
@@ -162,11 +165,14 @@ def parse_client_text(text: str) -> ClientMessage:
         raise ProtocolError(f"invalid {kind} message: {_first_error(e, kind)}") from None
 
 
+_QUERY_FIELDS = ("encoding", "sample_rate", "context_right")
+
+
 def parse_query_config(params: Mapping[str, str], default_encoding: str) -> ConfigMessage:
-    """`?encoding=&sample_rate=` on the URL over --default-encoding: the config of a client that
-    sends none, and the defaults of one that does. Other parameters (token, ...) are not ours."""
+    """`?encoding=&sample_rate=&context_right=` on the URL over --default-encoding: the config of a
+    client that sends none, and the defaults of one that does. Other parameters (token, ...) are not ours."""
     fields = {"encoding": default_encoding}
-    fields.update({k: v for k, v in params.items() if k in ("encoding", "sample_rate")})
+    fields.update({k: v for k, v in params.items() if k in _QUERY_FIELDS})
     try:
         return ConfigMessage.model_validate(fields)  # the same checks as a config message's fields
     except ValidationError as e:
@@ -174,8 +180,8 @@ def parse_query_config(params: Mapping[str, str], default_encoding: str) -> Conf
 
 
 def with_defaults(config: ConfigMessage, defaults: ConfigMessage) -> ConfigMessage:
-    """A client's config, with the encoding and rate it left out taken from `defaults` (the URL's)."""
-    unset = {k: getattr(defaults, k) for k in ("encoding", "sample_rate") if k not in config.model_fields_set}
+    """A client's config, with the encoding, rate and mode it left out taken from `defaults` (the URL's)."""
+    unset = {k: getattr(defaults, k) for k in _QUERY_FIELDS if k not in config.model_fields_set}
     return config.model_copy(update=unset)
 
 
@@ -192,7 +198,8 @@ class ReadyMessage(BaseModel):
     type: Literal["ready"] = "ready"
     id: str | None
     stream_id: str
-    chunk_ms: float  # audio per model step
+    chunk_ms: float  # audio per model step (the stream's mode)
+    context_right: int  # the stream's chunk mode
     sample_rate: int  # the model's rate; other input rates are resampled on the server
     input_sample_rate: int
     encoding: str

@@ -226,8 +226,8 @@ class RealtimeSession(Session):
         self.decoder = AudioDecoder("pcm_s16le", rt.rate, rate)
         self._opened_at = time.monotonic()
         self._set_state(ProtocolState.STREAMING)
-        ctx.metrics.open_streams.inc()
-        ctx.metrics.streams.inc()
+        self.mode_label = str(ctx.model.geometry.context_right)  # the default mode
+        ctx.metrics.stream_opened(self.mode_label)
 
     def _endpoint_rules(self) -> EndpointConfig:
         base, td = self.ctx.settings.endpoint_config, self.rt.turn_detection

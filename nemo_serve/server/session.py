@@ -91,10 +91,12 @@ class Session:
         if query is not None:
             try:
                 self.config = parse_query_config(query, ctx.settings.default_encoding)
-            except ProtocolError as e:
+                ctx.model.geometry_for(self.config.context_right)  # a mode not served: refused before any audio
+            except (ProtocolError, ValueError) as e:
                 self._query_error = str(e)
         self.reply_done_text = False  # the client ended with bare "Done"/"eof": send "Done!" (sherpa-onnx)
         self.stream = None  # the engine's handle (has .stream_id) once admitted
+        self.mode_label = str(ctx.model.geometry.context_right)  # the stream's chunk mode, for metrics
         self.decoder: AudioDecoder | None = None
         self.end_reason: str | None = None  # why input ended: "end", "draining", "max_stream_duration"
         self.closing = False  # a _Close is queued: ignore everything else
@@ -125,7 +127,7 @@ class Session:
                 task.cancel()
             await asyncio.gather(recv, send, return_exceptions=True)
             if self.state is ProtocolState.STREAMING or self.state is ProtocolState.ENDING:
-                self.ctx.metrics.open_streams.dec()
+                self.ctx.metrics.stream_closed(self.mode_label)
             if self.state is not ProtocolState.CLOSED:
                 self._set_state(ProtocolState.CLOSED)
             self.ctx.remove(self)
@@ -278,11 +280,12 @@ class Session:
         if refusal is None:
             try:
                 self.stream = ctx.engine.open_stream(
-                    self._on_result, language=config.language, endpoint=self._endpoint(config)
+                    self._on_result, language=config.language, endpoint=self._endpoint(config),
+                    context_right=config.context_right,
                 )
             except NoFreeSlotError as e:  # lost the race for the last slot since the check
                 refusal = "no_free_slot", f"no free slot ({e}); retry later"
-            except ValueError as e:  # unknown language: the message lists the valid codes
+            except ValueError as e:  # unknown language or mode: the message lists the valid ones
                 self.fail(str(e), reason_label="bad_config")
                 return
         if refusal is not None:
@@ -294,13 +297,15 @@ class Session:
         self.decoder = AudioDecoder(config.encoding, config.sample_rate or rate, rate)
         self._opened_at = time.monotonic()
         self._set_state(ProtocolState.STREAMING)
-        ctx.metrics.open_streams.inc()
-        ctx.metrics.streams.inc()
+        mode = model.geometry_for(config.context_right)
+        self.mode_label = str(mode.context_right)
+        ctx.metrics.stream_opened(self.mode_label)
         self.outbox.put(
             ReadyMessage(
                 id=config.id,
                 stream_id=self.stream.stream_id,
-                chunk_ms=model.geometry.chunk_ms,
+                chunk_ms=mode.chunk_ms,
+                context_right=mode.context_right,
                 sample_rate=rate,
                 input_sample_rate=self.decoder.input_rate,
                 encoding=config.encoding,
@@ -414,7 +419,7 @@ class Session:
                     sent_time=sent,
                 )
             )
-            (m.final_latency if r.is_final else m.partial_latency).observe(max(0.0, sent - r.audio_arrival_time))
+            m.result_sent(r.is_final, self.mode_label, max(0.0, sent - r.audio_arrival_time))
         if not r.done:
             return False
         if self.reply_done_text:

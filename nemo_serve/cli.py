@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--no-kv-cache", dest="kv_cache", action="store_const", const=False,
                    help="run NeMo's own attention layers (cache layer inputs, half the memory, slower steps) "
                    "instead of caching projected keys/values")
+    m.add_argument("--word-confidence", dest="word_confidence", action="store_const", const=True,
+                   help="a confidence per word in finals, from the decoder's scores (costs a softmax per "
+                   "emitted token in every step; default off)")
     n = p.add_argument_group("network and security")
     n.add_argument("--host", help="bind address (default 127.0.0.1; 0.0.0.0 for all interfaces)")
     n.add_argument("--port", type=int, help="default 8000")
@@ -144,6 +147,7 @@ def _serve_in_process(settings: Settings) -> int:
         max_batch=settings.max_batch,
         endpoint=settings.endpoint_config,
         kv_cache=settings.kv_cache,
+        token_confidence=settings.word_confidence,
     )
     print(engine.summary(), flush=True)
 

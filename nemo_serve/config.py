@@ -44,6 +44,9 @@ class Settings(BaseModel):
     # everything; None: core/supervisor.default_frontends() from the CPU count.
     frontends: Annotated[int, Field(ge=0, le=64)] | None = None
     audio_ring_s: Annotated[float, Field(ge=0.25, le=60)] = 2.0  # shared-memory audio per slot
+    # A confidence per word in finals, from the decoder's own scores (engine/step.py); off by
+    # default: it adds a softmax per emitted label to every step (benchmarks/confidence_bench.py).
+    word_confidence: bool = False
     # network
     host: str = "127.0.0.1"  # loopback by default: exposing the port is a deliberate --host 0.0.0.0
     port: Annotated[int, Field(ge=0, le=65535)] = 8000

@@ -236,7 +236,8 @@ def run_core_process(settings, ipc_dir: str, lock, conn, parent_pid: int) -> Non
     try:
         model = load_model(settings.model, context_right=settings.context_right, dtype=settings.dtype, device=settings.device)
         engine = Engine(model, num_slots=settings.num_slots, max_batch=settings.max_batch,
-                        endpoint=settings.endpoint_config, kv_cache=settings.kv_cache)  # fmt: skip
+                        endpoint=settings.endpoint_config, kv_cache=settings.kv_cache,
+                        token_confidence=settings.word_confidence)  # fmt: skip
     except (ModelLoadError, UnsupportedModeError, FileNotFoundError, ValueError) as e:
         conn.send(("error", str(e)))  # the supervisor prints it as the one-process server does
         sys.exit(2)

@@ -71,9 +71,11 @@ class Engine:
         endpoint: EndpointConfig = EndpointConfig(),
         on_step: Callable[[int, float, int], None] | None = None,
         kv_cache: bool = True,
+        token_confidence: bool = False,
     ) -> None:
         """`kv_cache`: cache projected keys/values (engine/encoder.py) where the architecture
-        allows; False runs NeMo's own layer code (caches layer inputs)."""
+        allows; False runs NeMo's own layer code (caches layer inputs). `token_confidence`: each
+        new token comes with the decoder's confidence (engine/step.py), for word confidences."""
         self.model = model
         self.geometry = model.geometry
         self.num_slots = num_slots
@@ -83,6 +85,7 @@ class Engine:
         self.on_release: Callable[[Stream], None] | None = None  # after a stream's slot is freed
         self.encoder = make_encoder(model, kv_cache=kv_cache)  # loop thread only
         self.pool = SlotPool(model, num_slots, self.encoder.channel_shape)  # loop thread only
+        self.token_confidence = token_confidence
         self.features = FeatureExtractor.for_model(model)
         self.detok = Detokenizer(model.vocabulary, model.is_bpe)
         self.hop_s = self.geometry.hop_samples / self.geometry.sample_rate
@@ -359,7 +362,8 @@ class Engine:
         if self.model.prompt_dictionary is not None:
             langs = self.pool.languages.index_select(0, rows)
         widths = group.widths.tolist()
-        batch = StepBatch(rows, self._features(streams, group), widths, group.is_first, langs, group.context_right)
+        batch = StepBatch(rows, self._features(streams, group), widths, group.is_first, langs, group.context_right,
+                          self.token_confidence)  # fmt: skip
         result = run_step(self.model, self.encoder, self.pool, batch)
         self.scheduler.advance(group)
         elapsed = time.perf_counter() - t_start
@@ -372,12 +376,15 @@ class Engine:
         if self.on_step is not None:
             self.on_step(len(slots), elapsed, group.context_right)
         next_frames = (group.t0 + group.widths).tolist()
-        for s, next_frame, last, ids, frames, decoded in zip(
-            streams, next_frames, group.is_last.tolist(), result.token_ids, result.token_frames, result.decoded_frames
+        confs = result.token_confidences or [None] * len(streams)
+        for s, next_frame, last, ids, frames, decoded, conf in zip(
+            streams, next_frames, group.is_last.tolist(), result.token_ids, result.token_frames, result.decoded_frames,
+            confs,
         ):
-            self._advance(s, next_frame, last, ids, frames, decoded)
+            self._advance(s, next_frame, last, ids, frames, decoded, conf)
 
-    def _advance(self, s: Stream, next_frame: int, is_last: bool, ids: list[int], frames: list[int], decoded: int) -> None:
+    def _advance(self, s: Stream, next_frame: int, is_last: bool, ids: list[int], frames: list[int], decoded: int,
+                 conf: list[float] | None = None) -> None:  # fmt: skip
         s.next_frame = next_frame
         s.decoded_frames = decoded
         s.add_tokens(frames)
@@ -387,15 +394,16 @@ class Engine:
         arrival = audio.arrival_time(sample_end)
         if is_last:
             arrival = max(arrival, audio.finish_time or arrival)
-            self._publish_final(s, ids, frames, arrival, done=True)
+            self._publish_final(s, ids, frames, arrival, done=True, conf=conf)
             self._mark_done(s)
         elif s.endpoint.is_endpoint(decoded):
-            self._publish_final(s, ids, frames, arrival, done=False)
+            self._publish_final(s, ids, frames, arrival, done=False, conf=conf)
         else:
-            s.on_result(s.update(ids, frames, False, arrival, self.hop_s))
+            s.on_result(s.update(ids, frames, False, arrival, self.hop_s, confidences=conf))
 
-    def _publish_final(self, s: Stream, ids: list[int], frames: list[int], arrival: float, done: bool) -> None:
-        s.on_result(s.update(ids, frames, True, arrival, self.hop_s, done=done))
+    def _publish_final(self, s: Stream, ids: list[int], frames: list[int], arrival: float, done: bool,
+                       conf: list[float] | None = None) -> None:  # fmt: skip
+        s.on_result(s.update(ids, frames, True, arrival, self.hop_s, done=done, confidences=conf))
         s.final_sent = done
         s.close_segment()
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import msgspec
 
+from .words import Word, words
+
 
 class StreamUpdate(msgspec.Struct, array_like=True, gc=False):
     """One step's news for one stream (crosses the process boundary as msgpack)."""
@@ -27,6 +29,7 @@ class StreamUpdate(msgspec.Struct, array_like=True, gc=False):
     audio_processed_s: float  # audio consumed by the model so far
     audio_arrival_time: float  # server time.time() when the last sample that produced this arrived
     error: str | None = None
+    new_token_confidences: list[float] | None = None  # one per new token, with --word-confidence
 
 
 @dataclass
@@ -45,6 +48,10 @@ class StreamResult:
     audio_arrival_time: float  # server time.time() when the last sample that produced this arrived
     done: bool = False  # no result follows this one
     error: str | None = None
+    # Finals only: the segment's words (engine/words.py) and, with --word-confidence, each token's
+    # confidence in [0, 1] (engine/step.py).
+    token_confidences: list[float] | None = None
+    words: list[Word] | None = None
 
 
 class Detokenizer:
@@ -55,6 +62,9 @@ class Detokenizer:
             self.pieces = [p.replace("▁", " ") if not (p.startswith("<") and p.endswith(">")) else "" for p in vocabulary]
         else:
             self.pieces = list(vocabulary)
+
+    def piece(self, token_id: int) -> str:
+        return self.pieces[token_id] if token_id < len(self.pieces) else ""
 
     def text(self, token_ids: list[int]) -> str:
         return "".join(self.pieces[t] for t in token_ids if t < len(self.pieces))
@@ -68,6 +78,7 @@ class ResultAssembler:
         self.frame_s = frame_s
         self.token_ids: list[int] = []
         self.token_times_s: list[float] = []
+        self.token_confidences: list[float] | None = []  # None once a token came without one
         self.text = ""
 
     def __call__(self, u: StreamUpdate) -> StreamResult:
@@ -75,6 +86,10 @@ class ResultAssembler:
             self.token_ids.extend(u.new_token_ids)
             self.token_times_s.extend(round(f * self.frame_s, 3) for f in u.new_token_frames)
             self.text += self.detok.text(u.new_token_ids)
+            if u.new_token_confidences is None or self.token_confidences is None:
+                self.token_confidences = None
+            else:
+                self.token_confidences.extend(u.new_token_confidences)
         r = StreamResult(
             stream_id=u.stream_id,
             text=self.text.strip(),
@@ -90,5 +105,9 @@ class ResultAssembler:
             error=u.error,
         )
         if u.is_final:  # the segment is closed: the next update starts a new one
-            self.token_ids, self.token_times_s, self.text = [], [], ""
+            r.token_confidences = self.token_confidences if self.token_confidences and self.token_ids else None
+            r.words = words(
+                [self.detok.piece(t) for t in self.token_ids], self.token_times_s, self.frame_s, r.token_confidences
+            )
+            self.token_ids, self.token_times_s, self.text, self.token_confidences = [], [], "", []
         return r

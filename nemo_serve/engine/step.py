@@ -18,6 +18,14 @@ through host staging buffers (pinned on CUDA) and non-blocking copies into the d
 tensors already on the device are copied device to device. The decoder's results are packed on
 the device as int32 at the width a step can fill (new encoder frames x max_symbols) and come back
 in one copy, the step's only wait for the device.
+
+Token confidence (`StepBatch.confidence`, the server's --word-confidence): the decoder runs as a
+copy of NeMo's computer with its own step confidence on (`confidence_computer`): the normalised
+probability of each emitted label under the joint's softmax at the frame it was emitted, from the
+logits the decoder computes anyway. Labels are still the argmax of the same logits, so no token
+changes (tests/test_words.py runs the parity scenarios with it on); the cost is a log-softmax per
+label iteration (benchmarks/confidence_bench.py). The float32 values are bit-cast into the same
+int32 buffer, after the frames, so the step keeps its one copy.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ class StepBatch:
     is_first: bool  # first chunks: no pre-encode history, drop 0
     languages: torch.Tensor | np.ndarray | None  # [B] prompt index per row (prompt models)
     context_right: int | None = None  # the rows' chunk mode (None: the model's default)
+    confidence: bool = False  # also return each new token's confidence (module docstring)
 
 
 @dataclass
@@ -48,6 +57,7 @@ class StepResult:
     token_ids: list[list[int]]  # new tokens per row
     token_frames: list[list[int]]  # global encoder frame of each new token
     decoded_frames: list[int]  # encoder frames decoded per row after this step
+    token_confidences: list[list[float]] | None = None  # per new token, in [0, 1] (batch.confidence)
 
 
 def apply_prompt(model, encoded: torch.Tensor, languages: torch.Tensor) -> torch.Tensor:
@@ -109,17 +119,20 @@ class Stepper:
         self.h_lens = torch.empty(b, dtype=torch.long, pin_memory=pin)
         self.h_langs = torch.zeros(b, dtype=torch.long, pin_memory=pin)
         self.h_feat = torch.zeros(b, f, w, dtype=torch.float32, pin_memory=pin) if self.cuda else None
-        self.h_out = torch.empty(b, 2 + 2 * self.out_width, dtype=torch.int32, pin_memory=pin)
+        packed = 2 + 3 * self.out_width  # [lens | decoded | ids | frames | confidences (float32 bits)]
+        self.h_out = torch.empty(b, packed, dtype=torch.int32, pin_memory=pin)
         # Device buffers, sliced [:bucket] by every step of that bucket.
         self.d_rows = torch.full((b,), pool.scratch, dtype=torch.long, device=dev)
         self.d_lens = torch.zeros(b, dtype=torch.long, device=dev)
         self.d_langs = torch.zeros(b, dtype=torch.long, device=dev)
         self.d_feat = torch.zeros(b, f, w, dtype=torch.float32, device=dev)
-        self.d_out = torch.zeros(b, 2 + 2 * self.out_width, dtype=torch.int32, device=dev)
+        self.d_out = torch.zeros(b, packed, dtype=torch.int32, device=dev)
         self.host_buffers = [x for x in (self.h_rows, self.h_lens, self.h_langs, self.h_feat, self.h_out) if x is not None]
         # NeMo's decoder keeps its CUDA graph and hypothesis buffers in the computer object, sized
         # by the largest batch it has seen: one computer per bucket, each captured once.
-        self._computers: dict[int, object] = {}
+        self._computers: dict[tuple[int, bool], object] = {}
+        self._confidence_base = None  # confidence_computer(the model's), made on first use
+        self.confidence = False  # the running part's batch.confidence
         self.parts = 0  # device steps run (a ready set over max_rows makes several)
         self.padded_rows = 0  # rows run for the scratch slot
         self.graphs = None
@@ -141,6 +154,7 @@ class Stepper:
             [r for p in parts for r in p.token_ids],
             [r for p in parts for r in p.token_frames],
             [r for p in parts for r in p.decoded_frames],
+            [r for p in parts for r in p.token_confidences] if batch.confidence else None,
         )
 
     def _run_part(self, batch: StepBatch, lo: int, hi: int) -> StepResult:
@@ -153,6 +167,7 @@ class Stepper:
         full = min(num_frames) == width
         self.parts += 1
         self.padded_rows += bucket - n
+        self.confidence = batch.confidence
         self._stage_rows(batch.rows, lo, hi, bucket)
         self.h_lens[:n] = torch.as_tensor(num_frames, dtype=torch.long)
         self.h_lens[n:bucket] = width  # padded rows: full width (the unmasked path stays open)
@@ -210,10 +225,15 @@ class Stepper:
         ids = out[:, 2 : 2 + used].tolist()
         frames = out[:, 2 + k : 2 + k + used].tolist()
         lens = lens.tolist()
+        confidences = None
+        if self.confidence:  # float32 bits, written by `decode`
+            c = out[:, 2 + 2 * k : 2 + 2 * k + used].view(np.float32).clip(0.0, 1.0).tolist()
+            confidences = [r[:m] for r, m in zip(c, lens)]
         return StepResult(
             token_ids=[r[:m] for r, m in zip(ids, lens)],
             token_frames=[r[:m] for r, m in zip(frames, lens)],
             decoded_frames=out[:, 1].tolist(),
+            token_confidences=confidences,
         )
 
     # ------------------------------------------------------------------ device side
@@ -263,25 +283,32 @@ class Stepper:
         out[:, 1].copy_(new_state.decoded_lengths[:bucket])
         out[:, 2 : 2 + m].copy_(hyps.transcript[:bucket, :m])
         out[:, 2 + k : 2 + k + m].copy_(hyps.timestamps[:bucket, :m])
+        if self.confidence:
+            out[:, 2 + 2 * k : 2 + 2 * k + m].view(torch.float32).copy_(hyps.step_confidence[:bucket, :m])
 
     def computer(self, bucket: int):
         """NeMo's label-looping computer for this bucket. On CPU the model's own (no graphs); on
         CUDA a shallow copy per bucket, so its graph and buffers are sized for that bucket and
         captured once (`prepare`), not re-captured whenever the batch reaches a new maximum."""
         base = self.model.decoding_computer
+        if self.confidence:
+            if self._confidence_base is None:
+                self._confidence_base = confidence_computer(base)
+            base = self._confidence_base
         if not self.cuda or getattr(base, "cuda_graphs_mode", None) is None:
             return base
-        c = self._computers.get(bucket)
+        c = self._computers.get((bucket, self.confidence))
         if c is None:
             c = copy.copy(base)
             c.state, c.full_graph, c.separate_graphs = None, None, None
-            self._computers[bucket] = c
+            self._computers[(bucket, self.confidence)] = c
         return c
 
-    def prepare(self, buckets: list[int] | None = None) -> None:
+    def prepare(self, buckets: list[int] | None = None, confidence: bool = False) -> None:
         """Run every (bucket, first/later, full/short) once on scratch rows only: captures the
         CUDA graphs (ours and NeMo's decoder per bucket) at start-up. Nothing a stream holds is
         touched (all rows point at the scratch slot). Cheap to skip on CPU."""
+        self.confidence = confidence  # which decoder computers to capture (module docstring)
         with torch.inference_mode():
             self._prepare(buckets)
 
@@ -299,6 +326,19 @@ class Stepper:
             torch.cuda.synchronize()
 
 
+def confidence_computer(base):
+    """A shallow copy of NeMo's label-looping computer that also records each emitted label's
+    confidence (`hyps.step_confidence`): NeMo's `max_prob` measure with alpha 1, the label's
+    softmax probability p over the V + 1 outputs (blank included) at the frame it was emitted,
+    mapped linearly from [1/(V+1), 1] to [0, 1]. Only the emitted labels' steps are recorded
+    (NeMo's exclude_blank_from_confidence), so the hypotheses keep their usual layout."""
+    c = copy.copy(base)
+    c.preserve_step_confidence = True
+    c._init_confidence_method({"name": "max_prob", "alpha": 1.0})
+    c.state, c.full_graph, c.separate_graphs = None, None, None
+    return c
+
+
 def stepper_for(model, encoder, pool: SlotPool, context_right: int | None = None) -> Stepper:
     """The pool's stepper for one mode (None: the default), created on first use."""
     mode = model.geometry_for(context_right).context_right
@@ -309,13 +349,13 @@ def stepper_for(model, encoder, pool: SlotPool, context_right: int | None = None
     return s
 
 
-def prepare_step(model, encoder, pool: SlotPool, buckets: list[int] | None = None) -> list[Stepper]:
+def prepare_step(model, encoder, pool: SlotPool, buckets: list[int] | None = None, confidence: bool = False) -> list[Stepper]:
     """Start-up: build the pool's stepper of every served mode and, on CUDA, capture every
-    bucket's graphs now."""
+    bucket's graphs now (`confidence`: the decoders with token confidence, as the engine runs)."""
     steppers = [stepper_for(model, encoder, pool, mode) for mode in model.modes]
     for s in steppers:
         if s.cuda:
-            s.prepare(buckets)
+            s.prepare(buckets, confidence)
     return steppers
 
 

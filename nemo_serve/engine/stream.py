@@ -78,7 +78,7 @@ class Stream:
         self.endpoint.on_tokens(frames)
 
     def update(self, new_ids: list[int], new_frames: list[int], is_final: bool, arrival: float, hop_s: float,
-               done: bool = False) -> StreamUpdate:  # fmt: skip
+               done: bool = False, confidences: list[float] | None = None) -> StreamUpdate:  # fmt: skip
         return StreamUpdate(
             stream_id=self.stream_id,
             segment=self.segment,
@@ -89,6 +89,7 @@ class Stream:
             segment_start_frame=self.endpoint.segment_start_frame,
             audio_processed_s=round(self.next_frame * hop_s, 3),
             audio_arrival_time=arrival,
+            new_token_confidences=confidences,
         )
 
     def close_segment(self) -> None:

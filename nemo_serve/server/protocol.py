@@ -229,6 +229,20 @@ class ResultMessage(BaseModel):
     sent_time: float  # server clock (unix s) when this was sent
 
 
+class WordInfo(BaseModel):
+    word: str
+    start: float  # seconds from the start of the stream: the word's first token
+    end: float  # the end of its last token's frame (engine/words.py)
+    confidence: float | None  # 0..1, the least of its tokens' (--word-confidence); null when off
+
+
+class FinalMessage(ResultMessage):
+    """A `final`: a `ResultMessage` with the segment's words (their text joined by single spaces
+    is the final's text with runs of spaces collapsed)."""
+
+    words: list[WordInfo]
+
+
 class ErrorMessage(BaseModel):
     type: Literal["error"] = "error"
     id: str | None = None

@@ -33,6 +33,7 @@ import time
 from collections import deque
 from dataclasses import replace
 
+import msgspec
 from starlette.websockets import WebSocket
 
 from ..engine.endpoint import EndpointConfig
@@ -298,6 +299,7 @@ class RealtimeSession(Session):
                 "tokens": [vocabulary[t] if t < len(vocabulary) else "" for t in r.token_ids],
                 "token_ids": r.token_ids,
                 "timestamps": r.token_times_s,
+                "words": [msgspec.structs.asdict(w) for w in r.words or ()],
                 "start_time": r.segment_start_s,
                 "audio_processed": r.audio_processed_s,
             },

@@ -21,6 +21,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+import msgspec
 from starlette.websockets import WebSocket
 
 from ..engine.endpoint import EndpointConfig
@@ -46,8 +47,10 @@ from .protocol import (
     ForceFinalMessage,
     ProtocolError,
     ProtocolState,
+    FinalMessage,
     ReadyMessage,
     ResultMessage,
+    WordInfo,
     check_transition,
     close_reason,
     parse_client_text,
@@ -400,8 +403,9 @@ class Session:
             token_offset, text_offset = self.tail.offsets(r)
             ids = r.token_ids[token_offset:]
             sent = time.time()
+            final = {"words": [WordInfo(**msgspec.structs.asdict(w)) for w in r.words or ()]} if r.is_final else {}
             await self._send(
-                ResultMessage(
+                (FinalMessage if r.is_final else ResultMessage)(
                     type="final" if r.is_final else "partial",
                     id=self.config.id,
                     stream_id=r.stream_id,
@@ -417,6 +421,7 @@ class Session:
                     audio_processed=r.audio_processed_s,
                     audio_arrival_time=r.audio_arrival_time,
                     sent_time=sent,
+                    **final,
                 )
             )
             m.result_sent(r.is_final, self.mode_label, max(0.0, sent - r.audio_arrival_time))

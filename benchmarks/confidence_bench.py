@@ -6,18 +6,20 @@
 
 `engine`: the demo model (or --model) in an Engine, B streams of the same bundled utterances
 (about --seconds each), all audio pushed at once and the loop iterated until every stream is done,
-so every step is one batch of B. Timed: the CPU time of this thread (time.thread_time, so that
-other processes on a shared machine count less than in wall time) of each loop iteration that ran
-one step: features, the batched step and the results (assembled in-process, confidences
-included), the first and last chunk of each run left out. Rounds alternate confidence off / on; the figure
-per (mode, B) is the median over rounds of each run's median step. Tokens of both runs are
-compared (the confidence must not change any).
+so every step is one batch of B. Two engines, confidence off and on, run in lockstep: each loop
+iteration of one is followed by the same iteration of the other (in random order), and each is
+timed in CPU time of this thread (time.thread_time, so that other processes on a shared machine
+count less than in wall time): features, the batched step and the results (assembled in-process,
+confidences included). The figure per (mode, B) is the median over all pairs of (on - off) for the
+same step, the first and last chunk of each run left out; pairing cancels the slow drifts of a
+busy machine that separate runs suffer. Tokens of both engines are compared.
 
 `decoder`: the decoder half alone (NeMo's label-looping computer, as the step calls it) for a
 model config's prediction network and joint with random weights (a large vocabulary such as
 Nemotron's 13,088 outputs, whose encoder is too big for this CPU): random encoder frames, a bias
 on the blank logit set so about a third of the frames emit (the built-ins' target), one chunk of
-`valid_out_len` frames per call. Off / on alternate per call; medians.
+`valid_out_len` frames per call. Off / on alternate per call, in CPU time of this thread; the
+added time is the median over pairs of (on - off).
 """
 
 from __future__ import annotations
@@ -43,52 +45,45 @@ def engine_part(args) -> list[dict]:
 
     clips = [u.audio for u in load_utterances(BUNDLED_MANIFEST, 16000)]
     audio = np.concatenate(clips)[: int(args.seconds * 16000)]
+    rng = np.random.default_rng(0)
     rows = []
     for r in args.context_right:
         model = load_model(args.model, context_right=r)
-
-        def run(b: int, confidence: bool) -> tuple[list[float], list[list[int]]]:
-            times: list[float] = []
-            steps: list[int] = []
-            eng = Engine(model, num_slots=b, endpoint=EndpointConfig.off(), token_confidence=confidence,
-                         on_step=lambda *_: steps.append(1))  # fmt: skip
-            results: list[list] = [[] for _ in range(b)]
-            streams = [eng.open_stream(results[i].append) for i in range(b)]
-            eng.iterate()
-            for s in streams:
-                eng.push(s, audio)
-                eng.finish(s)
-            while not all(res and res[-1].done for res in results):
-                steps.clear()
-                t0 = time.thread_time()
-                eng.iterate()
-                if len(steps) == 1:
-                    times.append(time.thread_time() - t0)
-            eng.iterate()
-            tokens = [[t for x in res for t in x.new_token_ids] for res in results]
-            if confidence:
-                assert all(res[-1].token_confidences is not None or not tokens[i] for i, res in enumerate(results))
-            return times[1:-1], tokens
-
         for b in args.batch_sizes:
-            run(b, False), run(b, True)  # warm-up
-            med = {False: [], True: []}
-            steps = 0
-            for _ in range(args.rounds):
+            pairs: list[tuple[float, float]] = []  # (off, on) CPU seconds of the same step
+            for rnd in range(args.rounds + 1):  # round 0: warm-up
+                engines, results, steps = {}, {}, {}
                 for conf in (False, True):
-                    times, tokens = run(b, conf)
-                    med[conf].append(statistics.median(times))
-                    steps = len(times)
-                    if conf:
-                        assert tokens == ref, "confidence changed tokens"
-                    else:
-                        ref = tokens
-            off, on = statistics.median(med[False]), statistics.median(med[True])
+                    steps[conf] = []
+                    engines[conf] = Engine(model, num_slots=b, endpoint=EndpointConfig.off(), token_confidence=conf,
+                                           on_step=lambda *_, c=conf: steps[c].append(1))  # fmt: skip
+                    results[conf] = [[] for _ in range(b)]
+                    streams = [engines[conf].open_stream(results[conf][i].append) for i in range(b)]
+                    engines[conf].iterate()
+                    for s in streams:
+                        engines[conf].push(s, audio)
+                        engines[conf].finish(s)
+                k = 0
+                while not all(res and res[-1].done for res in results[False] + results[True]):
+                    t = {}
+                    for conf in ((False, True) if rng.random() < 0.5 else (True, False)):
+                        steps[conf].clear()
+                        t0 = time.thread_time()
+                        engines[conf].iterate()
+                        t[conf] = (time.thread_time() - t0) if len(steps[conf]) == 1 else None
+                    k += 1
+                    if rnd and k > 1 and t[False] is not None and t[True] is not None:
+                        pairs.append((t[False], t[True]))
+                tokens = {c: [[x for u in res for x in u.new_token_ids] for res in results[c]] for c in results}
+                assert tokens[True] == tokens[False], "confidence changed tokens"
+                assert all(res[-1].token_confidences is not None for res in results[True] if any(u.new_token_ids for u in res))
+            pairs = pairs[:-1]  # the last (short) chunk
+            off = statistics.median(p[0] for p in pairs)
+            added = statistics.median(p[1] - p[0] for p in pairs)
             row = {"part": "engine", "model": model.name, "chunk_ms": round(model.geometry.chunk_ms),
-                   "vocabulary": len(model.vocabulary), "batch": b, "steps_per_run": steps, "rounds": args.rounds,
-                   "ms_per_step_off": round(1000 * off, 3), "ms_per_step_on": round(1000 * on, 3),
-                   "ms_added": round(1000 * (on - off), 3), "percent_added": round(100 * (on - off) / off, 2),
-                   "tokens_identical": True}  # fmt: skip
+                   "vocabulary": len(model.vocabulary), "batch": b, "paired_steps": len(pairs),
+                   "ms_per_step_off": round(1000 * off, 3), "ms_added_median_of_pairs": round(1000 * added, 3),
+                   "percent_added": round(100 * added / off, 2), "tokens_identical": True}  # fmt: skip
             print(row, flush=True)
             rows.append(row)
     return rows
@@ -131,17 +126,20 @@ def decoder_part(args) -> list[dict]:
                 hyps, _ = base(x=x, out_len=lens)
                 frac = sum(len(set(hyps.timestamps[i, : hyps.current_lengths[i]].tolist())) for i in range(b)) / (b * frames)
                 lo, hi = (mid, hi) if frac > 0.34 else (lo, mid)
-            t = {False: [], True: []}
+            pairs = []
             for _ in range(args.calls):
+                t = {}
                 for c, comp in ((False, base), (True, conf)):
-                    t0 = time.perf_counter()
+                    t0 = time.thread_time()
                     hyps, _ = comp(x=x, out_len=lens)
-                    t[c].append(time.perf_counter() - t0)
+                    t[c] = time.thread_time() - t0
                     if not c:
                         ref = hyps.transcript[:, : int(hyps.current_lengths.max())].clone()
                     else:
                         assert torch.equal(ref, hyps.transcript[:, : ref.shape[1]]), "confidence changed tokens"
-            off, on = statistics.median(t[False]), statistics.median(t[True])
+                pairs.append((t[False], t[True]))
+            off = statistics.median(p[0] for p in pairs)
+            on = off + statistics.median(p[1] - p[0] for p in pairs)
             row = {"part": "decoder", "config": Path(args.config).name, "joint_outputs": vocab + 1, "batch": b,
                    "frames_per_call": frames, "emit_fraction": round(frac, 3), "calls": args.calls,
                    "ms_per_call_off": round(1000 * off, 3), "ms_per_call_on": round(1000 * on, 3),

@@ -61,6 +61,9 @@ def test_word_end_stops_at_the_next_word_on_a_shared_frame():
     assert (b.start, b.end) == (c.start, pytest.approx(0.8))  # all on c's first frame: keeps its one frame
     assert all(w.end > w.start for w in got)
     assert all(w.confidence is None for w in got)  # no confidences given
+    # the stream's last frame may reach past the audio the model consumed: no word ends after it
+    clipped = words([det.piece(t) for t in ids], [f * FRAME_S for f in frames], FRAME_S, audio_end_s=0.76)
+    assert [w.end for w in clipped] == [pytest.approx(x) for x in (0.48, 0.56, 0.76, 0.76)]
 
 
 def test_character_vocabulary_words_split_on_the_space_token():

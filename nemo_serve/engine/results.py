@@ -107,7 +107,8 @@ class ResultAssembler:
         if u.is_final:  # the segment is closed: the next update starts a new one
             r.token_confidences = self.token_confidences if self.token_confidences and self.token_ids else None
             r.words = words(
-                [self.detok.piece(t) for t in self.token_ids], self.token_times_s, self.frame_s, r.token_confidences
+                [self.detok.piece(t) for t in self.token_ids], self.token_times_s, self.frame_s, r.token_confidences,
+                u.audio_processed_s,
             )
             self.token_ids, self.token_times_s, self.text, self.token_confidences = [], [], "", []
         return r

@@ -15,7 +15,9 @@ as is), its encoder frame's start time, and, with --word-confidence, its decoder
   the word ends (NeMo's own rule for RNN-T word offsets: a token lasts one frame). When the next
   word's first token shares that last frame (two tokens on one frame), the word ends where the
   next one starts instead, so words do not overlap; only a word whose tokens all sit on the
-  next word's first frame keeps its one frame and overlaps it. A word never ends before it starts.
+  next word's first frame keeps its one frame and overlaps it. Nor does a word end after the
+  audio the model consumed (a stream's last frame may reach past its end). A word never ends
+  before it starts.
 - **confidence**: the smallest confidence of the word's tokens (NeMo's default word aggregation,
   `min`): a word is as doubtful as its least certain piece, since one wrong piece makes the word
   wrong; a mean would let a long word's sure pieces hide it. None when confidences are off.
@@ -34,10 +36,12 @@ class Word(msgspec.Struct, gc=False):
 
 
 def words(
-    pieces: list[str], times_s: list[float], frame_s: float, confidences: list[float] | None = None
+    pieces: list[str], times_s: list[float], frame_s: float, confidences: list[float] | None = None,
+    audio_end_s: float | None = None,
 ) -> list[Word]:
     """`pieces[i]`: token i's text piece; `times_s[i]`: its frame's start time; `confidences[i]`:
-    its confidence in [0, 1] (or None for all)."""
+    its confidence in [0, 1] (or None for all); `audio_end_s`: the audio the model consumed (no
+    word ends after it)."""
     spans: list[tuple[str, int, int, float]] = []  # text, first token, last token, lowest confidence
     chars: list[str] = []
     first = last = -1
@@ -66,5 +70,7 @@ def words(
             next_start = times_s[spans[k + 1][1]]
             if start < next_start < end:
                 end = next_start
+        if audio_end_s is not None and start < audio_end_s < end:
+            end = audio_end_s  # the stream's last frame, padded past the end of its audio
         out.append(Word(text, start, end, round(low, 4) if confidences is not None else None))
     return out

@@ -173,6 +173,7 @@ def test_parity_scenarios_with_confidence_on_mixed(confidence_on):
     test_parity.test_selftest_bf16()
     test_parity.test_staggered_fill_levels_and_ragged_packets_match_oracle()
     test_parity.test_abort_mid_stream_leaves_neighbours_unchanged()
+    test_parity.test_selftest_every_mode_in_one_engine()
     test_buckets.test_power_of_two_padding_matches_oracle_prompt_model()
 
 
@@ -236,7 +237,7 @@ def test_server_words_on_ws_and_realtime(shared_server):
         _check_words(x["words"], e["transcript"], x["start_time"], x["audio_processed"], confidence=False)
     shared_server.assert_no_leak()
 
-    with start_server("--num-slots", "2", "--word-confidence") as server:
+    with start_server("--num-slots", "2", "--context-right", "all", "--word-confidence") as server:  # as shared
         finals = asyncio.run(_ws_finals(server, wire, rate))
         completed = asyncio.run(_realtime_completed(server, wire, rate))
         server.assert_no_leak()

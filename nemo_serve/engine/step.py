@@ -349,7 +349,9 @@ def stepper_for(model, encoder, pool: SlotPool, context_right: int | None = None
     return s
 
 
-def prepare_step(model, encoder, pool: SlotPool, buckets: list[int] | None = None, confidence: bool = False) -> list[Stepper]:
+def prepare_step(
+    model, encoder, pool: SlotPool, buckets: list[int] | None = None, confidence: bool = False
+) -> list[Stepper]:
     """Start-up: build the pool's stepper of every served mode and, on CUDA, capture every
     bucket's graphs now (`confidence`: the decoders with token confidence, as the engine runs)."""
     steppers = [stepper_for(model, encoder, pool, mode) for mode in model.modes]

@@ -136,6 +136,7 @@ def main(argv=None) -> None:
     ap.add_argument("--frontends", type=int, default=None)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--start-timeout", type=float, default=180.0)
+    ap.add_argument("--ways", default="mixed,split", help="which ways to run: mixed, split or both")
     ap.add_argument("--notes", default="")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
@@ -153,15 +154,16 @@ def main(argv=None) -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     data = {**record, "notes": args.notes, "model": name, "modes": args.modes, "fraction": args.fraction, "levels": []}
-    for way in ("mixed", "split"):
+    ways = args.ways.split(",")
+    for way in ways:
         data["levels"] += run_way(way, args, nemo_path, items, levels, out.with_suffix(""))
         write_json(out, data)  # after each way: a cut-off run keeps what it measured
-    for way in ("mixed", "split"):
+    for way in ways:
         kept = [lv["streams"] for lv in data["levels"] if lv["way"] == way and lv["keeps_up"]]
         data[f"{way}_kept_up_streams"] = max(kept, default=0)
     write_json(out, data)
     plot(data, out.with_suffix(".png"))
-    print(f"kept up: mixed {data['mixed_kept_up_streams']}, split {data['split_kept_up_streams']} streams", file=sys.stderr)
+    print("kept up: " + ", ".join(f"{w} {data[f'{w}_kept_up_streams']}" for w in ways) + " streams", file=sys.stderr)
 
 
 if __name__ == "__main__":

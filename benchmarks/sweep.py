@@ -61,6 +61,8 @@ class Server:
         ]  # fmt: skip
         if args.frontends is not None:
             cmd += ["--frontends", str(args.frontends)]
+        if getattr(args, "devices", None):
+            cmd += ["--devices", args.devices]  # one engine core per device; --num-slots is per core
         env = dict(os.environ)
         if args.threads:
             env.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
@@ -351,6 +353,7 @@ def _assemble(args, record, name, nemo_path, server, ready, idle, results) -> di
         "device": args.device,
         "server_threads": args.threads,
         "server_frontends": args.frontends,
+        "server_devices": args.devices,
         "server_processes": server.processes,
         "notes": args.notes,
         "server_command": " ".join(server.command),
@@ -431,6 +434,8 @@ def main() -> None:
     ap.add_argument("--level-fractions", default="0.5,0.8,1.0,1.25", help="with --levels auto: fractions of the predicted capacity")
     ap.add_argument("--frontends", type=int, default=None,
                     help="the server's --frontends (default: the server's own default; 0: one process)")
+    ap.add_argument("--devices", default=None,
+                    help="the server's --devices (one engine core per device, e.g. cpu,cpu; slots are per core)")
     ap.add_argument("--procs", type=int, default=1, help="load generator processes (for large N)")
     ap.add_argument("--item-seconds", default="10,20", help="length range of the synthetic test items")
     ap.add_argument("--duration", type=float, default=60.0)

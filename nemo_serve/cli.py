@@ -32,6 +32,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "(the first is the default); default: the model's first trained mode")
     m.add_argument("--dtype", choices=["fp32", "bf16"])
     m.add_argument("--device", help="cpu, cuda or cuda:N (default cpu)")
+    m.add_argument("--devices", metavar="DEV,DEV,...|all",
+                   help="one engine core per device behind the same front ends and port, e.g. cuda:0,cuda:1 "
+                   "or all (every GPU); each new stream goes to the core with the most free slots. "
+                   "--num-slots is per core")
     m.add_argument("--num-slots", type=int, help="streams served at once (default 16)")
     m.add_argument("--max-batch", type=int, help="most streams in one model step (default: num-slots)")
     m.add_argument("--frontends", type=int,

@@ -37,6 +37,9 @@ class Settings(BaseModel):
     context_right: str | None = None
     dtype: Literal["fp32", "bf16"] = "fp32"
     device: Annotated[str, Field(pattern=r"^(cpu|cuda(:\d+)?)$")] = "cpu"
+    # One engine core per device behind the same front ends (core/supervisor.py): "cuda:0,cuda:1",
+    # "all" (every CUDA device), or "cpu,cpu" (two cores on the CPU, for tests). None: one core on --device.
+    devices: Annotated[str, Field(pattern=r"^(all|(cpu|cuda(:\d+)?)(,(cpu|cuda(:\d+)?))*)$")] | None = None
     num_slots: Annotated[int, Field(ge=1, le=65536)] = 16
     max_batch: Annotated[int, Field(ge=1, le=65536)] | None = None  # None: num_slots
     kv_cache: bool = True  # cache projected keys/values (engine/encoder.py); False: NeMo's layer code
@@ -110,7 +113,22 @@ class Settings(BaseModel):
             raise ValueError("--ssl-keyfile needs --ssl-certfile")
         if self.ssl_certfile is not None:
             check_tls_files(self.ssl_certfile, self.ssl_keyfile)
+        if self.devices is not None and self.frontends == 0:
+            raise ValueError("--devices runs one engine core per device behind front-end processes: it needs --frontends >= 1")
         return self
+
+    def device_list(self) -> list[str]:
+        """The engine cores' devices: --devices (all: every CUDA device) or the one --device."""
+        if self.devices is None:
+            return [self.device]
+        if self.devices == "all":
+            import torch  # only here: the supervisor otherwise imports no torch
+
+            n = torch.cuda.device_count()
+            if n == 0:
+                raise ValueError("--devices all: no CUDA device is visible")
+            return [f"cuda:{i}" for i in range(n)]
+        return self.devices.split(",")
 
     @property
     def origin_allow_list(self) -> frozenset[str]:

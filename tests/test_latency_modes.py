@@ -173,3 +173,27 @@ def test_one_pool_for_every_mode_is_sized_for_the_largest(all_modes):
     assert np.isclose(
         mixed.pool.cache_bytes_per_stream, helpers.new_engine(helpers.model(None, 13), 2).pool.cache_bytes_per_stream
     )
+
+
+def test_the_engine_steps_one_mode_per_iteration_earliest_due_first():
+    """Both streams ready at once with a backlog: the 80 ms stream's chunks go first, one iteration each
+    (planning again after each, so a 1120 ms step never sits between two 80 ms chunks that are due
+    sooner), and the 1120 ms chunk goes once no earlier-due chunk is ready."""
+    m = helpers.model(None, "0,13")
+    eng = helpers.new_engine(m, 2)
+    order = []
+    short = eng.open_stream(lambda r: order.append("80"), context_right=0)
+    long_ = eng.open_stream(lambda r: order.append("1120"), context_right=13)
+    audio = helpers.utterances(1, seed=2)[0][: 24000]  # 1.5 s: many 80 ms chunks, one 1120 ms chunk
+    for s in (short, long_):
+        eng.push(s, audio)
+    calls = eng.plan()
+    assert [{c.stream_id for c in call} for call in calls] == [{short.stream_id}]
+    while eng.iterate():
+        pass
+    first_long = order.index("1120")
+    assert first_long > 10 and set(order[:first_long]) == {"80"}  # the short backlog first
+    for s in (short, long_):
+        eng.finish(s)
+    while eng.num_open_streams:
+        eng.iterate()

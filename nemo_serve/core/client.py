@@ -25,7 +25,7 @@ import zmq.asyncio
 
 from ..engine.endpoint import EndpointConfig
 from ..engine.geometry import ModelInfo
-from ..engine.results import Detokenizer, ResultAssembler, StreamResult
+from ..engine.results import Detokenizer, ResultAssembler, StreamResult, StreamUpdate
 from . import messages as m
 from .engine_core import control_address, results_address
 from .shared import FAILED, SERVING, STOPPED, SharedSlots
@@ -49,6 +49,7 @@ class StreamHandle:
     pending: deque = dataclasses.field(default_factory=deque)  # audio waiting for ring space
     finish_pending: bool = False
     ended: bool = False  # aborted, or its last result was delivered
+    engine: object = None  # the EngineClient that serves it (set by an EngineGroup)
 
 
 class EngineClient:
@@ -167,6 +168,20 @@ class EngineClient:
         self._streams.pop(h.stream_id, None)
         self._pending.discard(h)
         self._send(m.Abort(h.slot, h.gen, reason))
+
+    def fail_streams(self, reason: str) -> int:
+        """Every open stream gets an error result (its core died while others serve on); the count."""
+        handles = list(self._streams.values())
+        self._streams.clear()
+        for h in handles:
+            h.ended = True
+            self._pending.discard(h)
+            update = StreamUpdate(h.stream_id, 0, True, True, [], [], 0, 0.0, time.time(), error=reason)
+            try:
+                h.on_result(h.assemble(update))
+            except Exception:  # noqa: BLE001 - one session's bug must not stop the others' errors
+                log.exception("error delivery failed for stream %s", h.stream_id)
+        return len(handles)
 
     @property
     def num_free_slots(self) -> int:

@@ -11,9 +11,10 @@ import logging
 import os
 import socket
 import sys
+from dataclasses import dataclass
 
 from .client import EngineClient
-from .shared import SharedSlots
+from .shared import SharedLayout, SharedSlots
 
 log = logging.getLogger("nemo_serve.frontend")
 
@@ -29,8 +30,20 @@ def bind_reuseport(host: str, port: int) -> socket.socket:
     return sock
 
 
-def run_frontend_process(settings, info, shm_name: str, layout, lock, ipc_dir: str, frontend: int, port: int,
-                         num_frontends: int) -> None:  # fmt: skip
+@dataclass(frozen=True)
+class CoreEndpoint:
+    """How a front end reaches one engine core: its shared memory, slot lock and sockets' directory."""
+
+    index: int
+    device: str
+    shm_name: str
+    layout: SharedLayout
+    lock: object  # shared.FileLock
+    ipc_dir: str
+    pid: int
+
+
+def run_frontend_process(settings, info, cores: list[CoreEndpoint], frontend: int, port: int, num_frontends: int) -> None:
     """Process entry (spawned by the supervisor). The connection caps are per process, so each
     front end enforces its share of --max-connections and --max-connections-per-ip (the kernel
     spreads connections evenly over the front ends' sockets)."""
@@ -46,9 +59,15 @@ def run_frontend_process(settings, info, shm_name: str, layout, lock, ipc_dir: s
         "max_connections": max(1, -(-settings.max_connections // k)),
         "max_connections_per_ip": max(1, -(-settings.max_connections_per_ip // k)),
     })  # fmt: skip
-    shared = SharedSlots.attach(shm_name, layout, lock)
-    engine = EngineClient(info, shared, frontend, ipc_dir)
-    metrics = ServerMetrics(shared.num_slots, lambda: shared.num_free, steps=False)
+    clients = [EngineClient(info, SharedSlots.attach(c.shm_name, c.layout, c.lock), frontend, c.ipc_dir) for c in cores]
+    if len(clients) == 1:
+        engine = clients[0]
+    else:
+        from .group import EngineGroup
+
+        engine = EngineGroup(clients, cores)
+    metrics = ServerMetrics(engine.num_slots, lambda: engine.num_free_slots, steps=False,
+                            cores_fn=getattr(engine, "cores", None))  # fmt: skip
     ctx = ServerContext(engine=engine, settings=settings, metrics=metrics)
     sock = bind_reuseport(settings.host, port)
     log.debug("front end %d (pid %d) serving on port %d", frontend, os.getpid(), port)

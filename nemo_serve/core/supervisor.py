@@ -1,15 +1,18 @@
 """The supervisor: the `nemo-serve` process itself when it runs several processes.
 
-  1 spawn the engine core; it loads the model and reports its ModelInfo (or a load error: exit 2)
-  2 create the shared memory (slot table, audio rings) now that the sample rate is known
+  1 spawn one engine core per device (--devices; one on --device by default); each loads the
+    model and reports its ModelInfo (or a load error: exit 2)
+  2 create each core's shared memory (slot table, audio rings) now that the sample rate is known
   3 spawn K front ends on one port (SO_REUSEPORT); the port is reserved here first, so
-    --port 0 gives every front end the same free port
-  4 watch: a front end that dies has its streams aborted and its slots freed in the core, and
-    is replaced; a core that dies is marked FAILED in shared memory (the front ends fail their
-    streams with an error and answer /readyz 503), then everything stops and the exit status
-    is 1, for the process supervisor (systemd, Kubernetes) to restart the server
-  5 SIGTERM or Ctrl-C: each front end drains (every open stream gets its final), then the core
-    stops; exit 0. A second signal stops everything at once.
+    --port 0 gives every front end the same free port. Every front end talks to every core and
+    sends each new stream to the core with the most free slots (core/group.py)
+  4 watch: a front end that dies has its streams aborted and its slots freed in the cores, and
+    is replaced; a core that dies is marked FAILED in its shared memory (the front ends fail its
+    streams with an error; new streams go to the other cores). When no core is left, everything
+    stops and the exit status is 1 (with one core: its death), for the process supervisor
+    (systemd, Kubernetes) to restart the server; /readyz answers 503 meanwhile
+  5 SIGTERM or Ctrl-C: each front end drains (every open stream gets its final), then the cores
+    stop; exit 0. A second signal stops everything at once.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import zmq
 
 from . import messages as m
 from .engine_core import control_address, ring_layout, run_core_process
-from .frontend_process import bind_reuseport, run_frontend_process
+from .frontend_process import CoreEndpoint, bind_reuseport, run_frontend_process
 from .shared import FAILED, FileLock, SharedSlots
 
 log = logging.getLogger("nemo_serve.supervisor")
@@ -44,6 +47,29 @@ def default_frontends(cpu_count: int | None = None) -> int:
     return max(1, min(8, (n - 1) // 2))
 
 
+class Core:
+    """One engine-core process and what the supervisor keeps of it."""
+
+    def __init__(self, index: int, device: str, ipc_dir: str) -> None:
+        self.index, self.device, self.ipc_dir = index, device, ipc_dir
+        os.makedirs(ipc_dir)
+        self.lock = FileLock(os.path.join(ipc_dir, "slots.lock"))
+        self.process: mp.Process | None = None
+        self.conn = None  # the pipe's supervisor end, during start-up
+        self.shared: SharedSlots | None = None
+        self.control = None  # zmq PUSH to the core's control socket
+        self.dead = False
+
+    @property
+    def alive(self) -> bool:
+        return not self.dead and self.process is not None and self.process.is_alive()
+
+    def endpoint(self) -> tuple:
+        """What a front end needs to reach this core (picklable)."""
+        return CoreEndpoint(self.index, self.device, self.shared.name, self.shared.layout, self.lock, self.ipc_dir,
+                            self.process.pid)  # fmt: skip
+
+
 class Supervisor:
     def __init__(self, settings, frontends: int) -> None:
         self.settings = settings
@@ -52,16 +78,13 @@ class Supervisor:
         self.ipc_dir = tempfile.mkdtemp(prefix="nemo-serve-")
         self.metrics_dir = os.path.join(self.ipc_dir, "metrics")
         os.makedirs(self.metrics_dir)
-        self.lock = FileLock(os.path.join(self.ipc_dir, "slots.lock"))
-        self.core: mp.Process | None = None
+        self.cores: list[Core] = []
         self.frontends: dict[int, mp.Process] = {}  # front-end id -> process
         self._next_id = 0
         self._deaths: list[float] = []
         self._signals = 0
-        self.shared: SharedSlots | None = None
         self._port_socket = None
         self._zmq = zmq.Context()
-        self._control = None
 
     # ------------------------------------------------------------------ main
     def run(self) -> int:
@@ -82,34 +105,50 @@ class Supervisor:
             signal.signal(signal.SIGINT, handlers[1])
 
     def _run(self) -> int:
-        parent, child = self.mp.Pipe()
-        self.core = self.mp.Process(
-            target=run_core_process, args=(self.settings, self.ipc_dir, self.lock, child, os.getpid()),
-            name="nemo-serve-core", daemon=False,
-        )  # fmt: skip
-        self.core.start()
-        kind, info = self._recv(parent)
-        if kind == "error":  # as the one-process server: one line, status 2
-            print(f"nemo-serve: error: {info}", file=sys.stderr, flush=True)
+        try:
+            devices = self.settings.device_list()
+        except ValueError as e:
+            print(f"nemo-serve: error: {e}", file=sys.stderr, flush=True)
             return 2
-        if kind != "ready":
-            log.error("engine core did not start (%s %s)", kind, info)
-            return 1
-        layout = ring_layout(self.settings, info.geometry.sample_rate)
-        self.shared = SharedSlots.create(layout, self.lock)
-        parent.send((self.shared.name, layout))
-        kind, _ = self._recv(parent)
-        if kind != "serving":
-            return 1
-        self._control = self._zmq.socket(zmq.PUSH)
-        self._control.setsockopt(zmq.LINGER, 1000)
-        self._control.connect(control_address(self.ipc_dir))
+        # Start every core first: they load the model in parallel.
+        for i, device in enumerate(devices):
+            core = Core(i, device, os.path.join(self.ipc_dir, f"core{i}"))
+            core.conn, child = self.mp.Pipe()
+            core.process = self.mp.Process(
+                target=run_core_process,
+                args=(self.settings.model_copy(update={"device": device}), core.ipc_dir, core.lock, child, os.getpid()),
+                name=f"nemo-serve-core-{i}", daemon=False,
+            )  # fmt: skip
+            core.process.start()
+            self.cores.append(core)
+        info = None
+        for core in self.cores:
+            kind, core_info = self._recv(core)
+            if kind == "error":  # as the one-process server: one line, status 2
+                print(f"nemo-serve: error: {core_info}", file=sys.stderr, flush=True)
+                return 2
+            if kind != "ready":
+                log.error("engine core %d did not start (%s %s)", core.index, kind, core_info)
+                return 1
+            info = info or core_info
+            layout = ring_layout(self.settings, core_info.geometry.sample_rate)
+            core.shared = SharedSlots.create(layout, core.lock)
+            core.conn.send((core.shared.name, layout))
+        for core in self.cores:
+            kind, _ = self._recv(core)
+            if kind != "serving":
+                return 1
+            core.control = self._zmq.socket(zmq.PUSH)
+            core.control.setsockopt(zmq.LINGER, 1000)
+            core.control.connect(control_address(core.ipc_dir))
         self.info = info
         self.port = self._reserve_port()
         print(info.summary, flush=True)
-        ring_mib = layout.nbytes / 2**20
-        print(f"engine core pid {self.core.pid}; {self.num_frontends} front-end processes on port {self.port}; "
-              f"shared memory {ring_mib:.1f} MiB ({self.settings.audio_ring_s:g} s audio ring per slot)", flush=True)  # fmt: skip
+        ring_mib = sum(c.shared.layout.nbytes for c in self.cores) / 2**20
+        where = ", ".join(f"pid {c.process.pid} on {c.device}" for c in self.cores)
+        print(f"engine core{'s' if len(self.cores) > 1 else ''} {where}; {self.num_frontends} front-end processes on port "
+              f"{self.port}; shared memory {ring_mib:.1f} MiB ({self.settings.audio_ring_s:g} s audio ring per slot)",
+              flush=True)  # fmt: skip
         for _ in range(self.num_frontends):
             self._start_frontend()
         from ..cli import _print_urls
@@ -117,14 +156,14 @@ class Supervisor:
         _print_urls(self.settings, self.port)
         return self._watch()
 
-    def _recv(self, conn):
+    def _recv(self, core: Core):
         """The core's next report; ("died", exitcode) if it exits first."""
-        while not conn.poll(0.2):
-            if not self.core.is_alive():
-                return "died", self.core.exitcode
+        while not core.conn.poll(0.2):
+            if not core.process.is_alive():
+                return "died", core.process.exitcode
             if self._signals:
                 return "signal", None
-        return conn.recv()
+        return core.conn.recv()
 
     def _reserve_port(self) -> int:
         """Bind (not listen) a SO_REUSEPORT socket: it fixes the port (for --port 0 too) and
@@ -136,8 +175,7 @@ class Supervisor:
         fid, self._next_id = self._next_id, self._next_id + 1
         p = self.mp.Process(
             target=run_frontend_process,
-            args=(self.settings, self.info, self.shared.name, self.shared.layout, self.lock, self.ipc_dir, fid, self.port,
-                  self.num_frontends),
+            args=(self.settings, self.info, [c.endpoint() for c in self.cores], fid, self.port, self.num_frontends),
             name=f"nemo-serve-frontend-{fid}",
             daemon=False,
         )
@@ -157,10 +195,14 @@ class Supervisor:
                 log.warning("second signal: stopping now")
                 self._kill_all()
                 return 1
-            sentinels = [self.core.sentinel] + [p.sentinel for p in self.frontends.values()]
+            alive = [c for c in self.cores if not c.dead]
+            sentinels = [c.process.sentinel for c in alive] + [p.sentinel for p in self.frontends.values()]
             multiprocessing.connection.wait(sentinels, timeout=0.5)
-            if not self.core.is_alive():
-                return self._core_died()
+            for core in alive:
+                if not core.process.is_alive():
+                    self._core_died(core)
+            if all(c.dead for c in self.cores):
+                return self._no_core_left()
             for fid, p in list(self.frontends.items()):
                 if p.is_alive():
                     continue
@@ -183,9 +225,17 @@ class Supervisor:
                 log.info("drained; engine core stopped")
                 return 0
 
-    def _core_died(self) -> int:
-        log.error("engine core (pid %d) died with exit code %s", self.core.pid, self.core.exitcode)
-        self.shared.state[0] = FAILED  # front ends: streams get an error, /readyz and /healthz 503
+    def _core_died(self, core: Core) -> None:
+        core.dead = True
+        left = sum(not c.dead for c in self.cores)
+        log.error("engine core %d on %s (pid %d) died with exit code %s; %d core(s) left", core.index, core.device,
+                  core.process.pid, core.process.exitcode, left)  # fmt: skip
+        # Front ends: its streams get an error; new streams go to the other cores (if any).
+        core.shared.state[0] = FAILED
+        self._mark_dead(core.process.pid)
+
+    def _no_core_left(self) -> int:
+        # Every stream has had its error (or gets it now), /readyz and /healthz answer 503.
         deadline = time.monotonic() + 3.0  # time for them to send the errors (watchdog period 0.5 s)
         while time.monotonic() < deadline and self._signals < 2:
             time.sleep(0.1)
@@ -203,19 +253,30 @@ class Supervisor:
         self.frontends.clear()
 
     def _stop_core(self) -> None:
-        if self.core is None or not self.core.is_alive():
-            return
-        self._tell_core(m.Stop())
-        self.core.join(CORE_STOP_TIMEOUT_S)
-        if self.core.is_alive():
-            self.core.kill()
+        alive = [c for c in self.cores if c.alive]
+        for core in alive:
+            self._tell(core, m.Stop())
+        deadline = time.monotonic() + CORE_STOP_TIMEOUT_S
+        for core in alive:
+            core.process.join(max(0.0, deadline - time.monotonic()))
+            if core.process.is_alive():
+                core.process.kill()
 
     def _tell_core(self, msg) -> None:
-        if self._control is not None:
-            self._control.send(m.control_encoder.encode(msg))
+        for core in self.cores:
+            if core.alive:
+                self._tell(core, msg)
+
+    @staticmethod
+    def _tell(core: Core, msg) -> None:
+        if core.control is not None:
+            core.control.send(m.control_encoder.encode(msg))
+
+    def _processes(self) -> list:
+        return list(self.frontends.values()) + [c.process for c in self.cores if c.process is not None]
 
     def _kill_all(self) -> None:
-        for p in list(self.frontends.values()) + ([self.core] if self.core else []):
+        for p in self._processes():
             if p.is_alive():
                 p.kill()
 
@@ -232,13 +293,15 @@ class Supervisor:
 
     def _cleanup(self) -> None:
         self._kill_all()
-        for p in list(self.frontends.values()) + ([self.core] if self.core else []):
+        for p in self._processes():
             p.join(1.0)
-        if self._control is not None:
-            self._control.close(0)
+        for core in self.cores:
+            if core.control is not None:
+                core.control.close(0)
         self._zmq.term()
-        if self.shared is not None:
-            self.shared.close()
+        for core in self.cores:
+            if core.shared is not None:
+                core.shared.close()
         if self._port_socket is not None:
             self._port_socket.close()
         shutil.rmtree(self.ipc_dir, ignore_errors=True)

@@ -276,8 +276,8 @@ class Engine:
 
         Takes in newly opened streams, applies aborts and forced finals, absorbs audio (steps 1-2)
         and groups the ready streams (step 3) exactly as `iterate()` does: modes, and first chunks
-        and later chunks, never share a call; earliest deadline first, at most `max_batch` chunks. Runs no
-        model (a forced final, which needs none, is published here); a second call before
+        and later chunks, never share a call; earliest deadline first, at most `max_batch` chunks,
+        and with several modes ready only the earliest-due mode's calls. Runs no model (a forced final, which needs none, is published here); a second call before
         `iterate()` returns the same plan unless input arrived in between. Loop thread only (or
         an engine that is not started and driven with `iterate()`).
         """
@@ -294,6 +294,14 @@ class Engine:
         groups, done = self.scheduler.plan(time.time())  # 2, 3
         for slot in done.tolist():  # input ended on a tail NeMo's loop would not encode
             self._mark_done(self._slot_streams[slot])
+        if groups and groups[-1].context_right != groups[0].context_right:
+            # Several modes ready: step only the earliest-due mode, then plan again. A long-chunk
+            # step cannot be interrupted, so running every mode's groups back to back would make
+            # short chunks that become ready meanwhile wait for all of it; planning after each mode
+            # lets them go ahead of long-chunk work that still has slack (measured: README,
+            # "Latency modes"). The long-chunk groups stay ready and go once they are the
+            # earliest due.
+            groups = [g for g in groups if g.context_right == groups[0].context_right]
         return groups
 
     def _drain_queues(self) -> None:

@@ -15,7 +15,8 @@ The rules are NeMo's loop's (see step.py for why calls cannot mix them):
 Order: earliest deadline first. A chunk that became ready at t is due at t + its mode's chunk
 duration (the next chunk of that stream is ready then; a stream stepped later than that falls
 behind). At most `max_batch` chunks per plan, the earliest-due; ties go to the stream admitted
-first. Modes run in the order of their earliest deadline, and within a mode first chunks first. So under mixed load an 80 ms chunk,
+first. Modes are listed in the order of their earliest deadline, and within a mode first chunks
+first; the engine steps the first mode's groups and plans again (loop.py). So under mixed load an 80 ms chunk,
 due 80 ms after it is ready, goes before a 1120 ms chunk that became ready up to a second earlier:
 a burst of long-chunk work waits (it has the slack) instead of starving the short-chunk streams.
 With one mode this is oldest-ready first, as before.

@@ -84,6 +84,8 @@ def create_app(ctx: ServerContext) -> FastAPI:
             "auth": ctx.settings.auth_token is not None,
             "pid": os.getpid(),  # the process that answered (one of the front ends)
         }
+        if hasattr(engine, "cores"):  # several engine cores (--devices): each one's numbers
+            body["cores"] = engine.cores()
         return JSONResponse(body, status_code=200 if body["ready"] else 503)
 
     @app.get("/metrics")

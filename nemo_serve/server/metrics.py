@@ -62,24 +62,37 @@ class StepMetrics:
 
 
 class _SlotGauges:
-    """free and total slots, read at scrape time (multiprocess mode has no set_function)."""
+    """free and total slots, read at scrape time (multiprocess mode has no set_function); with several
+    engine cores (--devices), also each core's."""
 
-    def __init__(self, num_slots: int, free_slots_fn) -> None:
-        self.num_slots, self.free_slots_fn = num_slots, free_slots_fn
+    def __init__(self, num_slots: int, free_slots_fn, cores_fn=None) -> None:
+        self.num_slots, self.free_slots_fn, self.cores_fn = num_slots, free_slots_fn, cores_fn
 
     def collect(self):
         yield GaugeMetricFamily("nemo_serve_free_slots", "Slots not held by any stream", value=self.free_slots_fn())
         yield GaugeMetricFamily("nemo_serve_slots", "Slots allocated at start-up", value=self.num_slots)
+        if self.cores_fn is None:
+            return
+        cores = self.cores_fn()
+        labels = ["core", "device"]
+        for name, key, doc in (("nemo_serve_core_free_slots", "free_slots", "Free slots of one engine core"),
+                               ("nemo_serve_core_open_streams", "open_streams", "Streams on one engine core"),
+                               ("nemo_serve_core_serving", "serving", "1 while the engine core serves")):  # fmt: skip
+            g = GaugeMetricFamily(name, doc, labels=labels)
+            for c in cores:
+                g.add_metric([str(c["core"]), c["device"]], float(c[key]))
+            yield g
 
 
 class ServerMetrics:
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, num_slots: int, free_slots_fn, steps: bool = True) -> None:
-        """`steps`: this process runs the step loop (False in a front end: the core observes them)."""
+    def __init__(self, num_slots: int, free_slots_fn, steps: bool = True, cores_fn=None) -> None:
+        """`steps`: this process runs the step loop (False in a front end: the core observes them).
+        `cores_fn`: each engine core's numbers (EngineGroup.cores), for per-core gauges."""
         self.multiprocess = multiprocess_dir() is not None
         r = self.registry = CollectorRegistry()
-        self._slots = _SlotGauges(num_slots, free_slots_fn)
+        self._slots = _SlotGauges(num_slots, free_slots_fn, cores_fn)
         if not self.multiprocess:
             r.register(self._slots)
         self.open_streams = Gauge("nemo_serve_open_streams", "WebSocket streams holding a slot", registry=r,

@@ -1,0 +1,125 @@
+"""EngineGroup: several engine cores (one per device) behind one front end, as one engine.
+
+Sessions see the EngineClient API (open_stream, push, finish, force_final, abort, free slots,
+error). A new stream goes to the live core with the most free slots (every core serves every
+mode from one slot pool, so free slots are the measure for any mode); its handle remembers the
+core, and every later call for it goes there. A core that dies fails only its own streams (each
+gets an error result); the group stays alive, and admits, while any core serves. Event loop
+thread only, as EngineClient.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from ..engine.errors import NoFreeSlotError
+from .client import EngineClient, EngineFailed, StreamHandle
+
+log = logging.getLogger("nemo_serve.frontend")
+
+WATCH_PERIOD_S = 0.5
+
+
+class EngineGroup:
+    def __init__(self, clients: list[EngineClient], endpoints) -> None:
+        self.clients = clients
+        self.endpoints = endpoints  # core/frontend_process.CoreEndpoint per client: index, device, pid
+        self.model_info = clients[0].model_info
+        self._failed: set[int] = set()  # cores whose streams were failed
+        self._watch: asyncio.Task | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def started(self) -> bool:
+        return all(c.started for c in self.clients)
+
+    def start(self) -> "EngineGroup":
+        for c in self.clients:
+            c.start()
+        self._watch = asyncio.create_task(self._watch_cores(), name="engine-cores-watch")
+        return self
+
+    def stop(self, timeout_s: float = 2.0) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+        for c in self.clients:
+            c.stop(timeout_s)
+
+    @property
+    def num_slots(self) -> int:
+        """The live cores' slots: what can be served now (a dead core's are gone until a restart)."""
+        return sum(c.num_slots for c in self._live())
+
+    def _live(self) -> list[EngineClient]:
+        return [c for c in self.clients if c.error is None]
+
+    @property
+    def error(self) -> BaseException | None:
+        """None while any core serves; the server is failed only when none does."""
+        if self._live():
+            return None
+        return EngineFailed(f"all {len(self.clients)} engine cores failed or stopped")
+
+    @property
+    def serving(self) -> bool:
+        return any(c.serving for c in self.clients)
+
+    async def _watch_cores(self) -> None:
+        while True:
+            for i, c in enumerate(self.clients):
+                if i not in self._failed and c.error is not None and self._live():
+                    self._failed.add(i)
+                    n = c.fail_streams(f"engine core {i} failed")
+                    log.error("engine core %d on %s failed: %d of its streams got an error; %d core(s) serve on",
+                              i, self.endpoints[i].device, n, len(self._live()))  # fmt: skip
+            await asyncio.sleep(WATCH_PERIOD_S)
+
+    # ------------------------------------------------------------------ network-side API
+    def open_stream(self, on_result, **kw) -> StreamHandle:
+        """On the live core with the most free slots; NoFreeSlotError if none has one."""
+        live = self._live()
+        if not live:
+            raise NoFreeSlotError("no engine core is serving")
+        best = max(live, key=lambda c: c.num_free_slots)  # ties: the first core
+        if best.num_free_slots <= 0:
+            raise NoFreeSlotError(f"all {self.num_slots} slots of {len(live)} engine cores are in use")
+        h = best.open_stream(on_result, **kw)
+        h.engine = best
+        return h
+
+    def push(self, h: StreamHandle, samples, arrived: float | None = None) -> None:
+        h.engine.push(h, samples, arrived)
+
+    def finish(self, h: StreamHandle) -> None:
+        h.engine.finish(h)
+
+    def force_final(self, h: StreamHandle) -> None:
+        h.engine.force_final(h)
+
+    def abort(self, h: StreamHandle, reason: str = "aborted") -> None:
+        h.engine.abort(h, reason)
+
+    @property
+    def num_free_slots(self) -> int:
+        return sum(c.num_free_slots for c in self._live())
+
+    @property
+    def num_open_streams(self) -> int:
+        return sum(c.num_open_streams for c in self._live())
+
+    def open_by_mode(self) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for c in self._live():
+            for mode, n in c.open_by_mode().items():
+                out[mode] = out.get(mode, 0) + n
+        return dict(sorted(out.items()))
+
+    def cores(self) -> list[dict]:
+        """Each core as /readyz and /metrics show it."""
+        return [
+            {"core": e.index, "device": e.device, "pid": e.pid, "serving": c.error is None,
+             "free_slots": c.num_free_slots if c.error is None else 0, "total_slots": c.num_slots,
+             "open_streams": c.num_open_streams if c.error is None else 0}
+            for c, e in zip(self.clients, self.endpoints)
+        ]  # fmt: skip

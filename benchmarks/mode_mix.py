@@ -33,8 +33,9 @@ from benchmarks.load_level import format_level, keeps_up, run_level, summarise_l
 from benchmarks.sweep import Sampler, Server  # noqa: E402
 
 
-def _server(args, nemo_path: Path, modes: str, slots: int, log: Path) -> Server:
-    a = SimpleNamespace(context_right=modes, dtype="fp32", device="cpu", frontends=args.frontends, threads=args.threads)
+def _server(args, nemo_path: Path, modes: str, slots: int, log: Path, devices: str | None = None) -> Server:
+    a = SimpleNamespace(context_right=modes, dtype="fp32", device="cpu", frontends=args.frontends, threads=args.threads,
+                        devices=devices)  # fmt: skip
     return Server(a, nemo_path, slots, log)
 
 
@@ -49,7 +50,8 @@ def run_way(way: str, args, nemo_path: Path, items: dict[int, list], levels: lis
     modes = args.modes
     slots = max(levels) + 8
     if way == "mixed":
-        servers = {None: _server(args, nemo_path, ",".join(map(str, modes)), slots, Path(f"{prefix}.mixed.server.log"))}
+        servers = {None: _server(args, nemo_path, ",".join(map(str, modes)), slots, Path(f"{prefix}.mixed.server.log"),
+                                 args.mixed_devices)}  # fmt: skip
     else:
         servers = {r: _server(args, nemo_path, str(r), slots, Path(f"{prefix}.split_r{r}.server.log")) for r in modes}
     results = []
@@ -137,6 +139,8 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--start-timeout", type=float, default=180.0)
     ap.add_argument("--ways", default="mixed,split", help="which ways to run: mixed, split or both")
+    ap.add_argument("--mixed-devices", default=None,
+                    help="the mixed server's --devices (e.g. cpu,cpu: two engine cores, as many engine threads as the split)")
     ap.add_argument("--notes", default="")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
@@ -153,7 +157,8 @@ def main(argv=None) -> None:
         attach_oracle(items[r], str(nemo_path), r)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    data = {**record, "notes": args.notes, "model": name, "modes": args.modes, "fraction": args.fraction, "levels": []}
+    data = {**record, "notes": args.notes, "model": name, "modes": args.modes, "fraction": args.fraction,
+            "mixed_devices": args.mixed_devices, "levels": []}  # fmt: skip
     ways = args.ways.split(",")
     for way in ways:
         data["levels"] += run_way(way, args, nemo_path, items, levels, out.with_suffix(""))

@@ -64,7 +64,7 @@ class Core:
     def alive(self) -> bool:
         return not self.dead and self.process is not None and self.process.is_alive()
 
-    def endpoint(self) -> tuple:
+    def endpoint(self) -> CoreEndpoint:
         """What a front end needs to reach this core (picklable)."""
         return CoreEndpoint(self.index, self.device, self.shared.name, self.shared.layout, self.lock, self.ipc_dir,
                             self.process.pid)  # fmt: skip

@@ -40,7 +40,11 @@ from .session import Session
 STATIC_DIR = Path(__file__).parent / "static"
 
 
-def create_app(ctx: ServerContext) -> FastAPI:
+def create_app(ctx: ServerContext, drain_on_shutdown: bool = False) -> FastAPI:
+    """`drain_on_shutdown`: the app's shutdown drains the open streams first (every one gets its
+    final, within --drain-timeout-s): for hosts that stop the app themselves (a Ray Serve replica
+    being scaled down); our own server drains on SIGTERM before the shutdown (runner.py)."""
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         if not ctx.engine.started:
@@ -49,6 +53,8 @@ def create_app(ctx: ServerContext) -> FastAPI:
         try:
             yield
         finally:
+            if drain_on_shutdown and ctx.sessions:
+                await ctx.drain()
             watchdog.cancel()
             ctx.engine.stop()
 

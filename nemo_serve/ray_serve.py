@@ -1,0 +1,161 @@
+"""nemo-serve on Ray Serve: one replica per GPU, many hosts, one HTTP/WebSocket entry point.
+
+    pip install -e '.[ray]'
+    ray start --head                              # on each host: ray start --address=HEAD:6379
+    serve run configs/ray_serve.yaml              # or: python -m nemo_serve.ray_serve --replicas 2
+
+Each replica is a whole one-process nemo-serve (engine on a thread, the same FastAPI app, protocol,
+auth and limits), built on the replica from NEMO_SERVE_* environment variables (the same settings
+as the flags). Ray's proxy carries each WebSocket to one replica for its life; a socket is one
+ongoing request there, so Ray's own counters follow the open streams. Around what Ray does by
+itself (measured in issue 17: sockets beyond `max_ongoing_requests` wait in the proxy, and
+`max_queued_requests` answers 500 and refuses sockets that fit):
+
+- routing: `MostFreeSlotsRouter` offers every replica as one rank, so Ray picks the one with the
+  fewest ongoing requests among those that accept: with the same slots everywhere, the one with
+  the most free slots (Ray's default samples two replicas and can miss the free one);
+- refusal at once: `max_ongoing_requests` is the slots plus headroom, so when every replica is full
+  the socket still reaches one, and nemo-serve's own admission answers 503 at the handshake (or
+  1013) at once instead of the proxy queueing it; no `max_queued_requests`;
+- autoscaling on open streams versus slots: `target_ongoing_requests` is a fraction of the slots;
+- drain: a replica being scaled down gets no new sockets; Ray waits up to
+  `graceful_shutdown_timeout_s` for its open streams to end, and then the app's shutdown drains what
+  is left (every open stream's input is ended, so it gets its final, within --drain-timeout-s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from ray import serve
+from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, RunningReplica
+
+SLOT_HEADROOM = 16  # sockets past the slots a replica takes, to refuse them itself at once
+
+
+class MostFreeSlotsRouter(FIFOMixin, RequestRouter):
+    """Every replica in one rank: Ray then takes the replica with the fewest ongoing requests (open
+    sockets) among those that accept. Replicas have the same slots, so that is the most free slots."""
+
+    async def choose_replicas(
+        self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
+    ) -> list[list[RunningReplica]]:
+        return [list(candidate_replicas)] if candidate_replicas else []
+
+
+def build_app():
+    """Runs on each replica: a one-process nemo-serve from NEMO_SERVE_* (the deployment's env_vars)."""
+    from .config import Settings
+    from .engine.loop import Engine
+    from .model import load_model
+    from .server.app import create_app
+    from .server.context import ServerContext
+    from .server.metrics import ServerMetrics
+
+    settings = Settings.from_sources({}, os.environ)
+    device = settings.device
+    if device == "cpu" and _ray_gpu_ids():
+        device = "cuda"  # Ray sets CUDA_VISIBLE_DEVICES to this replica's GPU
+    model = load_model(settings.model, context_right=settings.context_right, dtype=settings.dtype, device=device)
+    engine = Engine(model, num_slots=settings.num_slots, max_batch=settings.max_batch,
+                    endpoint=settings.endpoint_config, kv_cache=settings.kv_cache)  # fmt: skip
+    print(engine.summary(), flush=True)
+    metrics = ServerMetrics(settings.num_slots, lambda: engine.num_free_slots)
+    engine.on_step = metrics.on_step
+    ctx = ServerContext(engine=engine, settings=settings, metrics=metrics)
+    app = create_app(ctx, drain_on_shutdown=True)
+    return app
+
+
+def _ray_gpu_ids() -> list:
+    try:
+        import ray
+
+        return ray.get_gpu_ids()
+    except Exception:  # noqa: BLE001 - outside a Ray worker
+        return []
+
+
+NemoServe = serve.deployment(serve.ingress(build_app)(), name="nemo-serve")
+
+
+def application(
+    num_slots: int = 16,
+    replicas: int | None = 2,
+    env: dict[str, str] | None = None,
+    gpus: float = 0.0,
+    cpus: float = 1.0,
+    autoscale: tuple[int, int] | None = None,
+    target_fill: float = 0.75,
+    graceful_shutdown_timeout_s: float = 60.0,
+):
+    """The bound Serve application. `env`: NEMO_SERVE_* settings of every replica (model, context
+    right, dtype, ...); `autoscale`: (min, max) replicas, scaling at `target_fill` x slots open per
+    replica, instead of a fixed `replicas`."""
+    env_vars = {"NEMO_SERVE_NUM_SLOTS": str(num_slots), **(env or {})}
+    options = dict(
+        max_ongoing_requests=num_slots + SLOT_HEADROOM,
+        ray_actor_options={"num_cpus": cpus, "num_gpus": gpus, "runtime_env": {"env_vars": env_vars}},
+        request_router_config={"request_router_class": MostFreeSlotsRouter},
+        graceful_shutdown_timeout_s=graceful_shutdown_timeout_s,
+        graceful_shutdown_wait_loop_s=0.5,
+        health_check_period_s=2.0,
+    )
+    if autoscale is not None:
+        options["autoscaling_config"] = {
+            "min_replicas": autoscale[0], "max_replicas": autoscale[1],
+            "target_ongoing_requests": max(1.0, target_fill * num_slots),
+            "upscale_delay_s": 5.0, "downscale_delay_s": 60.0,
+        }  # fmt: skip
+    else:
+        options["num_replicas"] = replicas
+    return NemoServe.options(**options).bind()
+
+
+def app_builder(args: dict):
+    """`serve run nemo_serve.ray_serve:app_builder num_slots=16 replicas=2` and Serve config files."""
+    env = {k: str(v) for k, v in args.items() if k.startswith("NEMO_SERVE_")}
+    auto = args.get("autoscale")
+    return application(
+        num_slots=int(args.get("num_slots", 16)),
+        replicas=int(args.get("replicas", 2)),
+        env=env,
+        gpus=float(args.get("gpus", 0.0)),
+        cpus=float(args.get("cpus", 1.0)),
+        autoscale=tuple(int(x) for x in str(auto).split(",")) if auto else None,
+        graceful_shutdown_timeout_s=float(args.get("graceful_shutdown_timeout_s", 60.0)),
+    )
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="nemo-serve on a Ray Serve cluster (one replica per device)")
+    p.add_argument("--address", default=None, help="Ray cluster address (default: start a local one)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--replicas", type=int, default=2)
+    p.add_argument("--autoscale", default=None, metavar="MIN,MAX")
+    p.add_argument("--num-slots", type=int, default=16)
+    p.add_argument("--gpus", type=float, default=0.0, help="GPUs per replica (1 on a GPU cluster)")
+    p.add_argument("--cpus", type=float, default=1.0)
+    args = p.parse_args(argv)
+    import ray
+
+    ray.init(address=args.address, include_dashboard=False)
+    serve.start(http_options={"host": args.host, "port": args.port})
+    env = {k: v for k, v in os.environ.items() if k.startswith("NEMO_SERVE_")}
+    auto = tuple(int(x) for x in args.autoscale.split(",")) if args.autoscale else None
+    serve.run(application(args.num_slots, args.replicas, env, args.gpus, args.cpus, auto), name="nemo-serve", route_prefix="/")
+    print(f"nemo-serve on Ray Serve: ws://{args.host}:{args.port}/ws", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        serve.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -207,13 +207,22 @@ def test_frontend_killed_mid_stream_costs_only_its_own_streams(two_frontends, or
             await asyncio.sleep(0.05)
         await asyncio.sleep(0.5)
         counts = streams_per_frontend(srv)
-        # the front end with the fewest streams, but at least one if any has one
-        victim = min((p for p in counts if counts[p] > 0), key=lambda p: counts[p], default=min(counts))
+        if min(counts.values()) == 0:
+            # The kernel's SO_REUSEPORT hash put every connection on one front end (about 3% of
+            # runs with six): nothing would be left to check. Let these streams end; try again.
+            await asyncio.gather(*tasks)
+            return None
+        victim = min(counts, key=lambda p: counts[p])  # the front end with the fewest streams
         killed.update(pid=victim, streams=counts[victim], counts=counts)
         os.kill(victim, signal.SIGKILL)
         return await asyncio.gather(*tasks)
 
-    transcripts = asyncio.run(scenario())
+    for _ in range(4):
+        transcripts = asyncio.run(scenario())
+        if transcripts is not None:
+            break
+        srv.assert_no_leak()
+    assert transcripts is not None, "every connection went to one front end four times in a row"
     cut = [t for t in transcripts if t.done is None]
     kept = [(t, w) for t, w in zip(transcripts, wires) if t.done is not None]
     assert len(cut) == killed["streams"], (killed, [t.close_code for t in transcripts])

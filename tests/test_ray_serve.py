@@ -1,7 +1,6 @@
 """nemo-serve on Ray Serve: a local Ray cluster with two CPU replicas of the demo model.
 
-Needs `pip install -e '.[ray]'` (ray[serve]); skipped without it (the CI environment has no Ray:
-run it with `.venv/bin/python -m pytest tests/test_ray_serve.py` after installing the extra).
+Needs `pip install -e '.[ray]'` (ray[serve]), which `.ci/run` installs; skipped without it.
 Checks: streams spread over both replicas, every stream token-identical to NeMo's loop, a full
 cluster refuses a new stream at once (503 at the handshake) while a stream that fits is never
 refused, and a replica scaled down loses no final.

@@ -33,7 +33,7 @@ class Settings(BaseModel):
     # model and engine
     model: str | None = None  # .nemo path, builtin:NAME or pretrained name; None: the shipped demo model
     # One mode ("3"), several ("0,3,13": the first is the default) or "all" trained modes; None: the
-    # model's first trained mode. Kept as text; model.parse_modes checks it here and load_model reads it.
+    # model's first trained mode. Kept as text; engine.geometry.parse_modes checks it here and load_model reads it.
     context_right: str | None = None
     dtype: Literal["fp32", "bf16"] = "fp32"
     device: Annotated[str, Field(pattern=r"^(cpu|cuda(:\d+)?)$")] = "cpu"

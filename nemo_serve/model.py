@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf, open_dict
 
-from .engine.geometry import ChunkGeometry, UnsupportedModeError, language_index, parse_modes  # noqa: F401 - re-exported
+from .engine.geometry import ChunkGeometry, UnsupportedModeError, language_index, parse_modes, served_geometry  # noqa: F401 - re-exported
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +69,7 @@ class ServedModel:
 
     def geometry_for(self, context_right: int | None) -> ChunkGeometry:
         """The geometry of a served mode (None -> the default); ValueError lists the served ones."""
-        if context_right is None:
-            return self.geometry
-        g = self.geometries.get(context_right)
-        if g is None:
-            raise UnsupportedModeError(mode_refusal(context_right, self.geometries))
-        return g
+        return served_geometry(self.geometries, self.geometry, context_right)
 
     @contextlib.contextmanager
     def nemo_mode(self, context_right: int | None):
@@ -162,11 +157,6 @@ def _load_nemo(spec: str, device: torch.device):
 def _trained_context_right(encoder) -> tuple[int, ...]:
     modes = getattr(encoder, "att_context_size_all", None) or [encoder.att_context_size]
     return tuple(int(m[1]) for m in modes)
-
-
-def mode_refusal(context_right, served) -> str:
-    valid = ", ".join(str(r) for r in served)
-    return f"context_right {context_right} is not served here; valid values: {valid}"
 
 
 def _select_modes(encoder, context_right) -> list[list[int]]:

@@ -61,10 +61,6 @@ class EngineGroup:
             return None
         return EngineFailed(f"all {len(self.clients)} engine cores failed or stopped")
 
-    @property
-    def serving(self) -> bool:
-        return any(c.serving for c in self.clients)
-
     async def _watch_cores(self) -> None:
         while True:
             for i, c in enumerate(self.clients):

@@ -50,10 +50,6 @@ class NemoEncoder:
         self.encoder = encoder = model.nemo.encoder
         self.channel_shape = (encoder.streaming_cfg.last_channel_cache_size, encoder.d_model)  # [C, D]
 
-    def new_frames(self, context_right: int | None = None) -> int:
-        """Encoder frames a full chunk of this mode adds (NeMo's valid_out_len)."""
-        return self.model.geometry_for(context_right).encoder_frames
-
     def cache_bytes_for(self, context_right: int, pooled_bytes: int) -> int:
         """Cache bytes per stream a pool for this mode alone would hold: NeMo's layout is the same in every mode."""
         return pooled_bytes
@@ -131,10 +127,6 @@ class KVCacheEncoder:
                 out.append(p.transpose(0, 1).contiguous())  # [h, P, d_k]
             self._pos[key] = out
         return self._pos[key]
-
-    def new_frames(self, context_right: int | None = None) -> int:
-        """Encoder frames a full chunk of this mode adds (NeMo's valid_out_len)."""
-        return self.model.geometry_for(context_right).encoder_frames
 
     def cache_bytes_for(self, context_right: int, pooled_bytes: int) -> int:
         """Cache bytes per stream a pool for this mode alone would hold (`pooled_bytes`: the shared pool's,

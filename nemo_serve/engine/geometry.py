@@ -32,6 +32,18 @@ def parse_modes(value) -> list[int] | str | None:
     return modes
 
 
+def served_geometry(geometries: dict, default, context_right: int | None):
+    """The geometry of a served mode (None: the default `default`); UnsupportedModeError, a
+    ValueError, lists the served modes otherwise. Used by the engine's model and the front ends."""
+    if context_right is None:
+        return default
+    g = geometries.get(context_right)
+    if g is None:
+        valid = ", ".join(str(r) for r in geometries)
+        raise UnsupportedModeError(f"context_right {context_right} is not served here; valid values: {valid}")
+    return g
+
+
 @dataclass(frozen=True)
 class ChunkGeometry:
     """Chunk sizes in feature frames for one att_context mode, as NeMo's `setup_streaming_params` sets them.
@@ -109,13 +121,8 @@ class ModelInfo:
 
     def geometry_for(self, context_right: int | None) -> ChunkGeometry:
         """A served mode's geometry (None: the default); ValueError lists the served modes."""
-        if context_right is None:
-            return self.geometry
-        g = (self.geometries or {self.geometry.context_right: self.geometry}).get(context_right)
-        if g is None:
-            valid = ", ".join(str(r) for r in self.modes)
-            raise ValueError(f"context_right {context_right} is not served here; valid values: {valid}")
-        return g
+        geometries = self.geometries or {self.geometry.context_right: self.geometry}
+        return served_geometry(geometries, self.geometry, context_right)
 
     def language_index(self, language: str | None) -> int:
         return language_index(self.prompt_dictionary, self.default_language, language)

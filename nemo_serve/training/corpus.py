@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import subprocess
@@ -295,12 +296,13 @@ def _job(args):
 
 def build_split(name: str, sentences: list[str], engine: str, voices: list[str], variants: list[str],
                 out: Path, seed: int, workers: int, clean: bool = False, vary: bool = False,
-                write: bool = True) -> list[dict]:
+                write: bool = True, warp: float = 0.0) -> list[dict]:
     """Synthesize one split into ``out/name/`` and (``write``) ``out/name.jsonl``; returns the manifest rows.
 
     espeak-ng: a random voice + variant, rate 120-230 wpm, pitch 20-80.  flite: a random voice, as it ships;
     with ``vary`` (training flite data) also ``duration_stretch`` 0.75-1.35, ``int_f0_target_mean`` in the
-    voice's range (FLITE_F0) and, for half of the utterances, speed perturbation 0.9-1.1."""
+    voice's range (FLITE_F0) and, for half of the utterances, speed perturbation 0.9-1.1; with ``warp`` > 0,
+    80% of them get their formants scaled by 1/(1+warp)..1+warp instead (pseudo-speakers)."""
     rng = random.Random(seed)
     wav_dir = out / name
     wav_dir.mkdir(parents=True, exist_ok=True)
@@ -316,7 +318,13 @@ def build_split(name: str, sentences: list[str], engine: str, voices: list[str],
             voice = rng.choice(voices)
             rate = round(rng.uniform(0.75, 1.35), 3)
             pitch = rng.randint(*FLITE_F0.get(voice, (80, 160)))
-            if rng.random() < 0.5:
+            if warp and rng.random() < 0.8:
+                # a new vocal tract: resampling by `speed` scales the formants; the synthesizer is asked for
+                # `speed` times the duration and 1/speed of the pitch, so only the formants move (and the
+                # pitch too for voices that ignore int_f0_target_mean)
+                speed = round(math.exp(rng.uniform(-math.log1p(warp), math.log1p(warp))), 3)
+                rate, pitch = round(rate * speed, 3), round(pitch / speed)
+            elif rng.random() < 0.5:
                 speed = round(rng.uniform(0.9, 1.1), 3)
         else:
             voice, rate, pitch = rng.choice(voices), 0, 0
@@ -370,6 +378,9 @@ def main(argv=None) -> None:
     p.add_argument("--n-train", type=int, default=20000, help="espeak-ng training utterances")
     p.add_argument("--n-train-flite", type=int, default=0,
                    help="flite training utterances (FLITE_TRAIN_VOICES, varied); 0: an espeak-ng-only corpus")
+    p.add_argument("--flite-warp", type=float, default=0.0,
+                   help="scale the training flite voices' formants by up to 1+W either way (80%% of them, "
+                        "duration and pitch kept): new speakers from four voices; 0: speed perturbation only")
     p.add_argument("--n-eval", type=int, default=300, help="utterances per held-out set")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--workers", type=int, default=os.cpu_count() or 2)
@@ -404,10 +415,10 @@ def main(argv=None) -> None:
                        write=not a.n_train_flite)
     if a.n_train_flite:
         frows = build_split("train_flite", flite_train, "flite", FLITE_TRAIN_VOICES, [], out, a.seed + 6,
-                            a.workers, vary=True)
+                            a.workers, vary=True, warp=a.flite_warp)
         write_manifest(out / "train.jsonl", rows + frows)
         drows = build_split("dev_flite", dev_flite, "flite", FLITE_TRAIN_VOICES, [], out, a.seed + 7,
-                            a.workers, vary=True)
+                            a.workers, vary=True, warp=a.flite_warp)
         dev_rows = [json.loads(line) for line in open(out / "dev.jsonl")]
         write_manifest(out / "dev_mix.jsonl", interleave(dev_rows, drows, 2))
         print(f"train.jsonl: {len(rows)} espeak-ng + {len(frows)} flite; dev_mix.jsonl: espeak-ng dev with "

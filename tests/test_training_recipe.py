@@ -63,6 +63,50 @@ def test_fast_rnnt_loss_matches_nemo():
     assert float((g1 - g2).abs().max()) < 1e-4
 
 
+def _log_spectrum(x: np.ndarray) -> np.ndarray:
+    """Long-term average log power spectrum (512-point frames at 16 kHz) of the louder half of the frames."""
+    frames = x[: len(x) // 512 * 512].reshape(-1, 512) * np.hanning(512)
+    power = np.abs(np.fft.rfft(frames, axis=1)) ** 2
+    energy = power.sum(1)
+    return np.log(power[energy > np.median(energy)].mean(0) + 1e-10)
+
+
+def _spectral_warp(ref: np.ndarray, warped: np.ndarray) -> float:
+    """The factor alpha for which warped(f) best matches ref(f / alpha), 200-5000 Hz, searched 0.70-1.40."""
+    f = np.fft.rfftfreq(512, 1 / 16000)
+    band = (f > 200) & (f < 5000)
+    alphas = np.arange(0.70, 1.405, 0.01)
+    errs = [np.mean((warped[band] - np.interp(f[band] / a, f, ref)) ** 2) for a in alphas]
+    return float(alphas[int(np.argmin(errs))])
+
+
+@needs_synthesizers
+@pytest.mark.parametrize("voice", ["kal16", "awb"])
+def test_flite_warp_moves_the_formants_and_keeps_the_duration(tmp_path, voice):
+    """--flite-warp's pseudo-speakers: the spectrum scales by the drawn factor, the length stays."""
+    import soundfile as sf
+
+    from nemo_serve.training import corpus
+
+    text = "set a timer for twenty five minutes"
+    spectra, durations = {}, {}
+    for speed in (1.0, 0.833, 1.2):  # as build_split draws it: stretch and pitch compensated
+        _, durations[speed] = corpus._job((0, text, "flite", voice, round(speed, 3), round(110 / speed), speed, 1,
+                                           str(tmp_path / "a.wav"), True))
+        spectra[speed] = _log_spectrum(sf.read(tmp_path / "a.wav")[0])
+    assert abs(_spectral_warp(spectra[1.0], spectra[0.833]) - 0.833) <= 0.05
+    assert abs(_spectral_warp(spectra[1.0], spectra[1.2]) - 1.2) <= 0.05
+    assert abs(_spectral_warp(spectra[1.0], spectra[1.0]) - 1.0) < 0.005  # the measure itself
+    for speed in (0.833, 1.2):
+        assert abs(durations[speed] / durations[1.0] - 1) < 0.03, durations
+
+    rows = corpus.build_split("w", [text] * 40, "flite", ["kal16"], [], tmp_path, seed=3, workers=1, vary=True,
+                              warp=0.2, write=False)
+    speeds = [r["speed"] for r in rows]
+    assert 20 <= sum(s != 1.0 for s in speeds) <= 40 and min(speeds) >= 0.833 and max(speeds) <= 1.2
+    assert max(speeds) > 1.1 and min(speeds) < 0.91  # both directions drawn
+
+
 @needs_synthesizers
 def test_recipe_trains_saves_and_streams(tmp_path):
     """corpus -> train (CTC warm-up, then the hybrid RNN-T + CTC loss) -> last.pt -> resume with chained items

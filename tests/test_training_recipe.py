@@ -273,3 +273,18 @@ def test_training_chains_cover_every_utterance_once():
     cw, ct = chain_dev(wavs, ["a b", "c", "d"], 2, pause_s=0.01)
     assert ct == ["a b c", "d"] and len(cw[0]) == 100 + 160 + 101 and cw[1] is not None
     assert chain_dev(wavs, ["a", "b", "c"], 1) == ([], [])
+
+
+def test_checkpoint_average_is_the_elementwise_mean():
+    from nemo_serve.training.average import average_states
+
+    a = {"w": torch.tensor([1.0, 2.0]), "h": torch.tensor([0.5], dtype=torch.float16), "n": torch.tensor(3)}
+    b = {"w": torch.tensor([3.0, 6.0]), "h": torch.tensor([1.5], dtype=torch.float16), "n": torch.tensor(7)}
+    c = {"w": torch.tensor([5.0, 1.0]), "h": torch.tensor([1.0], dtype=torch.float16), "n": torch.tensor(9)}
+    avg = average_states([a, b, c])
+    assert torch.equal(avg["w"], torch.tensor([3.0, 3.0]))
+    assert avg["h"].dtype == torch.float16 and float(avg["h"]) == 1.0
+    assert int(avg["n"]) == 9  # counters are not averaged: the last checkpoint's
+    assert torch.equal(a["w"], torch.tensor([1.0, 2.0]))  # inputs untouched
+    with pytest.raises(ValueError, match="different models"):
+        average_states([a, {"w": a["w"]}])

@@ -9,7 +9,9 @@ Usage::
         work_data/ft2_ckpts/step4400.pt work_data/ft2_ckpts/step4600.pt work_data/ft2/last.pt
 
 Each checkpoint is a trainer ``last.pt`` (its ``model`` state) or a ``.nemo``; ``--template`` is a ``.nemo``
-of the same architecture whose config, tokenizer and files the output keeps.
+of the same architecture whose config, tokenizer and files the output keeps.  ``--dev MANIFEST`` also scores
+the result with the trainer's selection metric (dev WER alone and chained by ``--dev-chain``, their mean), so
+the mean and the run's ``best.nemo`` are compared on the dev set, not on a held-out one.
 """
 
 from __future__ import annotations
@@ -55,14 +57,28 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--template", required=True, help="a .nemo of the same architecture")
     p.add_argument("--out", required=True)
+    p.add_argument("--dev", default=None, help="a dev manifest to score the result on (the trainer's metric)")
+    p.add_argument("--dev-limit", type=int, default=100)
+    p.add_argument("--dev-chain", type=int, default=4)
+    p.add_argument("--threads", type=int, default=2)
     p.add_argument("checkpoints", nargs="+")
     a = p.parse_args(argv)
+    torch.set_num_threads(a.threads)
     loaded = [load_state(c) for c in a.checkpoints]
     model = restore(a.template)
     model.load_state_dict(average_states([s for s, _ in loaded]))
     model.save_to(a.out)
     steps = ", ".join(str(step) if step is not None else Path(c).name for c, (_, step) in zip(a.checkpoints, loaded))
     print(f"{a.out}: the mean of {len(loaded)} checkpoints ({steps})")
+    if a.dev:
+        from .train import chain_dev, load_audio, offline_wer
+
+        wavs, texts = load_audio(Path(a.dev), a.dev_limit)
+        with torch.no_grad():
+            alone = offline_wer(model, wavs, texts)[0]
+            chained = offline_wer(model, *chain_dev(wavs, texts, a.dev_chain), batch_size=8)[0]
+        print(f"dev WER alone {alone:.4f}, chained by {a.dev_chain} {chained:.4f}; "
+              f"selection metric {(alone + chained) / 2:.4f}")
 
 
 if __name__ == "__main__":

@@ -103,8 +103,9 @@ def test_flite_warp_moves_the_formants_and_keeps_the_duration(tmp_path, voice):
     rows = corpus.build_split("w", [text] * 40, "flite", ["kal16"], [], tmp_path, seed=3, workers=1, vary=True,
                               warp=0.2, write=False)
     speeds = [r["speed"] for r in rows]
-    assert 20 <= sum(s != 1.0 for s in speeds) <= 40 and min(speeds) >= 0.833 and max(speeds) <= 1.2
-    assert max(speeds) > 1.1 and min(speeds) < 0.91  # both directions drawn
+    assert min(speeds) >= 0.833 and max(speeds) <= 1.2
+    # speed perturbation alone stays within 0.9-1.1; the warp goes past it, both ways (measured 18 of 40)
+    assert sum(not 0.9 <= s <= 1.1 for s in speeds) >= 8 and max(speeds) > 1.1 and min(speeds) < 0.9
 
 
 @needs_synthesizers

@@ -68,13 +68,13 @@ def _cached_builtin(name: str, seed: int = 0) -> Path:
     return path
 
 
-def file_digest(path: str | Path) -> str:
-    """First 12 hex digits of the file's sha256: which weights a result was measured on."""
+def file_digest(path: str | Path, length: int = 12) -> str:
+    """First `length` hex digits (64: all) of the file's sha256: which weights a result was measured on."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
-    return h.hexdigest()[:12]
+    return h.hexdigest()[:length]
 
 
 # ----------------------------------------------------------------------------- audio

@@ -12,7 +12,6 @@ at most --target WER on every set at every mode, and chained within --chain-slac
 from __future__ import annotations
 
 import argparse
-import hashlib
 import sys
 from pathlib import Path
 
@@ -20,20 +19,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import run_record, write_json  # noqa: E402
+from benchmarks.common import file_digest, run_record, write_json  # noqa: E402
 from nemo_serve.model import DEMO_MODEL_PATH  # noqa: E402
 from nemo_serve.training import evaluate  # noqa: E402
 
 LABELS = {"heldout_sentences": "unseen sentences (espeak-ng)", "heldout_voices": "unseen voice variants (espeak-ng)",
           "flite": "held-out flite voice"}
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def table(alone: dict, chained: dict, sets, rights, chain_k: int, target: float, slack: float) -> tuple[str, list]:
@@ -84,7 +75,7 @@ def main(argv=None) -> None:
     write_json(a.out, {
         "benchmark": "demo model streaming WER (NeMo's cache-aware loop), first --limit utterances per held-out set",
         "model_file": a.model,
-        "model_sha256": sha256(Path(a.model)),
+        "model_sha256": file_digest(a.model, length=64),
         "run": run_record(),
         "limit": a.limit,
         "one_utterance_per_stream": {f"{s}@R{r}": v for (s, r), v in alone.items()},

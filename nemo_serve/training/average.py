@@ -21,17 +21,13 @@ from pathlib import Path
 
 import torch
 
-
-def restore(path: str | Path):
-    from nemo.collections.asr.models import ASRModel
-
-    return ASRModel.restore_from(str(path), map_location=torch.device("cpu"))
+from .evaluate import load_model
 
 
 def load_state(path: str | Path) -> tuple[dict[str, torch.Tensor], int | None]:
     """(model state dict, training step if known) of a trainer checkpoint or a .nemo."""
     if str(path).endswith(".nemo"):
-        return restore(path).state_dict(), None
+        return load_model(path).state_dict(), None
     st = torch.load(path, map_location="cpu", weights_only=False)
     return st["model"], st.get("step")
 
@@ -65,7 +61,7 @@ def main(argv=None) -> None:
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     loaded = [load_state(c) for c in a.checkpoints]
-    model = restore(a.template)
+    model = load_model(a.template)
     model.load_state_dict(average_states([s for s, _ in loaded]))
     model.save_to(a.out)
     steps = ", ".join(str(step) if step is not None else Path(c).name for c, (_, step) in zip(a.checkpoints, loaded))

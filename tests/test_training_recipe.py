@@ -161,6 +161,7 @@ def test_recipe_trains_saves_and_streams(tmp_path):
     # and chained, and the chained selection metric has its own best.
     args.resume, args.steps, args.save_final = True, 5, False
     args.chain_prob, args.chain_max, args.dev_chain, args.eval_every = 1.0, 2, 2, 5
+    args.channel_eq_db = 10.0  # the third flite fine-tune's random EQ: features go in as processed_signal
     train.train(args)
     log = [json.loads(l) for l in open(out / "log.jsonl")]
     assert [r["step"] for r in log] == [1, 2, 3, 4, 5]
@@ -274,6 +275,27 @@ def test_training_chains_cover_every_utterance_once():
     cw, ct = chain_dev(wavs, ["a b", "c", "d"], 2, pause_s=0.01)
     assert ct == ["a b c", "d"] and len(cw[0]) == 100 + 160 + 101 and cw[1] is not None
     assert chain_dev(wavs, ["a", "b", "c"], 1) == ([], [])
+
+
+def test_random_eq_filters_speech_and_leaves_silence_and_padding():
+    """random_eq is a channel: one smooth gain curve per item, the same in every frame, applied to power, so
+    frames at the log floor (digital silence) and frames past the length stay exactly as they were."""
+    from nemo_serve.training.train import LOG_GUARD, random_eq
+
+    rng = np.random.default_rng(0)
+    speech = torch.from_numpy(rng.uniform(-9.0, -2.0, (3, 80, 50))).float()  # log mel power of loud frames
+    feats = torch.cat([speech, torch.full((3, 80, 10), math.log(LOG_GUARD)), torch.zeros(3, 80, 20)], dim=2)
+    lens = torch.tensor([60, 60, 60])  # 50 speech + 10 silent frames; 20 frames of padding
+    out = random_eq(feats, lens, np.random.default_rng(1), max_db=10.0, prob=1.0)
+    assert torch.equal(out[:, :, 50:], feats[:, :, 50:])
+    change_db = (out[:, :, :50] - feats[:, :, :50]) * 10 / math.log(10)
+    curves = change_db.mean(dim=2)  # (items, bins)
+    assert torch.allclose(change_db, curves[:, :, None].expand_as(change_db), atol=0.01)  # time-invariant
+    assert curves.abs().max() <= 20.0 and curves.abs().max() > 3.0  # within the +-10 dB points, mean removed
+    assert torch.allclose(curves.mean(dim=1), torch.zeros(3), atol=1e-3)  # level unchanged
+    assert (curves[:, 1:] - curves[:, :-1]).abs().max() < 20.0 / 15  # smooth: 5 segments of 16 bins
+    assert (curves[0] - curves[1]).abs().max() > 1.0  # a new channel per item
+    assert torch.equal(random_eq(feats, lens, np.random.default_rng(1), max_db=10.0, prob=0.0), feats)
 
 
 def test_checkpoint_average_is_the_elementwise_mean():

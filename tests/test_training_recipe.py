@@ -21,8 +21,8 @@ REPO = Path(__file__).resolve().parents[1]
 ASSETS = REPO / "nemo_serve" / "assets" / "demo"
 
 needs_synthesizers = pytest.mark.skipif(
-    shutil.which("espeak-ng") is None or shutil.which("flite") is None,
-    reason="espeak-ng and flite are needed to synthesize the corpus",
+    any(shutil.which(tool) is None for tool in ("espeak-ng", "flite", "text2wave")),
+    reason="espeak-ng, flite and festival (text2wave) are needed to synthesize the corpus",
 )
 
 
@@ -92,7 +92,7 @@ def test_flite_warp_moves_the_formants_and_keeps_the_duration(tmp_path, voice):
     spectra, durations = {}, {}
     for speed in (1.0, 0.833, 1.2):  # as build_split draws it: stretch and pitch compensated
         _, durations[speed] = corpus._job((0, text, "flite", voice, round(speed, 3), round(110 / speed), speed, 1,
-                                           str(tmp_path / "a.wav"), True))
+                                           str(tmp_path / "a.wav"), True, False))
         spectra[speed] = _log_spectrum(sf.read(tmp_path / "a.wav")[0])
     assert abs(_spectral_warp(spectra[1.0], spectra[0.833]) - 0.833) <= 0.05
     assert abs(_spectral_warp(spectra[1.0], spectra[1.2]) - 1.2) <= 0.05
@@ -106,6 +106,56 @@ def test_flite_warp_moves_the_formants_and_keeps_the_duration(tmp_path, voice):
     assert min(speeds) >= 0.833 and max(speeds) <= 1.2
     # speed perturbation alone stays within 0.9-1.1; the warp goes past it, both ways (measured 18 of 40)
     assert sum(not 0.9 <= s <= 1.1 for s in speeds) >= 8 and max(speeds) > 1.1 and min(speeds) < 0.9
+
+
+@needs_synthesizers
+@pytest.mark.parametrize("voice", ["kal_diphone", "cmu_us_slt_arctic_hts"])
+def test_festival_voices_stretch_and_warp(tmp_path, voice):
+    """festival's training voices vary as flite's do: a duration stretch of 1.3 lengthens the speech (the
+    HTS voice ignores Duration_Stretch and needs its engine's rate), and the warp moves the spectrum by the
+    drawn factor while the length stays.  (ked_diphone's spectrum does not follow a single warp factor in
+    this measure, so it is not checked here.)"""
+    import soundfile as sf
+
+    from nemo_serve.training import corpus
+
+    text = "set a timer for twenty five minutes"
+    f0 = 110 if voice in corpus.FESTIVAL_F0 else 0
+    spectra, durations = {}, {}
+    for stretch, speed in ((1.0, 1.0), (1.3, 1.0), (1.2, 1.2), (0.833, 0.833)):
+        _, durations[stretch] = corpus._job((0, text, "festival", voice, stretch, round(f0 / speed), speed, 1,
+                                             str(tmp_path / "a.wav"), True, False))
+        spectra[stretch] = _log_spectrum(sf.read(tmp_path / "a.wav")[0])
+    assert 1.15 < durations[1.3] / durations[1.0] < 1.45, durations  # measured 1.21-1.26
+    for warp in (1.2, 0.833):
+        assert abs(_spectral_warp(spectra[1.0], spectra[warp]) - warp) <= 0.05
+        assert abs(durations[warp] / durations[1.0] - 1) < 0.03, durations
+
+
+@needs_synthesizers
+def test_corpus_keeps_existing_files_and_adds_festival_last(tmp_path):
+    """--keep-existing synthesizes only what is missing (a file it kept is not rewritten), and festival
+    sentences are drawn after all others, so adding them changes no other split."""
+    from nemo_serve.training import corpus
+
+    base = ["--n-train", "2", "--n-train-flite", "2", "--n-eval", "2", "--workers", "2"]
+    corpus.main(["--out", str(tmp_path / "a")] + base)
+    corpus.main(["--out", str(tmp_path / "b"), "--n-train-festival", "3"] + base)
+    for split in ("dev", "heldout_sentences", "heldout_voices", "flite", "dev_mix"):
+        assert (tmp_path / "a" / f"{split}.jsonl").read_text() == (tmp_path / "b" / f"{split}.jsonl").read_text()
+    rows_b = [json.loads(l) for l in open(tmp_path / "b" / "train.jsonl")]
+    assert rows_b[:4] == [json.loads(l) for l in open(tmp_path / "a" / "train.jsonl")]
+    fest = rows_b[4:]
+    assert len(fest) == 3 and all(r["audio_filepath"].startswith("train_festival/") for r in fest)
+    assert {r["voice"] for r in fest} <= set(corpus.FESTIVAL_VOICES)
+
+    wav = tmp_path / "b" / fest[0]["audio_filepath"]
+    wav.write_bytes(wav.read_bytes()[:-3200])  # 0.1 s shorter: kept as it is, or made again?
+    (tmp_path / "b" / fest[1]["audio_filepath"]).unlink()
+    corpus.main(["--out", str(tmp_path / "b"), "--n-train-festival", "3", "--keep-existing"] + base)
+    again = [json.loads(l) for l in open(tmp_path / "b" / "train.jsonl")][4:]
+    assert again[0]["duration"] == pytest.approx(fest[0]["duration"] - 0.1, abs=0.002)  # kept
+    assert again[1] == fest[1] and again[2] == fest[2]  # the missing one made again, identically
 
 
 @needs_synthesizers

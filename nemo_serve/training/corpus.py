@@ -223,6 +223,12 @@ FLITE_TRAIN_VOICES = ["slt", "awb", "kal16", "kal"]
 FLITE_HELDOUT_VOICES = ["rms"]
 # int_f0_target_mean ranges (Hz) for the training voices (slt is female, the others male); awb ignores it.
 FLITE_F0 = {"slt": (140, 250), "awb": (80, 160), "kal16": (75, 160), "kal": (75, 160)}
+# A third synthesizer for training only (Debian: festival festvox-kdlpc16k festvox-kallpc16k
+# festvox-us-slt-hts): two residual-excited LPC diphone voices (ked, a speaker no other synthesizer has, and
+# kal) and an HTS voice (slt).  Each speaker is rendered by a different engine than in flite.
+FESTIVAL_VOICES = ["ked_diphone", "kal_diphone", "cmu_us_slt_arctic_hts"]
+# target_f0_mean ranges (Hz) of the diphone voices' LR intonation; the HTS voice keeps its own pitch.
+FESTIVAL_F0 = {"ked_diphone": (75, 160), "kal_diphone": (75, 160)}
 
 
 def espeak_wave(text: str, voice: str, rate: int, pitch: int) -> tuple[np.ndarray, int]:
@@ -239,6 +245,23 @@ def flite_wave(text: str, voice: str, tmp: str, stretch: float = 0.0, f0: int = 
     if f0 > 0:
         cmd += ["--setf", f"int_f0_target_mean={f0}"]
     subprocess.run(cmd + ["-t", text, "-o", tmp], check=True, capture_output=True)
+    return read_audio(tmp)
+
+
+def festival_wave(text: str, voice: str, tmp: str, stretch: float = 0.0, f0: int = 0) -> tuple[np.ndarray, int]:
+    """festival's ``voice`` (text2wave), with durations stretched by ``stretch`` and (diphone voices) the mean
+    F0 at ``f0`` Hz when they are > 0."""
+    cmd = ["text2wave", "-eval", f"(voice_{voice})"]
+    if stretch > 0:
+        if voice.endswith("_hts"):  # the HTS engine keeps its own durations; its -r is a speaking rate
+            rate = f'(list (list "-r" {1 / stretch:.3f}))'
+            cmd += ["-eval", f"(set! hts_engine_params (append hts_engine_params {rate}))"]
+        else:
+            cmd += ["-eval", f"(Parameter.set 'Duration_Stretch {stretch:.3f})"]
+    if f0 > 0:
+        cmd += ["-eval", f"(set! int_lr_params '((target_f0_mean {f0}) (target_f0_std 15) "
+                         f"(model_f0_mean 170) (model_f0_std 34)))"]
+    subprocess.run(cmd + ["-o", tmp], input=text.encode(), check=True, capture_output=True)
     return read_audio(tmp)
 
 
@@ -272,13 +295,16 @@ def augment(x: np.ndarray, rng: np.random.Generator, clean: bool = False) -> np.
 
 
 def _job(args):
-    idx, text, engine, voice, rate, pitch, speed, seed, out_wav, clean = args
+    idx, text, engine, voice, rate, pitch, speed, seed, out_wav, clean, keep = args
     import soundfile as sf
     import soxr
+    if keep and os.path.exists(out_wav):  # made by an earlier run with the same seed and arguments
+        return idx, round(sf.info(out_wav).frames / SR, 3)
     if engine == "espeak":
         x, sr = espeak_wave(text, voice, rate, pitch)
     else:
-        x, sr = flite_wave(text, voice, out_wav + ".tmp.wav", stretch=rate, f0=pitch)
+        synth = flite_wave if engine == "flite" else festival_wave
+        x, sr = synth(text, voice, out_wav + ".tmp.wav", stretch=rate, f0=pitch)
         os.remove(out_wav + ".tmp.wav")
     if sr != SR:
         x = soxr.resample(x, sr, SR)
@@ -296,13 +322,15 @@ def _job(args):
 
 def build_split(name: str, sentences: list[str], engine: str, voices: list[str], variants: list[str],
                 out: Path, seed: int, workers: int, clean: bool = False, vary: bool = False,
-                write: bool = True, warp: float = 0.0) -> list[dict]:
+                write: bool = True, warp: float = 0.0, keep: bool = False) -> list[dict]:
     """Synthesize one split into ``out/name/`` and (``write``) ``out/name.jsonl``; returns the manifest rows.
 
     espeak-ng: a random voice + variant, rate 120-230 wpm, pitch 20-80.  flite: a random voice, as it ships;
     with ``vary`` (training flite data) also ``duration_stretch`` 0.75-1.35, ``int_f0_target_mean`` in the
     voice's range (FLITE_F0) and, for half of the utterances, speed perturbation 0.9-1.1; with ``warp`` > 0,
-    80% of them get their formants scaled by 1/(1+warp)..1+warp instead (pseudo-speakers)."""
+    80% of them get their formants scaled by 1/(1+warp)..1+warp instead (pseudo-speakers).  festival (training
+    only, always varied): the same, with the diphone voices' pitch in FESTIVAL_F0.  ``keep``: wav files that
+    exist are kept (an earlier run with the same arguments made them), only the missing ones are synthesized."""
     rng = random.Random(seed)
     wav_dir = out / name
     wav_dir.mkdir(parents=True, exist_ok=True)
@@ -317,7 +345,8 @@ def build_split(name: str, sentences: list[str], engine: str, voices: list[str],
         elif vary:
             voice = rng.choice(voices)
             rate = round(rng.uniform(0.75, 1.35), 3)
-            pitch = rng.randint(*FLITE_F0.get(voice, (80, 160)))
+            f0_range = (FLITE_F0 if engine == "flite" else FESTIVAL_F0).get(voice)
+            pitch = rng.randint(*f0_range) if f0_range else 0
             if warp and rng.random() < 0.8:
                 # a new vocal tract: resampling by `speed` scales the formants; the synthesizer is asked for
                 # `speed` times the duration and 1/speed of the pitch, so only the formants move (and the
@@ -329,9 +358,9 @@ def build_split(name: str, sentences: list[str], engine: str, voices: list[str],
         else:
             voice, rate, pitch = rng.choice(voices), 0, 0
         rel = f"{name}/{i:06d}.wav"
-        jobs.append((i, text, engine, voice, rate, pitch, speed, seed * 1000003 + i, str(out / rel), clean))
+        jobs.append((i, text, engine, voice, rate, pitch, speed, seed * 1000003 + i, str(out / rel), clean, keep))
         row = {"audio_filepath": rel, "text": text, "voice": voice, "rate": rate, "pitch": pitch}
-        if engine == "flite" and vary:
+        if engine != "espeak" and vary:
             row["speed"] = speed
         meta.append(row)
     with ProcessPoolExecutor(workers) as ex:
@@ -381,6 +410,11 @@ def main(argv=None) -> None:
     p.add_argument("--flite-warp", type=float, default=0.0,
                    help="scale the training flite voices' formants by up to 1+W either way (80%% of them, "
                         "duration and pitch kept): new speakers from four voices; 0: speed perturbation only")
+    p.add_argument("--n-train-festival", type=int, default=0,
+                   help="festival training utterances (FESTIVAL_VOICES, varied and warped as the flite ones; "
+                        "needs --n-train-flite)")
+    p.add_argument("--keep-existing", action="store_true",
+                   help="keep wav files an earlier run with the same arguments made; synthesize only the missing")
     p.add_argument("--n-eval", type=int, default=300, help="utterances per held-out set")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--workers", type=int, default=os.cpu_count() or 2)
@@ -404,25 +438,37 @@ def main(argv=None) -> None:
         held |= set(dev_flite)
         flite_train = [make_sentence(rng) for _ in range(a.n_train_flite * 2)]
         flite_train = [s for s in flite_train if s not in held and len(s.split()) <= 14][: a.n_train_flite]
+    festival_train = []
+    if a.n_train_flite and a.n_train_festival:  # drawn last: every other split stays as without festival
+        festival_train = [make_sentence(rng) for _ in range(a.n_train_festival * 2)]
+        festival_train = [s for s in festival_train if s not in held and len(s.split()) <= 14]
+        festival_train = festival_train[: a.n_train_festival]
     with open(out / "train_text.txt", "w") as f:
-        f.write("\n".join(train + flite_train) + "\n")
-    build_split("dev", dev, "espeak", ESPEAK_VOICES, TRAIN_VARIANTS, out, a.seed + 1, a.workers)
-    build_split("heldout_sentences", hs, "espeak", ESPEAK_VOICES, TRAIN_VARIANTS, out, a.seed + 2, a.workers)
-    build_split("heldout_voices", hv, "espeak", ESPEAK_VOICES, HELDOUT_VARIANTS, out, a.seed + 3, a.workers)
+        f.write("\n".join(train + flite_train + festival_train) + "\n")
+    keep = a.keep_existing
+    build_split("dev", dev, "espeak", ESPEAK_VOICES, TRAIN_VARIANTS, out, a.seed + 1, a.workers, keep=keep)
+    build_split("heldout_sentences", hs, "espeak", ESPEAK_VOICES, TRAIN_VARIANTS, out, a.seed + 2, a.workers,
+                keep=keep)
+    build_split("heldout_voices", hv, "espeak", ESPEAK_VOICES, HELDOUT_VARIANTS, out, a.seed + 3, a.workers,
+                keep=keep)
     held_flite = FLITE_HELDOUT_VOICES if a.n_train_flite else FLITE_VOICES
-    build_split("flite", fl, "flite", held_flite, [], out, a.seed + 4, a.workers)
+    build_split("flite", fl, "flite", held_flite, [], out, a.seed + 4, a.workers, keep=keep)
     rows = build_split("train", train, "espeak", ESPEAK_VOICES, TRAIN_VARIANTS, out, a.seed + 5, a.workers,
-                       write=not a.n_train_flite)
+                       keep=keep, write=not a.n_train_flite)
     if a.n_train_flite:
         frows = build_split("train_flite", flite_train, "flite", FLITE_TRAIN_VOICES, [], out, a.seed + 6,
-                            a.workers, vary=True, warp=a.flite_warp)
-        write_manifest(out / "train.jsonl", rows + frows)
+                            a.workers, keep=keep, vary=True, warp=a.flite_warp)
+        festrows = []
+        if festival_train:
+            festrows = build_split("train_festival", festival_train, "festival", FESTIVAL_VOICES, [], out,
+                                   a.seed + 8, a.workers, vary=True, warp=a.flite_warp, keep=keep)
+        write_manifest(out / "train.jsonl", rows + frows + festrows)
         drows = build_split("dev_flite", dev_flite, "flite", FLITE_TRAIN_VOICES, [], out, a.seed + 7,
-                            a.workers, vary=True, warp=a.flite_warp)
+                            a.workers, keep=keep, vary=True, warp=a.flite_warp)
         dev_rows = [json.loads(line) for line in open(out / "dev.jsonl")]
         write_manifest(out / "dev_mix.jsonl", interleave(dev_rows, drows, 2))
-        print(f"train.jsonl: {len(rows)} espeak-ng + {len(frows)} flite; dev_mix.jsonl: espeak-ng dev with "
-              f"every third row flite", flush=True)
+        print(f"train.jsonl: {len(rows)} espeak-ng + {len(frows)} flite + {len(festrows)} festival; "
+              f"dev_mix.jsonl: espeak-ng dev with every third row flite", flush=True)
 
 
 if __name__ == "__main__":

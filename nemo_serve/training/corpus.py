@@ -1,25 +1,32 @@
 """Synthetic English speech corpus for the embedded demo model.
 
 Speech is generated with espeak-ng (8 English voices x ~60 voice variants, varied rate and
-pitch) and, for one held-out set only, with flite (a second synthesizer never used in
-training).  Every waveform is resampled to 16 kHz mono and lightly augmented (gain, white/pink
-noise at 15-45 dB SNR, leading/trailing silence).  Sentences are drawn from templates over a
-fixed vocabulary: digits, numbers up to a thousand, ordinals, days, months, a few hundred common
+pitch); with ``--n-train-flite`` also with four of flite's five voices (varied, optionally
+formant-warped into new speakers, ``--flite-warp``) and with ``--n-train-festival`` with three
+festival voices, both for training only, while the fifth flite voice (rms) stays held out.
+Every waveform is resampled to 16 kHz mono and lightly augmented (gain, white/pink noise at
+15-45 dB SNR, leading/trailing silence).  Sentences are drawn from templates over a fixed
+vocabulary: digits, numbers up to a thousand, ordinals, days, months, a few hundred common
 English words and voice-assistant commands.
 
 Splits (NeMo-style JSONL manifests, ``audio_filepath`` relative to the manifest directory):
 
-* ``train``             training sentences, training voices/variants (espeak-ng)
+* ``train``             training sentences: espeak-ng training voices/variants (+ ``train_flite``,
+                        ``train_festival`` when asked for)
 * ``dev``               unseen sentences, training voices (espeak-ng) - used for checkpoint choice
+                        (``dev_mix``: every third row a training flite voice, with flite in training)
 * ``heldout_sentences`` unseen sentences, training voices (espeak-ng)
 * ``heldout_voices``    unseen sentences, voice variants never used in training (espeak-ng)
-* ``flite``             unseen sentences, flite voices (never used in training)
+* ``flite``             unseen sentences, flite voices never used in training (rms with flite in
+                        training, all five without)
 
-Usage::
+Usage (the shipped model's corpus)::
 
-    python -m nemo_serve.training.corpus --out work_data/corpus --n-train 20000
+    python -m nemo_serve.training.corpus --out work_data/corpus --n-train 24000 --n-train-flite 12000 \
+        --flite-warp 0.2 --n-train-festival 4000
 
-Deterministic for a given ``--seed``.  About 3-4 minutes for 20k training utterances on 2 cores.
+Deterministic for a given ``--seed``.  About 4 minutes for 24k espeak-ng utterances on 2 cores, 10 with
+the flite ones; the festival ones are slower (about 70 a minute on one shared core).
 """
 
 from __future__ import annotations

@@ -47,6 +47,8 @@ Recipe (configs/demo_model.yaml):
   5% of peak at ``--steps`` (4000); grad-norm clip 1.0.  SpecAugment (``--specaug-start``; 2 freq masks of
   up to 12 bins, 2 time masks of up to 5%, masked with -11, the log-mel mean) was off in the six espeak-ng
   cycles and is on from the first step of the flite fine-tune.
+* Random channels (``--channel-eq-db``, from the third flite fine-tune on): each item's mel power goes through
+  a random smooth EQ (``random_eq``), so a voice recorded through another microphone is not a new voice.
 * Fine-tuning: ``--init FILE.nemo`` starts from a trained model's weights with a fresh optimiser and step 0.
 * Checkpoints: ``OUT/last.pt`` (model + optimiser, every 50 steps; ``--resume`` continues from it),
   ``OUT/best.nemo`` (best dev WER, greedy RNN-T at the default [56,13] mode, full-utterance forward with the

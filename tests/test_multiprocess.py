@@ -51,6 +51,30 @@ def test_ring_keeps_order_across_the_wrap(shared):
     assert shared.read(slot, int(shared.write_pos[slot])).tolist() == list(range(10))
 
 
+def test_audio_taken_before_admission_is_copied_out_of_the_ring():
+    """The core hands a new stream's first audio to the engine in the iteration that opens it,
+    before the engine admits it, then consumes that ring space: the front end may write the next
+    samples over it at once. The engine queued a view of the ring, so a stream whose ring was full
+    before the core saw its Open (the first stream of a fresh server under load) decoded
+    overwritten audio and got other tokens (test_sherpa_compat failed on one CI run in four)."""
+    eng = helpers.new_engine(helpers.model(TEST_MODEL), num_slots=1)
+    audio = helpers.utterances(1, seed=8)[0][:24000]
+    ring = audio.copy()
+    s = eng.open_stream(lambda update: None, updates=True)
+    eng.take_audio(s, (ring[:16000],), arrived=1.0)  # not admitted yet: queued
+    eng.take_audio(s, (ring[16000:20000], ring[20000:]), arrived=1.0)  # a wrapped ring: two parts
+    ring[:] = -0.5  # the front end refills the consumed space
+    eng.iterate()  # admits the stream and absorbs what was queued
+    ring[:] = audio
+    eng.take_audio(s, (ring[:8000],), arrived=2.0)  # admitted: straight into the stream's buffer
+    ring[:] = -0.5
+    got = np.zeros(32000, np.float32)
+    s.audio.copy_segment(0, got)
+    assert np.array_equal(got, np.concatenate([audio, audio[:8000]]))
+    eng.abort(s)
+    helpers.assert_engine_empty(eng)
+
+
 def test_slot_table_allocates_frees_and_counts_generations(shared):
     a, gen_a = shared.allocate(frontend=1)
     b, _ = shared.allocate(frontend=2)

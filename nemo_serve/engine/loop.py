@@ -173,7 +173,8 @@ class Engine:
         return stream
 
     def push(self, stream: Stream, samples: np.ndarray, arrived: float | None = None) -> None:
-        """`arrived`: server time the samples came in (default now)."""
+        """`arrived`: server time the samples came in (default now). The engine keeps a reference
+        to `samples` (no copy) until the loop absorbs them: the caller must not write to them."""
         stream.push(np.asarray(samples, dtype=np.float32).reshape(-1), arrived)
         self._dirty.put(stream)
         self._wake_loop()
@@ -183,9 +184,10 @@ class Engine:
         itself): float32 samples in one or two pieces go straight into the stream's buffer and
         the scheduler, without the lock, queue and wake-up a network thread needs. `arrived` is
         the front end's time, so latency counts the wait in the audio ring. A stream the loop has
-        not taken in yet goes the queued way (its buffer is absorbed when it gets its slot)."""
+        not taken in yet goes the queued way (its buffer is absorbed when it gets its slot), as a
+        copy: the caller reuses `parts` (ring space) as soon as this returns."""
         if stream.phase is not Phase.ACTIVE:
-            self.push(stream, parts[0] if len(parts) == 1 else np.concatenate(parts), arrived)
+            self.push(stream, np.concatenate(parts), arrived)  # always a new array, even of one part
             return
         audio = stream.audio
         audio.extend(parts, arrived)

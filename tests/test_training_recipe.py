@@ -349,6 +349,31 @@ def test_random_eq_filters_speech_and_leaves_silence_and_padding():
     assert torch.equal(random_eq(feats, lens, np.random.default_rng(1), max_db=10.0, prob=0.0), feats)
 
 
+def test_vtlp_moves_formants_by_the_factor_and_leaves_silence_and_padding():
+    """random_vtlp warps frequency: a peak in the band centred at f moves to the band centred nearest a * f
+    (up for a > 1, down for a < 1), with the demo model's own filterbank; silence and padding stay as they were."""
+    from nemo_serve.training.train import LOG_GUARD, mel_centers_hz, random_vtlp, warp_bands
+
+    centers = mel_centers_hz(helpers.model().nemo.preprocessor)
+    assert len(centers) == 80 and np.all(np.diff(centers) > 0) and 0 < centers[0] < 100 and 7000 < centers[-1] < 8000
+    power = torch.zeros(80, 4, dtype=torch.float64)
+    power[40] = 1.0  # one loud band, ~1.5 kHz
+    for a in (0.85, 0.93, 1.1, 1.2):
+        warped = warp_bands(power, a, centers)
+        expect = int(np.abs(centers - a * centers[40]).argmin())
+        assert abs(int(warped[:, 0].argmax()) - expect) <= 1 and expect != 40, (a, expect)
+        assert torch.equal(warped[:, 0], warped[:, 3])  # the same warp in every frame
+    rng = np.random.default_rng(0)
+    speech = torch.from_numpy(rng.uniform(-9.0, -2.0, (3, 80, 50))).float()
+    feats = torch.cat([speech, torch.full((3, 80, 10), math.log(LOG_GUARD)), torch.zeros(3, 80, 20)], dim=2)
+    lens = torch.tensor([60, 60, 60])  # 50 speech + 10 silent frames; 20 frames of padding
+    out = random_vtlp(feats, lens, np.random.default_rng(1), 0.1, centers, prob=1.0)
+    assert torch.equal(out[:, :, 60:], feats[:, :, 60:])  # padding untouched
+    assert torch.allclose(out[:, :, 50:60], feats[:, :, 50:60])  # silence stays at the floor
+    assert (out[:, :, :50] - feats[:, :, :50]).abs().max() > 0.5  # speech moved
+    assert torch.equal(random_vtlp(feats, lens, np.random.default_rng(1), 0.1, centers, prob=0.0), feats)
+
+
 def test_checkpoint_average_is_the_elementwise_mean():
     from nemo_serve.training.average import average_states
 

@@ -261,6 +261,43 @@ def random_eq(feats: torch.Tensor, lens: torch.Tensor, rng: np.random.Generator,
     return out
 
 
+def mel_centers_hz(preprocessor) -> np.ndarray:
+    """Each mel filter's centre frequency (its weighted mean), from the preprocessor's own filterbank."""
+    fb = preprocessor.featurizer.fb[0].detach().double().cpu().numpy()  # [n_mels, n_fft // 2 + 1]
+    freqs = np.linspace(0.0, preprocessor._sample_rate / 2, fb.shape[1])
+    return (fb * freqs).sum(1) / fb.sum(1)
+
+
+def random_vtlp(feats: torch.Tensor, lens: torch.Tensor, rng: np.random.Generator, max_warp: float,
+                centers_hz: np.ndarray, prob: float = 0.8) -> torch.Tensor:
+    """Vocal tract length perturbation on the features: for a share ``prob`` of the items, a factor a
+    uniform in 1 +- max_warp moves every spectral feature from frequency f to a * f (formants up for
+    a > 1, as a shorter vocal tract has them).  Output band i reads the input's mel power at
+    centers_hz[i] / a, interpolated linearly between bands (the band edge repeats past either end).
+    On power, not on the log, so digital silence stays at the log floor; frames past an item's length
+    are left alone.  A pseudo-speaker per item from every voice, as flite's --flite-warp makes per
+    utterance at synthesis, but for espeak-ng and festival too."""
+    out = feats.clone()
+    for i in range(feats.shape[0]):
+        if rng.random() >= prob:
+            continue
+        a = rng.uniform(1.0 - max_warp, 1.0 + max_warp)
+        n = int(lens[i])
+        power = (feats[i, :, :n].exp() - LOG_GUARD).clamp_min(0.0)
+        out[i, :, :n] = torch.log(warp_bands(power, a, centers_hz) + LOG_GUARD)
+    return out
+
+
+def warp_bands(power: torch.Tensor, a: float, centers_hz: np.ndarray) -> torch.Tensor:
+    """[bands, frames] mel power with every feature moved from frequency f to a * f (random_vtlp)."""
+    bands = np.arange(len(centers_hz), dtype=np.float64)
+    src = np.interp(centers_hz / a, centers_hz, bands)  # fractional input band per output band
+    lo = np.floor(src).astype(np.int64)
+    hi = np.minimum(lo + 1, len(bands) - 1)
+    w = torch.from_numpy(src - lo).to(power.dtype)[:, None]
+    return power[torch.from_numpy(lo)] * (1 - w) + power[torch.from_numpy(hi)] * w
+
+
 def lr_at(step: int, peak: float, warmup: int, total: int, floor: float = 0.05) -> float:
     if step < warmup:
         return peak * (step + 1) / warmup
@@ -363,6 +400,7 @@ def train(args) -> dict:
         center_input_conv(model, mu, sd)
         print(f"input conv initialised for log-mel mean {mu:.2f} std {sd:.2f}", flush=True)
     spec_aug = model.spec_augmentation
+    centers_hz = mel_centers_hz(model.preprocessor)  # for --vtlp
     tokens = [model.tokenizer.text_to_ids(t) for t in texts]
     durs = np.array([len(w) / 16000 for w in wavs])
     n_params = sum(p.numel() for p in model.parameters())
@@ -419,9 +457,12 @@ def train(args) -> dict:
         model.spec_augmentation = spec_aug if step >= args.specaug_start else None
         w_ctc = args.ctc_weight_start if step < args.ctc_warmup else args.ctc_weight
 
-        if args.channel_eq_db > 0:
+        if args.channel_eq_db > 0 or args.vtlp > 0:
             feats, feat_len = model.preprocessor(input_signal=sig, length=sig_len)
-            feats = random_eq(feats, feat_len, np_rng, args.channel_eq_db)
+            if args.vtlp > 0:
+                feats = random_vtlp(feats, feat_len, np_rng, args.vtlp, centers_hz)
+            if args.channel_eq_db > 0:
+                feats = random_eq(feats, feat_len, np_rng, args.channel_eq_db)
             enc, enc_len = model.forward(processed_signal=feats, processed_signal_length=feat_len)
         else:
             enc, enc_len = model.forward(input_signal=sig, input_signal_length=sig_len)
@@ -514,6 +555,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--channel-eq-db", type=float, default=0.0,
                    help="random smooth EQ of up to +-DB per mel region on 80%% of the items (random_eq); "
                         "0: off (every run before the third flite fine-tune)")
+    p.add_argument("--vtlp", type=float, default=0.0,
+                   help="vocal tract length perturbation: features of 80%% of the items warped in frequency by a "
+                        "factor in 1 +- W (random_vtlp); 0: off (every run before the fifth flite fine-tune)")
     p.add_argument("--train-manifest", default="train.jsonl")
     p.add_argument("--dev-manifest", default="dev.jsonl")
     p.add_argument("--limit", type=int, default=None, help="use only the first N training utterances")

@@ -49,6 +49,8 @@ Recipe (configs/demo_model.yaml):
   cycles and is on from the first step of the flite fine-tune.
 * Random channels (``--channel-eq-db``, from the third flite fine-tune on): each item's mel power goes through
   a random smooth EQ (``random_eq``), so a voice recorded through another microphone is not a new voice.
+* Pseudo-speakers (``--vtlp``, tried in the fifth flite fine-tune): each item's mel power is warped in
+  frequency by a random factor (``random_vtlp``), moving its formants as a longer or shorter vocal tract would.
 * Fine-tuning: ``--init FILE.nemo`` starts from a trained model's weights with a fresh optimiser and step 0.
 * Checkpoints: ``OUT/last.pt`` (model + optimiser, every 50 steps; ``--resume`` continues from it),
   ``OUT/best.nemo`` (best dev WER, greedy RNN-T at the default [56,13] mode, full-utterance forward with the

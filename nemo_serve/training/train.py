@@ -250,16 +250,25 @@ def random_eq(feats: torch.Tensor, lens: torch.Tensor, rng: np.random.Generator,
     length are left alone.  A voice recorded through another channel differs mostly this way: matching the
     held-out flite voice's mean log-mel to the training voices' alone took its offline WER from 38% to 26%
     (docs/demo_model.md)."""
-    out = feats.clone()
     grid = np.linspace(0, points - 1, feats.shape[1])
+
+    def channel(power: torch.Tensor) -> torch.Tensor:
+        db = np.interp(grid, np.arange(points), rng.uniform(-max_db, max_db, points))
+        return power * torch.from_numpy(10.0 ** ((db - db.mean()) / 10.0)).to(power.dtype)[:, None]
+
+    return _on_power(feats, lens, rng, prob, channel)
+
+
+def _on_power(feats: torch.Tensor, lens: torch.Tensor, rng: np.random.Generator, prob: float, transform) -> torch.Tensor:
+    """Log-mels with `transform` ([bands, frames] mel power -> the same) applied to a share ``prob`` of the
+    items, on power so digital silence stays at the log floor; frames past an item's length are left alone."""
+    out = feats.clone()
     for i in range(feats.shape[0]):
         if rng.random() >= prob:
             continue
-        db = np.interp(grid, np.arange(points), rng.uniform(-max_db, max_db, points))
-        gain = torch.from_numpy(10.0 ** ((db - db.mean()) / 10.0)).to(feats.dtype)[:, None]
         n = int(lens[i])
         power = (feats[i, :, :n].exp() - LOG_GUARD).clamp_min(0.0)
-        out[i, :, :n] = torch.log(power * gain + LOG_GUARD)
+        out[i, :, :n] = torch.log(transform(power) + LOG_GUARD)
     return out
 
 
@@ -279,15 +288,8 @@ def random_vtlp(feats: torch.Tensor, lens: torch.Tensor, rng: np.random.Generato
     On power, not on the log, so digital silence stays at the log floor; frames past an item's length
     are left alone.  A pseudo-speaker per item from every voice, as flite's --flite-warp makes per
     utterance at synthesis, but for espeak-ng and festival too."""
-    out = feats.clone()
-    for i in range(feats.shape[0]):
-        if rng.random() >= prob:
-            continue
-        a = rng.uniform(1.0 - max_warp, 1.0 + max_warp)
-        n = int(lens[i])
-        power = (feats[i, :, :n].exp() - LOG_GUARD).clamp_min(0.0)
-        out[i, :, :n] = torch.log(warp_bands(power, a, centers_hz) + LOG_GUARD)
-    return out
+    return _on_power(feats, lens, rng, prob,
+                     lambda power: warp_bands(power, rng.uniform(1.0 - max_warp, 1.0 + max_warp), centers_hz))
 
 
 def warp_bands(power: torch.Tensor, a: float, centers_hz: np.ndarray) -> torch.Tensor:

@@ -132,6 +132,62 @@ def test_festival_voices_stretch_and_warp(tmp_path, voice):
         assert abs(durations[warp] / durations[1.0] - 1) < 0.03, durations
 
 
+needs_more_synthesizers = pytest.mark.skipif(
+    shutil.which("pico2wave") is None or not Path("/usr/share/mbrola/us2").exists(),
+    reason="MBROLA (mbrola, mbrola-us*) and SVOX Pico (libttspico-utils) are needed for their training voices",
+)
+
+
+@needs_synthesizers
+@needs_more_synthesizers
+@pytest.mark.parametrize("engine,voice", [("mbrola", "mb-us2"), ("mbrola", "mb-en1"), ("pico", "en-US"),
+                                          ("pico", "en-GB")])
+def test_mbrola_and_pico_voices_stretch_and_warp(tmp_path, engine, voice):
+    """The two added engines vary as the others do: a slower rate (MBROLA, through espeak-ng's wpm) or a
+    duration stretch of 1.3 (Pico's speed markup) lengthens the speech, and the warp moves the spectrum by the
+    drawn factor while the length stays (measured: 1.21-1.23 longer; warps 1.18-1.21 and 0.83-0.84)."""
+    import soundfile as sf
+
+    from nemo_serve.training import corpus
+
+    text = "set a timer for twenty five minutes"
+    spectra, durations = {}, {}
+    for stretch, speed in ((1.0, 1.0), (1.3, 1.0), (1.2, 1.2), (0.833, 0.833)):
+        rate, pitch = (round(160 / stretch), 50) if engine == "mbrola" else (stretch, round(100 / speed))
+        _, durations[stretch] = corpus._job((0, text, engine, voice, rate, pitch, speed, 1,
+                                             str(tmp_path / "a.wav"), True, False))
+        spectra[stretch] = _log_spectrum(sf.read(tmp_path / "a.wav")[0])
+    assert 1.15 < durations[1.3] / durations[1.0] < 1.45, durations
+    for warp in (1.2, 0.833):
+        assert abs(_spectral_warp(spectra[1.0], spectra[warp]) - warp) <= 0.05
+        assert abs(durations[warp] / durations[1.0] - 1) < 0.03, durations
+
+
+@needs_synthesizers
+@needs_more_synthesizers
+def test_corpus_adds_mbrola_and_pico_after_everything_else(tmp_path):
+    """MBROLA's and then Pico's sentences are drawn after all others (festival's included), so adding them
+    changes no other split, and their rows come last in train.jsonl."""
+    from nemo_serve.training import corpus
+
+    base = ["--n-train", "2", "--n-train-flite", "2", "--n-train-festival", "2", "--n-eval", "2", "--workers", "2"]
+    corpus.main(["--out", str(tmp_path / "a")] + base)
+    corpus.main(["--out", str(tmp_path / "b"), "--n-train-mbrola", "3", "--n-train-pico", "2"] + base)
+    for split in ("dev", "heldout_sentences", "heldout_voices", "flite", "dev_mix"):
+        assert (tmp_path / "a" / f"{split}.jsonl").read_text() == (tmp_path / "b" / f"{split}.jsonl").read_text()
+    rows_a = [json.loads(l) for l in open(tmp_path / "a" / "train.jsonl")]
+    rows_b = [json.loads(l) for l in open(tmp_path / "b" / "train.jsonl")]
+    assert len(rows_a) == 6 and rows_b[:6] == rows_a
+    assert [r["audio_filepath"].split("/")[0] for r in rows_b[6:]] == ["train_mbrola"] * 3 + ["train_pico"] * 2
+    assert {r["voice"] for r in rows_b[6:9]} <= set(corpus.MBROLA_VOICES)
+    assert {r["voice"] for r in rows_b[9:]} <= set(corpus.PICO_VOICES)
+    assert all(r["duration"] > 1.0 for r in rows_b[6:])  # speech, not an empty file
+    # Pico without MBROLA: still after all the others
+    corpus.main(["--out", str(tmp_path / "c"), "--n-train-pico", "2"] + base)
+    rows_c = [json.loads(l) for l in open(tmp_path / "c" / "train.jsonl")]
+    assert rows_c[:6] == rows_a and [r["audio_filepath"].split("/")[0] for r in rows_c[6:]] == ["train_pico"] * 2
+
+
 @needs_synthesizers
 def test_corpus_keeps_existing_files_and_adds_festival_last(tmp_path):
     """--keep-existing synthesizes only what is missing (a file it kept is not rewritten), and festival

@@ -2,8 +2,9 @@
 
 Speech is generated with espeak-ng (8 English voices x ~60 voice variants, varied rate and
 pitch); with ``--n-train-flite`` also with four of flite's five voices (varied, optionally
-formant-warped into new speakers, ``--flite-warp``) and with ``--n-train-festival`` with three
-festival voices, both for training only, while the fifth flite voice (rms) stays held out.
+formant-warped into new speakers, ``--flite-warp``), with ``--n-train-festival`` with three festival
+voices, with ``--n-train-mbrola`` with four MBROLA voices and with ``--n-train-pico`` with SVOX Pico's two
+English voices, all for training only, while the fifth flite voice (rms) stays held out.
 Every waveform is resampled to 16 kHz mono and lightly augmented (gain, white/pink noise at
 15-45 dB SNR, leading/trailing silence).  Sentences are drawn from templates over a fixed
 vocabulary: digits, numbers up to a thousand, ordinals, days, months, a few hundred common
@@ -12,7 +13,7 @@ English words and voice-assistant commands.
 Splits (NeMo-style JSONL manifests, ``audio_filepath`` relative to the manifest directory):
 
 * ``train``             training sentences: espeak-ng training voices/variants (+ ``train_flite``,
-                        ``train_festival`` when asked for)
+                        ``train_festival``, ``train_mbrola``, ``train_pico`` when asked for)
 * ``dev``               unseen sentences, training voices (espeak-ng) - used for checkpoint choice
                         (``dev_mix``: every third row a training flite voice, with flite in training)
 * ``heldout_sentences`` unseen sentences, training voices (espeak-ng)
@@ -23,10 +24,11 @@ Splits (NeMo-style JSONL manifests, ``audio_filepath`` relative to the manifest 
 Usage (the shipped model's corpus)::
 
     python -m nemo_serve.training.corpus --out work_data/corpus --n-train 24000 --n-train-flite 12000 \
-        --flite-warp 0.2 --n-train-festival 4000
+        --flite-warp 0.2 --n-train-festival 4000 --n-train-mbrola 6000 --n-train-pico 4000
 
 Deterministic for a given ``--seed``.  About 4 minutes for 24k espeak-ng utterances on 2 cores, 10 with
-the flite ones; the festival ones are slower (about 70 a minute on one shared core).
+the flite ones; the festival ones are slower (about 70 a minute on one shared core); the 10,000 MBROLA and
+Pico ones took under 3 minutes.
 """
 
 from __future__ import annotations
@@ -236,6 +238,12 @@ FLITE_F0 = {"slt": (140, 250), "awb": (80, 160), "kal16": (75, 160), "kal": (75,
 FESTIVAL_VOICES = ["ked_diphone", "kal_diphone", "cmu_us_slt_arctic_hts"]
 # target_f0_mean ranges (Hz) of the diphone voices' LR intonation; the HTS voice keeps its own pitch.
 FESTIVAL_F0 = {"ked_diphone": (75, 160), "kal_diphone": (75, 160)}
+# Two more engines, training only, for speakers no other synthesizer has (Debian contrib/non-free: mbrola
+# mbrola-us1 mbrola-us2 mbrola-us3 mbrola-en1, libttspico-utils).  MBROLA's diphone voices (US female, two US
+# males, a British male), driven by espeak-ng's front end with espeak-ng's rate and pitch; SVOX Pico's US and
+# British female voices (pico2wave), with its own speed and pitch markup.
+MBROLA_VOICES = ["mb-us1", "mb-us2", "mb-us3", "mb-en1"]
+PICO_VOICES = ["en-US", "en-GB"]
 
 
 def espeak_wave(text: str, voice: str, rate: int, pitch: int) -> tuple[np.ndarray, int]:
@@ -269,6 +277,17 @@ def festival_wave(text: str, voice: str, tmp: str, stretch: float = 0.0, f0: int
         cmd += ["-eval", f"(set! int_lr_params '((target_f0_mean {f0}) (target_f0_std 15) "
                          f"(model_f0_mean 170) (model_f0_std 34)))"]
     subprocess.run(cmd + ["-o", tmp], input=text.encode(), check=True, capture_output=True)
+    return read_audio(tmp)
+
+
+def pico_wave(text: str, voice: str, tmp: str, stretch: float = 0.0, pitch: int = 0) -> tuple[np.ndarray, int]:
+    """SVOX Pico's ``voice`` (pico2wave), its durations stretched by ``stretch`` and its pitch at ``pitch``
+    percent of its own when they are > 0 (Pico's ``<speed>`` and ``<pitch>`` markup)."""
+    if stretch > 0:
+        text = f"<speed level='{round(100 / stretch)}'>{text}</speed>"
+    if pitch > 0:
+        text = f"<pitch level='{pitch}'>{text}</pitch>"
+    subprocess.run(["pico2wave", "-l", voice, "-w", tmp, text], check=True, capture_output=True)
     return read_audio(tmp)
 
 
@@ -307,11 +326,11 @@ def _job(args):
     import soxr
     if keep and os.path.exists(out_wav):  # made by an earlier run with the same seed and arguments
         return idx, round(sf.info(out_wav).frames / SR, 3)
-    if engine == "espeak":
+    if engine in ("espeak", "mbrola"):  # MBROLA's voices are espeak-ng voices (mb-*) with MBROLA's diphones
         x, sr = espeak_wave(text, voice, rate, pitch)
     else:
-        synth = flite_wave if engine == "flite" else festival_wave
-        x, sr = synth(text, voice, out_wav + ".tmp.wav", stretch=rate, f0=pitch)
+        synth = {"flite": flite_wave, "festival": festival_wave, "pico": pico_wave}[engine]
+        x, sr = synth(text, voice, out_wav + ".tmp.wav", rate, pitch)
         os.remove(out_wav + ".tmp.wav")
     if sr != SR:
         x = soxr.resample(x, sr, SR)
@@ -336,7 +355,10 @@ def build_split(name: str, sentences: list[str], engine: str, voices: list[str],
     with ``vary`` (training flite data) also ``duration_stretch`` 0.75-1.35, ``int_f0_target_mean`` in the
     voice's range (FLITE_F0) and, for half of the utterances, speed perturbation 0.9-1.1; with ``warp`` > 0,
     80% of them get their formants scaled by 1/(1+warp)..1+warp instead (pseudo-speakers).  festival (training
-    only, always varied): the same, with the diphone voices' pitch in FESTIVAL_F0.  ``keep``: wav files that
+    only, always varied): the same, with the diphone voices' pitch in FESTIVAL_F0.  pico (training only, always
+    varied): the same, with the pitch at 80-125% of the voice's own.  mbrola (training only): a random voice,
+    rate 120-210 wpm, pitch 20-80 and, with ``warp``, 80% warped as above (the rate slowed by the factor, the
+    pitch left to its random draw).  ``keep``: wav files that
     exist are kept (an earlier run with the same arguments made them), only the missing ones are synthesized."""
     rng = random.Random(seed)
     wav_dir = out / name
@@ -349,11 +371,19 @@ def build_split(name: str, sentences: list[str], engine: str, voices: list[str],
             var = rng.choice(variants)
             voice = v + ("+" + var if var else "")
             rate, pitch = rng.randint(120, 230), rng.randint(20, 80)
+        elif engine == "mbrola":  # espeak-ng's rate (wpm) and pitch (0-99); the warp slows the rate instead
+            voice, rate, pitch = rng.choice(voices), rng.randint(120, 210), rng.randint(20, 80)
+            if warp and rng.random() < 0.8:
+                speed = round(math.exp(rng.uniform(-math.log1p(warp), math.log1p(warp))), 3)
+                rate = round(rate / speed)
         elif vary:
             voice = rng.choice(voices)
             rate = round(rng.uniform(0.75, 1.35), 3)
-            f0_range = (FLITE_F0 if engine == "flite" else FESTIVAL_F0).get(voice)
-            pitch = rng.randint(*f0_range) if f0_range else 0
+            if engine == "pico":  # percent of the voice's own pitch
+                pitch = rng.randint(80, 125)
+            else:
+                f0_range = (FLITE_F0 if engine == "flite" else FESTIVAL_F0).get(voice)
+                pitch = rng.randint(*f0_range) if f0_range else 0
             if warp and rng.random() < 0.8:
                 # a new vocal tract: resampling by `speed` scales the formants; the synthesizer is asked for
                 # `speed` times the duration and 1/speed of the pitch, so only the formants move (and the
@@ -367,7 +397,7 @@ def build_split(name: str, sentences: list[str], engine: str, voices: list[str],
         rel = f"{name}/{i:06d}.wav"
         jobs.append((i, text, engine, voice, rate, pitch, speed, seed * 1000003 + i, str(out / rel), clean, keep))
         row = {"audio_filepath": rel, "text": text, "voice": voice, "rate": rate, "pitch": pitch}
-        if engine != "espeak" and vary:
+        if engine == "mbrola" or (engine != "espeak" and vary):
             row["speed"] = speed
         meta.append(row)
     with ProcessPoolExecutor(workers) as ex:
@@ -420,6 +450,12 @@ def main(argv=None) -> None:
     p.add_argument("--n-train-festival", type=int, default=0,
                    help="festival training utterances (FESTIVAL_VOICES, varied and warped as the flite ones; "
                         "needs --n-train-flite)")
+    p.add_argument("--n-train-mbrola", type=int, default=0,
+                   help="MBROLA training utterances (MBROLA_VOICES through espeak-ng, warped by --flite-warp; "
+                        "needs --n-train-flite)")
+    p.add_argument("--n-train-pico", type=int, default=0,
+                   help="SVOX Pico training utterances (PICO_VOICES, varied and warped as the flite ones; "
+                        "needs --n-train-flite)")
     p.add_argument("--keep-existing", action="store_true",
                    help="keep wav files an earlier run with the same arguments made; synthesize only the missing")
     p.add_argument("--n-eval", type=int, default=300, help="utterances per held-out set")
@@ -450,8 +486,13 @@ def main(argv=None) -> None:
         festival_train = [make_sentence(rng) for _ in range(a.n_train_festival * 2)]
         festival_train = [s for s in festival_train if s not in held and len(s.split()) <= 14]
         festival_train = festival_train[: a.n_train_festival]
+    more_train = {}  # then MBROLA's, then Pico's: each added engine leaves every split drawn before it as it was
+    for engine, n in (("mbrola", a.n_train_mbrola), ("pico", a.n_train_pico)):
+        if a.n_train_flite and n:
+            drawn = [make_sentence(rng) for _ in range(n * 2)]
+            more_train[engine] = [s for s in drawn if s not in held and len(s.split()) <= 14][:n]
     with open(out / "train_text.txt", "w") as f:
-        f.write("\n".join(train + flite_train + festival_train) + "\n")
+        f.write("\n".join(train + flite_train + festival_train + sum(more_train.values(), [])) + "\n")
     keep = a.keep_existing
     build_split("dev", dev, "espeak", ESPEAK_VOICES, TRAIN_VARIANTS, out, a.seed + 1, a.workers, keep=keep)
     build_split("heldout_sentences", hs, "espeak", ESPEAK_VOICES, TRAIN_VARIANTS, out, a.seed + 2, a.workers,
@@ -469,12 +510,18 @@ def main(argv=None) -> None:
         if festival_train:
             festrows = build_split("train_festival", festival_train, "festival", FESTIVAL_VOICES, [], out,
                                    a.seed + 8, a.workers, vary=True, warp=a.flite_warp, keep=keep)
-        write_manifest(out / "train.jsonl", rows + frows + festrows)
+        more_rows = []
+        for engine, sentences in more_train.items():
+            voices, seed = {"mbrola": (MBROLA_VOICES, 9), "pico": (PICO_VOICES, 10)}[engine]
+            more_rows += build_split(f"train_{engine}", sentences, engine, voices, [], out, a.seed + seed,
+                                     a.workers, vary=True, warp=a.flite_warp, keep=keep)
+        write_manifest(out / "train.jsonl", rows + frows + festrows + more_rows)
         drows = build_split("dev_flite", dev_flite, "flite", FLITE_TRAIN_VOICES, [], out, a.seed + 7,
                             a.workers, keep=keep, vary=True, warp=a.flite_warp)
         dev_rows = [json.loads(line) for line in open(out / "dev.jsonl")]
         write_manifest(out / "dev_mix.jsonl", interleave(dev_rows, drows, 2))
-        print(f"train.jsonl: {len(rows)} espeak-ng + {len(frows)} flite + {len(festrows)} festival; "
+        print(f"train.jsonl: {len(rows)} espeak-ng + {len(frows)} flite + {len(festrows)} festival + "
+              f"{len(more_rows)} MBROLA/Pico; "
               f"dev_mix.jsonl: espeak-ng dev with every third row flite", flush=True)
 
 

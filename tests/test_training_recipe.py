@@ -305,6 +305,47 @@ def test_recipe_trains_saves_and_streams(tmp_path):
 
 
 @pytest.mark.skipif(not (ASSETS / "demo.nemo").exists(), reason="demo model not shipped yet")
+def test_init_stacks_a_trained_encoder_into_a_deeper_one_that_serves_exactly(tmp_path):
+    """--init with --encoder-layers 6 from the 4-layer demo model: every non-encoder-layer weight is copied,
+    new layer i is trained layer i*4//6 (0 0 1 2 2 3), and the 6-layer .nemo it saves streams through the
+    engine with the same tokens as NeMo's own loop at 80 ms and 1120 ms chunks."""
+    import soundfile as sf
+
+    from nemo_serve.model import load_model
+    from nemo_serve.oracle import nemo_loop
+    from nemo_serve.training import evaluate, train
+
+    src = evaluate.load_model(str(ASSETS / "demo.nemo")).state_dict()
+    utts = ASSETS / "utterances"
+    args = train.parser().parse_args([
+        "--data", str(utts), "--train-manifest", "manifest.jsonl", "--out", str(tmp_path / "deep"),
+        "--init", str(ASSETS / "demo.nemo"), "--encoder-layers", "6", "--steps", "0", "--limit", "2",
+        "--dev-limit", "0", "--threads", "1", "--save-final",
+    ])  # fmt: skip
+    deep = train.train(args)["model"].eval()
+    state = deep.state_dict()
+    assert len(deep.encoder.layers) == 6 and deep.cfg.encoder.n_layers == 6
+    layer_keys = [k for k in src if k.startswith("encoder.layers.0.")]
+    assert layer_keys
+    for new, old in enumerate([0, 0, 1, 2, 2, 3]):
+        for k in layer_keys:
+            assert torch.equal(state[k.replace(".0.", f".{new}.", 1)], src[k.replace(".0.", f".{old}.", 1)])
+    others = [k for k in src if not k.startswith("encoder.layers.")]
+    assert len(state) == len(others) + 6 * len(layer_keys)
+    assert all(torch.equal(state[k], src[k]) for k in others)
+
+    row = json.loads(open(utts / "manifest.jsonl").readline())
+    audio, _ = sf.read(str(utts / row["audio_filepath"]), dtype="float32")
+    for right in (0, 13):
+        evaluate.set_mode(deep, right)
+        nemo_ids = nemo_loop(deep, audio).token_ids
+        assert nemo_ids
+        served = load_model(str(tmp_path / "deep" / "final.nemo"), context_right=right)
+        assert len(served.nemo.encoder.layers) == 6
+        assert helpers.drive(helpers.new_engine(served, 1), [audio], packet=1280).tokens(0) == nemo_ids, right
+
+
+@pytest.mark.skipif(not (ASSETS / "demo.nemo").exists(), reason="demo model not shipped yet")
 def test_shipped_demo_model_transcribes_bundled_utterances_and_long_streams():
     """One pass of the shipped model over the bundled utterances at the 1120 ms mode. A live stream carries
     many sentences through one cache and one decoder state (the model shipped before chained training dropped

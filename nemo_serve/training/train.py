@@ -51,7 +51,8 @@ Recipe (configs/demo_model.yaml):
   a random smooth EQ (``random_eq``), so a voice recorded through another microphone is not a new voice.
 * Pseudo-speakers (``--vtlp``, tried in the fifth flite fine-tune): each item's mel power is warped in
   frequency by a random factor (``random_vtlp``), moving its formants as a longer or shorter vocal tract would.
-* Fine-tuning: ``--init FILE.nemo`` starts from a trained model's weights with a fresh optimiser and step 0.
+* Fine-tuning: ``--init FILE.nemo`` starts from a trained model's weights with a fresh optimiser and step 0;
+  with ``--encoder-layers N`` deeper than the file's, its layers are stacked into the deeper encoder.
 * Checkpoints: ``OUT/last.pt`` (model + optimiser, every 50 steps; ``--resume`` continues from it),
   ``OUT/best.nemo`` (best dev WER, greedy RNN-T at the default [56,13] mode, full-utterance forward with the
   chunked_limited mask), ``OUT/log.jsonl`` (loss / WER curve).
@@ -102,14 +103,33 @@ def make_tokenizer(text_file: Path, out_dir: Path, vocab_size: int = 128) -> Non
                      tokenizer_type="bpe", output_dir=str(out_dir))
 
 
-def build_model(config: Path = DEFAULT_CONFIG, tokenizer_dir: Path = DEFAULT_TOKENIZER):
+def build_model(config: Path = DEFAULT_CONFIG, tokenizer_dir: Path = DEFAULT_TOKENIZER,
+                encoder_layers: int | None = None):
     from omegaconf import OmegaConf, open_dict
     from nemo.collections.asr.models import EncDecHybridRNNTCTCBPEModel
 
     cfg = OmegaConf.load(str(config)).model
     with open_dict(cfg):
         cfg.tokenizer.dir = str(Path(tokenizer_dir).resolve())
+        if encoder_layers:
+            cfg.encoder.n_layers = encoder_layers
     return EncDecHybridRNNTCTCBPEModel(cfg=cfg)
+
+
+def stack_layers(state: dict[str, torch.Tensor], n_src: int, n_new: int) -> dict[str, torch.Tensor]:
+    """A deeper encoder from a trained one (progressive stacking): new layer i starts as a copy of trained
+    layer ``i * n_src // n_new`` (4 -> 6: 0 0 1 2 2 3), so every new layer begins as a layer that works on
+    the representation it will see, and fine-tuning starts near the trained model instead of from noise."""
+    if n_new < n_src:
+        raise ValueError(f"cannot stack {n_src} encoder layers into {n_new}")
+    prefix = "encoder.layers."
+    out = {k: v for k, v in state.items() if not k.startswith(prefix)}
+    for i in range(n_new):
+        src = f"{prefix}{i * n_src // n_new}."
+        for k, v in state.items():
+            if k.startswith(src):
+                out[f"{prefix}{i}.{k[len(src):]}"] = v.clone()
+    return out
 
 
 def center_input_conv(model, mean: float, std: float) -> None:
@@ -128,14 +148,19 @@ def center_input_conv(model, mean: float, std: float) -> None:
 
 
 def init_from(model, path: str) -> None:
-    """Fine-tuning: copy every weight of a trained ``.nemo`` (same architecture and tokenizer) into ``model``.
-    The optimiser starts fresh and the step count at 0 (use ``--ctc-warmup 0 --short-steps 0``)."""
+    """Fine-tuning: copy every weight of a trained ``.nemo`` (same architecture and tokenizer) into ``model``;
+    a deeper encoder (``--encoder-layers``) gets its layers by ``stack_layers``.  The optimiser starts fresh and
+    the step count at 0 (use ``--ctc-warmup 0 --short-steps 0``)."""
     from nemo.collections.asr.models import ASRModel
 
     src = ASRModel.restore_from(str(path), map_location=torch.device("cpu"))
     if src.tokenizer.vocab_size != model.tokenizer.vocab_size:
         raise SystemExit(f"{path}: vocabulary {src.tokenizer.vocab_size}, expected {model.tokenizer.vocab_size}")
-    model.load_state_dict(src.state_dict(), strict=True)
+    state = src.state_dict()
+    n_src, n_new = len(src.encoder.layers), len(model.encoder.layers)
+    if n_new != n_src:
+        state = stack_layers(state, n_src, n_new)
+    model.load_state_dict(state, strict=True)
 
 
 def feature_stats(model, wavs, n: int = 200) -> tuple[float, float]:
@@ -395,7 +420,7 @@ def train(args) -> dict:
     print(f"loaded {len(wavs)} train / {len(dev_wavs)} dev utterances in {time.time() - t0:.1f}s", flush=True)
     chain_wavs, chain_texts = chain_dev(dev_wavs, dev_texts, args.dev_chain)
 
-    model = build_model(Path(args.config), tok_dir)
+    model = build_model(Path(args.config), tok_dir, args.encoder_layers)
     if args.init and not (args.resume and (out / "last.pt").exists()):
         init_from(model, args.init)
         print(f"weights initialised from {args.init}", flush=True)
@@ -536,6 +561,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer-dir", default=str(DEFAULT_TOKENIZER))
     p.add_argument("--vocab-size", type=int, default=128)
     p.add_argument("--resume", action="store_true")
+    p.add_argument("--encoder-layers", type=int, default=None,
+                   help="encoder depth instead of the config's; with --init from a shallower model its layers are "
+                        "stacked into the deeper one (stack_layers)")
     p.add_argument("--init", default=None,
                    help="fine-tune: start from this .nemo's weights (ignored when --resume finds OUT/last.pt)")
     p.add_argument("--seed", type=int, default=1234)

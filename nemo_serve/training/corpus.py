@@ -244,6 +244,8 @@ FESTIVAL_F0 = {"ked_diphone": (75, 160), "kal_diphone": (75, 160)}
 # British female voices (pico2wave), with its own speed and pitch markup.
 MBROLA_VOICES = ["mb-us1", "mb-us2", "mb-us3", "mb-en1"]
 PICO_VOICES = ["en-US", "en-GB"]
+# The training-only synthesizers after flite: their voices and seed offsets, in the order their sentences are drawn.
+MORE_SYNTHESIZERS = {"festival": (FESTIVAL_VOICES, 8), "mbrola": (MBROLA_VOICES, 9), "pico": (PICO_VOICES, 10)}
 
 
 def espeak_wave(text: str, voice: str, rate: int, pitch: int) -> tuple[np.ndarray, int]:
@@ -445,8 +447,9 @@ def main(argv=None) -> None:
     p.add_argument("--n-train-flite", type=int, default=0,
                    help="flite training utterances (FLITE_TRAIN_VOICES, varied); 0: an espeak-ng-only corpus")
     p.add_argument("--flite-warp", type=float, default=0.0,
-                   help="scale the training flite voices' formants by up to 1+W either way (80%% of them, "
-                        "duration and pitch kept): new speakers from four voices; 0: speed perturbation only")
+                   help="scale the formants of the training flite, festival, MBROLA and Pico voices by up to 1+W "
+                        "either way (80%% of them, duration and pitch kept): new speakers from few voices; 0: speed "
+                        "perturbation only")
     p.add_argument("--n-train-festival", type=int, default=0,
                    help="festival training utterances (FESTIVAL_VOICES, varied and warped as the flite ones; "
                         "needs --n-train-flite)")
@@ -481,18 +484,15 @@ def main(argv=None) -> None:
         held |= set(dev_flite)
         flite_train = [make_sentence(rng) for _ in range(a.n_train_flite * 2)]
         flite_train = [s for s in flite_train if s not in held and len(s.split()) <= 14][: a.n_train_flite]
-    festival_train = []
-    if a.n_train_flite and a.n_train_festival:  # drawn last: every other split stays as without festival
-        festival_train = [make_sentence(rng) for _ in range(a.n_train_festival * 2)]
-        festival_train = [s for s in festival_train if s not in held and len(s.split()) <= 14]
-        festival_train = festival_train[: a.n_train_festival]
-    more_train = {}  # then MBROLA's, then Pico's: each added engine leaves every split drawn before it as it was
-    for engine, n in (("mbrola", a.n_train_mbrola), ("pico", a.n_train_pico)):
+    # Then festival's, MBROLA's and Pico's, in that order and last: each added synthesizer leaves every split
+    # drawn before it as it was.
+    more_train = {}
+    for engine, n in (("festival", a.n_train_festival), ("mbrola", a.n_train_mbrola), ("pico", a.n_train_pico)):
         if a.n_train_flite and n:
             drawn = [make_sentence(rng) for _ in range(n * 2)]
             more_train[engine] = [s for s in drawn if s not in held and len(s.split()) <= 14][:n]
     with open(out / "train_text.txt", "w") as f:
-        f.write("\n".join(train + flite_train + festival_train + sum(more_train.values(), [])) + "\n")
+        f.write("\n".join(train + flite_train + sum(more_train.values(), [])) + "\n")
     keep = a.keep_existing
     build_split("dev", dev, "espeak", ESPEAK_VOICES, TRAIN_VARIANTS, out, a.seed + 1, a.workers, keep=keep)
     build_split("heldout_sentences", hs, "espeak", ESPEAK_VOICES, TRAIN_VARIANTS, out, a.seed + 2, a.workers,
@@ -506,22 +506,18 @@ def main(argv=None) -> None:
     if a.n_train_flite:
         frows = build_split("train_flite", flite_train, "flite", FLITE_TRAIN_VOICES, [], out, a.seed + 6,
                             a.workers, keep=keep, vary=True, warp=a.flite_warp)
-        festrows = []
-        if festival_train:
-            festrows = build_split("train_festival", festival_train, "festival", FESTIVAL_VOICES, [], out,
-                                   a.seed + 8, a.workers, vary=True, warp=a.flite_warp, keep=keep)
-        more_rows = []
+        more_rows = {}
         for engine, sentences in more_train.items():
-            voices, seed = {"mbrola": (MBROLA_VOICES, 9), "pico": (PICO_VOICES, 10)}[engine]
-            more_rows += build_split(f"train_{engine}", sentences, engine, voices, [], out, a.seed + seed,
-                                     a.workers, vary=True, warp=a.flite_warp, keep=keep)
-        write_manifest(out / "train.jsonl", rows + frows + festrows + more_rows)
+            voices, seed = MORE_SYNTHESIZERS[engine]
+            more_rows[engine] = build_split(f"train_{engine}", sentences, engine, voices, [], out, a.seed + seed,
+                                            a.workers, vary=True, warp=a.flite_warp, keep=keep)
+        write_manifest(out / "train.jsonl", rows + frows + sum(more_rows.values(), []))
         drows = build_split("dev_flite", dev_flite, "flite", FLITE_TRAIN_VOICES, [], out, a.seed + 7,
                             a.workers, keep=keep, vary=True, warp=a.flite_warp)
         dev_rows = [json.loads(line) for line in open(out / "dev.jsonl")]
         write_manifest(out / "dev_mix.jsonl", interleave(dev_rows, drows, 2))
-        print(f"train.jsonl: {len(rows)} espeak-ng + {len(frows)} flite + {len(festrows)} festival + "
-              f"{len(more_rows)} MBROLA/Pico; "
+        added = "".join(f" + {len(r)} {engine}" for engine, r in more_rows.items())
+        print(f"train.jsonl: {len(rows)} espeak-ng + {len(frows)} flite{added}; "
               f"dev_mix.jsonl: espeak-ng dev with every third row flite", flush=True)
 
 

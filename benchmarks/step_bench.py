@@ -71,9 +71,10 @@ def with_mode(model, context_right: int):
 
     from nemo_serve import model as served
 
-    mode = served._select_mode(model.nemo.encoder, context_right)
+    [mode] = served._select_modes(model.nemo.encoder, context_right)
     model.nemo.encoder.set_default_att_context_size(mode)
-    return dataclasses.replace(model, geometry=served._geometry(model.nemo, mode))
+    geometry = served._geometry(model.nemo, mode)
+    return dataclasses.replace(model, geometry=geometry, geometries={mode[1]: geometry})
 
 
 def main() -> None:

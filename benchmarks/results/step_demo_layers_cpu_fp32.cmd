@@ -1,0 +1,7 @@
+# The 4-layer demo model shipped until 2026-12-02 (git show 9a42de3:nemo_serve/assets/demo/demo.nemo > work_data/demo_ft7_shipped.nemo)
+# against the 6-layer one shipped since, the engine only, one after the other on the same quiet 2-core machine, 3 rounds each.
+python benchmarks/step_bench.py --model work_data/demo_ft7_shipped.nemo --audio nemo_serve/assets/demo/utterances/manifest.jsonl --context-right 3,13 --batch-sizes 1,16,32 --seconds 10 --rounds 3 --systems engine --out 'benchmarks/results/step_demo4_r{r}_engine_cpu_fp32.json'
+python benchmarks/step_bench.py --model demo --audio nemo_serve/assets/demo/utterances/manifest.jsonl --context-right 3,13 --batch-sizes 1,16,32 --seconds 10 --rounds 3 --systems engine --out 'benchmarks/results/step_demo6_r{r}_engine_cpu_fp32.json'
+# Then again in the other order (6 layers first), as a check on the machine's drift between runs:
+python benchmarks/step_bench.py --model demo --audio nemo_serve/assets/demo/utterances/manifest.jsonl --context-right 3,13 --batch-sizes 1,16,32 --seconds 10 --rounds 3 --systems engine --out 'benchmarks/results/step_demo6_r{r}_engine_cpu_fp32_b.json'
+python benchmarks/step_bench.py --model work_data/demo_ft7_shipped.nemo --audio nemo_serve/assets/demo/utterances/manifest.jsonl --context-right 3,13 --batch-sizes 1,16,32 --seconds 10 --rounds 3 --systems engine --out 'benchmarks/results/step_demo4_r{r}_engine_cpu_fp32_b.json'

@@ -97,23 +97,24 @@ def test_kv_encoder_final_partial_chunk_outputs_match():
 
 
 def test_kv_cache_layout_and_size():
-    """Sizes derived by hand from configs/demo_model.yaml at its default mode [56, 13]: 4 layers, d_model 128,
-    4 heads (d_k 32), conv kernel 9 (causal: 8 cached columns), 56 cached left frames, 13 + 1 scratch positions.
-      NeMo's layout:  channel 4 x 56 x 128 = 28,672 + time 4 x 128 x 8 = 4,096 -> 32,768 floats = 131,072 B
-      key/value:      channel 4 x 4 heads x (56 + 14) x (2 x 32) = 71,680 + time 4,096 -> 75,776 floats = 303,104 B
+    """Sizes derived by hand for the shipped demo model at its default mode [56, 13]: configs/demo_model.yaml
+    (d_model 128, 4 heads (d_k 32), conv kernel 9 (causal: 8 cached columns)) with its encoder stacked to 6
+    layers, 56 cached left frames, 13 + 1 scratch positions.
+      NeMo's layout:  channel 6 x 56 x 128 = 43,008 + time 6 x 128 x 8 = 6,144 -> 49,152 floats = 196,608 B
+      key/value:      channel 6 x 4 heads x (56 + 14) x (2 x 32) = 107,520 + time 6,144 -> 113,664 floats = 454,656 B
     """
     m = helpers.model(None, None)
     assert m.name == "demo" and m.geometry.context_right == 13
     enc = make_encoder(m)
     kv, ref = SlotPool(m, 2, enc.channel_shape), SlotPool(m, 2)
     # two slots + the scratch row padded steps point at
-    assert ref.cache_last_channel.shape == (4, 3, 56, 128) and ref.cache_last_time.shape == (4, 3, 128, 8)
-    assert kv.cache_last_channel.shape == (4, 3, 4, 56 + 14, 64) and kv.cache_last_time.shape == (4, 3, 128, 8)
-    assert m.cache_bytes_per_stream == ref.cache_bytes_per_stream == 131_072
-    assert kv.cache_bytes_per_stream == 303_104
+    assert ref.cache_last_channel.shape == (6, 3, 56, 128) and ref.cache_last_time.shape == (6, 3, 128, 8)
+    assert kv.cache_last_channel.shape == (6, 3, 4, 56 + 14, 64) and kv.cache_last_time.shape == (6, 3, 128, 8)
+    assert m.cache_bytes_per_stream == ref.cache_bytes_per_stream == 196_608
+    assert kv.cache_bytes_per_stream == 454_656
     # what the tensors really hold, for the two slots and the scratch row
-    assert ref.cache_last_channel.nbytes + ref.cache_last_time.nbytes == 3 * 131_072
-    assert kv.cache_last_channel.nbytes + kv.cache_last_time.nbytes == 3 * 303_104
+    assert ref.cache_last_channel.nbytes + ref.cache_last_time.nbytes == 3 * 196_608
+    assert kv.cache_last_channel.nbytes + kv.cache_last_time.nbytes == 3 * 454_656
 
 
 def test_engine_without_kv_cache_runs_nemo_layers_and_agrees():

@@ -487,7 +487,8 @@ def main(argv=None) -> None:
     # Then festival's, MBROLA's and Pico's, in that order and last: each added synthesizer leaves every split
     # drawn before it as it was.
     more_train = {}
-    for engine, n in (("festival", a.n_train_festival), ("mbrola", a.n_train_mbrola), ("pico", a.n_train_pico)):
+    for engine in MORE_SYNTHESIZERS:
+        n = getattr(a, f"n_train_{engine}")
         if a.n_train_flite and n:
             drawn = [make_sentence(rng) for _ in range(n * 2)]
             more_train[engine] = [s for s in drawn if s not in held and len(s.split()) <= 14][:n]

@@ -138,14 +138,22 @@ needs_more_synthesizers = pytest.mark.skipif(
 )
 
 
+needs_rhvoice = pytest.mark.skipif(
+    shutil.which("RHVoice-test") is None or not Path("/usr/share/RHVoice/voices/bdl").exists(),
+    reason="RHVoice (rhvoice, rhvoice-english) is needed for its training voices",
+)
+
+
 @needs_synthesizers
 @needs_more_synthesizers
+@needs_rhvoice
 @pytest.mark.parametrize("engine,voice", [("mbrola", "mb-us2"), ("mbrola", "mb-en1"), ("pico", "en-US"),
-                                          ("pico", "en-GB")])
-def test_mbrola_and_pico_voices_stretch_and_warp(tmp_path, engine, voice):
-    """The two added engines vary as the others do: a slower rate (MBROLA, through espeak-ng's wpm) or a
-    duration stretch of 1.3 (Pico's speed markup) lengthens the speech, and the warp moves the spectrum by the
-    drawn factor while the length stays (measured: 1.21-1.23 longer; warps 1.18-1.21 and 0.83-0.84)."""
+                                          ("pico", "en-GB"), ("rhvoice", "bdl"), ("rhvoice", "lyubov")])
+def test_mbrola_pico_and_rhvoice_voices_stretch_and_warp(tmp_path, engine, voice):
+    """The added engines vary as the others do: a slower rate (MBROLA, through espeak-ng's wpm) or a
+    duration stretch of 1.3 (Pico's speed markup, RHVoice's speed percent) lengthens the speech, and the warp
+    moves the spectrum by the drawn factor while the length stays (measured: 1.21-1.23 longer; warps 1.18-1.21
+    and 0.83-0.84)."""
     import soundfile as sf
 
     from nemo_serve.training import corpus
@@ -186,6 +194,27 @@ def test_corpus_adds_mbrola_and_pico_after_everything_else(tmp_path):
     corpus.main(["--out", str(tmp_path / "c"), "--n-train-pico", "2"] + base)
     rows_c = [json.loads(l) for l in open(tmp_path / "c" / "train.jsonl")]
     assert rows_c[:6] == rows_a and [r["audio_filepath"].split("/")[0] for r in rows_c[6:]] == ["train_pico"] * 2
+
+
+@needs_synthesizers
+@needs_more_synthesizers
+@needs_rhvoice
+def test_corpus_adds_rhvoice_after_everything_else(tmp_path):
+    """RHVoice's sentences are drawn after Pico's, so adding them changes no other split (the corpus of the
+    models before it stays as it was), and its rows come last in train.jsonl, in RHVoice's voices."""
+    from nemo_serve.training import corpus
+
+    base = ["--n-train", "2", "--n-train-flite", "2", "--n-train-pico", "2", "--n-eval", "2", "--workers", "2"]
+    corpus.main(["--out", str(tmp_path / "a")] + base)
+    corpus.main(["--out", str(tmp_path / "b"), "--n-train-rhvoice", "3"] + base)
+    for split in ("dev", "heldout_sentences", "heldout_voices", "flite", "dev_mix"):
+        assert (tmp_path / "a" / f"{split}.jsonl").read_text() == (tmp_path / "b" / f"{split}.jsonl").read_text()
+    rows_a = [json.loads(l) for l in open(tmp_path / "a" / "train.jsonl")]
+    rows_b = [json.loads(l) for l in open(tmp_path / "b" / "train.jsonl")]
+    assert len(rows_a) == 6 and rows_b[:6] == rows_a
+    assert [r["audio_filepath"].split("/")[0] for r in rows_b[6:]] == ["train_rhvoice"] * 3
+    assert {r["voice"] for r in rows_b[6:]} <= set(corpus.RHVOICE_VOICES)
+    assert all(r["duration"] > 1.0 for r in rows_b[6:])  # speech, not an empty file
 
 
 @needs_synthesizers
@@ -309,7 +338,7 @@ def test_init_stacks_a_trained_encoder_into_a_deeper_one_that_serves_exactly(tmp
     """--init with --encoder-layers N from the shipped demo model (n = 6 layers; 4 before it was itself
     stacked), N = 1.5 n: every non-encoder-layer weight is copied, new layer i is trained layer i*n//N (for 4 -> 6:
     0 0 1 2 2 3), and the deeper .nemo it saves streams through the engine with the same tokens as NeMo's own
-    loop at 80 ms and 1120 ms chunks."""
+    loop at 80 ms and 1120 ms chunks.  Without --encoder-layers the fine-tune keeps the model's depth."""
     import soundfile as sf
 
     from nemo_serve.model import load_model
@@ -336,6 +365,14 @@ def test_init_stacks_a_trained_encoder_into_a_deeper_one_that_serves_exactly(tmp
     others = [k for k in src if not k.startswith("encoder.layers.")]
     assert len(state) == len(others) + len(expected) * len(layer_keys)
     assert all(torch.equal(state[k], src[k]) for k in others)
+
+    # Without --encoder-layers a fine-tune keeps its model's depth and starts from its weights exactly (the
+    # config's depth, 4, would refuse to take 6 layers).
+    same = train.train(train.parser().parse_args([
+        "--data", str(utts), "--train-manifest", "manifest.jsonl", "--out", str(tmp_path / "same"),
+        "--init", str(ASSETS / "demo.nemo"), "--steps", "0", "--limit", "2", "--dev-limit", "0", "--threads", "1",
+    ]))["model"].state_dict()  # fmt: skip
+    assert same.keys() == src.keys() and all(torch.equal(same[k], src[k]) for k in src)
 
     row = json.loads(open(utts / "manifest.jsonl").readline())
     audio, _ = sf.read(str(utts / row["audio_filepath"]), dtype="float32")

@@ -3,8 +3,8 @@
 Speech is generated with espeak-ng (8 English voices x ~60 voice variants, varied rate and
 pitch); with ``--n-train-flite`` also with four of flite's five voices (varied, optionally
 formant-warped into new speakers, ``--flite-warp``), with ``--n-train-festival`` with three festival
-voices, with ``--n-train-mbrola`` with four MBROLA voices and with ``--n-train-pico`` with SVOX Pico's two
-English voices, all for training only, while the fifth flite voice (rms) stays held out.
+voices, with ``--n-train-mbrola`` with four MBROLA voices, with ``--n-train-pico`` with SVOX Pico's two
+English voices and with ``--n-train-rhvoice`` with four RHVoice voices, all for training only, while the fifth flite voice (rms) stays held out.
 Every waveform is resampled to 16 kHz mono and lightly augmented (gain, white/pink noise at
 15-45 dB SNR, leading/trailing silence).  Sentences are drawn from templates over a fixed
 vocabulary: digits, numbers up to a thousand, ordinals, days, months, a few hundred common
@@ -13,7 +13,7 @@ English words and voice-assistant commands.
 Splits (NeMo-style JSONL manifests, ``audio_filepath`` relative to the manifest directory):
 
 * ``train``             training sentences: espeak-ng training voices/variants (+ ``train_flite``,
-                        ``train_festival``, ``train_mbrola``, ``train_pico`` when asked for)
+                        ``train_festival``, ``train_mbrola``, ``train_pico``, ``train_rhvoice`` when asked for)
 * ``dev``               unseen sentences, training voices (espeak-ng) - used for checkpoint choice
                         (``dev_mix``: every third row a training flite voice, with flite in training)
 * ``heldout_sentences`` unseen sentences, training voices (espeak-ng)
@@ -244,8 +244,13 @@ FESTIVAL_F0 = {"ked_diphone": (75, 160), "kal_diphone": (75, 160)}
 # British female voices (pico2wave), with its own speed and pitch markup.
 MBROLA_VOICES = ["mb-us1", "mb-us2", "mb-us3", "mb-en1"]
 PICO_VOICES = ["en-US", "en-GB"]
+# A sixth engine, training only (Debian non-free: rhvoice rhvoice-english): RHVoice's statistical parametric
+# voices of four speakers no other synthesizer has: bdl (US male) and clb (US female) of CMU ARCTIC, recorded
+# as the held-out rms was but other people, and evgeniy-eng and lyubov (English with a Russian accent).
+RHVOICE_VOICES = ["bdl", "clb", "evgeniy-eng", "lyubov"]
 # The training-only synthesizers after flite: their voices and seed offsets, in the order their sentences are drawn.
-MORE_SYNTHESIZERS = {"festival": (FESTIVAL_VOICES, 8), "mbrola": (MBROLA_VOICES, 9), "pico": (PICO_VOICES, 10)}
+MORE_SYNTHESIZERS = {"festival": (FESTIVAL_VOICES, 8), "mbrola": (MBROLA_VOICES, 9), "pico": (PICO_VOICES, 10),
+                     "rhvoice": (RHVOICE_VOICES, 11)}
 
 
 def espeak_wave(text: str, voice: str, rate: int, pitch: int) -> tuple[np.ndarray, int]:
@@ -293,6 +298,18 @@ def pico_wave(text: str, voice: str, tmp: str, stretch: float = 0.0, pitch: int 
     return read_audio(tmp)
 
 
+def rhvoice_wave(text: str, voice: str, tmp: str, stretch: float = 0.0, pitch: int = 0) -> tuple[np.ndarray, int]:
+    """RHVoice's ``voice`` (RHVoice-test), its durations stretched by ``stretch`` and its pitch at ``pitch``
+    percent of its own when they are > 0 (``-r``: speed in percent, ``-t``: pitch in percent)."""
+    cmd = ["RHVoice-test", "-p", voice, "-o", tmp]
+    if stretch > 0:
+        cmd += ["-r", str(round(100 / stretch))]
+    if pitch > 0:
+        cmd += ["-t", str(pitch)]
+    subprocess.run(cmd, input=text.encode(), check=True, capture_output=True)
+    return read_audio(tmp)
+
+
 def _parse_wav_bytes(b: bytes) -> tuple[np.ndarray, int]:
     # espeak-ng --stdout writes a streaming RIFF header with bogus sizes; find 'data' chunk.
     sr = int.from_bytes(b[24:28], "little")
@@ -331,7 +348,7 @@ def _job(args):
     if engine in ("espeak", "mbrola"):  # MBROLA's voices are espeak-ng voices (mb-*) with MBROLA's diphones
         x, sr = espeak_wave(text, voice, rate, pitch)
     else:
-        synth = {"flite": flite_wave, "festival": festival_wave, "pico": pico_wave}[engine]
+        synth = {"flite": flite_wave, "festival": festival_wave, "pico": pico_wave, "rhvoice": rhvoice_wave}[engine]
         x, sr = synth(text, voice, out_wav + ".tmp.wav", rate, pitch)
         os.remove(out_wav + ".tmp.wav")
     if sr != SR:
@@ -357,10 +374,10 @@ def build_split(name: str, sentences: list[str], engine: str, voices: list[str],
     with ``vary`` (training flite data) also ``duration_stretch`` 0.75-1.35, ``int_f0_target_mean`` in the
     voice's range (FLITE_F0) and, for half of the utterances, speed perturbation 0.9-1.1; with ``warp`` > 0,
     80% of them get their formants scaled by 1/(1+warp)..1+warp instead (pseudo-speakers).  festival (training
-    only, always varied): the same, with the diphone voices' pitch in FESTIVAL_F0.  pico (training only, always
-    varied): the same, with the pitch at 80-125% of the voice's own.  mbrola (training only): a random voice,
-    rate 120-210 wpm, pitch 20-80 and, with ``warp``, 80% warped as above (the rate slowed by the factor, the
-    pitch left to its random draw).  ``keep``: wav files that
+    only, always varied): the same, with the diphone voices' pitch in FESTIVAL_F0.  pico and rhvoice (training
+    only, always varied): the same, with the pitch at 80-125% of the voice's own.  mbrola (training only): a
+    random voice, rate 120-210 wpm, pitch 20-80 and, with ``warp``, 80% warped as above (the rate slowed by the
+    factor, the pitch left to its random draw).  ``keep``: wav files that
     exist are kept (an earlier run with the same arguments made them), only the missing ones are synthesized."""
     rng = random.Random(seed)
     wav_dir = out / name
@@ -381,7 +398,7 @@ def build_split(name: str, sentences: list[str], engine: str, voices: list[str],
         elif vary:
             voice = rng.choice(voices)
             rate = round(rng.uniform(0.75, 1.35), 3)
-            if engine == "pico":  # percent of the voice's own pitch
+            if engine in ("pico", "rhvoice"):  # percent of the voice's own pitch
                 pitch = rng.randint(80, 125)
             else:
                 f0_range = (FLITE_F0 if engine == "flite" else FESTIVAL_F0).get(voice)
@@ -447,9 +464,9 @@ def main(argv=None) -> None:
     p.add_argument("--n-train-flite", type=int, default=0,
                    help="flite training utterances (FLITE_TRAIN_VOICES, varied); 0: an espeak-ng-only corpus")
     p.add_argument("--flite-warp", type=float, default=0.0,
-                   help="scale the formants of the training flite, festival, MBROLA and Pico voices by up to 1+W "
-                        "either way (80%% of them, duration and pitch kept): new speakers from few voices; 0: speed "
-                        "perturbation only")
+                   help="scale the formants of the training flite, festival, MBROLA, Pico and RHVoice voices by up "
+                        "to 1+W either way (80%% of them, duration and pitch kept): new speakers from few voices; 0: "
+                        "speed perturbation only")
     p.add_argument("--n-train-festival", type=int, default=0,
                    help="festival training utterances (FESTIVAL_VOICES, varied and warped as the flite ones; "
                         "needs --n-train-flite)")
@@ -458,6 +475,9 @@ def main(argv=None) -> None:
                         "needs --n-train-flite)")
     p.add_argument("--n-train-pico", type=int, default=0,
                    help="SVOX Pico training utterances (PICO_VOICES, varied and warped as the flite ones; "
+                        "needs --n-train-flite)")
+    p.add_argument("--n-train-rhvoice", type=int, default=0,
+                   help="RHVoice training utterances (RHVOICE_VOICES, varied and warped as the flite ones; "
                         "needs --n-train-flite)")
     p.add_argument("--keep-existing", action="store_true",
                    help="keep wav files an earlier run with the same arguments made; synthesize only the missing")
@@ -484,8 +504,8 @@ def main(argv=None) -> None:
         held |= set(dev_flite)
         flite_train = [make_sentence(rng) for _ in range(a.n_train_flite * 2)]
         flite_train = [s for s in flite_train if s not in held and len(s.split()) <= 14][: a.n_train_flite]
-    # Then festival's, MBROLA's and Pico's, in that order and last: each added synthesizer leaves every split
-    # drawn before it as it was.
+    # Then festival's, MBROLA's, Pico's and RHVoice's, in that order and last: each added synthesizer leaves
+    # every split drawn before it as it was.
     more_train = {}
     for engine in MORE_SYNTHESIZERS:
         n = getattr(a, f"n_train_{engine}")

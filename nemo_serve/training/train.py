@@ -163,6 +163,14 @@ def init_from(model, path: str) -> None:
     model.load_state_dict(state, strict=True)
 
 
+def init_depth(path: str) -> int:
+    """The encoder depth of a trained ``.nemo`` (from its config, without building it): a fine-tune keeps its
+    model's depth unless ``--encoder-layers`` says otherwise."""
+    from nemo.collections.asr.models import ASRModel
+
+    return int(ASRModel.restore_from(str(path), return_config=True).encoder.n_layers)
+
+
 def feature_stats(model, wavs, n: int = 200) -> tuple[float, float]:
     model.preprocessor.eval()
     feats = []
@@ -420,7 +428,8 @@ def train(args) -> dict:
     print(f"loaded {len(wavs)} train / {len(dev_wavs)} dev utterances in {time.time() - t0:.1f}s", flush=True)
     chain_wavs, chain_texts = chain_dev(dev_wavs, dev_texts, args.dev_chain)
 
-    model = build_model(Path(args.config), tok_dir, args.encoder_layers)
+    layers = args.encoder_layers or (init_depth(args.init) if args.init else None)
+    model = build_model(Path(args.config), tok_dir, layers)
     if args.init and not (args.resume and (out / "last.pt").exists()):
         init_from(model, args.init)
         print(f"weights initialised from {args.init}", flush=True)
@@ -562,8 +571,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab-size", type=int, default=128)
     p.add_argument("--resume", action="store_true")
     p.add_argument("--encoder-layers", type=int, default=None,
-                   help="encoder depth instead of the config's; with --init from a shallower model its layers are "
-                        "stacked into the deeper one (stack_layers)")
+                   help="encoder depth instead of the config's (with --init: instead of that model's); with --init "
+                        "from a shallower model its layers are stacked into the deeper one (stack_layers)")
     p.add_argument("--init", default=None,
                    help="fine-tune: start from this .nemo's weights (ignored when --resume finds OUT/last.pt)")
     p.add_argument("--seed", type=int, default=1234)

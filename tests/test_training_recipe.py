@@ -146,9 +146,9 @@ needs_rhvoice = pytest.mark.skipif(
 
 @needs_synthesizers
 @needs_more_synthesizers
-@needs_rhvoice
 @pytest.mark.parametrize("engine,voice", [("mbrola", "mb-us2"), ("mbrola", "mb-en1"), ("pico", "en-US"),
-                                          ("pico", "en-GB"), ("rhvoice", "bdl"), ("rhvoice", "lyubov")])
+                                          ("pico", "en-GB"), pytest.param("rhvoice", "bdl", marks=needs_rhvoice),
+                                          pytest.param("rhvoice", "lyubov", marks=needs_rhvoice)])
 def test_mbrola_pico_and_rhvoice_voices_stretch_and_warp(tmp_path, engine, voice):
     """The added engines vary as the others do: a slower rate (MBROLA, through espeak-ng's wpm) or a
     duration stretch of 1.3 (Pico's speed markup, RHVoice's speed percent) lengthens the speech, and the warp

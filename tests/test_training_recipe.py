@@ -108,8 +108,16 @@ def test_flite_warp_moves_the_formants_and_keeps_the_duration(tmp_path, voice):
     assert sum(not 0.9 <= s <= 1.1 for s in speeds) >= 8 and max(speeds) > 1.1 and min(speeds) < 0.9
 
 
+needs_rab_don = pytest.mark.skipif(
+    not all(Path(f"/usr/share/festival/voices/english/{v}").exists() for v in ("rab_diphone", "don_diphone")),
+    reason="festival's rab and don voices (festvox-rablpc16k, festvox-don) are needed for their training split",
+)
+
+
 @needs_synthesizers
-@pytest.mark.parametrize("voice", ["kal_diphone", "cmu_us_slt_arctic_hts"])
+@pytest.mark.parametrize("voice", ["kal_diphone", "cmu_us_slt_arctic_hts",
+                                   pytest.param("rab_diphone", marks=needs_rab_don),
+                                   pytest.param("don_diphone", marks=needs_rab_don)])
 def test_festival_voices_stretch_and_warp(tmp_path, voice):
     """festival's training voices vary as flite's do: a duration stretch of 1.3 lengthens the speech (the
     HTS voice ignores Duration_Stretch and needs its engine's rate), and the warp moves the spectrum by the
@@ -148,7 +156,8 @@ needs_rhvoice = pytest.mark.skipif(
 @needs_more_synthesizers
 @pytest.mark.parametrize("engine,voice", [("mbrola", "mb-us2"), ("mbrola", "mb-en1"), ("pico", "en-US"),
                                           ("pico", "en-GB"), pytest.param("rhvoice", "bdl", marks=needs_rhvoice),
-                                          pytest.param("rhvoice", "lyubov", marks=needs_rhvoice)])
+                                          pytest.param("rhvoice", "lyubov", marks=needs_rhvoice),
+                                          pytest.param("rhvoice", "alan", marks=needs_rhvoice)])
 def test_mbrola_pico_and_rhvoice_voices_stretch_and_warp(tmp_path, engine, voice):
     """The added engines vary as the others do: a slower rate (MBROLA, through espeak-ng's wpm) or a
     duration stretch of 1.3 (Pico's speed markup, RHVoice's speed percent) lengthens the speech, and the warp
@@ -215,6 +224,32 @@ def test_corpus_adds_rhvoice_after_everything_else(tmp_path):
     assert [r["audio_filepath"].split("/")[0] for r in rows_b[6:]] == ["train_rhvoice"] * 3
     assert {r["voice"] for r in rows_b[6:]} <= set(corpus.RHVOICE_VOICES)
     assert all(r["duration"] > 1.0 for r in rows_b[6:])  # speech, not an empty file
+
+
+@needs_synthesizers
+@needs_rhvoice
+@needs_rab_don
+def test_corpus_adds_rab_don_and_alan_slt_after_everything_else(tmp_path):
+    """festival's rab and don and RHVoice's alan and slt are drawn after RHVoice's first four, in that order, so
+    adding them changes no other split (the corpus of the models before them stays as it was), and their rows
+    come last in train.jsonl, each split in its own voices."""
+    from nemo_serve.training import corpus
+
+    base = ["--n-train", "2", "--n-train-flite", "2", "--n-train-rhvoice", "2", "--n-eval", "2", "--workers", "2"]
+    corpus.main(["--out", str(tmp_path / "a")] + base)
+    corpus.main(["--out", str(tmp_path / "b"), "--n-train-festival-rab-don", "6", "--n-train-rhvoice-alan-slt",
+                 "2"] + base)
+    for split in ("dev", "heldout_sentences", "heldout_voices", "flite", "dev_mix"):
+        assert (tmp_path / "a" / f"{split}.jsonl").read_text() == (tmp_path / "b" / f"{split}.jsonl").read_text()
+    rows_a = [json.loads(l) for l in open(tmp_path / "a" / "train.jsonl")]
+    rows_b = [json.loads(l) for l in open(tmp_path / "b" / "train.jsonl")]
+    assert len(rows_a) == 6 and rows_b[:6] == rows_a
+    added = rows_b[6:]
+    assert [r["audio_filepath"].split("/")[0] for r in added] == (["train_festival_rab_don"] * 6
+                                                                 + ["train_rhvoice_alan_slt"] * 2)
+    assert {r["voice"] for r in added[:6]} <= set(corpus.FESTIVAL_RAB_DON_VOICES)
+    assert {r["voice"] for r in added[6:]} <= set(corpus.RHVOICE_ALAN_SLT_VOICES)
+    assert all(r["duration"] > 1.0 for r in added)  # speech, not an empty file
 
 
 @needs_synthesizers

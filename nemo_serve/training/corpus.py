@@ -4,7 +4,8 @@ Speech is generated with espeak-ng (8 English voices x ~60 voice variants, varie
 pitch); with ``--n-train-flite`` also with four of flite's five voices (varied, optionally
 formant-warped into new speakers, ``--flite-warp``), with ``--n-train-festival`` with three festival
 voices, with ``--n-train-mbrola`` with four MBROLA voices, with ``--n-train-pico`` with SVOX Pico's two
-English voices and with ``--n-train-rhvoice`` with four RHVoice voices, all for training only, while the
+English voices, with ``--n-train-rhvoice`` with four RHVoice voices and with ``--n-train-festival-rab-don`` and
+``--n-train-rhvoice-alan-slt`` with the last English voices of those packages, all for training only, while the
 fifth flite voice (rms) stays held out.
 Every waveform is resampled to 16 kHz mono and lightly augmented (gain, white/pink noise at
 15-45 dB SNR, leading/trailing silence).  Sentences are drawn from templates over a fixed
@@ -14,7 +15,8 @@ English words and voice-assistant commands.
 Splits (NeMo-style JSONL manifests, ``audio_filepath`` relative to the manifest directory):
 
 * ``train``             training sentences: espeak-ng training voices/variants (+ ``train_flite``,
-                        ``train_festival``, ``train_mbrola``, ``train_pico``, ``train_rhvoice`` when asked for)
+                        ``train_festival``, ``train_mbrola``, ``train_pico``, ``train_rhvoice``,
+                        ``train_festival_rab_don``, ``train_rhvoice_alan_slt`` when asked for)
 * ``dev``               unseen sentences, training voices (espeak-ng) - used for checkpoint choice
                         (``dev_mix``: every third row a training flite voice, with flite in training)
 * ``heldout_sentences`` unseen sentences, training voices (espeak-ng)
@@ -238,7 +240,8 @@ FLITE_F0 = {"slt": (140, 250), "awb": (80, 160), "kal16": (75, 160), "kal": (75,
 # kal) and an HTS voice (slt).  Each speaker is rendered by a different engine than in flite.
 FESTIVAL_VOICES = ["ked_diphone", "kal_diphone", "cmu_us_slt_arctic_hts"]
 # target_f0_mean ranges (Hz) of the diphone voices' LR intonation; the HTS voice keeps its own pitch.
-FESTIVAL_F0 = {"ked_diphone": (75, 160), "kal_diphone": (75, 160)}
+FESTIVAL_F0 = {"ked_diphone": (75, 160), "kal_diphone": (75, 160), "rab_diphone": (75, 160),
+               "don_diphone": (75, 160)}
 # Two more engines, training only, for speakers no other synthesizer has (Debian contrib/non-free: mbrola
 # mbrola-us1 mbrola-us2 mbrola-us3 mbrola-en1, libttspico-utils).  MBROLA's diphone voices (US female, two US
 # males, a British male), driven by espeak-ng's front end with espeak-ng's rate and pitch; SVOX Pico's US and
@@ -249,9 +252,17 @@ PICO_VOICES = ["en-US", "en-GB"]
 # voices of four speakers no other synthesizer has: bdl (US male) and clb (US female) of CMU ARCTIC, recorded
 # as the held-out rms was but other people, and evgeniy-eng and lyubov (English with a Russian accent).
 RHVOICE_VOICES = ["bdl", "clb", "evgeniy-eng", "lyubov"]
-# The training-only synthesizers after flite: their voices and seed offsets, in the order their sentences are drawn.
-MORE_SYNTHESIZERS = {"festival": (FESTIVAL_VOICES, 8), "mbrola": (MBROLA_VOICES, 9), "pico": (PICO_VOICES, 10),
-                     "rhvoice": (RHVOICE_VOICES, 11)}
+# The last English voices these Debian packages hold (festvox-rablpc16k festvox-don, rhvoice-english): festival's
+# diphone voices of two British male speakers no other synthesizer has (rab; don, a minimal 10 kHz diphone set),
+# and RHVoice's renderings of two speakers flite and festival also have (alan is CMU ARCTIC's awb; slt).
+FESTIVAL_RAB_DON_VOICES = ["rab_diphone", "don_diphone"]
+RHVOICE_ALAN_SLT_VOICES = ["alan", "slt"]
+# The training-only splits after flite (train_NAME, --n-train-NAME): engine, voices and seed offset, in the order
+# their sentences are drawn, so each added split leaves every split drawn before it as it was.
+MORE_SYNTHESIZERS = {"festival": ("festival", FESTIVAL_VOICES, 8), "mbrola": ("mbrola", MBROLA_VOICES, 9),
+                     "pico": ("pico", PICO_VOICES, 10), "rhvoice": ("rhvoice", RHVOICE_VOICES, 11),
+                     "festival_rab_don": ("festival", FESTIVAL_RAB_DON_VOICES, 12),
+                     "rhvoice_alan_slt": ("rhvoice", RHVOICE_ALAN_SLT_VOICES, 13)}
 
 
 def espeak_wave(text: str, voice: str, rate: int, pitch: int) -> tuple[np.ndarray, int]:
@@ -480,6 +491,12 @@ def main(argv=None) -> None:
     p.add_argument("--n-train-rhvoice", type=int, default=0,
                    help="RHVoice training utterances (RHVOICE_VOICES, varied and warped as the flite ones; "
                         "needs --n-train-flite)")
+    p.add_argument("--n-train-festival-rab-don", type=int, default=0,
+                   help="festival training utterances of FESTIVAL_RAB_DON_VOICES (varied and warped as the flite "
+                        "ones; needs --n-train-flite; Debian: festvox-rablpc16k festvox-don)")
+    p.add_argument("--n-train-rhvoice-alan-slt", type=int, default=0,
+                   help="RHVoice training utterances of RHVOICE_ALAN_SLT_VOICES (varied and warped as the flite "
+                        "ones; needs --n-train-flite)")
     p.add_argument("--keep-existing", action="store_true",
                    help="keep wav files an earlier run with the same arguments made; synthesize only the missing")
     p.add_argument("--n-eval", type=int, default=300, help="utterances per held-out set")
@@ -505,14 +522,14 @@ def main(argv=None) -> None:
         held |= set(dev_flite)
         flite_train = [make_sentence(rng) for _ in range(a.n_train_flite * 2)]
         flite_train = [s for s in flite_train if s not in held and len(s.split()) <= 14][: a.n_train_flite]
-    # Then festival's, MBROLA's, Pico's and RHVoice's, in that order and last: each added synthesizer leaves
-    # every split drawn before it as it was.
+    # Then the training-only synthesizers, in MORE_SYNTHESIZERS' order and last: each added split leaves every
+    # split drawn before it as it was.
     more_train = {}
-    for engine in MORE_SYNTHESIZERS:
-        n = getattr(a, f"n_train_{engine}")
+    for name in MORE_SYNTHESIZERS:
+        n = getattr(a, f"n_train_{name}")
         if a.n_train_flite and n:
             drawn = [make_sentence(rng) for _ in range(n * 2)]
-            more_train[engine] = [s for s in drawn if s not in held and len(s.split()) <= 14][:n]
+            more_train[name] = [s for s in drawn if s not in held and len(s.split()) <= 14][:n]
     with open(out / "train_text.txt", "w") as f:
         f.write("\n".join(train + flite_train + sum(more_train.values(), [])) + "\n")
     keep = a.keep_existing
@@ -529,16 +546,16 @@ def main(argv=None) -> None:
         frows = build_split("train_flite", flite_train, "flite", FLITE_TRAIN_VOICES, [], out, a.seed + 6,
                             a.workers, keep=keep, vary=True, warp=a.flite_warp)
         more_rows = {}
-        for engine, sentences in more_train.items():
-            voices, seed = MORE_SYNTHESIZERS[engine]
-            more_rows[engine] = build_split(f"train_{engine}", sentences, engine, voices, [], out, a.seed + seed,
-                                            a.workers, vary=True, warp=a.flite_warp, keep=keep)
+        for name, sentences in more_train.items():
+            engine, voices, seed = MORE_SYNTHESIZERS[name]
+            more_rows[name] = build_split(f"train_{name}", sentences, engine, voices, [], out, a.seed + seed,
+                                          a.workers, vary=True, warp=a.flite_warp, keep=keep)
         write_manifest(out / "train.jsonl", rows + frows + sum(more_rows.values(), []))
         drows = build_split("dev_flite", dev_flite, "flite", FLITE_TRAIN_VOICES, [], out, a.seed + 7,
                             a.workers, keep=keep, vary=True, warp=a.flite_warp)
         dev_rows = [json.loads(line) for line in open(out / "dev.jsonl")]
         write_manifest(out / "dev_mix.jsonl", interleave(dev_rows, drows, 2))
-        added = "".join(f" + {len(r)} {engine}" for engine, r in more_rows.items())
+        added = "".join(f" + {len(r)} {name}" for name, r in more_rows.items())
         print(f"train.jsonl: {len(rows)} espeak-ng + {len(frows)} flite{added}; "
               f"dev_mix.jsonl: espeak-ng dev with every third row flite", flush=True)
 

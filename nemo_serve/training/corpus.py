@@ -27,11 +27,12 @@ Splits (NeMo-style JSONL manifests, ``audio_filepath`` relative to the manifest 
 Usage (the shipped model's corpus)::
 
     python -m nemo_serve.training.corpus --out work_data/corpus --n-train 24000 --n-train-flite 12000 \
-        --flite-warp 0.2 --n-train-festival 4000 --n-train-mbrola 6000 --n-train-pico 4000 --n-train-rhvoice 6000
+        --flite-warp 0.2 --n-train-festival 4000 --n-train-mbrola 6000 --n-train-pico 4000 --n-train-rhvoice 6000 \
+        --n-train-festival-rab-don 3000 --n-train-rhvoice-alan-slt 2000
 
 Deterministic for a given ``--seed``.  About 4 minutes for 24k espeak-ng utterances on 2 cores, 10 with
 the flite ones; the festival ones are slower (about 70 a minute on one shared core); the 10,000 MBROLA and
-Pico ones took under 3 minutes, the 6,000 RHVoice ones 7.5.  Everything but RHVoice's: 20 minutes on 2 idle cores.
+Pico ones took under 3 minutes, the 6,000 RHVoice ones 7.5, the 5,000 rab/don and alan/slt ones 13.  Everything but RHVoice's: 20 minutes on 2 idle cores.
 """
 
 from __future__ import annotations

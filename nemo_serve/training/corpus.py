@@ -32,7 +32,8 @@ Usage (the shipped model's corpus)::
 
 Deterministic for a given ``--seed``.  About 4 minutes for 24k espeak-ng utterances on 2 cores, 10 with
 the flite ones; the festival ones are slower (about 70 a minute on one shared core); the 10,000 MBROLA and
-Pico ones took under 3 minutes, the 6,000 RHVoice ones 7.5, the 5,000 rab/don and alan/slt ones 13.  Everything but RHVoice's: 20 minutes on 2 idle cores.
+Pico ones took under 3 minutes, the 6,000 RHVoice ones 7.5, the 5,000 rab/don and alan/slt ones 13.
+Everything but RHVoice's: 20 minutes on 2 idle cores.
 """
 
 from __future__ import annotations

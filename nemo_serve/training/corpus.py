@@ -481,24 +481,10 @@ def main(argv=None) -> None:
                    help="scale the formants of the training flite, festival, MBROLA, Pico and RHVoice voices by up "
                         "to 1+W either way (80%% of them, duration and pitch kept): new speakers from few voices; 0: "
                         "speed perturbation only")
-    p.add_argument("--n-train-festival", type=int, default=0,
-                   help="festival training utterances (FESTIVAL_VOICES, varied and warped as the flite ones; "
-                        "needs --n-train-flite)")
-    p.add_argument("--n-train-mbrola", type=int, default=0,
-                   help="MBROLA training utterances (MBROLA_VOICES through espeak-ng, warped by --flite-warp; "
-                        "needs --n-train-flite)")
-    p.add_argument("--n-train-pico", type=int, default=0,
-                   help="SVOX Pico training utterances (PICO_VOICES, varied and warped as the flite ones; "
-                        "needs --n-train-flite)")
-    p.add_argument("--n-train-rhvoice", type=int, default=0,
-                   help="RHVoice training utterances (RHVOICE_VOICES, varied and warped as the flite ones; "
-                        "needs --n-train-flite)")
-    p.add_argument("--n-train-festival-rab-don", type=int, default=0,
-                   help="festival training utterances of FESTIVAL_RAB_DON_VOICES (varied and warped as the flite "
-                        "ones; needs --n-train-flite; Debian: festvox-rablpc16k festvox-don)")
-    p.add_argument("--n-train-rhvoice-alan-slt", type=int, default=0,
-                   help="RHVoice training utterances of RHVOICE_ALAN_SLT_VOICES (varied and warped as the flite "
-                        "ones; needs --n-train-flite)")
+    for name, (engine, voices, _) in MORE_SYNTHESIZERS.items():  # --n-train-festival ... (read back by name)
+        vary = "warped by --flite-warp" if engine == "mbrola" else "varied and warped as the flite ones"
+        p.add_argument(f"--n-train-{name.replace('_', '-')}", type=int, default=0,
+                       help=f"{engine} training utterances of {', '.join(voices)} ({vary}; needs --n-train-flite)")
     p.add_argument("--keep-existing", action="store_true",
                    help="keep wav files an earlier run with the same arguments made; synthesize only the missing")
     p.add_argument("--n-eval", type=int, default=300, help="utterances per held-out set")

@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 import torch
 
+from nemo_serve.training.corpus import MBROLA_ACCENTED_VOICES
+
 from . import helpers
 
 REPO = Path(__file__).resolve().parents[1]
@@ -152,12 +154,20 @@ needs_rhvoice = pytest.mark.skipif(
 )
 
 
+needs_mbrola_accented = pytest.mark.skipif(
+    not all(Path(f"/usr/share/mbrola/{v.split('-')[1]}").exists() for v in MBROLA_ACCENTED_VOICES),
+    reason="MBROLA's voices of other languages (mbrola-af1 mbrola-nl2 mbrola-fr1 ...) are needed for their split",
+)
+
+
 @needs_synthesizers
 @needs_more_synthesizers
 @pytest.mark.parametrize("engine,voice", [("mbrola", "mb-us2"), ("mbrola", "mb-en1"), ("pico", "en-US"),
                                           ("pico", "en-GB"), pytest.param("rhvoice", "bdl", marks=needs_rhvoice),
                                           pytest.param("rhvoice", "lyubov", marks=needs_rhvoice),
-                                          pytest.param("rhvoice", "alan", marks=needs_rhvoice)])
+                                          pytest.param("rhvoice", "alan", marks=needs_rhvoice),
+                                          pytest.param("mbrola", "mb-de4-en", marks=needs_mbrola_accented),
+                                          pytest.param("mbrola", "mb-sw2-en", marks=needs_mbrola_accented)])
 def test_mbrola_pico_and_rhvoice_voices_stretch_and_warp(tmp_path, engine, voice):
     """The added engines vary as the others do: a slower rate (MBROLA, through espeak-ng's wpm) or a
     duration stretch of 1.3 (Pico's speed markup, RHVoice's speed percent) lengthens the speech, and the warp
@@ -250,6 +260,42 @@ def test_corpus_adds_rab_don_and_alan_slt_after_everything_else(tmp_path):
     assert {r["voice"] for r in added[:6]} <= set(corpus.FESTIVAL_RAB_DON_VOICES)
     assert {r["voice"] for r in added[6:]} <= set(corpus.RHVOICE_ALAN_SLT_VOICES)
     assert all(r["duration"] > 1.0 for r in added)  # speech, not an empty file
+
+
+@needs_synthesizers
+@needs_more_synthesizers
+@needs_mbrola_accented
+def test_corpus_adds_mbrola_accented_after_everything_else(tmp_path):
+    """English through the other languages' MBROLA voices is drawn after every other split, so adding it
+    changes none of them (the corpus of the models before it stays as it was); its rows come last in
+    train.jsonl, and each of the sixteen voices is a speaker of its own: espeak-ng drives that MBROLA voice
+    (a missing one is an error, not a fallback), so no two of them give the same waveform for one sentence."""
+    import soundfile as sf
+
+    from nemo_serve.training import corpus
+
+    base = ["--n-train", "2", "--n-train-flite", "2", "--n-train-mbrola", "2", "--n-eval", "2", "--workers", "2"]
+    corpus.main(["--out", str(tmp_path / "a")] + base)
+    corpus.main(["--out", str(tmp_path / "b"), "--n-train-mbrola-accented", "4"] + base)
+    for split in ("dev", "heldout_sentences", "heldout_voices", "flite", "dev_mix"):
+        assert (tmp_path / "a" / f"{split}.jsonl").read_text() == (tmp_path / "b" / f"{split}.jsonl").read_text()
+    rows_a = [json.loads(l) for l in open(tmp_path / "a" / "train.jsonl")]
+    rows_b = [json.loads(l) for l in open(tmp_path / "b" / "train.jsonl")]
+    assert len(rows_a) == 6 and rows_b[:6] == rows_a
+    assert [r["audio_filepath"].split("/")[0] for r in rows_b[6:]] == ["train_mbrola_accented"] * 4
+    assert {r["voice"] for r in rows_b[6:]} <= set(corpus.MBROLA_ACCENTED_VOICES)
+    assert all(r["duration"] > 1.0 for r in rows_b[6:])  # speech, not an empty file
+
+    spectra = {}
+    for voice in corpus.MBROLA_ACCENTED_VOICES + ["mb-en1"]:
+        _, dur = corpus._job((0, "set a timer for twenty five minutes", "mbrola", voice, 160, 50, 1.0, 1,
+                              str(tmp_path / "v.wav"), True, False))
+        assert 1.0 < dur < 5.0, (voice, dur)
+        spectra[voice] = _log_spectrum(sf.read(tmp_path / "v.wav")[0])
+    voices = list(spectra)
+    for i, v in enumerate(voices):
+        for w in voices[i + 1:]:
+            assert not np.allclose(spectra[v], spectra[w], atol=0.5), (v, w)
 
 
 @needs_synthesizers

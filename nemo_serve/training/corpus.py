@@ -5,8 +5,9 @@ pitch); with ``--n-train-flite`` also with four of flite's five voices (varied, 
 formant-warped into new speakers, ``--flite-warp``), with ``--n-train-festival`` with three festival
 voices, with ``--n-train-mbrola`` with four MBROLA voices, with ``--n-train-pico`` with SVOX Pico's two
 English voices, with ``--n-train-rhvoice`` with four RHVoice voices and with ``--n-train-festival-rab-don`` and
-``--n-train-rhvoice-alan-slt`` with the last English voices of those packages, all for training only, while the
-fifth flite voice (rms) stays held out.
+``--n-train-rhvoice-alan-slt`` with the last English voices of those packages and with
+``--n-train-mbrola-accented`` with sixteen MBROLA voices of other languages speaking English (accented), all for
+training only, while the fifth flite voice (rms) stays held out.
 Every waveform is resampled to 16 kHz mono and lightly augmented (gain, white/pink noise at
 15-45 dB SNR, leading/trailing silence).  Sentences are drawn from templates over a fixed
 vocabulary: digits, numbers up to a thousand, ordinals, days, months, a few hundred common
@@ -16,7 +17,8 @@ Splits (NeMo-style JSONL manifests, ``audio_filepath`` relative to the manifest 
 
 * ``train``             training sentences: espeak-ng training voices/variants (+ ``train_flite``,
                         ``train_festival``, ``train_mbrola``, ``train_pico``, ``train_rhvoice``,
-                        ``train_festival_rab_don``, ``train_rhvoice_alan_slt`` when asked for)
+                        ``train_festival_rab_don``, ``train_rhvoice_alan_slt``, ``train_mbrola_accented``
+                        when asked for)
 * ``dev``               unseen sentences, training voices (espeak-ng) - used for checkpoint choice
                         (``dev_mix``: every third row a training flite voice, with flite in training)
 * ``heldout_sentences`` unseen sentences, training voices (espeak-ng)
@@ -32,7 +34,8 @@ Usage (the shipped model's corpus)::
 
 Deterministic for a given ``--seed``.  About 4 minutes for 24k espeak-ng utterances on 2 cores, 10 with
 the flite ones; the festival ones are slower (about 70 a minute on one shared core); the 10,000 MBROLA and
-Pico ones took under 3 minutes, the 6,000 RHVoice ones 7.5, the 5,000 rab/don and alan/slt ones 13.
+Pico ones took under 3 minutes, the 6,000 RHVoice ones 7.5, the 5,000 rab/don and alan/slt ones 13, the 8,000
+accented MBROLA ones 2.
 Everything but RHVoice's: 20 minutes on 2 idle cores.
 """
 
@@ -259,12 +262,19 @@ RHVOICE_VOICES = ["bdl", "clb", "evgeniy-eng", "lyubov"]
 # and RHVoice's renderings of two speakers flite and festival also have (alan is CMU ARCTIC's awb; slt).
 FESTIVAL_RAB_DON_VOICES = ["rab_diphone", "don_diphone"]
 RHVOICE_ALAN_SLT_VOICES = ["alan", "slt"]
+# English through MBROLA's diphones of other languages' speakers (espeak-ng's mb-XX-en voices; Debian contrib:
+# mbrola-af1 mbrola-nl2 mbrola-fr1 ...): sixteen speakers no other synthesizer has, nine male and seven female,
+# each speaking English with the phones of their own language (an accent), through espeak-ng's English front end.
+MBROLA_ACCENTED_VOICES = ["mb-af1-en", "mb-nl2-en", "mb-fr1-en", "mb-fr4-en", "mb-de1-en", "mb-de2-en",
+                          "mb-de3-en", "mb-de4-en", "mb-de5-en", "mb-de6-en", "mb-gr2-en", "mb-hu1-en",
+                          "mb-pl1-en", "mb-ro1-en", "mb-sw1-en", "mb-sw2-en"]
 # The training-only splits after flite (train_NAME, --n-train-NAME): engine, voices and seed offset, in the order
 # their sentences are drawn, so each added split leaves every split drawn before it as it was.
 MORE_SYNTHESIZERS = {"festival": ("festival", FESTIVAL_VOICES, 8), "mbrola": ("mbrola", MBROLA_VOICES, 9),
                      "pico": ("pico", PICO_VOICES, 10), "rhvoice": ("rhvoice", RHVOICE_VOICES, 11),
                      "festival_rab_don": ("festival", FESTIVAL_RAB_DON_VOICES, 12),
-                     "rhvoice_alan_slt": ("rhvoice", RHVOICE_ALAN_SLT_VOICES, 13)}
+                     "rhvoice_alan_slt": ("rhvoice", RHVOICE_ALAN_SLT_VOICES, 13),
+                     "mbrola_accented": ("mbrola", MBROLA_ACCENTED_VOICES, 14)}
 
 
 def espeak_wave(text: str, voice: str, rate: int, pitch: int) -> tuple[np.ndarray, int]:

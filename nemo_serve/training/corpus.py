@@ -30,7 +30,7 @@ Usage (the shipped model's corpus)::
 
     python -m nemo_serve.training.corpus --out work_data/corpus --n-train 24000 --n-train-flite 12000 \
         --flite-warp 0.2 --n-train-festival 4000 --n-train-mbrola 6000 --n-train-pico 4000 --n-train-rhvoice 6000 \
-        --n-train-festival-rab-don 3000 --n-train-rhvoice-alan-slt 2000
+        --n-train-festival-rab-don 3000 --n-train-rhvoice-alan-slt 2000 --n-train-mbrola-accented 8000
 
 Deterministic for a given ``--seed``.  About 4 minutes for 24k espeak-ng utterances on 2 cores, 10 with
 the flite ones; the festival ones are slower (about 70 a minute on one shared core); the 10,000 MBROLA and

@@ -190,6 +190,21 @@ def test_mbrola_pico_and_rhvoice_voices_stretch_and_warp(tmp_path, engine, voice
         assert abs(durations[warp] / durations[1.0] - 1) < 0.03, durations
 
 
+def _rows_added_by(tmp_path, base: list[str], extra: list[str]) -> list[dict]:
+    """Make the corpus ``base`` and ``base + extra``; every evaluation split must be byte-identical and the
+    first rows of train.jsonl the same (the 6 rows of ``base``); returns the rows ``extra`` added."""
+    from nemo_serve.training import corpus
+
+    corpus.main(["--out", str(tmp_path / "a")] + base)
+    corpus.main(["--out", str(tmp_path / "b")] + extra + base)
+    for split in ("dev", "heldout_sentences", "heldout_voices", "flite", "dev_mix"):
+        assert (tmp_path / "a" / f"{split}.jsonl").read_text() == (tmp_path / "b" / f"{split}.jsonl").read_text()
+    rows_a = [json.loads(l) for l in open(tmp_path / "a" / "train.jsonl")]
+    rows_b = [json.loads(l) for l in open(tmp_path / "b" / "train.jsonl")]
+    assert len(rows_a) == 6 and rows_b[:6] == rows_a
+    return rows_b[6:]
+
+
 @needs_synthesizers
 @needs_more_synthesizers
 def test_corpus_adds_mbrola_and_pico_after_everything_else(tmp_path):
@@ -224,16 +239,10 @@ def test_corpus_adds_rhvoice_after_everything_else(tmp_path):
     from nemo_serve.training import corpus
 
     base = ["--n-train", "2", "--n-train-flite", "2", "--n-train-pico", "2", "--n-eval", "2", "--workers", "2"]
-    corpus.main(["--out", str(tmp_path / "a")] + base)
-    corpus.main(["--out", str(tmp_path / "b"), "--n-train-rhvoice", "3"] + base)
-    for split in ("dev", "heldout_sentences", "heldout_voices", "flite", "dev_mix"):
-        assert (tmp_path / "a" / f"{split}.jsonl").read_text() == (tmp_path / "b" / f"{split}.jsonl").read_text()
-    rows_a = [json.loads(l) for l in open(tmp_path / "a" / "train.jsonl")]
-    rows_b = [json.loads(l) for l in open(tmp_path / "b" / "train.jsonl")]
-    assert len(rows_a) == 6 and rows_b[:6] == rows_a
-    assert [r["audio_filepath"].split("/")[0] for r in rows_b[6:]] == ["train_rhvoice"] * 3
-    assert {r["voice"] for r in rows_b[6:]} <= set(corpus.RHVOICE_VOICES)
-    assert all(r["duration"] > 1.0 for r in rows_b[6:])  # speech, not an empty file
+    added = _rows_added_by(tmp_path, base, ["--n-train-rhvoice", "3"])
+    assert [r["audio_filepath"].split("/")[0] for r in added] == ["train_rhvoice"] * 3
+    assert {r["voice"] for r in added} <= set(corpus.RHVOICE_VOICES)
+    assert all(r["duration"] > 1.0 for r in added)  # speech, not an empty file
 
 
 @needs_synthesizers
@@ -246,15 +255,7 @@ def test_corpus_adds_rab_don_and_alan_slt_after_everything_else(tmp_path):
     from nemo_serve.training import corpus
 
     base = ["--n-train", "2", "--n-train-flite", "2", "--n-train-rhvoice", "2", "--n-eval", "2", "--workers", "2"]
-    corpus.main(["--out", str(tmp_path / "a")] + base)
-    corpus.main(["--out", str(tmp_path / "b"), "--n-train-festival-rab-don", "6", "--n-train-rhvoice-alan-slt",
-                 "2"] + base)
-    for split in ("dev", "heldout_sentences", "heldout_voices", "flite", "dev_mix"):
-        assert (tmp_path / "a" / f"{split}.jsonl").read_text() == (tmp_path / "b" / f"{split}.jsonl").read_text()
-    rows_a = [json.loads(l) for l in open(tmp_path / "a" / "train.jsonl")]
-    rows_b = [json.loads(l) for l in open(tmp_path / "b" / "train.jsonl")]
-    assert len(rows_a) == 6 and rows_b[:6] == rows_a
-    added = rows_b[6:]
+    added = _rows_added_by(tmp_path, base, ["--n-train-festival-rab-don", "6", "--n-train-rhvoice-alan-slt", "2"])
     assert [r["audio_filepath"].split("/")[0] for r in added] == (["train_festival_rab_don"] * 6
                                                                  + ["train_rhvoice_alan_slt"] * 2)
     assert {r["voice"] for r in added[:6]} <= set(corpus.FESTIVAL_RAB_DON_VOICES)
@@ -275,16 +276,10 @@ def test_corpus_adds_mbrola_accented_after_everything_else(tmp_path):
     from nemo_serve.training import corpus
 
     base = ["--n-train", "2", "--n-train-flite", "2", "--n-train-mbrola", "2", "--n-eval", "2", "--workers", "2"]
-    corpus.main(["--out", str(tmp_path / "a")] + base)
-    corpus.main(["--out", str(tmp_path / "b"), "--n-train-mbrola-accented", "4"] + base)
-    for split in ("dev", "heldout_sentences", "heldout_voices", "flite", "dev_mix"):
-        assert (tmp_path / "a" / f"{split}.jsonl").read_text() == (tmp_path / "b" / f"{split}.jsonl").read_text()
-    rows_a = [json.loads(l) for l in open(tmp_path / "a" / "train.jsonl")]
-    rows_b = [json.loads(l) for l in open(tmp_path / "b" / "train.jsonl")]
-    assert len(rows_a) == 6 and rows_b[:6] == rows_a
-    assert [r["audio_filepath"].split("/")[0] for r in rows_b[6:]] == ["train_mbrola_accented"] * 4
-    assert {r["voice"] for r in rows_b[6:]} <= set(corpus.MBROLA_ACCENTED_VOICES)
-    assert all(r["duration"] > 1.0 for r in rows_b[6:])  # speech, not an empty file
+    added = _rows_added_by(tmp_path, base, ["--n-train-mbrola-accented", "4"])
+    assert [r["audio_filepath"].split("/")[0] for r in added] == ["train_mbrola_accented"] * 4
+    assert {r["voice"] for r in added} <= set(corpus.MBROLA_ACCENTED_VOICES)
+    assert all(r["duration"] > 1.0 for r in added)  # speech, not an empty file
 
     spectra = {}
     for voice in corpus.MBROLA_ACCENTED_VOICES + ["mb-en1"]:

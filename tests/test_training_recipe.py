@@ -358,6 +358,7 @@ def test_recipe_trains_saves_and_streams(tmp_path):
         "--data", str(data), "--out", str(out), "--steps", "4", "--warmup", "1", "--lr", "2e-3",
         "--limit", "2", "--batch-seconds", "1000", "--short-steps", "0", "--ctc-warmup", "4", "--specaug-start", "3",
         "--threads", "1", "--dev-limit", "2", "--eval-every", "0", "--save-every", "2", "--log-every", "100", "--save-final",
+        "--keep-every", "2",
     ])  # fmt: skip
     res = train.train(args)
     log = [json.loads(l) for l in open(out / "log.jsonl")]
@@ -367,6 +368,15 @@ def test_recipe_trains_saves_and_streams(tmp_path):
     trained = {k: v.clone() for k, v in res["model"].state_dict().items()}
     final = out / "final.nemo"
     shutil.copy(final, tmp_path / "ctc.nemo")
+    # --keep-every 2: the weights of steps 2 and 4 exactly, in the form average.py reads.
+    from nemo_serve.training.average import load_state
+
+    assert sorted(p.name for p in out.glob("step_*.pt")) == ["step_000002.pt", "step_000004.pt"]
+    kept2, step2 = load_state(out / "step_000002.pt")
+    kept4, step4 = load_state(out / "step_000004.pt")
+    assert (step2, step4) == (2, 4) and kept4.keys() == trained.keys()
+    assert all(torch.equal(kept4[k], trained[k]) for k in trained)
+    assert not all(torch.equal(kept2[k], trained[k]) for k in trained)  # two updates apart
 
     # One resume: step 5 continues from last.pt with the hybrid loss and chained items; dev is scored alone
     # and chained, and the chained selection metric has its own best.

@@ -55,7 +55,8 @@ Recipe (configs/demo_model.yaml):
   with ``--encoder-layers N`` deeper than the file's, its layers are stacked into the deeper encoder.
 * Checkpoints: ``OUT/last.pt`` (model + optimiser, every 50 steps; ``--resume`` continues from it),
   ``OUT/best.nemo`` (best dev WER, greedy RNN-T at the default [56,13] mode, full-utterance forward with the
-  chunked_limited mask), ``OUT/log.jsonl`` (loss / WER curve).
+  chunked_limited mask), ``OUT/log.jsonl`` (loss / WER curve); with ``--keep-every N`` also the weights of
+  every Nth step, ``OUT/step_NNNNNN.pt``, for checkpoint averaging (``average.py``).
 
 Why (measured, see docs/demo_model.md): with the RNN-T loss on from step 0 the prediction network learns the
 sentence templates while the encoder output collapses to an input-independent vector; CTC per-token loss sat at
@@ -553,6 +554,13 @@ def train(args) -> dict:
             torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, **bests},
                        str(ckpt) + ".tmp")
             os.replace(str(ckpt) + ".tmp", ckpt)
+        if args.keep_every and step % args.keep_every == 0:
+            # The weights of this exact step, kept for checkpoint averaging (average.py). A copy of
+            # last.pt taken by hand holds the step of its last save, which may be older.
+            model.spec_augmentation = spec_aug
+            keep = out / f"step_{step:06d}.pt"
+            torch.save({"model": model.state_dict(), "step": step}, str(keep) + ".tmp")
+            os.replace(str(keep) + ".tmp", keep)
         result = rec
     model.spec_augmentation = spec_aug
     if args.save_final:
@@ -608,6 +616,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-every", type=int, default=200)
     p.add_argument("--save-every", type=int, default=50)
     p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--keep-every", type=int, default=0,
+                   help="also keep the weights of every Nth step as OUT/step_NNNNNN.pt (for average.py); 0: off")
     p.add_argument("--save-final", action="store_true")
     p.add_argument("--no-input-norm-init", dest="input_norm_init", action="store_false",
                    help="keep NeMo's default init of the first subsampling conv (see center_input_conv)")

@@ -82,6 +82,7 @@ class Server:
             sys.executable, "-m", "nemo_serve.cli", "--model", model, "--context-right", str(context_right),
             "--frontends", str(frontends), "--num-slots", str(num_slots), "--port", str(self.port),
             "--log-level", "warning", "--idle-timeout-s", "120", "--max-connections-per-ip", "1024",
+            "--max-queue-delay-s", "0",  # the core may fall behind on 2 CPUs; streams must still reopen
         ]  # fmt: skip
         if taskset:
             self.command = ["taskset", "-c", taskset, *self.command]

@@ -58,6 +58,7 @@ class Server:
             "--port", str(self.port),
             "--log-level", "warning",
             "--idle-timeout-s", "120",
+            "--max-queue-delay-s", "0",  # a sweep finds where the server falls behind: admit by slots only
         ]  # fmt: skip
         if args.frontends is not None:
             cmd += ["--frontends", str(args.frontends)]

@@ -70,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     lim.add_argument("--header-timeout-s", type=float, help="close a connection whose request (headers, body) takes longer (10)")
     lim.add_argument("--max-connections", type=int, help="open connections, HTTP and WebSocket; more get 503 (1024)")
     lim.add_argument("--max-connections-per-ip", type=int, help="open connections from one address; more get 503 (256)")
+    lim.add_argument("--max-queue-delay-s", type=float,
+                     help="refuse new streams (503) while ready audio has waited this long for the model: "
+                          "the engine is behind real time; 0 = off (2)")
     e = p.add_argument_group("endpointing (defaults; each stream may override them)")
     e.add_argument("--endpoint", dest="endpoint", action="store_const", const=True, help="split segments at pauses (default)")
     e.add_argument("--no-endpoint", dest="endpoint", action="store_const", const=False, help="one segment per stream")
@@ -160,7 +163,7 @@ def _serve_in_process(settings: Settings) -> int:
     from .server.metrics import ServerMetrics
     from .server.runner import serve
 
-    metrics = ServerMetrics(settings.num_slots, lambda: engine.num_free_slots)
+    metrics = ServerMetrics(settings.num_slots, lambda: engine.num_free_slots, queue_delay_fn=lambda: engine.queue_delay_s)
     engine.on_step = metrics.on_step
     ctx = ServerContext(engine=engine, settings=settings, metrics=metrics)
     _print_urls(settings)

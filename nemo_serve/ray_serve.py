@@ -63,7 +63,7 @@ def build_app():
     engine = Engine(model, num_slots=settings.num_slots, max_batch=settings.max_batch,
                     endpoint=settings.endpoint_config, kv_cache=settings.kv_cache)  # fmt: skip
     print(engine.summary(), flush=True)
-    metrics = ServerMetrics(settings.num_slots, lambda: engine.num_free_slots)
+    metrics = ServerMetrics(settings.num_slots, lambda: engine.num_free_slots, queue_delay_fn=lambda: engine.queue_delay_s)
     engine.on_step = metrics.on_step
     ctx = ServerContext(engine=engine, settings=settings, metrics=metrics)
     app = create_app(ctx, drain_on_shutdown=True)

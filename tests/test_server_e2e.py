@@ -387,6 +387,50 @@ def test_health_ready_and_metrics(server):
     server.assert_no_leak()
 
 
+def test_overloaded_server_refuses_new_streams_and_keeps_serving(oracle_model):
+    """--max-queue-delay-s: while ready audio waits longer than that for the model, new streams get
+    HTTP 503 with the reason, /readyz says so, the refusal is counted, and the stream being served
+    loses nothing; once nothing has waited for a while (2 s window) streams are admitted again.
+    Through the engine core and a front end (the queue delay crosses shared memory). Real overload
+    takes more streams than CI can afford, so the limit is 1 us: any chunk waits longer than that
+    between its last sample's arrival and its step."""
+    utt = helpers.utterances(1, seed=5)[0]
+    wire = encode(utt, "pcm_s16le")
+    with start_server("--num-slots", "2", "--frontends", "1", "--max-queue-delay-s", "0.000001") as srv:
+        idle = srv.readyz()
+        assert idle["ready"] and idle["queue_delay_s"] == 0 and idle["overloaded"] is False
+        overloaded = 'nemo_serve_refusals_total{reason="overloaded"}'
+        assert srv.metric(overloaded) == 0
+
+        async def scenario():
+            served = asyncio.create_task(stream(srv.ws_url, wire, 16000, "pcm_s16le", speed=1.0, packet=1600))
+            deadline = time.monotonic() + 30
+            while not srv.readyz()["overloaded"]:  # its first chunk has been stepped
+                assert time.monotonic() < deadline and not served.done(), srv.readyz()
+                await asyncio.sleep(0.02)
+            ready = srv.get("/readyz")
+            gauge = srv.metric("nemo_serve_queue_delay_seconds")
+            with pytest.raises(ServerRefused) as refused:
+                async with StreamingClient(srv.ws_url, token=TOKEN):
+                    pass
+            return await served, ready, gauge, refused.value
+
+        served, ready, gauge, refused = asyncio.run(scenario())
+        assert ready.status_code == 503 and ready.json()["overloaded"] and ready.json()["queue_delay_s"] > 0
+        assert 0 < gauge < 5
+        assert refused.status == 503 and "overloaded" in refused.reason and "limit 1e-06 s" in refused.reason, refused
+        assert srv.metric(overloaded) == 1
+        check_well_formed(served)
+        assert [t for f in served.finals for t in f["token_ids"]] == oracle_tokens(oracle_model, wire, 16000)
+        deadline = time.monotonic() + 10  # the window passes with nothing stepped
+        while not srv.readyz()["ready"]:
+            assert time.monotonic() < deadline, srv.readyz()
+            time.sleep(0.1)
+        again = asyncio.run(stream(srv.ws_url, wire, 16000, "pcm_s16le"))
+        check_well_formed(again)
+        srv.assert_no_leak()
+
+
 def test_client_cli_prints_finals(server, tmp_path):
     path = tmp_path / "utt.wav"
     soundfile.write(path, helpers.utterances(1, seed=8)[0], 16000, subtype="PCM_16")

@@ -186,6 +186,8 @@ class _FakeEngine:
     def num_free_slots(self) -> int:
         return self.num_slots - self.num_open_streams
 
+    queue_delay_s = 0.0  # never behind
+
     def open_stream(self, on_result, *, stream_id=None, language=None, endpoint=None, context_right=None):
         from nemo_serve.engine.errors import NoFreeSlotError
 

@@ -191,6 +191,11 @@ class EngineClient:
     def num_open_streams(self) -> int:
         return self.num_slots - self.shared.num_free
 
+    @property
+    def queue_delay_s(self) -> float:
+        """The core's recent longest wait of ready audio (engine/queue_delay.py), from shared memory."""
+        return self.shared.queue_delay_s(time.time())
+
     def open_by_mode(self) -> dict[int, int]:
         """Slots held, by chunk mode, across every front end."""
         return self.shared.open_by_mode()

@@ -72,6 +72,7 @@ class EngineCore:
             self._apply_finishes()
             busy = self.engine.iterate() or busy
             self._send_results()
+            self.shared.queue_delay[:] = self.engine.queue_delay.published
             now = time.monotonic()
             self.shared.heartbeat[0] = time.time()
             if parent_pid is not None and now - last_check > 0.5:
@@ -90,6 +91,7 @@ class EngineCore:
         self._apply_finishes()
         busy = self.engine.iterate() or bool(busy)
         self._send_results()
+        self.shared.queue_delay[:] = self.engine.queue_delay.published
         return busy
 
     # ------------------------------------------------------------------ 1 control

@@ -65,9 +65,10 @@ def run_frontend_process(settings, info, cores: list[CoreEndpoint], frontend: in
     else:
         from .group import EngineGroup
 
-        engine = EngineGroup(clients, cores)
+        engine = EngineGroup(clients, cores, settings.max_queue_delay_s)
     metrics = ServerMetrics(engine.num_slots, lambda: engine.num_free_slots, steps=False,
-                            cores_fn=getattr(engine, "cores", None))  # fmt: skip
+                            cores_fn=getattr(engine, "cores", None),
+                            queue_delay_fn=lambda: engine.queue_delay_s)  # fmt: skip
     ctx = ServerContext(engine=engine, settings=settings, metrics=metrics)
     sock = bind_reuseport(settings.host, port)
     log.debug("front end %d (pid %d) serving on port %d", frontend, os.getpid(), port)

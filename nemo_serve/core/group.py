@@ -2,7 +2,8 @@
 
 Sessions see the EngineClient API (open_stream, push, finish, force_final, abort, free slots,
 error). A new stream goes to the live core with the most free slots (every core serves every
-mode from one slot pool, so free slots are the measure for any mode); its handle remembers the
+mode from one slot pool, so free slots are the measure for any mode), passing over cores that
+are behind (their queue delay over `max_queue_delay_s`) while another has room; its handle remembers the
 core, and every later call for it goes there. A core that dies fails only its own streams (each
 gets an error result); the group stays alive, and admits, while any core serves. Event loop
 thread only, as EngineClient.
@@ -22,8 +23,9 @@ WATCH_PERIOD_S = 0.5
 
 
 class EngineGroup:
-    def __init__(self, clients: list[EngineClient], endpoints) -> None:
+    def __init__(self, clients: list[EngineClient], endpoints, max_queue_delay_s: float = 0.0) -> None:
         self.clients = clients
+        self.max_queue_delay_s = max_queue_delay_s  # a core this far behind takes no new stream; 0: off
         self.endpoints = endpoints  # core/frontend_process.CoreEndpoint per client: index, device, pid
         self.model_info = clients[0].model_info
         self._failed: set[int] = set()  # cores whose streams were failed
@@ -77,7 +79,9 @@ class EngineGroup:
         live = self._live()
         if not live:
             raise NoFreeSlotError("no engine core is serving")
-        best = max(live, key=lambda c: c.num_free_slots)  # ties: the first core
+        limit = self.max_queue_delay_s
+        keeping_up = [c for c in live if c.num_free_slots > 0 and (not limit or c.queue_delay_s <= limit)]
+        best = max(keeping_up or live, key=lambda c: c.num_free_slots)  # ties: the first core
         if best.num_free_slots <= 0:
             raise NoFreeSlotError(f"all {self.num_slots} slots of {len(live)} engine cores are in use")
         h = best.open_stream(on_result, **kw)
@@ -104,6 +108,13 @@ class EngineGroup:
     def num_open_streams(self) -> int:
         return sum(c.num_open_streams for c in self._live())
 
+    @property
+    def queue_delay_s(self) -> float:
+        """Where a new stream would go: the least delay among the live cores with a free slot."""
+        live = self._live()
+        open_ = [c for c in live if c.num_free_slots > 0] or live
+        return min((c.queue_delay_s for c in open_), default=0.0)
+
     def open_by_mode(self) -> dict[int, int]:
         out: dict[int, int] = {}
         for c in self._live():
@@ -116,6 +127,7 @@ class EngineGroup:
         return [
             {"core": e.index, "device": e.device, "pid": e.pid, "serving": c.error is None,
              "free_slots": c.num_free_slots if c.error is None else 0, "total_slots": c.num_slots,
-             "open_streams": c.num_open_streams if c.error is None else 0}
+             "open_streams": c.num_open_streams if c.error is None else 0,
+             "queue_delay_s": round(c.queue_delay_s, 3) if c.error is None else 0.0}
             for c, e in zip(self.clients, self.endpoints)
         ]  # fmt: skip

@@ -4,6 +4,8 @@ One block, created by the supervisor, attached by every process:
 
   state      int64[4]       core state (STARTING, SERVING, STOPPED, FAILED), stream-steps, steps
   heartbeat  float64[1]     core's time.time() at its last loop iteration
+  queue_delay float64[2]    the engine's recent longest wait of ready audio, and until when that
+                            holds (engine/queue_delay.py): what admission reads for overload
   owner      int32[S]       front end holding the slot (-1: free); changed under `lock` only
   gen        int64[S]       bumped at every allocation: control messages carry it, so a late
                             message for a slot's previous stream is recognised and ignored
@@ -43,6 +45,7 @@ class SharedLayout:
         return [
             ("state", np.int64, (4,)),
             ("heartbeat", np.float64, (1,)),
+            ("queue_delay", np.float64, (2,)),
             ("owner", np.int32, (s,)),
             ("mode", np.int32, (s,)),  # the holder's chunk mode (right context), for /readyz
             ("gen", np.int64, (s,)),
@@ -104,6 +107,7 @@ class SharedSlots:
         shm = shared_memory.SharedMemory(create=True, size=layout.nbytes)
         self = cls(shm, layout, lock, owner_of_block=True)
         self.state[:] = 0
+        self.queue_delay[:] = 0.0
         self.owner[:] = FREE
         self.gen[:] = 0
         self.write_pos[:] = 0
@@ -127,6 +131,11 @@ class SharedSlots:
         self.shm.close()
         if self._owner_of_block:
             self.shm.unlink()
+
+    def queue_delay_s(self, now: float) -> float:
+        """The core's recent longest wait of ready audio; 0 once it has not stepped for a while."""
+        value, valid_until = self.queue_delay.tolist()
+        return value if now <= valid_until else 0.0
 
     # -- slot table -------------------------------------------------------------------------------
     @property

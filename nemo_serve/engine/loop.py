@@ -33,6 +33,7 @@ from .frontend import FeatureExtractor
 from .scheduler import Group, Scheduler
 from .errors import NoFreeSlotError
 from .geometry import ModelInfo
+from .queue_delay import QueueDelay
 from .slots import SlotPool
 from .step import StepBatch, run_step
 from .results import Detokenizer, ResultAssembler, StreamResult, StreamUpdate
@@ -101,6 +102,7 @@ class Engine:
             summary=self.summary(),
         )
         self.stats = EngineStats()
+        self.queue_delay = QueueDelay()  # recorded on the loop thread, read by admission (any thread)
         self.scheduler = Scheduler(self.geometry, num_slots, self.max_batch, self.features.margin)  # loop thread only
         self._streams: dict[str, Stream] = {}  # stream_id -> Stream; loop thread only
         self._slot_streams: list[Stream | None] = [None] * num_slots  # slot -> Stream; loop thread only
@@ -224,6 +226,11 @@ class Engine:
     def num_open_streams(self) -> int:
         with self._admission:
             return self._num_admitted
+
+    @property
+    def queue_delay_s(self) -> float:
+        """The longest time ready audio waited for the step loop in the last seconds (queue_delay.py)."""
+        return self.queue_delay.value(time.time())
 
     def open_by_mode(self) -> dict[int, int]:
         """Streams admitted, by chunk mode (right context)."""
@@ -365,6 +372,7 @@ class Engine:
 
     def _step(self, group: Group) -> None:
         t_start = time.perf_counter()
+        wall_start = time.time()
         slots = group.slots.tolist()
         streams = [self._slot_streams[slot] for slot in slots]
         rows = torch.from_numpy(group.slots).to(self.model.device)
@@ -377,6 +385,7 @@ class Engine:
         result = run_step(self.model, self.encoder, self.pool, batch)
         self.scheduler.advance(group)
         elapsed = time.perf_counter() - t_start
+        wall_done = wall_start + elapsed
         self.stats.steps += 1
         self.stats.stream_steps += len(slots)
         self.stats.audio_s += sum(widths) * self.hop_s
@@ -387,14 +396,20 @@ class Engine:
             self.on_step(len(slots), elapsed, group.context_right)
         next_frames = (group.t0 + group.widths).tolist()
         confs = result.token_confidences or [None] * len(streams)
+        longest_wait = 0.0
         for s, next_frame, last, ids, frames, decoded, conf in zip(
             streams, next_frames, group.is_last.tolist(), result.token_ids, result.token_frames, result.decoded_frames,
             confs,
         ):
-            self._advance(s, next_frame, last, ids, frames, decoded, conf)
+            ready_at = self._advance(s, next_frame, last, ids, frames, decoded, conf)
+            # Ready: its last sample in, and its previous chunk stepped (queue_delay.py).
+            longest_wait = max(longest_wait, wall_start - max(ready_at, s.stepped_at))
+            s.stepped_at = wall_done
+        self.queue_delay.record(longest_wait, wall_done)
 
     def _advance(self, s: Stream, next_frame: int, is_last: bool, ids: list[int], frames: list[int], decoded: int,
-                 conf: list[float] | None = None) -> None:  # fmt: skip
+                 conf: list[float] | None = None) -> float:  # fmt: skip
+        """Take one stepped chunk's results; returns the arrival time of the last sample it needed."""
         s.next_frame = next_frame
         s.decoded_frames = decoded
         s.add_tokens(frames)
@@ -410,6 +425,7 @@ class Engine:
             self._publish_final(s, ids, frames, arrival, done=False, conf=conf)
         else:
             s.on_result(s.update(ids, frames, False, arrival, self.hop_s, confidences=conf))
+        return arrival
 
     def _publish_final(self, s: Stream, ids: list[int], frames: list[int], arrival: float, done: bool,
                        conf: list[float] | None = None) -> None:  # fmt: skip

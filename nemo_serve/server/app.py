@@ -81,6 +81,8 @@ def create_app(ctx: ServerContext, drain_on_shutdown: bool = False) -> FastAPI:
             "total_slots": engine.num_slots,
             "open_streams": engine.num_open_streams,
             "draining": ctx.draining,
+            "queue_delay_s": round(engine.queue_delay_s, 3),
+            "overloaded": ctx.overloaded,
             "model": ctx.model.name,
             "sample_rate": ctx.model.geometry.sample_rate,
             "chunk_ms": ctx.model.geometry.chunk_ms,  # the default mode's

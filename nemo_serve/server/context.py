@@ -50,7 +50,16 @@ class ServerContext:
             return "engine_failed", "engine failed; see /healthz"
         if self.engine.num_free_slots <= 0:
             return "no_free_slot", f"no free slot (all {self.engine.num_slots} in use); retry later"
+        if self.overloaded:
+            return "overloaded", (f"server overloaded: audio waited {self.engine.queue_delay_s:.2f} s for the model "
+                                  f"(limit {self.settings.max_queue_delay_s:g} s); retry later or another instance")
         return None
+
+    @property
+    def overloaded(self) -> bool:
+        """Ready audio waits longer than --max-queue-delay-s for the model: the engine is behind."""
+        limit = self.settings.max_queue_delay_s
+        return bool(limit) and self.engine.queue_delay_s > limit
 
     def add(self, session: "Session") -> None:
         self.sessions.add(session)

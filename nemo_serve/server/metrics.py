@@ -62,22 +62,29 @@ class StepMetrics:
 
 
 class _SlotGauges:
-    """free and total slots, read at scrape time (multiprocess mode has no set_function); with several
-    engine cores (--devices), also each core's."""
+    """free and total slots and the queue delay, read at scrape time (multiprocess mode has no
+    set_function); with several engine cores (--devices), also each core's."""
 
-    def __init__(self, num_slots: int, free_slots_fn, cores_fn=None) -> None:
+    def __init__(self, num_slots: int, free_slots_fn, cores_fn=None, queue_delay_fn=None) -> None:
         self.num_slots, self.free_slots_fn, self.cores_fn = num_slots, free_slots_fn, cores_fn
+        self.queue_delay_fn = queue_delay_fn
 
     def collect(self):
         yield GaugeMetricFamily("nemo_serve_free_slots", "Slots not held by any stream", value=self.free_slots_fn())
         yield GaugeMetricFamily("nemo_serve_slots", "Slots allocated at start-up", value=self.num_slots)
+        if self.queue_delay_fn is not None:
+            yield GaugeMetricFamily("nemo_serve_queue_delay_seconds",
+                                    "Longest wait of ready audio for the model in the last 2 s (overload when it grows)",
+                                    value=self.queue_delay_fn())  # fmt: skip
         if self.cores_fn is None:
             return
         cores = self.cores_fn()
         labels = ["core", "device"]
         for name, key, doc in (("nemo_serve_core_free_slots", "free_slots", "Free slots of one engine core"),
                                ("nemo_serve_core_open_streams", "open_streams", "Streams on one engine core"),
-                               ("nemo_serve_core_serving", "serving", "1 while the engine core serves")):  # fmt: skip
+                               ("nemo_serve_core_serving", "serving", "1 while the engine core serves"),
+                               ("nemo_serve_core_queue_delay_seconds", "queue_delay_s",
+                                "Longest wait of ready audio for one engine core in the last 2 s")):  # fmt: skip
             g = GaugeMetricFamily(name, doc, labels=labels)
             for c in cores:
                 g.add_metric([str(c["core"]), c["device"]], float(c[key]))
@@ -87,12 +94,13 @@ class _SlotGauges:
 class ServerMetrics:
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, num_slots: int, free_slots_fn, steps: bool = True, cores_fn=None) -> None:
+    def __init__(self, num_slots: int, free_slots_fn, steps: bool = True, cores_fn=None, queue_delay_fn=None) -> None:
         """`steps`: this process runs the step loop (False in a front end: the core observes them).
-        `cores_fn`: each engine core's numbers (EngineGroup.cores), for per-core gauges."""
+        `cores_fn`: each engine core's numbers (EngineGroup.cores), for per-core gauges.
+        `queue_delay_fn`: the engine's queue delay in seconds (engine/queue_delay.py)."""
         self.multiprocess = multiprocess_dir() is not None
         r = self.registry = CollectorRegistry()
-        self._slots = _SlotGauges(num_slots, free_slots_fn, cores_fn)
+        self._slots = _SlotGauges(num_slots, free_slots_fn, cores_fn, queue_delay_fn)
         if not self.multiprocess:
             r.register(self._slots)
         self.open_streams = Gauge("nemo_serve_open_streams", "WebSocket streams holding a slot", registry=r,
@@ -105,7 +113,8 @@ class ServerMetrics:
         self.mode_streams = Counter("nemo_serve_mode_streams", "Streams admitted, by chunk mode", ["context_right"], registry=r)
         self.refusals = Counter("nemo_serve_refusals", "Connections refused, by reason", ["reason"], registry=r)
         self.stream_errors = Counter("nemo_serve_stream_errors", "Streams ended by an error, by reason", ["reason"], registry=r)
-        refusal_reasons = ("no_free_slot", "draining", "unauthorized", "origin", "connection_limit", "header_timeout", "engine_failed")
+        refusal_reasons = ("no_free_slot", "draining", "unauthorized", "origin", "connection_limit", "header_timeout", "engine_failed",
+                           "overloaded")
         for reason in refusal_reasons:  # export zeros, so rate() works from the start
             self.refusals.labels(reason=reason)
         self.connections = Gauge("nemo_serve_connections", "Open TCP connections (HTTP and WebSocket)", registry=r,

@@ -1,0 +1,124 @@
+"""The overload signal: how long ready audio waits for the step loop (engine/queue_delay.py), and the
+admission that refuses new streams while it is too long (server/context.py, core/group.py).
+
+The end-to-end refusal through a real multi-process server is in test_server_e2e.py."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import numpy as np
+import pytest
+
+from nemo_serve.engine.queue_delay import QueueDelay
+
+from . import helpers
+
+
+def test_windowed_maximum_matches_a_brute_force_scan():
+    rng = random.Random(3)
+    q = QueueDelay(window_s=2.0)
+    history, now = [], 100.0
+    for _ in range(2000):
+        now += rng.choice([0.001, 0.01, 0.3, 0.9, 2.5])
+        wait = rng.choice([0.0, rng.random(), 5 * rng.random(), 0.5])
+        q.record(wait, now)
+        history.append((now, wait))
+        expected = max(w for t, w in history if t >= now - 2.0)
+        assert q.value(now) == expected
+        assert q.value(now + 1.9) == expected  # held until the window after the last step has passed
+        assert q.value(now + 2.1) == 0.0  # an engine that has not stepped for a window is not behind
+
+
+def _engine_after(audio: np.ndarray, age_s: float, context_right: int = 0):
+    """The demo model at `context_right`, one stream given all of `audio` at once, stamped as having
+    arrived `age_s` ago, stepped to its end. Returns the engine and the result latency of the last chunk."""
+    engine = helpers.new_engine(helpers.model(None, context_right), 2)
+    results = []
+    stream = engine.open_stream(results.append)
+    arrived = time.time() - age_s
+    engine.push(stream, audio, arrived)
+    engine.finish(stream)
+    for _ in range(10000):
+        engine.iterate()
+        if results and results[-1].done:
+            break
+    assert results and results[-1].done
+    lateness = time.time() - arrived
+    helpers.assert_engine_empty(engine)
+    return engine, lateness
+
+
+def test_audio_that_waited_counts_and_a_fast_client_does_not():
+    audio = np.concatenate(helpers.utterances(4, seed=2))  # ~12 s: ~150 chunks of 80 ms
+    # Audio stamped 5 s ago was ready 5 s before the loop took it: that is what overload looks like.
+    engine, _ = _engine_after(audio, 5.0)
+    assert 5.0 <= engine.queue_delay_s < 5.0 + 60
+    # The same audio sent at once, now: its last chunks come out long after their samples arrived
+    # (that is the client's doing: each chunk waits for the one before it), yet no chunk waited for
+    # the loop, so the engine is not behind.
+    engine, lateness = _engine_after(audio, 0.0)
+    assert engine.stats.stream_steps >= 100
+    assert engine.queue_delay_s < lateness / 5, (engine.queue_delay_s, lateness)
+    # Nothing stepped for a whole window (2 s): 0 again.
+    assert engine.queue_delay_s > 0.0
+    time.sleep(max(0.0, engine.queue_delay.published[1] - time.time()) + 0.01)
+    assert engine.queue_delay_s == 0.0
+
+
+class _Core:
+    """What EngineGroup reads of an EngineClient when it places a stream."""
+
+    def __init__(self, name: str, free: int, delay: float) -> None:
+        self.name, self.num_free_slots, self.queue_delay_s, self.num_slots = name, free, delay, 4
+        self.error, self.model_info = None, None
+        self.opened = 0
+
+    def open_stream(self, on_result, **kw):
+        self.opened += 1
+        return type("H", (), {})()
+
+
+def _group(*cores, limit: float):
+    from nemo_serve.core.group import EngineGroup
+
+    return EngineGroup(list(cores), [None] * len(cores), max_queue_delay_s=limit)
+
+
+def test_group_passes_over_a_core_that_is_behind():
+    behind, keeping_up = _Core("a", free=3, delay=4.0), _Core("b", free=1, delay=0.1)
+    group = _group(behind, keeping_up, limit=2.0)
+    assert group.queue_delay_s == 0.1  # where a new stream would go
+    group.open_stream(lambda r: None)
+    assert (behind.opened, keeping_up.opened) == (0, 1)  # fewer free slots, but keeping up
+    keeping_up.num_free_slots = 0  # full: the core that is behind is all that is left
+    assert group.queue_delay_s == 4.0
+    group.open_stream(lambda r: None)
+    assert behind.opened == 1
+    # Off (0): free slots alone decide.
+    behind2, other = _Core("a", free=3, delay=40.0), _Core("b", free=1, delay=0.0)
+    _group(behind2, other, limit=0.0).open_stream(lambda r: None)
+    assert (behind2.opened, other.opened) == (1, 0)
+
+
+@pytest.mark.parametrize("limit, refused", [(2.0, True), (0.0, False), (10.0, False)])
+def test_admission_refuses_while_the_engine_is_behind(limit, refused):
+    """The in-process server's admission (ServerContext.refusal, used at the handshake and when the
+    slot is taken) on a real engine whose last step ran audio that had waited 5 s."""
+    from nemo_serve.config import Settings
+    from nemo_serve.server.context import ServerContext
+    from nemo_serve.server.metrics import ServerMetrics
+
+    engine, _ = _engine_after(helpers.utterances(1, seed=1)[0], 5.0, context_right=13)
+    settings = Settings.from_sources({"max_queue_delay_s": limit}, {})
+    metrics = ServerMetrics(engine.num_slots, lambda: engine.num_free_slots, queue_delay_fn=lambda: engine.queue_delay_s)
+    ctx = ServerContext(engine=engine, settings=settings, metrics=metrics)
+    assert ctx.overloaded is refused
+    refusal = ctx.refusal()
+    if refused:
+        assert refusal[0] == "overloaded" and "overloaded" in refusal[1] and "limit 2 s" in refusal[1], refusal
+    else:
+        assert refusal is None
+    gauge = [line for line in metrics.render().decode().splitlines() if line.startswith("nemo_serve_queue_delay_seconds ")]
+    assert len(gauge) == 1 and 5.0 <= float(gauge[0].split()[1]) < 65.0

@@ -45,7 +45,9 @@ SUMMARY_RE = re.compile(r"cache ([\d.]+) MiB/stream x (\d+) slots = ([\d.]+) MiB
 class Server:
     """nemo-serve in a subprocess, with its stdout kept (the start-up summary line) in a log file."""
 
-    def __init__(self, args, nemo_path: Path, num_slots: int, log_path: Path) -> None:
+    def __init__(self, args, nemo_path: Path, num_slots: int, log_path: Path, max_queue_delay_s: float = 0.0) -> None:
+        """`max_queue_delay_s`: the server's overload limit; 0 (a sweep finds where the server falls
+        behind, so it admits by slots only)."""
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [
@@ -58,7 +60,8 @@ class Server:
             "--port", str(self.port),
             "--log-level", "warning",
             "--idle-timeout-s", "120",
-            "--max-queue-delay-s", "0",  # a sweep finds where the server falls behind: admit by slots only
+            "--max-queue-delay-s", str(max_queue_delay_s),
+            "--max-connections-per-ip", "65536",  # every load-generator stream comes from 127.0.0.1
         ]  # fmt: skip
         if args.frontends is not None:
             cmd += ["--frontends", str(args.frontends)]

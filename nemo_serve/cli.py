@@ -71,8 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     lim.add_argument("--max-connections", type=int, help="open connections, HTTP and WebSocket; more get 503 (1024)")
     lim.add_argument("--max-connections-per-ip", type=int, help="open connections from one address; more get 503 (256)")
     lim.add_argument("--max-queue-delay-s", type=float,
-                     help="refuse new streams (503) while ready audio has waited this long for the model: "
-                          "the engine is behind real time; 0 = off (2)")
+                     help="refuse new streams (503) while the model is this many seconds behind real time "
+                          "(overload); 0 = off (2)")
     e = p.add_argument_group("endpointing (defaults; each stream may override them)")
     e.add_argument("--endpoint", dest="endpoint", action="store_const", const=True, help="split segments at pauses (default)")
     e.add_argument("--no-endpoint", dest="endpoint", action="store_const", const=False, help="one segment per stream")

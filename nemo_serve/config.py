@@ -70,8 +70,8 @@ class Settings(BaseModel):
     ping_timeout_s: PositiveSeconds = 20.0
     max_stream_s: PositiveSeconds = 3600.0  # wall time and audio time of one stream
     drain_timeout_s: PositiveSeconds = 30.0  # SIGTERM: how long open streams get to finish
-    # Overload: new streams are refused while ready audio has recently waited this long for the
-    # model (engine/queue_delay.py), so the streams already served do not fall further behind. 0: off.
+    # Overload: new streams are refused while the model's steps start this far behind real time
+    # (engine/queue_delay.py), so the streams already served do not fall further behind. 0: off.
     max_queue_delay_s: Annotated[float, Field(ge=0, le=3600)] = 2.0
     # endpointing defaults (each stream may override them in its config message)
     endpoint: bool = True

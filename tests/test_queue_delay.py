@@ -5,6 +5,7 @@ The end-to-end refusal through a real multi-process server is in test_server_e2e
 
 from __future__ import annotations
 
+import math
 import random
 import time
 
@@ -29,6 +30,20 @@ def test_windowed_maximum_matches_a_brute_force_scan():
         assert q.value(now) == expected
         assert q.value(now + 1.9) == expected  # held until the window after the last step has passed
         assert q.value(now + 2.1) == 0.0  # an engine that has not stepped for a window is not behind
+
+
+def test_a_step_longer_than_the_window_does_not_read_as_idle():
+    q = QueueDelay(window_s=2.0)
+    seen = []
+    q.sink = seen.append
+    q.record(3.0, 100.0)
+    q.begin_step(101.0)  # a 10 s step starts
+    assert q.value(105.0) == 3.0 and q.value(110.9) == 3.0  # not 0 at 102 s: the engine is busy, not idle
+    q.record(9.0, 111.0)
+    assert q.value(111.0) == 9.0 and q.value(113.1) == 0.0
+    q.begin_step(120.0)  # idle for longer than the window before this step: nothing stands
+    assert q.value(121.0) == 0.0
+    assert seen == [(3.0, 102.0), (3.0, math.inf), (9.0, 113.0), (0.0, math.inf)]
 
 
 def _engine_after(audio: np.ndarray, age_s: float, context_right: int = 0):
@@ -65,6 +80,39 @@ def test_audio_that_waited_counts_and_a_fast_client_does_not():
     assert engine.queue_delay_s > 0.0
     time.sleep(max(0.0, engine.queue_delay.published[1] - time.time()) + 0.01)
     assert engine.queue_delay_s == 0.0
+
+
+@pytest.mark.parametrize("step_sleep_s", [0.0, 0.16])
+def test_real_time_stream_on_an_engine_that_keeps_up_or_runs_at_half_speed(monkeypatch, step_sleep_s):
+    """A client at real-time pace, 80 ms chunks. Each iteration steps its one ready chunk, so no chunk
+    is ever there before the previous step ends; with every step slowed by two chunks of audio the
+    engine still falls behind by about half of the time that passes, and that is what must show."""
+    from nemo_serve.engine import loop
+
+    real_step = loop.run_step
+
+    def step(*args, **kw):
+        time.sleep(step_sleep_s)
+        return real_step(*args, **kw)
+
+    monkeypatch.setattr(loop, "run_step", step)
+    engine = helpers.new_engine(helpers.model(None, 0), 2)
+    audio = helpers.utterances(1, seed=4)[0]
+    stream = engine.open_stream(lambda r: None)
+    t0, pushed = time.time(), 0
+    while time.time() - t0 < 2.4 and pushed < len(audio):
+        arrived = min(len(audio), int((time.time() - t0) * 16000) // 1280 * 1280)  # whole 80 ms packets so far
+        if arrived > pushed:
+            engine.push(stream, audio[pushed:arrived])
+            pushed = arrived
+        engine.iterate()
+    behind = time.time() - t0 - engine.stats.audio_s  # real time passed minus audio stepped
+    if step_sleep_s:
+        assert behind > 0.8 and engine.queue_delay_s > 0.6, (behind, engine.queue_delay_s)
+    else:
+        assert engine.queue_delay_s < 0.3, engine.queue_delay_s
+    engine.abort(stream)
+    helpers.assert_engine_empty(engine)
 
 
 class _Core:

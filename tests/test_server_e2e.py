@@ -388,12 +388,12 @@ def test_health_ready_and_metrics(server):
 
 
 def test_overloaded_server_refuses_new_streams_and_keeps_serving(oracle_model):
-    """--max-queue-delay-s: while ready audio waits longer than that for the model, new streams get
+    """--max-queue-delay-s: while the model is further behind real time than that, new streams get
     HTTP 503 with the reason, /readyz says so, the refusal is counted, and the stream being served
-    loses nothing; once nothing has waited for a while (2 s window) streams are admitted again.
-    Through the engine core and a front end (the queue delay crosses shared memory). Real overload
-    takes more streams than CI can afford, so the limit is 1 us: any chunk waits longer than that
-    between its last sample's arrival and its step."""
+    loses nothing; once nothing has run for a while (2 s window) streams are admitted again.
+    Through the engine core and a front end (the delay crosses shared memory). Real overload takes
+    more streams than CI can afford, so the limit is 1 us: a real-time stream's first chunk starts
+    later than that after its last sample arrived. (Real overload: benchmarks/overload.py.)"""
     utt = helpers.utterances(1, seed=5)[0]
     wire = encode(utt, "pcm_s16le")
     with start_server("--num-slots", "2", "--frontends", "1", "--max-queue-delay-s", "0.000001") as srv:

@@ -193,7 +193,7 @@ class EngineClient:
 
     @property
     def queue_delay_s(self) -> float:
-        """The core's recent longest wait of ready audio (engine/queue_delay.py), from shared memory."""
+        """How far behind real time the core recently was (engine/queue_delay.py), from shared memory."""
         return self.shared.queue_delay_s(time.time())
 
     def open_by_mode(self) -> dict[int, int]:

@@ -48,6 +48,7 @@ class EngineCore:
         self.shared = shared
         self.ipc_dir = ipc_dir
         engine.on_release = self._released
+        engine.queue_delay.sink = self._publish_queue_delay  # at every step's start and end
         self._zmq = zmq_context or zmq.Context.instance()
         self.control = self._zmq.socket(zmq.PULL)
         self.control.bind(control_address(ipc_dir))
@@ -72,7 +73,6 @@ class EngineCore:
             self._apply_finishes()
             busy = self.engine.iterate() or busy
             self._send_results()
-            self.shared.queue_delay[:] = self.engine.queue_delay.published
             now = time.monotonic()
             self.shared.heartbeat[0] = time.time()
             if parent_pid is not None and now - last_check > 0.5:
@@ -91,8 +91,10 @@ class EngineCore:
         self._apply_finishes()
         busy = self.engine.iterate() or bool(busy)
         self._send_results()
-        self.shared.queue_delay[:] = self.engine.queue_delay.published
         return busy
+
+    def _publish_queue_delay(self, pair: tuple[float, float]) -> None:
+        self.shared.queue_delay[:] = pair  # the front ends' admission reads it (SharedSlots.queue_delay_s)
 
     # ------------------------------------------------------------------ 1 control
     def _take_control(self) -> bool | None:

@@ -4,7 +4,7 @@ One block, created by the supervisor, attached by every process:
 
   state      int64[4]       core state (STARTING, SERVING, STOPPED, FAILED), stream-steps, steps
   heartbeat  float64[1]     core's time.time() at its last loop iteration
-  queue_delay float64[2]    the engine's recent longest wait of ready audio, and until when that
+  queue_delay float64[2]    how far behind real time the engine recently was, and until when that
                             holds (engine/queue_delay.py): what admission reads for overload
   owner      int32[S]       front end holding the slot (-1: free); changed under `lock` only
   gen        int64[S]       bumped at every allocation: control messages carry it, so a late
@@ -133,7 +133,7 @@ class SharedSlots:
             self.shm.unlink()
 
     def queue_delay_s(self, now: float) -> float:
-        """The core's recent longest wait of ready audio; 0 once it has not stepped for a while."""
+        """How far behind real time the core recently was; 0 once it has not stepped for a while."""
         value, valid_until = self.queue_delay.tolist()
         return value if now <= valid_until else 0.0
 

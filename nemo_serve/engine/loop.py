@@ -229,7 +229,7 @@ class Engine:
 
     @property
     def queue_delay_s(self) -> float:
-        """The longest time ready audio waited for the step loop in the last seconds (queue_delay.py)."""
+        """How far behind real time the step loop was in the last seconds (queue_delay.py)."""
         return self.queue_delay.value(time.time())
 
     def open_by_mode(self) -> dict[int, int]:
@@ -373,6 +373,7 @@ class Engine:
     def _step(self, group: Group) -> None:
         t_start = time.perf_counter()
         wall_start = time.time()
+        self.queue_delay.begin_step(wall_start)
         slots = group.slots.tolist()
         streams = [self._slot_streams[slot] for slot in slots]
         rows = torch.from_numpy(group.slots).to(self.model.device)
@@ -397,14 +398,15 @@ class Engine:
         next_frames = (group.t0 + group.widths).tolist()
         confs = result.token_confidences or [None] * len(streams)
         longest_wait = 0.0
-        for s, next_frame, last, ids, frames, decoded, conf in zip(
+        for s, next_frame, last, ids, frames, decoded, conf, width in zip(
             streams, next_frames, group.is_last.tolist(), result.token_ids, result.token_frames, result.decoded_frames,
-            confs,
+            confs, widths,
         ):
-            ready_at = self._advance(s, next_frame, last, ids, frames, decoded, conf)
-            # Ready: its last sample in, and its previous chunk stepped (queue_delay.py).
-            longest_wait = max(longest_wait, wall_start - max(ready_at, s.stepped_at))
-            s.stepped_at = wall_done
+            arrived = self._advance(s, next_frame, last, ids, frames, decoded, conf)
+            # Due: its last sample in, and at most real-time pace after the stream's previous chunk
+            # (queue_delay.py). A client ahead of real time is not the engine falling behind.
+            s.due = max(arrived, s.due + width * self.hop_s)
+            longest_wait = max(longest_wait, wall_start - s.due)
         self.queue_delay.record(longest_wait, wall_done)
 
     def _advance(self, s: Stream, next_frame: int, is_last: bool, ids: list[int], frames: list[int], decoded: int,

@@ -1,21 +1,28 @@
-"""How long ready audio waits for the step loop: the engine's overload signal.
+"""How far the step loop is behind real time: the engine's overload signal.
 
-A chunk is ready when its last sample has arrived and its stream's previous chunk has been stepped
-(a stream's chunks are sequential). Its wait is the time from then to the start of the step that
-runs it. An engine that keeps up runs every ready chunk within about one iteration, whatever the
-batch; one that does not keeps falling further behind, and the waits grow without bound. The wait
-is not the result latency: a client that sends a minute of audio at once makes its own later
-chunks late, but each of them waits only for the step before it, so one fast client does not look
-like overload.
+A stream's chunk is due when its last sample has arrived, but no earlier than one chunk of audio
+after the stream's previous chunk was due: `due_k = max(arrival_k, due_{k-1} + duration_k)`, the
+time an engine that serves the stream exactly at real-time pace would start it. The delay of a
+step is the longest `step start - due` among its chunks. An engine that keeps up starts every chunk
+within about one iteration of its due time, whatever the batch. One that does not falls further
+behind with every chunk, and the delay grows without bound, even when each step takes in every
+ready stream (their chunks are then already there when the step before ends: what grows is the time
+since they arrived). A client that sends a minute of audio at once is not counted: its chunks are
+due at real-time pace from its first one, and an engine that keeps up runs them ahead of that.
 
-The reported figure is the longest wait of the steps in the last `window_s` seconds (a windowed
+The reported figure is the longest delay of the steps in the last `window_s` seconds (a windowed
 maximum over a monotonic queue: O(1) per step), and 0 once no step has run for that long (an idle
-engine is not behind). The loop thread records; any thread (the admission check) reads.
+engine is not behind). While a step runs the figure stands however long it takes: a step longer
+than the window must not read as an idle engine. The loop thread records; any thread (the
+admission check) reads, and `sink`, if set, gets every published pair at once (the engine core
+copies it into shared memory for the front ends).
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
+from typing import Callable
 
 
 class QueueDelay:
@@ -25,17 +32,31 @@ class QueueDelay:
         # (value, valid until): replaced as one tuple, so a reader on another thread sees a pair
         # that belongs together (the engine core copies it into shared memory as is).
         self.published: tuple[float, float] = (0.0, 0.0)
+        self.sink: Callable[[tuple[float, float]], None] | None = None
+
+    def begin_step(self, now: float) -> None:
+        """Loop thread, before a step: what the window holds stands until the step ends."""
+        self._expire(now)
+        self._publish((self._steps[0][1] if self._steps else 0.0, math.inf))
 
     def record(self, wait_s: float, now: float) -> None:
-        """Loop thread, after a step: the longest wait among its chunks."""
+        """Loop thread, after a step: the longest delay among its chunks."""
         steps = self._steps
         while steps and steps[-1][1] <= wait_s:
-            steps.pop()  # never the maximum again: this step's wait is as long and outlives it
+            steps.pop()  # never the maximum again: this step's delay is as long and outlives it
         steps.append((now, wait_s))
+        self._expire(now)
+        self._publish((steps[0][1], now + self.window_s))
+
+    def _expire(self, now: float) -> None:
         horizon = now - self.window_s
-        while steps[0][0] < horizon:
-            steps.popleft()
-        self.published = (steps[0][1], now + self.window_s)
+        while self._steps and self._steps[0][0] < horizon:
+            self._steps.popleft()
+
+    def _publish(self, pair: tuple[float, float]) -> None:
+        self.published = pair
+        if self.sink is not None:
+            self.sink(pair)
 
     def value(self, now: float) -> float:
         """The longest wait in the window (seconds); 0 when no step has run within it."""

@@ -40,7 +40,7 @@ class Stream:
     next_frame: int = 0  # first feature frame of the next chunk
     segment: int = 0
     decoded_frames: int = 0
-    stepped_at: float = 0.0  # server time its last step ended (its next chunk could not go before)
+    due: float = float("-inf")  # when its last stepped chunk was due (engine/queue_delay.py)
     final_sent: bool = False  # the done=True result has been delivered
     endpoint: EndpointDetector | None = None
     # --- requests from the network side, read by the loop ---

@@ -51,13 +51,13 @@ class ServerContext:
         if self.engine.num_free_slots <= 0:
             return "no_free_slot", f"no free slot (all {self.engine.num_slots} in use); retry later"
         if self.overloaded:
-            return "overloaded", (f"server overloaded: audio waited {self.engine.queue_delay_s:.2f} s for the model "
+            return "overloaded", (f"server overloaded: the model is {self.engine.queue_delay_s:.2f} s behind real time "
                                   f"(limit {self.settings.max_queue_delay_s:g} s); retry later or another instance")
         return None
 
     @property
     def overloaded(self) -> bool:
-        """Ready audio waits longer than --max-queue-delay-s for the model: the engine is behind."""
+        """The engine is further behind real time than --max-queue-delay-s (engine/queue_delay.py)."""
         limit = self.settings.max_queue_delay_s
         return bool(limit) and self.engine.queue_delay_s > limit
 

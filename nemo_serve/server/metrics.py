@@ -74,7 +74,7 @@ class _SlotGauges:
         yield GaugeMetricFamily("nemo_serve_slots", "Slots allocated at start-up", value=self.num_slots)
         if self.queue_delay_fn is not None:
             yield GaugeMetricFamily("nemo_serve_queue_delay_seconds",
-                                    "Longest wait of ready audio for the model in the last 2 s (overload when it grows)",
+                                    "How far behind real time the model's steps started, the most in the last 2 s (overload when it grows)",
                                     value=self.queue_delay_fn())  # fmt: skip
         if self.cores_fn is None:
             return
@@ -84,7 +84,7 @@ class _SlotGauges:
                                ("nemo_serve_core_open_streams", "open_streams", "Streams on one engine core"),
                                ("nemo_serve_core_serving", "serving", "1 while the engine core serves"),
                                ("nemo_serve_core_queue_delay_seconds", "queue_delay_s",
-                                "Longest wait of ready audio for one engine core in the last 2 s")):  # fmt: skip
+                                "How far behind real time one engine core's steps started, the most in the last 2 s")):  # fmt: skip
             g = GaugeMetricFamily(name, doc, labels=labels)
             for c in cores:
                 g.add_metric([str(c["core"]), c["device"]], float(c[key]))

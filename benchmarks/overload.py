@@ -9,8 +9,9 @@ opening its next item when one ends, waiting 1 s after a refusal), started over 
 load grows past what the server keeps up with. `off` runs with --max-queue-delay-s 0 (admission by
 free slots only), `on` with --limit. Per run: streams admitted and refused, partial latency of the
 admitted streams (percentiles, and its median per 5 s of the run for the plot), drift, every
-admitted stream's tokens against NeMo's own loop, and the server's queue delay sampled each second
-from /readyz. Writes the JSON and a plot (.png) next to it.
+admitted stream's tokens against NeMo's own loop, and the server's queue delay (how far behind real
+time the model is, engine/queue_delay.py) sampled each second from /readyz. Writes the JSON and a
+plot (.png) next to it; `--plot-only` redraws the plot from the JSON.
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ def plot(result: dict, png: Path) -> None:
         b.plot(rt, [s[1] for s in run["readyz"] if s[1] is not None], label=name)
     a.set(xlabel="time in run (s)", ylabel="median partial latency (ms), admitted streams", yscale="log",
           title=f"{result['model']} {result['runs'][0]['chunk_ms']:.0f} ms chunks, {result['streams']} workers")
-    b.set(xlabel="time in run (s)", ylabel="server queue delay (s), /readyz", title="longest wait of ready audio, last 2 s")
+    b.set(xlabel="time in run (s)", ylabel="queue delay (s), from /readyz", title="model behind real time, most in the last 2 s")
     a.legend(fontsize=8)
     b.legend(fontsize=8)
     fig.tight_layout()
@@ -139,7 +140,11 @@ def main() -> None:
     ap.add_argument("--item-seconds", default="10,20")
     ap.add_argument("--start-timeout", type=float, default=300.0)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--plot-only", action="store_true", help="redraw the plot from --out")
     args = ap.parse_args()
+    if args.plot_only:
+        plot(json.loads(Path(args.out).read_text()), Path(args.out).with_suffix(".png"))
+        return
     record = run_record()
     nemo_path, name = model_file(args.model)
     items = make_items(args.audio, args.items, tuple(float(x) for x in args.item_seconds.split(",")))

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..config import Settings
+from .admission import OverloadGuard
 from .metrics import ServerMetrics
 from .protocol import CLOSE_GOING_AWAY, CLOSE_SERVER_ERROR
 
@@ -32,6 +34,10 @@ class ServerContext:
     sessions: set["Session"] = field(default_factory=set)  # accepted sockets not yet closed
     draining: bool = False
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
+    _guard: OverloadGuard | None = None
+
+    def __post_init__(self) -> None:
+        self._guard = OverloadGuard(self.settings.max_queue_delay_s, self.engine.num_slots)
 
     @property
     def model(self):
@@ -50,16 +56,20 @@ class ServerContext:
             return "engine_failed", "engine failed; see /healthz"
         if self.engine.num_free_slots <= 0:
             return "no_free_slot", f"no free slot (all {self.engine.num_slots} in use); retry later"
-        if self.overloaded:
-            return "overloaded", (f"server overloaded: the model is {self.engine.queue_delay_s:.2f} s behind real time "
-                                  f"(limit {self.settings.max_queue_delay_s:g} s); retry later or another instance")
+        overload = self.overload_refusal()
+        if overload is not None:
+            return "overloaded", overload
         return None
+
+    def overload_refusal(self) -> str | None:
+        """Why a new stream would be refused for overload (admission.py), or None."""
+        engine = self.engine
+        return self._guard.refusal(engine.queue_delay_s, engine.num_open_streams, time.time())
 
     @property
     def overloaded(self) -> bool:
-        """The engine is further behind real time than --max-queue-delay-s (engine/queue_delay.py)."""
-        limit = self.settings.max_queue_delay_s
-        return bool(limit) and self.engine.queue_delay_s > limit
+        """The engine is behind real time, or recovering from it (admission.py)."""
+        return self.overload_refusal() is not None
 
     def add(self, session: "Session") -> None:
         self.sessions.add(session)

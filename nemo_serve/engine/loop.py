@@ -397,7 +397,7 @@ class Engine:
             self.on_step(len(slots), elapsed, group.context_right)
         next_frames = (group.t0 + group.widths).tolist()
         confs = result.token_confidences or [None] * len(streams)
-        longest_wait = 0.0
+        longest_delay = 0.0
         for s, next_frame, last, ids, frames, decoded, conf, width in zip(
             streams, next_frames, group.is_last.tolist(), result.token_ids, result.token_frames, result.decoded_frames,
             confs, widths,
@@ -406,8 +406,8 @@ class Engine:
             # Due: its last sample in, and at most real-time pace after the stream's previous chunk
             # (queue_delay.py). A client ahead of real time is not the engine falling behind.
             s.due = max(arrived, s.due + width * self.hop_s)
-            longest_wait = max(longest_wait, wall_start - s.due)
-        self.queue_delay.record(longest_wait, wall_done)
+            longest_delay = max(longest_delay, wall_start - s.due)
+        self.queue_delay.record(longest_delay, wall_done)
 
     def _advance(self, s: Stream, next_frame: int, is_last: bool, ids: list[int], frames: list[int], decoded: int,
                  conf: list[float] | None = None) -> float:  # fmt: skip

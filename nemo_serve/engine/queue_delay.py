@@ -28,7 +28,7 @@ from typing import Callable
 class QueueDelay:
     def __init__(self, window_s: float = 2.0) -> None:
         self.window_s = window_s
-        self._steps: deque[tuple[float, float]] = deque()  # (time, wait), waits strictly decreasing
+        self._steps: deque[tuple[float, float]] = deque()  # (time, delay), delays strictly decreasing
         # (value, valid until): replaced as one tuple, so a reader on another thread sees a pair
         # that belongs together (the engine core copies it into shared memory as is).
         self.published: tuple[float, float] = (0.0, 0.0)
@@ -39,12 +39,12 @@ class QueueDelay:
         self._expire(now)
         self._publish((self._steps[0][1] if self._steps else 0.0, math.inf))
 
-    def record(self, wait_s: float, now: float) -> None:
-        """Loop thread, after a step: the longest delay among its chunks."""
+    def record(self, delay_s: float, now: float) -> None:
+        """Loop thread, after a step: the largest delay among its chunks."""
         steps = self._steps
-        while steps and steps[-1][1] <= wait_s:
+        while steps and steps[-1][1] <= delay_s:
             steps.pop()  # never the maximum again: this step's delay is as long and outlives it
-        steps.append((now, wait_s))
+        steps.append((now, delay_s))
         self._expire(now)
         self._publish((steps[0][1], now + self.window_s))
 
@@ -59,6 +59,6 @@ class QueueDelay:
             self.sink(pair)
 
     def value(self, now: float) -> float:
-        """The longest wait in the window (seconds); 0 when no step has run within it."""
+        """The largest delay in the window (seconds); 0 when no step has run within it."""
         value, valid_until = self.published
         return value if now <= valid_until else 0.0

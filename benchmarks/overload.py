@@ -65,8 +65,10 @@ def latency_timeline(records, t0: float, bin_s: float = 5.0) -> list[tuple[float
     """(bin start s, median partial latency ms, partials) per `bin_s` of the run, by receive time."""
     points = []
     for r in records:
-        for (recv, processed, _, _), (_, lat) in zip(r.partials, r.partial_latencies()):
-            points.append((recv - t0, lat))
+        for recv, processed, _, _ in r.partials:
+            sent = r.packet_send_time(processed)  # as StreamRecord.partial_latencies, keeping the receive time
+            if sent is not None:
+                points.append((recv - t0, recv - sent))
     bins: dict[int, list[float]] = {}
     for t, lat in points:
         bins.setdefault(int(t // bin_s), []).append(lat)

@@ -34,7 +34,7 @@ class ServerContext:
     sessions: set["Session"] = field(default_factory=set)  # accepted sockets not yet closed
     draining: bool = False
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
-    _guard: OverloadGuard | None = None
+    _guard: OverloadGuard = field(init=False)
 
     def __post_init__(self) -> None:
         self._guard = OverloadGuard(self.settings.max_queue_delay_s, self.engine.num_slots)

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
@@ -18,26 +20,173 @@ def _records(path: Path) -> list[dict]:
 
 
 def test_gpu_bench_dry_run_on_cpu(tmp_path):
+    """Every phase in order, each record as the GPU run writes it: preflight, selftest parity,
+    calibration within its tolerance, per mode the engine, its validation (graph path against the
+    eager path) and step sweep, then capacity on the engine core's loop, and `done` in budget."""
     from benchmarks.gpu import gpu_bench
 
-    gpu_bench.main([
-        "--out", str(tmp_path), "--model", "tiny-prompt", "--device", "cpu", "--dtype", "fp32", "--modes", "3",
-        "--batches", "1,3,8", "--step-seconds", "0.1", "--levels", "3:2,3", "--level-seconds", "1.5",
-        "--calibrate-iters", "3", "--threads", "1", "--budget-s", "120",
+    rc = gpu_bench.main([
+        "--out", str(tmp_path), "--model", "tiny-prompt", "--device", "cpu", "--dtype", "fp32", "--modes", "3,0",
+        "--batches", "1,3,8", "--step-seconds", "0.1", "--levels", "3:2,3;0:2", "--level-seconds", "1.5",
+        "--selftest-models", "builtin:tiny-prompt", "--selftest-dtypes", "fp32", "--selftest-n", "2",
+        "--threads", "1", "--budget-s", "150",
     ])
+    assert rc == 0
     recs = _records(tmp_path / "results.jsonl")
     kinds = [r["kind"] for r in recs]
-    assert kinds[:4] == ["env", "model", "calibration", "engine"], kinds
-    assert kinds[-1] == "done" and "error" not in kinds, recs
+    assert kinds[:5] == ["env", "preflight", "selftest", "model", "calibration"], kinds
+    assert kinds[-1] == "done" and recs[-1]["ok"] and recs[-1]["seconds"] < 150, recs[-1]
+    assert "error" not in kinds and "skipped" not in kinds, recs
+    pre = recs[1]
+    assert pre["ok"] and pre["problems"] == [] and pre["versions"]["nemo-toolkit"] == "3.0.0"
+    assert pre["one_bucket"]["tokens"] > 0 and pre["one_bucket"]["report"]["decoder_failures"] == []
+    st = recs[2]
+    assert st["passed"] and st["summary"].startswith("2/2 token-identical"), st
+    cal = recs[4]
+    assert cal["within_tolerance"] and abs(cal["emit_fraction"] - 0.34) <= 0.02, cal
+    assert set(cal["per_mode_emit_fraction"]) == {"320", "80"}
+    # every mode's checks and step sweep come before any capacity level
+    first_capacity = kinds.index("capacity_engine")
+    assert kinds[5:first_capacity].count("validate") == 2 and "capacity" not in kinds[:first_capacity]
+    for v in (r for r in recs if r["kind"] == "validate"):
+        ge = v["graph_vs_eager"]
+        assert v["ok"] and ge["identical"] and ge["batches"] == [1, 5, 8] and ge["tokens"] > 0, v
+        assert ge["max_abs_cache_diff"] == 0.0  # two eager pools on CPU: the same arithmetic
+        assert v["syncs"] == {"measured": False}  # counted by tests/test_step_sync.py on CPU
     steps = [r for r in recs if r["kind"] == "step"]
-    assert [r["batch"] for r in steps] == [1, 3, 8]
+    assert [(r["chunk_ms"], r["batch"]) for r in steps] == [(320, 1), (320, 3), (320, 8), (80, 1), (80, 3), (80, 8)]
     assert all(r["ms_median"] > 0 and r["us_per_stream_step"] > 0 for r in steps)
-    engine = recs[3]
-    assert engine["slots"] == 8 and engine["buckets"] == [1, 2, 4, 8] and engine["graphs"] is False
+    engine = recs[5]
+    assert engine["kind"] == "engine" and engine["slots"] == 8 and engine["buckets"] == [1, 2, 4, 8]
+    assert engine["graphs"] is False
     caps = [r for r in recs if r["kind"] == "capacity"]
-    assert caps and caps[0]["streams"] == 2 and caps[0]["results"] > 0
-    assert caps[0]["lateness_p50_ms"] <= caps[0]["lateness_p95_ms"] and caps[0]["bound_ms"] == 640.0
-    assert all(c["open_after_drain"] == 0 for c in caps)
+    assert [(c["chunk_ms"], c["streams"]) for c in caps] == [(320, 2), (320, 3), (80, 2)]
+    for c in caps:
+        assert c["updates"] > 0 and 0 <= c["lateness_p50_ms"] <= c["lateness_p95_ms"] <= c["lateness_max_ms"], c
+        assert c["bound_ms"] == 2 * c["chunk_ms"] and c["keeps_up"] and c["open_after_drain"] == 0
+        assert 0 < c["loop_busy_fraction"] < 1 and c["steps"] > 0
+
+
+def test_preflight_stops_the_run_with_a_plain_message(tmp_path, monkeypatch, capsys):
+    """A preflight that finds a problem writes its record, prints what is wrong, ends the run with
+    exit 4 and a `done` record, and measures nothing."""
+    from benchmarks.gpu import gpu_bench
+
+    def broken(args):
+        raise RuntimeError("no kernel image is available for execution on the device")
+
+    monkeypatch.setattr(gpu_bench, "_one_bucket", broken)
+    rc = gpu_bench.main(["--out", str(tmp_path), "--model", "tiny-prompt", "--device", "cpu", "--dtype", "fp32",
+                         "--threads", "1"])  # fmt: skip
+    assert rc == 4
+    recs = _records(tmp_path / "results.jsonl")
+    assert [r["kind"] for r in recs] == ["env", "preflight", "done"]
+    assert not recs[1]["ok"] and "no kernel image" in recs[1]["problems"][0]
+    assert recs[2] == {**recs[2], "ok": False, "why": "preflight"}
+    assert "PREFLIGHT FAILED: one bucket on the device failed: RuntimeError: no kernel image" in capsys.readouterr().out
+
+
+def test_forced_capture_failure_falls_back_and_is_recorded(tmp_path):
+    """--force-capture-failure: the preflight's first decoder call fails (on a GPU its encoder
+    capture too); the bucket is retried, still steps, and the failure is in the record."""
+    from benchmarks.gpu import gpu_bench
+
+    args = gpu_bench.parse(["--out", str(tmp_path), "--model", "tiny-prompt", "--device", "cpu", "--dtype", "fp32",
+                            "--force-capture-failure"])  # fmt: skip
+    out = gpu_bench._one_bucket(args)
+    rep = out["report"]
+    assert out["tokens"] > 0
+    assert [(f["bucket"], f["mode"]) for f in rep["decoder_failures"]] == [(2, "no_graphs")]
+    assert rep["decoder_failures"][0]["error"].startswith("AssertionError: forced decoder capture failure")
+    assert "Traceback" in rep["decoder_failures"][0]["traceback"]
+    assert rep["decoder_modes"] == {"2": "no_graphs"}
+
+
+def test_calibration_reaches_its_target_on_a_step_like_response():
+    """Emission against the blank bias is nearly a step function with random weights (1.0 to 0.0
+    within ~0.2): bracketing then >= 14 bisections must land within 0.02 of the target, far from
+    the bracket's start, where 8 bisections over [-10, 60] could not."""
+    from benchmarks.gpu.gpu_bench import calibrate_blank
+
+    class Bias:  # the joint's output layer, as calibrate_blank reaches it
+        def __init__(self):
+            import torch
+
+            self.bias = torch.zeros(5)
+
+    class Model:
+        blank_id = 4
+
+        def __init__(self):
+            import types
+
+            self.nemo = types.SimpleNamespace(joint=types.SimpleNamespace(joint_net=[Bias()]))
+
+    m = Model()
+    edge, width = 13.37, 0.06  # emission falls from 1 to 0 over [edge, edge + width]
+    probe = lambda: float(min(1.0, max(0.0, (edge + width - m.nemo.joint.joint_net[-1].bias[4].item()) / width)))  # noqa: E731
+    cal = calibrate_blank(m, probe, target=0.34, tol=0.02, iters=16)
+    assert cal["within_tolerance"] and abs(cal["emit_fraction"] - 0.34) <= 0.02, cal
+    assert abs(probe() - 0.34) <= 0.02  # the bias is left where the fraction was measured
+    assert cal["probes"] <= 30
+
+
+def test_decoder_capture_failure_falls_back_mode_by_mode():
+    """Stepper._first_decode with a computer that fails in full-graph mode (an AssertionError, as
+    NeMo's capture-status check raises) and in no-while-loops mode: the bucket ends without
+    graphs, both failures are recorded, and its tokens equal a stepper that never failed."""
+    import torch
+
+    from nemo_serve.engine.slots import SlotPool
+    from nemo_serve.engine.step import StepBatch, Stepper
+
+    from . import helpers
+
+    m = helpers.model("builtin:tiny-prompt", 3)
+    enc = helpers.new_engine(m, 4).encoder
+    base = m.decoding_computer
+    modes = type(base).CudaGraphsMode
+
+    class Flaky:
+        CudaGraphsMode = modes
+
+        def __init__(self):
+            self.cuda_graphs_mode = modes.FULL_GRAPH
+            self.resets = 0
+
+        def reset_cuda_graphs_state(self):
+            self.resets += 1
+
+        def __call__(self, **kw):
+            if self.cuda_graphs_mode is modes.FULL_GRAPH:
+                raise AssertionError("capture status")
+            if self.cuda_graphs_mode is modes.NO_WHILE_LOOPS:
+                raise RuntimeError("Capture must end on the same stream it began on")
+            return base(**kw)
+
+    def make():
+        pool = SlotPool(m, 4, enc.channel_shape)
+        return pool, Stepper(m, enc, pool, context_right=3)
+
+    (pa, sa), (pb, sb) = make(), make()
+    flaky = Flaky()
+    sa.cuda = True  # the fallback chain is the CUDA path's; this computer stands in for NeMo's per bucket
+    sa.computer = lambda bucket: flaky
+    g = m.geometry
+    ra = np.array([pa.allocate("x"), pa.allocate("y")])
+    rb = np.array([pb.allocate("x"), pb.allocate("y")])
+    gen = torch.Generator().manual_seed(0)
+    for first in (True, False, False):
+        w = g.first_frames if first else g.chunk_frames
+        f = torch.randn(2, m.num_mels, w, generator=gen)
+        with torch.inference_mode():
+            a = sa.run(StepBatch(ra, f, [w, w], first, None))
+            b = sb.run(StepBatch(rb, f, [w, w], first, None))
+        assert a.token_ids == b.token_ids
+    assert [(f["mode"], f["error"].split(":")[0]) for f in sa.decoder_failures] == [
+        ("full_graph", "AssertionError"), ("no_while_loops", "RuntimeError")]
+    assert sa.decoder_modes == {(2, False): "no_graphs"} and flaky.resets == 2
+    assert flaky.cuda_graphs_mode is None
 
 
 def test_run_gpu_sh_installs_carried_wheels_and_runs_the_bench(tmp_path):

@@ -1,30 +1,43 @@
-"""The GPU run's measurements, engine only (no WebSocket), every result appended to OUT/results.jsonl
-the moment it exists, so a run killed at its time limit keeps what it measured.
+"""The GPU run: checks itself, then measures the production loop. Every result is a line of
+OUT/results.jsonl written the moment it exists, so a run killed at its limit keeps what it measured.
 
     python benchmarks/gpu/gpu_bench.py --out OUT [--model nemotron-0.6b] [--device cuda] [--dtype bf16]
 
-1. `model`: the architecture built from configs/ (random init, benchmarks/architecture.py), its
-   blank logit bias bisected so greedy decoding emits on about a third of the encoder frames (the
-   built-ins' target; uncalibrated random weights emit max_symbols on every frame), cast, moved.
-2. `step`: run_step at each batch (up to 8,192; larger than the pool's max_step_rows runs as
-   several steps) per mode, later chunks, all rows full: ms per call and us per stream-step,
-   the bucket/graph warm-up excluded (prepare_step captures every bucket first, timed apart).
-3. `capacity`: per mode, an Engine with its step loop thread and N synthetic real-time streams
-   pushed from this thread in one-chunk packets (starts spread over one chunk period). Lateness of
-   a result = time it is delivered - arrival of the last sample it needed; p50/p95 over the results
-   after a warm-up, against 2 chunk periods. Levels rise until p95 passes that bound.
-
-Every phase checks the budget (--budget-s, from the process start) before it starts.
+Phases, each started only if it fits the budget (--budget-s, from the process start):
+1. `env`, `preflight` (at most ~30 s; stops the run with exit 4 and a plain message if anything
+   is wrong): package versions, NeMo's import, CUDA, NeMo's conditional-node check (full-graph
+   decoding needs it), and one bucket of a tiny prompt model captured and stepped on the device.
+2. `selftest`: `--selftest` parity with NeMo's own loop on the device, every trained mode in one
+   engine, in fp32 and bf16: the shipped demo model (real speech) and the tiny prompt built-in.
+3. `model`, `calibration`: the architecture built from configs/ (random init); a bias on its
+   blank logit bracketed, then bisected (>= 14 steps, one reused pool) until greedy decoding
+   emits on --emit-target of the encoder frames within 0.02 (random weights otherwise emit
+   max_symbols tokens on every frame, or none), and the fraction recorded per mode.
+4. per mode: `engine` (slots, buckets, every graph captured at start-up, timed, memory),
+   `validate` (graph keys captured and failed with the exception, each bucket decoder's graph
+   mode; tokens of K steps through the graph path equal to the eager path at three buckets on two
+   identical pools; device waits per steady-state engine iteration), then `step`: run_step at
+   each batch, ms per call from the host and GPU ms from CUDA events.
+5. per mode, after every mode's step sweep: `capacity`, the engine core's loop as it runs in
+   production (streams opened with updates=True, audio handed over with take_audio, iterate()
+   on one thread, no other threads): N real-time streams whose starts spread over one chunk;
+   lateness of every update after a warm-up (its delivery - the arrival of the last sample it
+   needed) against 2 chunk periods; GPU ms per step, the loop's busy fraction. Levels rise
+   until one does not keep up; slots are sized to the levels (and to GPU memory).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import io
 import json
 import platform
 import sys
-import threading
 import time
+import traceback
+import warnings
+from importlib import metadata
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +46,8 @@ REPO = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(REPO))
 
 T0 = time.time()
+PACKAGES = ("torch", "nemo-toolkit", "lightning", "pytorch-lightning", "numpy", "cuda-bindings", "cuda-python",
+            "omegaconf", "hydra-core", "transformers", "huggingface-hub", "sentencepiece")  # fmt: skip
 
 
 class Results:
@@ -45,64 +60,154 @@ class Results:
         with self.path.open("a") as f:
             f.write(json.dumps(rec) + "\n")
             f.flush()
-        print(json.dumps(rec), flush=True)
+        print(json.dumps(rec)[:3000], flush=True)
 
 
 def left(budget_s: float) -> float:
     return budget_s - (time.time() - T0)
 
 
-def emit_fraction(model, encoder, rows: int = 32, steps: int = 3, seed: int = 0) -> float:
-    """Fraction of decoded encoder frames that emitted >= 1 token, over a few later chunks of noise
-    features on fresh slots."""
+def versions() -> dict:
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def _err(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"[:1000]
+
+
+def _sync(device) -> None:
     import torch
 
-    from nemo_serve.engine.slots import SlotPool
-    from nemo_serve.engine.step import StepBatch, run_step
-
-    g = model.geometry
-    pool = SlotPool(model, rows, encoder.channel_shape)
-    for i in range(rows):
-        pool.allocate(f"c{i}")
-    gen = torch.Generator().manual_seed(seed)
-    emitted = frames = 0
-    slots = np.arange(rows)
-    for k in range(steps + 1):
-        first = k == 0
-        w = g.first_frames if first else g.chunk_frames
-        feats = torch.randn(rows, model.num_mels, w, generator=gen).to(model.device)
-        r = run_step(model, encoder, pool, StepBatch(slots, feats, [w] * rows, first, None))
-        if not first:
-            emitted += sum(len(set(f)) for f in r.token_frames)
-            frames += rows * encoder.encoder.streaming_cfg.valid_out_len
-    del pool
-    return emitted / max(frames, 1)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
-def calibrate_blank(model, encoder, target: float, iters: int) -> dict:
-    """Bisect a bias added to the joint's blank logit until about `target` of the frames emit."""
+def _free_gpu(model=None) -> None:
     import torch
 
-    out = model.nemo.joint.joint_net[-1]
-    blank = model.blank_id
-    base = out.bias[blank].item()
-    lo, hi = -10.0, 60.0
-    frac = None
-    for _ in range(iters):
-        mid = (lo + hi) / 2
-        with torch.no_grad():
-            out.bias[blank] = base + mid
-        frac = emit_fraction(model, encoder)
-        if frac > target:
-            lo = mid
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+# ----------------------------------------------------------------------------- 1 preflight
+def preflight(args, res: Results) -> bool:
+    """Everything the run needs, checked in seconds on the smallest model; False: stop."""
+    import torch
+
+    t = time.time()
+    problems: list[str] = []
+    warnings_: list[str] = []
+    rec: dict = {"versions": versions()}
+    try:
+        t_imp = time.time()
+        import nemo.collections.asr  # noqa: F401
+
+        rec["nemo_import_s"] = round(time.time() - t_imp, 1)
+    except Exception as e:  # noqa: BLE001 - the message is the record
+        problems.append(f"import nemo.collections.asr failed: {_err(e)}")
+        rec["nemo_import_traceback"] = traceback.format_exc()[-3000:]
+        res.write("preflight", ok=False, seconds=round(time.time() - t, 1), problems=problems, **rec)
+        return False
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            problems.append("CUDA is not available to torch")
         else:
-            hi = mid
-    with torch.no_grad():
-        out.bias[blank] = base + (lo + hi) / 2
-    frac = emit_fraction(model, encoder)
-    return {"blank_bias_added": (lo + hi) / 2, "emit_fraction": frac, "target": target}
+            p = torch.cuda.get_device_properties(0)
+            rec["gpu"] = {"name": p.name, "memory_gib": round(p.total_memory / 2**30, 1),
+                          "capability": f"{p.major}.{p.minor}", "multiprocessors": p.multi_processor_count}  # fmt: skip
+        try:
+            from nemo.core.utils.cuda_python_utils import check_cuda_python_cuda_graphs_conditional_nodes_supported
+
+            check_cuda_python_cuda_graphs_conditional_nodes_supported()
+            rec["conditional_nodes"] = "supported"
+        except Exception as e:  # noqa: BLE001 - NeMo then decodes in no-while-loops mode (a wait per label)
+            rec["conditional_nodes"] = _err(e)
+            warnings_.append(f"no conditional nodes: NeMo's decoder runs without while loops ({_err(e)})")
+    if not problems:
+        try:
+            rec["one_bucket"] = _one_bucket(args)
+            rep = rec["one_bucket"]["report"]
+            if rep["encoder_failed"]:
+                problems.append(f"encoder graph capture failed: {rep['encoder_failed']}")
+            if args.device == "cuda" and any(m == "no_graphs" for m in rep["decoder_modes"].values()):
+                problems.append(f"NeMo's decoder could not be captured in any graph mode: {rep['decoder_failures']}")
+        except Exception as e:  # noqa: BLE001
+            problems.append(f"one bucket on the device failed: {_err(e)}")
+            rec["one_bucket_traceback"] = traceback.format_exc()[-3000:]
+    ok = not problems
+    res.write("preflight", ok=ok, seconds=round(time.time() - t, 1), problems=problems, warnings=warnings_, **rec)
+    if not ok:
+        print("PREFLIGHT FAILED: " + "; ".join(problems), flush=True)
+    return ok
 
 
+def _one_bucket(args) -> dict:
+    """The tiny prompt architecture on the device: bucket 2 prepared (captured on CUDA), then a
+    first and a later chunk of two real rows."""
+    import torch
+
+    from benchmarks.architecture import served
+    from nemo_serve.engine.encoder import make_encoder
+    from nemo_serve.engine.slots import SlotPool
+    from nemo_serve.engine.step import StepBatch, Stepper
+
+    model = served("tiny-prompt", 3, args.dtype, args.device)
+    encoder = make_encoder(model)
+    pool = SlotPool(model, 4, encoder.channel_shape)
+    stepper = Stepper(model, encoder, pool, context_right=3)
+    if args.force_capture_failure:
+        stepper.fail_next_decoder_capture = True
+        if stepper.graphs is not None:
+            stepper.graphs.fail_next_capture = True
+    t = time.time()
+    stepper.prepare([2])
+    prepare_s = time.time() - t
+    g = model.geometry
+    rows = np.array([pool.allocate("a"), pool.allocate("b")])
+    tokens = 0
+    for first in (True, False):
+        w = g.first_frames if first else g.chunk_frames
+        feats = torch.randn(2, model.num_mels, w).to(model.device)
+        with torch.inference_mode():
+            r = stepper.run(StepBatch(rows, feats, [w, w], first, None))
+        tokens += sum(map(len, r.token_ids))
+    return {"prepare_s": round(prepare_s, 2), "tokens": tokens, "report": stepper.report()}
+
+
+# ----------------------------------------------------------------------------- 2 selftest
+def selftest(args, res: Results) -> None:
+    """NeMo's loop against the engine on the device, every trained mode in one engine."""
+    from nemo_serve.selftest import run_selftest
+
+    for model in args.selftest_models:
+        for dtype in args.selftest_dtypes:
+            if left(args.budget_s) < args.reserve_s + 30:
+                res.write("skipped", what=f"selftest {model} {dtype}", why="budget")
+                return
+            t = time.time()
+            buf = io.StringIO()
+            try:
+                rc = run_selftest(n=args.selftest_n, model=model, context_right="all", dtype=dtype,
+                                  device=args.device, out=buf)  # fmt: skip
+                err = None
+            except Exception as e:  # noqa: BLE001
+                rc, err = None, _err(e)
+            lines = buf.getvalue().splitlines()
+            res.write("selftest", model=model or "demo", dtype=dtype, device=args.device, n=args.selftest_n,
+                      passed=rc == 0, summary=lines[-1] if lines else None, error=err,
+                      per_mode=[ln for ln in lines if ln.startswith("context-right")],
+                      diffs=[ln for ln in lines if ln.startswith("[DIFF]")], seconds=round(time.time() - t, 1))  # fmt: skip
+            _free_gpu()
+
+
+# ----------------------------------------------------------------------------- 3 model, calibration
 def build(args, res: Results):
     from benchmarks.architecture import construct, served
 
@@ -115,113 +220,111 @@ def build(args, res: Results):
     return models
 
 
-def step_sweep(args, model, engine, res: Results) -> None:
-    """run_step over the engine's own pool (its loop not started yet): batches in rising order."""
+class EmissionProbe:
+    """Fraction of decoded encoder frames that emit >= 1 token, over `steps` later chunks of fixed
+    noise features on `rows` fresh slots of one reused pool (freed and re-allocated per probe)."""
+
+    def __init__(self, model, encoder, rows: int = 64, steps: int = 3, seed: int = 0) -> None:
+        import torch
+
+        from nemo_serve.engine.slots import SlotPool
+        from nemo_serve.engine.step import Stepper
+
+        self.model, self.rows, self.steps = model, rows, steps
+        self.pool = SlotPool(model, rows, encoder.channel_shape)
+        self.stepper = Stepper(model, encoder, self.pool, graphs=False)
+        g = model.geometry
+        gen = torch.Generator().manual_seed(seed)
+        self.first = torch.randn(rows, model.num_mels, g.first_frames, generator=gen).to(model.device)
+        self.later = [torch.randn(rows, model.num_mels, g.chunk_frames, generator=gen).to(model.device)
+                      for _ in range(steps)]  # fmt: skip
+
+    def __call__(self) -> float:
+        import torch
+
+        from nemo_serve.engine.step import StepBatch
+
+        g = self.model.geometry
+        ids = [f"p{i}" for i in range(self.rows)]
+        rows = np.array([self.pool.allocate(s) for s in ids])
+        emitted = frames = 0
+        with torch.inference_mode():
+            self.stepper.run(StepBatch(rows, self.first, [g.first_frames] * self.rows, True, None))
+            for feats in self.later:
+                r = self.stepper.run(StepBatch(rows, feats, [g.chunk_frames] * self.rows, False, None))
+                emitted += sum(len(set(f)) for f in r.token_frames)
+                frames += self.rows * g.encoder_frames
+        for s in ids:
+            self.pool.free(s)
+        return emitted / max(frames, 1)
+
+
+def calibrate_blank(model, probe, target: float, tol: float, iters: int) -> dict:
+    """Emission falls as the blank bias rises (steeply with random weights: 1.0 to 0.0 within
+    ~0.2). Bracket the target by doubling steps out from 0, then bisect at least `iters` times,
+    stopping early once within `tol`; the bias with the closest fraction is kept."""
     import torch
 
-    from nemo_serve.engine.step import StepBatch, run_step
+    out = model.nemo.joint.joint_net[-1]
+    blank = model.blank_id
+    base = out.bias[blank].item()
+    seen: dict[float, float] = {}
 
-    g, pool, encoder = model.geometry, engine.pool, engine.encoder
-    top = max(args.batches)
-    ids = [f"bench{i}" for i in range(top)]
-    for sid in ids:
-        pool.allocate(sid)
-    gen = torch.Generator().manual_seed(1)
-    try:
-        for b in sorted(args.batches):
-            if left(args.budget_s) < args.reserve_s + 2 * args.step_seconds:
-                res.write("skipped", what=f"step r={g.context_right} batch {b}", why="budget")
-                return
-            rows = np.arange(b)
-            first = torch.randn(b, model.num_mels, g.first_frames, generator=gen).to(model.device)
-            later = torch.randn(b, model.num_mels, g.chunk_frames, generator=gen).to(model.device)
-            run_step(model, encoder, pool, StepBatch(rows, first, [g.first_frames] * b, True, None))
-            run_step(model, encoder, pool, StepBatch(rows, later, [g.chunk_frames] * b, False, None))
-            times = []
-            t_end = time.time() + args.step_seconds
-            while time.time() < t_end or len(times) < 3:
-                t = time.perf_counter()
-                run_step(model, encoder, pool, StepBatch(rows, later, [g.chunk_frames] * b, False, None))
-                times.append(time.perf_counter() - t)
-                if len(times) >= 50:
-                    break
-            ms = 1000 * float(np.median(times))
-            res.write("step", chunk_ms=round(g.chunk_ms), context_right=g.context_right, dtype=args.dtype, batch=b,
-                      calls=len(times), ms_median=round(ms, 3), ms_min=round(1000 * min(times), 3),
-                      us_per_stream_step=round(1000 * ms / b, 2), steps_per_call=-(-b // pool.max_step_rows),
-                      realtime_streams_bound=int(b * g.chunk_ms / ms))
-    finally:
-        for sid in ids:
-            pool.free(sid)
+    def frac(b: float) -> float:
+        if b not in seen:
+            with torch.no_grad():
+                out.bias[blank] = base + b
+            seen[b] = probe()
+        return seen[b]
 
-
-def capacity_level(args, model, engine, n: int, audio: np.ndarray, seconds: float) -> dict:
-    """n real-time streams for `seconds`; lateness of every result after the warm-up."""
-    g = model.geometry
-    period = g.chunk_ms / 1000
-    sr = g.sample_rate
-    packet = int(round(period * sr))
-    lat: list[float] = []
-    lock = threading.Lock()
-    warm_until = time.time() + min(3.0, seconds / 3) + period
-
-    def on_result(r) -> None:
-        now = time.time()
-        if now > warm_until:
-            with lock:
-                lat.append(now - r.audio_arrival_time)
-
-    rng = np.random.default_rng(n)
-    offsets = np.sort(rng.uniform(0, period, n))
-    start = time.time() + 0.2
-    streams = [engine.open_stream(on_result) for _ in range(n)]
-    pos = np.zeros(n, np.int64)
-    sent = np.zeros(n, np.int64)  # packets pushed
-    src = rng.integers(0, len(audio) - packet, n)
-    end = start + seconds
-    behind = 0.0
-    while True:
-        now = time.time()
-        if now >= end:
+    lo, hi, step = 0.0, 0.0, 0.25  # lo: emits more than target; hi: emits less
+    if frac(0.0) > target:
+        hi = step
+        while frac(hi) > target and hi < 1e4:
+            lo, hi, step = hi, hi + 2 * step, 2 * step
+    else:
+        lo = -step
+        while frac(lo) <= target and lo > -1e4:
+            hi, lo, step = lo, lo - 2 * step, 2 * step
+    bracket = (lo, hi)
+    for _ in range(iters):
+        mid = (lo + hi) / 2
+        if frac(mid) > target:
+            lo = mid
+        else:
+            hi = mid
+        if abs(seen[mid] - target) <= tol:
             break
-        due = np.floor((now - start - offsets) / period).astype(np.int64) + 1  # packets due by now
-        idx = np.flatnonzero(due > sent)
-        for i in idx.tolist():
-            k = int(due[i] - sent[i])
-            s0 = (src[i] + pos[i]) % (len(audio) - packet * k)
-            engine.push(streams[i], audio[s0 : s0 + packet * k])
-            pos[i] += packet * k
-            sent[i] = due[i]
-        behind = max(behind, time.time() - now)
-        time.sleep(max(0.0, min(0.005, end - time.time())))
-    for s in streams:
-        engine.finish(s)
-    deadline = time.time() + 30
-    while engine.num_open_streams and time.time() < deadline:
-        time.sleep(0.05)
-    with lock:
-        a = np.asarray(lat)
-    bound = 2 * period
-    return {
-        "streams": n,
-        "chunk_ms": round(g.chunk_ms),
-        "seconds": seconds,
-        "results": int(a.size),
-        "lateness_p50_ms": round(1000 * float(np.percentile(a, 50)), 1) if a.size else None,
-        "lateness_p95_ms": round(1000 * float(np.percentile(a, 95)), 1) if a.size else None,
-        "lateness_max_ms": round(1000 * float(a.max()), 1) if a.size else None,
-        "bound_ms": round(1000 * bound, 1),
-        "keeps_up": bool(a.size and np.percentile(a, 95) <= bound),
-        "driver_max_push_pass_ms": round(1000 * behind, 1),
-        "open_after_drain": engine.num_open_streams,
-    }
+    best = min(seen, key=lambda b: abs(seen[b] - target))
+    frac(best)  # leaves the bias at best
+    with torch.no_grad():
+        out.bias[blank] = base + best
+    return {"blank_bias_added": best, "emit_fraction": seen[best], "target": target, "tolerance": tol,
+            "within_tolerance": abs(seen[best] - target) <= tol, "bracket": list(bracket),
+            "probes": len(seen)}  # fmt: skip
 
 
-def run_mode(args, model, res: Results, levels: list[int]) -> None:
-    """One engine per mode (slots for the largest batch or level): the step sweep on its pool, then
-    the capacity levels with its loop thread."""
-    import gc
+def calibrate(args, models, res: Results) -> None:
+    from benchmarks.architecture import set_mode
+    from nemo_serve.engine.encoder import make_encoder
 
+    m0 = models[args.modes[0]]
+    set_mode(m0)
+    t = time.time()
+    probe = EmissionProbe(m0, make_encoder(m0))
+    cal = calibrate_blank(m0, probe, args.emit_target, args.emit_tol, args.calibrate_iters)
+    del probe
+    per_mode = {}
+    for r, m in models.items():  # one joint for every mode; its fraction at each
+        set_mode(m)
+        per_mode[str(round(m.geometry.chunk_ms))] = round(EmissionProbe(m, make_encoder(m))(), 3)
+    res.write("calibration", seconds=round(time.time() - t, 1), per_mode_emit_fraction=per_mode, **cal)
+    _free_gpu()
+
+
+# ----------------------------------------------------------------------------- 4 engine, validate, step
+def make_engine(model, slots: int, res: Results | None = None, what: str = "engine"):
+    """An Engine as the server builds it, every graph captured now (prepare_step), timed."""
     import torch
 
     from benchmarks.architecture import set_mode
@@ -231,93 +334,387 @@ def run_mode(args, model, res: Results, levels: list[int]) -> None:
 
     set_mode(model)
     g = model.geometry
-    slots = max(max(args.batches), max(levels, default=1))
     t = time.time()
     engine = Engine(model, num_slots=slots, endpoint=EndpointConfig.off())
+    t_prep = time.time()
     stepper = prepare_step(model, engine.encoder, engine.pool)[0]
-    res.write("engine", chunk_ms=round(g.chunk_ms), context_right=g.context_right, slots=slots,
-              buckets=stepper.sizes, max_step_rows=engine.pool.max_step_rows, graphs=stepper.graphs is not None,
-              prepare_s=round(time.time() - t, 1), memory=engine.pool.memory_summary())
+    prep = time.time() - t_prep
+    mem = {}
+    if model.device.type == "cuda":
+        mem = {"allocated_gib": round(torch.cuda.memory_allocated() / 2**30, 2),
+               "reserved_gib": round(torch.cuda.memory_reserved() / 2**30, 2)}  # fmt: skip
+    if res is not None:
+        rep = stepper.report()
+        res.write(what, chunk_ms=round(g.chunk_ms), context_right=g.context_right, slots=slots,
+                  buckets=stepper.sizes, max_step_rows=engine.pool.max_step_rows, graphs=rep["graphs"],
+                  encoder_graphs=len(rep["encoder_captured"]), encoder_failed=rep["encoder_failed"],
+                  decoder_modes=rep["decoder_modes"], build_s=round(t_prep - t, 1), capture_s=round(prep, 1),
+                  memory=engine.pool.memory_summary(), gpu_memory=mem)  # fmt: skip
+    return engine, stepper
+
+
+def graph_vs_eager(args, model, engine, stepper, steps: int = 4) -> dict:
+    """The same K chunks through the engine's graph stepper on its pool and through an eager
+    stepper (no encoder graphs, NeMo's torch_impl decoder) on a second pool: tokens must be
+    identical at every step, at three batch sizes (one padded)."""
+    import torch
+
+    from nemo_serve.engine.slots import SlotPool
+    from nemo_serve.engine.step import StepBatch, Stepper
+
+    g = model.geometry
+    sizes = sorted({1, min(5, engine.pool.max_step_rows), min(64, engine.pool.max_step_rows)})
+    top = max(sizes)
+    eager_pool = SlotPool(model, top, engine.encoder.channel_shape)
+    eager = Stepper(model, engine.encoder, eager_pool, graphs=False, context_right=g.context_right)
+    gen = torch.Generator().manual_seed(7)
+    out = {"batches": sizes, "steps": steps, "identical": True, "tokens": 0, "first_difference": None,
+           "max_abs_cache_diff": 0.0}  # fmt: skip
+    for n in sizes:
+        ids = [f"val{i}" for i in range(n)]
+        rows_a = np.array([engine.pool.allocate(s) for s in ids])
+        rows_b = np.array([eager_pool.allocate(s) for s in ids])
+        try:
+            for k in range(steps):
+                first = k == 0
+                w = g.first_frames if first else g.chunk_frames
+                feats = torch.randn(n, model.num_mels, w, generator=gen).to(model.device)
+                with torch.inference_mode():
+                    a = stepper.run(StepBatch(rows_a, feats, [w] * n, first, None))
+                    b = eager.run(StepBatch(rows_b, feats, [w] * n, first, None))
+                out["tokens"] += sum(map(len, a.token_ids))
+                if a.token_ids != b.token_ids or a.decoded_frames != b.decoded_frames:
+                    out["identical"] = False
+                    out["first_difference"] = out["first_difference"] or {"batch": n, "step": k}
+            ca = engine.pool.gather_encoder(torch.as_tensor(rows_a, device=model.device))
+            cb = eager_pool.gather_encoder(torch.as_tensor(rows_b, device=model.device))
+            for x, y in ((ca.cache_last_channel, cb.cache_last_channel), (ca.cache_last_time, cb.cache_last_time)):
+                d = (x.float() - y.float()).abs().max().item() if x.numel() else 0.0
+                out["max_abs_cache_diff"] = max(out["max_abs_cache_diff"], d)
+        finally:
+            for s in ids:
+                engine.pool.free(s)
+                eager_pool.free(s)
+    out["eager_report"] = {k: v for k, v in eager.report().items() if k in ("decoder_modes", "decoder_failures")}
+    del eager, eager_pool
+    return out
+
+
+def syncs_per_iteration(model, engine, streams: int = 8, iterations: int = 4) -> dict:
+    """Device waits of whole engine iterations in steady state (later chunks, graphs captured):
+    torch.cuda.set_sync_debug_mode warns at every synchronizing call; counted per iteration that
+    stepped. CPU: not measurable here (tests/test_step_sync.py counts them by tracing)."""
+    import torch
+
+    if model.device.type != "cuda":
+        return {"measured": False}
+    g = model.geometry
+    packet = int(round(g.chunk_ms / 1000 * g.sample_rate))
+    rng = np.random.default_rng(3)
+    ss = [engine.open_stream(lambda u: None, updates=True) for _ in range(streams)]
+    engine.iterate()  # takes them in
+    counts, stepped = [], []
     try:
-        step_sweep(args, model, engine, res)
+        for k in range(2 + iterations):
+            for s in ss:
+                engine.take_audio(s, ((0.05 * rng.standard_normal(packet)).astype(np.float32),), time.time())
+            if k < 2:  # first chunks and the first later chunk: not steady state
+                while engine.iterate():
+                    pass
+                continue
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    did = engine.iterate()
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+            n = sum("synchroniz" in str(x.message) for x in w)
+            counts.append(n)
+            stepped.append(bool(did))
+            while engine.iterate():
+                pass
+    finally:
+        for s in ss:
+            engine.abort(s)
+        engine.iterate()
+    return {"measured": True, "streams": streams, "waits_per_iteration": counts, "stepped": stepped, "goal": 1}
+
+
+def step_sweep(args, model, engine, stepper, res: Results) -> None:
+    """run_step over the engine's own pool (its loop not started): batches in rising order."""
+    import torch
+
+    from nemo_serve.engine.step import StepBatch, run_step
+
+    g, pool, encoder = model.geometry, engine.pool, engine.encoder
+    batches = [b for b in args.batches if b <= pool.num_slots]
+    ids = [f"bench{i}" for i in range(max(batches))]
+    for sid in ids:
+        pool.allocate(sid)
+    gen = torch.Generator().manual_seed(1)
+    try:
+        for b in batches:
+            if left(args.budget_s) < args.reserve_s + 2 * args.step_seconds + 5:
+                res.write("skipped", what=f"step r={g.context_right} batch {b}", why="budget")
+                return
+            rows = np.arange(b)
+            first = torch.randn(b, model.num_mels, g.first_frames, generator=gen).to(model.device)
+            later = torch.randn(b, model.num_mels, g.chunk_frames, generator=gen).to(model.device)
+            run_step(model, encoder, pool, StepBatch(rows, first, [g.first_frames] * b, True, None))
+            run_step(model, encoder, pool, StepBatch(rows, later, [g.chunk_frames] * b, False, None))
+            times, stepper.gpu_times = [], []
+            t_end = time.time() + args.step_seconds
+            while time.time() < t_end or len(times) < 3:
+                t = time.perf_counter()
+                run_step(model, encoder, pool, StepBatch(rows, later, [g.chunk_frames] * b, False, None))
+                times.append(time.perf_counter() - t)
+                if len(times) >= 30:
+                    break
+            gpu = _gpu_ms(stepper)
+            ms = 1000 * float(np.median(times))
+            parts = -(-b // pool.max_step_rows)
+            res.write("step", chunk_ms=round(g.chunk_ms), context_right=g.context_right, dtype=args.dtype, batch=b,
+                      calls=len(times), ms_median=round(ms, 3), ms_min=round(1000 * min(times), 3),
+                      gpu_ms_median=round(gpu * parts, 3) if gpu is not None else None,
+                      us_per_stream_step=round(1000 * ms / b, 2), steps_per_call=parts,
+                      realtime_streams_bound=int(b * g.chunk_ms / ms))  # fmt: skip
+    finally:
+        stepper.gpu_times = None
+        for sid in ids:
+            pool.free(sid)
+
+
+def _gpu_ms(stepper) -> float | None:
+    """Median GPU ms of the device steps recorded since gpu_times was set (events completed: each
+    step's final copy waited for them)."""
+    pairs = stepper.gpu_times or []
+    if not pairs:
+        return None
+    return float(np.median([a.elapsed_time(b) for a, b in pairs]))
+
+
+def mode_checks(args, model, res: Results) -> None:
+    """Per mode: engine (captures), validate, step sweep; the engine is dropped afterwards."""
+    g = model.geometry
+    slots = max(args.batches)
+    engine, stepper = make_engine(model, slots, res)
+    try:
+        t = time.time()
+        rec: dict = {"chunk_ms": round(g.chunk_ms), "context_right": g.context_right}
+        rec["graph_vs_eager"] = graph_vs_eager(args, model, engine, stepper)
+        rec["syncs"] = syncs_per_iteration(model, engine)
+        rec["stepper"] = stepper.report()
+        rec["ok"] = (rec["graph_vs_eager"]["identical"] and not rec["stepper"]["encoder_failed"]
+                     and all(m != "no_graphs" for m in rec["stepper"]["decoder_modes"].values()) or model.device.type != "cuda")  # fmt: skip
+        res.write("validate", seconds=round(time.time() - t, 1), **rec)
+        step_sweep(args, model, engine, stepper, res)
+    finally:
+        del engine, stepper
+        _free_gpu()
+
+
+# ----------------------------------------------------------------------------- 5 capacity
+def capacity_level(args, model, engine, stepper, n: int, audio: np.ndarray, seconds: float) -> dict:
+    """The engine core's loop with n synthetic real-time streams: take_audio of every packet that
+    is due, then iterate(), on this one thread. A packet arrives (its `arrived` time) when its last
+    sample would have; lateness of an update = delivery - arrival of the last sample it needed."""
+    g = model.geometry
+    period = g.chunk_ms / 1000
+    packet = int(round(period * g.sample_rate))
+    lat: list[float] = []
+    pending: list[float] = []  # arrival times of this iteration's updates, delivered when it returns
+    warm_until = time.time() + min(args.warmup_s, seconds / 3) + period
+    on_update = lambda u: pending.append(u.audio_arrival_time)  # noqa: E731 - on this thread, in iterate()
+
+    rng = np.random.default_rng(n)
+    offsets = np.sort(rng.uniform(0, period, n))
+    streams = [engine.open_stream(on_update, updates=True) for _ in range(n)]
+    engine.iterate()  # takes them in (slots allocated)
+    start = time.time() + 0.2
+    end = start + seconds
+    sent = np.zeros(n, np.int64)
+    src = rng.integers(0, len(audio) - 8 * packet, n)
+    pos = np.zeros(n, np.int64)
+    steps0, rows0 = engine.stats.steps, engine.stats.stream_steps
+    stepper.gpu_times = []
+    busy = 0.0
+    t_begin = time.time()
+    while True:
+        now = time.time()
+        if now >= end:
+            break
+        due = np.floor((now - start - offsets) / period).astype(np.int64) + 1
+        idx = np.flatnonzero(due > sent)
+        for i in idx.tolist():
+            k = int(due[i] - sent[i])
+            s0 = (src[i] + pos[i]) % (len(audio) - 8 * packet)
+            k = min(k, 8)
+            engine.take_audio(streams[i], (audio[s0 : s0 + packet * k],), start + offsets[i] + (due[i] - 1) * period)
+            pos[i] += packet * k
+            sent[i] = due[i]
+        t = time.perf_counter()
+        stepped = engine.iterate()
+        busy += time.perf_counter() - t
+        if pending:
+            done = time.time()
+            if done > warm_until:
+                lat.extend(done - a for a in pending)
+            pending.clear()
+        if not stepped:
+            time.sleep(0.0005)
+    wall = time.time() - t_begin
+    gpu = [a.elapsed_time(b) for a, b in stepper.gpu_times or []]
+    stepper.gpu_times = None
+    steps, rows = engine.stats.steps - steps0, engine.stats.stream_steps - rows0
+    for s in streams:  # the drain's updates go to `pending`, never read again: not counted
+        engine.finish(s)
+    deadline = time.time() + min(30.0, max(5.0, left(args.budget_s) - args.reserve_s))
+    while engine.num_open_streams and time.time() < deadline:
+        if not engine.iterate():
+            time.sleep(0.001)
+    a = np.asarray(lat)
+    bound = 2 * period
+    return {
+        "streams": n,
+        "chunk_ms": round(g.chunk_ms),
+        "seconds": seconds,
+        "updates": int(a.size),
+        "lateness_p50_ms": round(1000 * float(np.percentile(a, 50)), 1) if a.size else None,
+        "lateness_p95_ms": round(1000 * float(np.percentile(a, 95)), 1) if a.size else None,
+        "lateness_max_ms": round(1000 * float(a.max()), 1) if a.size else None,
+        "bound_ms": round(1000 * bound, 1),
+        "keeps_up": bool(a.size and np.percentile(a, 95) <= bound),
+        "steps": steps,
+        "rows_per_step": round(rows / max(steps, 1), 1),
+        "gpu_ms_per_step_median": round(float(np.median(gpu)), 3) if gpu else None,
+        "gpu_busy_fraction": round(sum(gpu) / 1000 / wall, 3) if gpu else None,
+        "loop_busy_fraction": round(busy / wall, 3),
+        "host_us_per_stream_step": round(1e6 * (busy - sum(gpu) / 1000) / max(rows, 1), 1) if gpu else round(1e6 * busy / max(rows, 1), 1),
+        "open_after_drain": engine.num_open_streams,
+    }
+
+
+def capacity(args, model, res: Results, levels: list[int]) -> None:
+    g = model.geometry
+    if not levels:
+        return
+    slots = max(levels)
+    cap = _slots_that_fit(model, args)
+    if cap is not None and cap < slots:
+        res.write("skipped", what=f"capacity {round(g.chunk_ms)} ms levels above {cap} streams", why="GPU memory",
+                  levels=[x for x in levels if x > cap])  # fmt: skip
+        levels = [x for x in levels if x <= cap] or [cap]
+        slots = max(levels)
+    engine, stepper = make_engine(model, slots, res, what="capacity_engine")
+    try:
         rng = np.random.default_rng(0)
-        audio = (0.05 * rng.standard_normal(g.sample_rate * 30)).astype(np.float32)
-        engine.start()
+        audio = (0.05 * rng.standard_normal(g.sample_rate * 60)).astype(np.float32)
         for n in sorted(levels):
             if left(args.budget_s) < args.level_seconds + 10 + args.reserve_s:
                 res.write("skipped", what=f"capacity {round(g.chunk_ms)} ms {n} streams", why="budget")
                 break
-            out = capacity_level(args, model, engine, n, audio, args.level_seconds)
+            out = capacity_level(args, model, engine, stepper, n, audio, args.level_seconds)
             res.write("capacity", context_right=g.context_right, dtype=args.dtype, **out)
-            if engine.error is not None:
-                res.write("error", what="step loop", error=repr(engine.error))
-                break
-            if not out["keeps_up"]:
+            if not out["keeps_up"] or out["open_after_drain"]:
                 break
     finally:
-        engine.stop()
         del engine, stepper
-        gc.collect()
-        if model.device.type == "cuda":
-            torch.cuda.empty_cache()
+        _free_gpu()
 
 
-def main(argv=None) -> None:
+def _slots_that_fit(model, args) -> int | None:
+    """Slots whose caches fit `--memory-fraction` of the free GPU memory (None on CPU)."""
+    import torch
+
+    from nemo_serve.engine.encoder import make_encoder
+    from nemo_serve.engine.slots import SlotPool
+
+    if model.device.type != "cuda":
+        return None
+    per = SlotPool(model, 1, make_encoder(model).channel_shape).bytes_per_slot
+    _free_gpu()
+    free, _ = torch.cuda.mem_get_info()
+    return int(args.memory_fraction * free / per)
+
+
+# ----------------------------------------------------------------------------- main
+def parse(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--model", default="nemotron-0.6b")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--modes", default="3,0,13", help="right contexts, in priority order")
-    ap.add_argument("--batches", default="1,8,64,256,1024,4096,8192")
-    ap.add_argument("--step-seconds", type=float, default=2.0)
-    ap.add_argument("--levels", default="0:500,1000,2000,4000;3:1000,2000,4000,8000;13:2000,4000,8000",
-                    help="per mode r: stream counts")
-    ap.add_argument("--level-seconds", type=float, default=15.0)
-    ap.add_argument("--calibrate-iters", type=int, default=8)
+    ap.add_argument("--batches", default="1,16,128,512,2048,8192")
+    ap.add_argument("--step-seconds", type=float, default=1.0)
+    ap.add_argument("--levels", default="0:1000,2000,4000,8000;3:2000,4000,8000,16000;13:4000,8000,12000,16000",
+                    help="per mode r: stream counts, rising; a level that does not keep up ends the mode")
+    ap.add_argument("--level-seconds", type=float, default=8.0)
+    ap.add_argument("--warmup-s", type=float, default=2.0)
+    ap.add_argument("--calibrate-iters", type=int, default=16)
     ap.add_argument("--emit-target", type=float, default=0.34)
-    ap.add_argument("--budget-s", type=float, default=540.0)
+    ap.add_argument("--emit-tol", type=float, default=0.02)
+    ap.add_argument("--selftest-models", default="demo,builtin:tiny-prompt",
+                    help="comma-separated; 'demo' is the shipped model; empty: no selftest")
+    ap.add_argument("--selftest-dtypes", default="fp32,bf16")
+    ap.add_argument("--selftest-n", type=int, default=4)
+    ap.add_argument("--memory-fraction", type=float, default=0.7)
+    ap.add_argument("--force-capture-failure", action="store_true",
+                    help="preflight: the first encoder capture and decoder capture fail (checks the fallback)")
+    ap.add_argument("--budget-s", type=float, default=420.0)
     ap.add_argument("--reserve-s", type=float, default=10.0)
     ap.add_argument("--threads", type=int, default=4)
     args = ap.parse_args(argv)
     args.modes = [int(x) for x in args.modes.split(",")]
-    args.batches = [int(x) for x in args.batches.split(",")]
-    levels = {int(k): [int(x) for x in v.split(",")] for k, v in (p.split(":") for p in args.levels.split(";"))}
+    args.batches = sorted(int(x) for x in args.batches.split(","))
+    args.levels_by_mode = {int(k): [int(x) for x in v.split(",")] for k, v in (p.split(":") for p in args.levels.split(";"))}
+    args.selftest_models = [None if m == "demo" else m for m in args.selftest_models.split(",") if m]
+    args.selftest_dtypes = [d for d in args.selftest_dtypes.split(",") if d]
+    return args
 
+
+def main(argv=None) -> int:
+    args = parse(argv)
     import torch
 
     torch.set_num_threads(args.threads)
     with torch.no_grad():  # not set_grad_enabled(False): main() also runs inside the tests' process
-        _run(args, levels, Results(Path(args.out)))
+        return _run(args, Results(Path(args.out)))
 
 
-def _run(args, levels, res) -> None:
+def _run(args, res: Results) -> int:
     import torch
 
     res.write("env", python=platform.python_version(), torch=torch.__version__, cuda=torch.version.cuda,
-              device=torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu", argv=sys.argv[1:])
-    from benchmarks.architecture import set_mode
-    from nemo_serve.engine.encoder import make_encoder
-
+              device=torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu", argv=sys.argv[1:],
+              budget_s=args.budget_s)  # fmt: skip
+    if not preflight(args, res):
+        res.write("done", ok=False, seconds=round(time.time() - T0, 1), why="preflight")
+        return 4
+    _free_gpu()
+    selftest(args, res)
     models = build(args, res)
-    m0 = models[args.modes[0]]
-    set_mode(m0)
-    t = time.time()
-    cal = calibrate_blank(m0, make_encoder(m0), args.emit_target, args.calibrate_iters)
-    res.write("calibration", seconds=round(time.time() - t, 1), **cal)
-    for r in args.modes:
-        if left(args.budget_s) < args.reserve_s + 5:
-            res.write("skipped", what=f"mode r={r}", why="budget")
-            continue
-        try:
-            run_mode(args, models[r], res, levels.get(r, []))
-        except Exception as e:  # noqa: BLE001 - keep the other modes' results
-            import traceback
+    calibrate(args, models, res)
+    from benchmarks.architecture import set_mode
 
-            res.write("error", what=f"mode r={r}", error=f"{type(e).__name__}: {e}"[:2000],
-                      where=traceback.format_exc()[-3000:])
-    res.write("done", seconds=round(time.time() - T0, 1))
+    for phase, fn in (("checks", mode_checks), ("capacity", capacity)):
+        for r in args.modes:
+            if left(args.budget_s) < args.reserve_s + 5:
+                res.write("skipped", what=f"{phase} r={r}", why="budget")
+                continue
+            set_mode(models[r])
+            try:
+                if phase == "checks":
+                    fn(args, models[r], res)
+                else:
+                    fn(args, models[r], res, args.levels_by_mode.get(r, []))
+            except Exception as e:  # noqa: BLE001 - keep the other modes' results
+                res.write("error", what=f"{phase} r={r}", error=_err(e), where=traceback.format_exc()[-3000:])
+                _free_gpu()
+    res.write("done", ok=True, seconds=round(time.time() - T0, 1))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

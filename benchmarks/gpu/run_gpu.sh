@@ -1,22 +1,27 @@
 #!/usr/bin/env bash
-# The GPU run, engine only, for a bare lent H200 (Python 3.12, its own CUDA torch, no NeMo, no
-# network): installs the carried wheels into /tmp/site, then runs benchmarks/gpu/gpu_bench.py, which
-# appends every result to OUT/results.jsonl as soon as it exists (a killed run keeps what it measured).
+# The GPU run for a bare lent H200 (Python 3.12, its own CUDA torch, no NeMo, no network): installs
+# the carried wheels into /tmp/site, records the image's packages, then runs
+# benchmarks/gpu/gpu_bench.py: a preflight of at most ~30 s that stops the run (exit 4) with a plain
+# message if anything is wrong, self-checks (parity with NeMo's loop, graphs against eager, device
+# waits), then the measurements; every result is appended to OUT/results.jsonl as soon as it exists
+# (a killed run keeps what it measured).
 #
 #   benchmarks/gpu/run_gpu.sh OUT [gpu_bench.py options]        # from the repository root
 #
 # CARRY (default .gpu_carry, made here by benchmarks/gpu/build_carry.sh and named in the device
 # tool's `carry`): wheels/ (NeMo and what it imports that the machine lacks) and cache/ (the
 # built-ins' trained tokenizers, so nothing is trained there). Without CARRY/wheels the current
-# Python is used as it is. BUDGET_S (default 540) bounds gpu_bench.py: each phase starts only if
-# it fits, and `timeout` kills it 20 s after. Results: OUT/results.jsonl, OUT/run.log, OUT/env.txt.
+# Python is used as it is. BUDGET_S (default 420: a first run that fails early still leaves a
+# complete second run inside the device's 15 minutes) bounds gpu_bench.py: each phase starts only
+# if it fits, and `timeout` kills it 20 s after. Results: OUT/results.jsonl, OUT/run.log,
+# OUT/env.txt (GPU, Python, every installed package with its version).
 # CPU dry run (tests/test_gpu_dry_run.py): DEVICE=cpu DTYPE=fp32 MODEL=tiny-prompt and small options.
 set -uo pipefail
 
 OUT=${1:?usage: run_gpu.sh OUT [gpu_bench.py options]}
 shift
 CARRY=${CARRY:-.gpu_carry}
-BUDGET_S=${BUDGET_S:-540}
+BUDGET_S=${BUDGET_S:-420}
 MODEL=${MODEL:-nemotron-0.6b}
 DEVICE=${DEVICE:-cuda}
 DTYPE=${DTYPE:-bf16}
@@ -33,7 +38,9 @@ fi
 [[ -d "$CARRY/cache" ]] && export NEMO_SERVE_CACHE="$(cd "$CARRY/cache" && pwd)"
 export PYTHONPATH=$(pwd)${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
-{ (nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true); $PY -V; } > "$OUT/env.txt" 2>&1
+{ (nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true); $PY -V; uname -m;
+  echo "# pip list (the image, and what was carried into /tmp/site)"; $PY -m pip list --format=freeze 2>/dev/null;
+  [[ -d /tmp/site ]] && $PY -m pip list --format=freeze --path /tmp/site 2>/dev/null | sed 's/^/carried: /'; } > "$OUT/env.txt" 2>&1
 echo "[$(( $(date +%s) - START ))s] environment ready"
 
 LEFT=$(( BUDGET_S - ($(date +%s) - START) ))

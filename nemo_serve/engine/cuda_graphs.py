@@ -15,8 +15,9 @@ gathering and scattering the decoder state and packing the results are ~15 eager
 All graphs share one memory pool. That is safe here because a graph's outputs are read right after
 its own replay, before any other graph runs, and graphs never run concurrently (one step loop).
 
-Nothing here has run on a GPU yet (no device was lent when it was written); a capture that
-fails falls back to the eager step for that key, with one warning.
+A capture that fails falls back to the eager step for that key: the device is waited for and the
+default stream made current again, the exception is logged with its traceback and kept in `failed`
+(Stepper.report, the start-up line and the GPU run's `validate` record show it).
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ class StepGraphs:
         self.warmup_iters = warmup_iters
         self.mempool = torch.cuda.graph_pool_handle()
         self.graphs: dict[tuple[int, bool, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
-        self.failed: set[tuple[int, bool, bool]] = set()
+        self.failed: dict[tuple[int, bool, bool], str] = {}  # key -> the capture's exception
+        self.fail_next_capture = False  # tests and the GPU run's forced-failure check
 
     def run(self, bucket: int, is_first: bool, full: bool) -> None:
         key = (bucket, is_first, full)
@@ -56,6 +58,9 @@ class StepGraphs:
         saved = s.d_rows[:bucket].clone()
         s.d_rows[:bucket].fill_(s.pool.scratch)
         try:
+            if self.fail_next_capture:
+                self.fail_next_capture = False
+                raise RuntimeError("forced capture failure (fail_next_capture)")
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
@@ -68,8 +73,12 @@ class StepGraphs:
             self.graphs[key] = (graph, encoded, encoded_len)
             return self.graphs[key]
         except Exception as e:  # noqa: BLE001 - a step that cannot be captured still runs eagerly
-            log.warning("CUDA graph capture failed for bucket %d first=%s full=%s: %s; running it eagerly", *key, e)
-            self.failed.add(key)
+            from .step import restore_device_state
+
+            restore_device_state(s.device)
+            log.warning("CUDA graph capture failed for bucket %d first=%s full=%s; running it eagerly", *key,
+                        exc_info=True)  # fmt: skip
+            self.failed[key] = f"{type(e).__name__}: {e}"[:500]
             return None
         finally:
             s.d_rows[:bucket].copy_(saved)

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,6 +41,7 @@ import torch
 from .buckets import bucket_for, bucket_sizes, split
 from .slots import SlotPool
 
+log = logging.getLogger(__name__)
 
 @dataclass
 class StepBatch:
@@ -135,11 +137,20 @@ class Stepper:
         self.confidence = False  # the running part's batch.confidence
         self.parts = 0  # device steps run (a ready set over max_rows makes several)
         self.padded_rows = 0  # rows run for the scratch slot
+        # graphs=False: encoder and decoder both eager (NeMo's torch_impl), the reference the GPU
+        # run compares the graph path against.
+        self.use_graphs = self.cuda and (graphs is None or graphs)
         self.graphs = None
-        if self.cuda and (graphs is None or graphs):
+        if self.use_graphs:
             from .cuda_graphs import StepGraphs
 
             self.graphs = StepGraphs(self)
+        # First call of each bucket's decoder (NeMo captures its graph then): the mode it ended in
+        # and every failed attempt (`_first_decode`), for the start-up line and the GPU run.
+        self.decoder_modes: dict[tuple[int, bool], str] = {}
+        self.decoder_failures: list[dict] = []
+        self.fail_next_decoder_capture = False  # tests and the GPU run's forced-failure check
+        self.gpu_times: list | None = None  # a list: (start, end) CUDA events around each device step
 
     # ------------------------------------------------------------------ host side
     def run(self, batch: StepBatch) -> StepResult:
@@ -175,10 +186,17 @@ class Stepper:
         if self.prompt:
             self._stage_languages(batch.languages, lo, hi, bucket)
         self._stage_features(batch.features, lo, hi, width)
+        events = None
+        if self.gpu_times is not None and self.cuda:
+            events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            events[0].record()
         if self.graphs is not None:
             self.graphs.run(bucket, batch.is_first, full)
         else:
             self.device_step(bucket, batch.is_first, full)
+        if events is not None:
+            events[1].record()
+            self.gpu_times.append(events)  # read after the wait below: both have completed by then
         # The one wait for the device: the packed results of the real rows, int32.
         out = self.h_out[:n]
         out.copy_(self.d_out[:n])
@@ -271,10 +289,14 @@ class Stepper:
         pool, rows = self.pool, self.d_rows[:bucket]
         # 3. RNN-T greedy label-looping decoding from the rows' carried state.
         state = pool.gather_decoder(rows)
+        key = (bucket, self.confidence)
         with aten_rnn(encoded.device, encoded.dtype):
-            hyps, new_state = self.computer(bucket)(
-                x=encoded.transpose(1, 2), out_len=encoded_len, prev_batched_state=state
-            )
+            if key in self.decoder_modes:
+                hyps, new_state = self.computer(bucket)(
+                    x=encoded.transpose(1, 2), out_len=encoded_len, prev_batched_state=state
+                )
+            else:
+                hyps, new_state = self._first_decode(key, encoded, encoded_len, state)
         pool.scatter_decoder(rows, new_state)
         # 4. results packed as int32 at the width a step can fill: [lens | decoded | ids | frames].
         out, k = self.d_out[:bucket], self.out_width
@@ -289,7 +311,12 @@ class Stepper:
     def computer(self, bucket: int):
         """NeMo's label-looping computer for this bucket. On CPU the model's own (no graphs); on
         CUDA a shallow copy per bucket, so its graph and buffers are sized for that bucket and
-        captured once (`prepare`), not re-captured whenever the batch reaches a new maximum."""
+        captured once (`prepare`), not re-captured whenever the batch reaches a new maximum.
+
+        Its buffers are sized for one chunk: NeMo sizes them for max(T, 375) encoder frames
+        (INITIAL_MAX_TIME; hypotheses of 375 x max_symbols labels, cloned on every call), where a
+        chunk has `new_frames` (1 to 14). A longer input would make NeMo re-size and re-capture
+        (`need_reinit`), never decode wrongly."""
         base = self.model.decoding_computer
         if self.confidence:
             if self._confidence_base is None:
@@ -301,8 +328,63 @@ class Stepper:
         if c is None:
             c = copy.copy(base)
             c.state, c.full_graph, c.separate_graphs = None, None, None
+            c.INITIAL_MAX_TIME = self.new_frames
+            if not self.use_graphs:
+                c.cuda_graphs_mode = None  # NeMo's torch_impl: the eager reference
             self._computers[(bucket, self.confidence)] = c
         return c
+
+    def _first_decode(self, key: tuple[int, bool], encoded: torch.Tensor, encoded_len: torch.Tensor, state):
+        """The first call of a bucket's decoder, where NeMo captures its CUDA graph. NeMo falls back
+        from full graph to no-while-loops only on its own compile errors; anything else (its
+        capture-status assertion, an error inside a while-loop body, which also leaves the body's
+        stream current) would escape and fail every step of this mode. So any failure is logged
+        with its traceback, the device state is restored (synchronize, default stream) and the
+        bucket retried in the next mode: full graph -> no while loops -> no graphs (torch_impl).
+        The inputs are untouched by a failed attempt: the results are written back only after."""
+        c = self.computer(key[0])
+        while True:
+            mode = getattr(c, "cuda_graphs_mode", None) if self.cuda else None  # CPU: always torch_impl
+            try:
+                if self.fail_next_decoder_capture:
+                    self.fail_next_decoder_capture = False
+                    raise AssertionError("forced decoder capture failure (fail_next_decoder_capture)")
+                out = c(x=encoded.transpose(1, 2), out_len=encoded_len, prev_batched_state=state)
+            except Exception as e:  # noqa: BLE001 - any capture failure; the last mode re-raises
+                import traceback
+
+                forced = str(e).startswith("forced decoder capture failure")
+
+                log.warning("decoder of bucket %d (confidence %s) failed in mode %s; retrying in the next mode",
+                            key[0], key[1], _mode_name(mode), exc_info=True)  # fmt: skip
+                self.decoder_failures.append({"bucket": key[0], "confidence": key[1], "mode": _mode_name(mode),
+                                              "error": f"{type(e).__name__}: {e}"[:500],
+                                              "traceback": traceback.format_exc()[-2000:]})  # fmt: skip
+                if mode is None:
+                    if forced:
+                        continue  # the same call again: what a retry without graphs is
+                    raise
+                restore_device_state(self.device)
+                c.reset_cuda_graphs_state()
+                c.cuda_graphs_mode = _next_mode(c, mode)
+                continue
+            self.decoder_modes[key] = _mode_name(mode)
+            return out
+
+    def report(self) -> dict:
+        """What the graphs came to: encoder keys captured and failed (with the exception), the mode
+        each bucket's decoder ended in, and every failed decoder attempt."""
+        g = self.graphs
+        return {
+            "graphs": g is not None,
+            "encoder_captured": sorted(map(list, g.graphs)) if g is not None else [],
+            "encoder_failed": {str(list(k)): v for k, v in sorted(g.failed.items())} if g is not None else {},
+            "decoder_modes": {f"{b}{'+conf' if c else ''}": m for (b, c), m in sorted(self.decoder_modes.items())},
+            "decoder_failures": list(self.decoder_failures),
+            # encoder frames NeMo's buffers hold per bucket: new_frames, unless an input forced a re-size
+            "decoder_max_time": {f"{b}{'+conf' if conf else ''}": c.state.max_time
+                                 for (b, conf), c in sorted(self._computers.items()) if c.state is not None},
+        }
 
     def prepare(self, buckets: list[int] | None = None, confidence: bool = False) -> None:
         """Run every (bucket, first/later, full/short) once on scratch rows only: captures the
@@ -324,6 +406,29 @@ class Stepper:
                         self.device_step(bucket, is_first, full)
         if self.cuda:
             torch.cuda.synchronize()
+
+
+def _mode_name(mode) -> str:
+    return "no_graphs" if mode is None else str(getattr(mode, "name", mode)).lower()
+
+
+def _next_mode(computer, mode):
+    """full graph -> no while loops -> None (torch_impl)."""
+    modes = type(computer).CudaGraphsMode
+    return modes.NO_WHILE_LOOPS if mode is modes.FULL_GRAPH else None
+
+
+def restore_device_state(device: torch.device) -> None:
+    """After a failed capture: wait for the device (an error of the failed work surfaces here and is
+    logged) and make the default stream current again (a failure inside NeMo's while-loop body
+    leaves the body's stream current, and the next capture would then end on the wrong stream)."""
+    if device.type != "cuda":
+        return
+    try:
+        torch.cuda.synchronize(device)
+    except Exception:  # noqa: BLE001 - logged; the caller retries in a simpler mode
+        log.exception("synchronize after a failed capture")
+    torch.cuda.set_stream(torch.cuda.default_stream(device))
 
 
 def confidence_computer(base):

@@ -37,7 +37,7 @@ if [[ -d "$CARRY/wheels" ]] && compgen -G "$CARRY/wheels/*.whl" > /dev/null; the
 fi
 [[ -d "$CARRY/cache" ]] && export NEMO_SERVE_CACHE="$(cd "$CARRY/cache" && pwd)"
 export PYTHONPATH=$(pwd)${PYTHONPATH:+:$PYTHONPATH}
-export PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
+export PYTHONUNBUFFERED=1  # PYTORCH_CUDA_ALLOC_CONF is left to the caller: expandable segments with graph pools is untested here
 { (nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true); $PY -V; uname -m;
   echo "# pip list (the image, and what was carried into /tmp/site)"; $PY -m pip list --format=freeze 2>/dev/null;
   [[ -d /tmp/site ]] && $PY -m pip list --format=freeze --path /tmp/site 2>/dev/null | sed 's/^/carried: /'; } > "$OUT/env.txt" 2>&1

@@ -12,7 +12,7 @@ activations of the largest step, measured on CPU with the profiler's allocator t
 sizes and extrapolated linearly to max_step_rows (what a CUDA graph's memory pool holds). Not
 counted: the CUDA context and cuBLAS/cuDNN workspaces (a few hundred MiB), NeMo's decoder buffers
 per bucket (sized to one chunk by Stepper.computer: at 1120 ms [bucket, 14, 640] projected encoder
-frames and 2 x [bucket, 140] int64 hypotheses, ~20 KB a row in bf16; NeMo's default 375 frames made
+frames and 2 x [bucket, 140] int64 hypotheses, ~25 KB a row in bf16 with the LSTM state; NeMo's default 375 frames made
 it ~540 KB a row, 0.55 GB per mode over buckets 1-512).
 """
 

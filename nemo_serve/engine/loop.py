@@ -358,17 +358,7 @@ class Engine:
 
     def _features(self, streams: list[Stream], group: Group) -> torch.Tensor:
         """[B, F, W] new frames for the group; final short chunks are computed apart and padded."""
-        widths = group.widths
-        t0s = group.t0.tolist()
-        audios = [s.audio for s in streams]
-        if (widths == widths[0]).all():
-            return self.features.compute(audios, t0s, int(widths[0]))
-        width = int(widths.max())
-        out = torch.zeros(len(streams), self.model.num_mels, width, device=self.model.device)
-        for n in np.unique(widths).tolist():
-            idx = np.flatnonzero(widths == n).tolist()
-            out[idx, :, :n] = self.features.compute([audios[i] for i in idx], [t0s[i] for i in idx], n)
-        return out
+        return self.features.compute_group([s.audio for s in streams], group.t0.tolist(), group.widths)
 
     def _step(self, group: Group) -> None:
         t_start = time.perf_counter()
@@ -376,13 +366,11 @@ class Engine:
         self.queue_delay.begin_step(wall_start)
         slots = group.slots.tolist()
         streams = [self._slot_streams[slot] for slot in slots]
-        rows = torch.from_numpy(group.slots).to(self.model.device)
-        langs = None
-        if self.model.prompt_dictionary is not None:
-            langs = self.pool.languages.index_select(0, rows)
         widths = group.widths.tolist()
-        batch = StepBatch(rows, self._features(streams, group), widths, group.is_first, langs, group.context_right,
-                          self.token_confidence)  # fmt: skip
+        # Rows as numpy: the stepper stages them (pinned, non-blocking) and gathers the rows'
+        # languages on the device (languages None); the step's one wait is its results copy.
+        batch = StepBatch(group.slots, self._features(streams, group), widths, group.is_first, None,
+                          group.context_right, self.token_confidence)  # fmt: skip
         result = run_step(self.model, self.encoder, self.pool, batch)
         self.scheduler.advance(group)
         elapsed = time.perf_counter() - t_start

@@ -299,3 +299,31 @@ def test_engine_iteration_waits_for_the_device_once_per_step(spec):
     for waits, parts in per_tick:
         assert waits == ["d2h copy_"] * parts, (waits, parts)
 
+
+def test_engine_prepare_is_a_no_op_on_cpu(monkeypatch):
+    """Every server calls Engine.prepare() at start-up: on CPU it builds nothing; on CUDA it
+    captures every graph (prepare_step, with the engine's confidence setting) and logs one line
+    with the time and GPU memory. The CUDA branch's flow and line are checked here with the
+    capture and the memory counters stubbed (the capture itself needs a GPU)."""
+    from types import SimpleNamespace
+
+    from nemo_serve.engine import loop
+
+    m = helpers.model(None, 3)
+    eng = helpers.new_engine(m, 4, token_confidence=True)
+    assert eng.prepare() is None
+    assert "_steppers" not in eng.pool.__dict__  # nothing built on CPU
+    calls = []
+
+    def fake_prepare_step(model, encoder, pool, confidence=False):
+        calls.append(confidence)
+        return [stepper_for(m, encoder, pool, mode) for mode in m.modes]
+
+    monkeypatch.setattr(loop, "prepare_step", fake_prepare_step)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 3 * 2**30)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 4 * 2**30)
+    monkeypatch.setattr(eng, "model", SimpleNamespace(device=torch.device("cuda")))
+    line = eng.prepare()
+    assert calls == [True]  # the decoders the engine runs: with token confidence
+    assert line.startswith("CUDA graphs captured at start-up in ") and "0 encoder graphs over 1 mode(s)" in line, line
+    assert "allocated 3.00 GiB (+0.00), reserved 4.00 GiB (+0.00)" in line, line

@@ -35,7 +35,7 @@ from .errors import NoFreeSlotError
 from .geometry import ModelInfo
 from .queue_delay import QueueDelay
 from .slots import SlotPool
-from .step import StepBatch, run_step
+from .step import StepBatch, prepare_step, run_step
 from .results import Detokenizer, ResultAssembler, StreamResult, StreamUpdate
 from .stream import Phase, Stream
 
@@ -130,6 +130,35 @@ class Engine:
                 for r, g in self.model.geometries.items()
             )
             line += f"; one slot pool for every mode (a mode alone would need per stream: {alone})"
+        return line
+
+    def prepare(self) -> str | None:
+        """Start-up, before the first stream: on CUDA, capture every mode's and bucket's graphs now
+        (ours and NeMo's decoders, with token confidence as the engine runs them), not during
+        traffic, and log one line with the time and GPU memory it took; returns that line. On CPU
+        a no-op (nothing to capture; the steppers are built on first use). Every server calls it
+        (cli.py, core/engine_core.py, ray_serve.py)."""
+        dev = self.model.device
+        if dev.type != "cuda":
+            return None
+        before = torch.cuda.memory_allocated(dev), torch.cuda.memory_reserved(dev)
+        t = time.perf_counter()
+        steppers = prepare_step(self.model, self.encoder, self.pool, confidence=self.token_confidence)
+        elapsed = time.perf_counter() - t  # prepare() ends with a synchronize
+        alloc, reserved = torch.cuda.memory_allocated(dev), torch.cuda.memory_reserved(dev)
+        reports = [s.report() for s in steppers]
+        captured = sum(len(r["encoder_captured"]) for r in reports)
+        failed = sum(len(r["encoder_failed"]) for r in reports)
+        eager_decoders = sum(m == "no_graphs" for r in reports for m in r["decoder_modes"].values())
+        line = (
+            f"CUDA graphs captured at start-up in {elapsed:.1f} s: {captured} encoder graphs over "
+            f"{len(steppers)} mode(s) x {len(steppers[0].sizes)} buckets"
+            + (f", {failed} failed (run eagerly)" if failed else "")
+            + (f", {eager_decoders} decoders without graphs" if eager_decoders else "")
+            + f"; GPU memory allocated {alloc / 2**30:.2f} GiB (+{(alloc - before[0]) / 2**30:.2f}),"
+            f" reserved {reserved / 2**30:.2f} GiB (+{(reserved - before[1]) / 2**30:.2f})"
+        )
+        log.info(line)
         return line
 
     # ------------------------------------------------------------------ network-side API

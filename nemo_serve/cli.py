@@ -157,6 +157,7 @@ def _serve_in_process(settings: Settings) -> int:
         token_confidence=settings.word_confidence,
     )
     print(engine.summary(), flush=True)
+    engine.prepare()  # CUDA: every graph captured now, not during traffic (logs one line)
 
     from .server.app import create_app
     from .server.context import ServerContext

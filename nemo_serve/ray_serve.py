@@ -61,8 +61,12 @@ def build_app():
         device = "cuda"  # Ray sets CUDA_VISIBLE_DEVICES to this replica's GPU
     model = load_model(settings.model, context_right=settings.context_right, dtype=settings.dtype, device=device)
     engine = Engine(model, num_slots=settings.num_slots, max_batch=settings.max_batch,
-                    endpoint=settings.endpoint_config, kv_cache=settings.kv_cache)  # fmt: skip
+                    endpoint=settings.endpoint_config, kv_cache=settings.kv_cache,
+                    token_confidence=settings.word_confidence)  # fmt: skip
     print(engine.summary(), flush=True)
+    line = engine.prepare()  # CUDA: every graph captured now, not during traffic
+    if line:
+        print(line, flush=True)  # a replica has no logging set up for nemo_serve's loggers
     metrics = ServerMetrics(settings.num_slots, lambda: engine.num_free_slots, queue_delay_fn=lambda: engine.queue_delay_s)
     engine.on_step = metrics.on_step
     ctx = ServerContext(engine=engine, settings=settings, metrics=metrics)

@@ -242,6 +242,7 @@ def run_core_process(settings, ipc_dir: str, lock, conn, parent_pid: int) -> Non
         engine = Engine(model, num_slots=settings.num_slots, max_batch=settings.max_batch,
                         endpoint=settings.endpoint_config, kv_cache=settings.kv_cache,
                         token_confidence=settings.word_confidence)  # fmt: skip
+        engine.prepare()  # CUDA: every graph captured before "ready", not during traffic (logs one line)
     except (ModelLoadError, UnsupportedModeError, FileNotFoundError, ValueError) as e:
         conn.send(("error", str(e)))  # the supervisor prints it as the one-process server does
         sys.exit(2)

@@ -146,7 +146,12 @@ class FeatureExtractor:
         self.margin = hop * math.ceil((n_fft // 2 + 1) / hop)
         self.margin_frames = self.margin // hop
         self.device = device
-        self._batch = np.empty(0, dtype=np.float32)  # compute()'s input buffer, reused
+        self.pin = device.type == "cuda"
+        # compute()'s inputs (samples; lengths and row indices), written on the host and copied to
+        # the device without a wait: host staging kept between calls (a fresh array per step costs
+        # page faults that grow with batch x chunk), pinned on CUDA.
+        self._samples = _Staging(torch.float32, self.pin)
+        self._ints = _Staging(torch.int64, self.pin)
 
     @classmethod
     def for_model(cls, model) -> "FeatureExtractor":
@@ -164,26 +169,76 @@ class FeatureExtractor:
         """Exclusive end of the samples that frames before t1 read."""
         return (t1 - 1) * self.hop + self.margin
 
+    @property
+    def host_buffers(self) -> list[torch.Tensor]:
+        """The staging buffers now in use (tests/test_step_sync.py)."""
+        return [b.buf for b in (self._samples, self._ints) if b.buf is not None]
+
     @torch.inference_mode()
-    def compute(self, audios: list[AudioBuffer], t0s: list[int], n: int) -> torch.Tensor:
+    def compute(self, audios: list[AudioBuffer], t0s: list[int], n: int, *, more: bool = False) -> torch.Tensor:
         """Frames [t0, t0 + n) for each stream -> [B, F, n] fp32 on the device.
 
         Streams whose input has ended get their true sample count as `length`, so the
-        frames past the end are NeMo's masked zeros. The input batch is written into one
-        host buffer kept between calls (a fresh array per step costs page faults that grow
-        with batch x chunk).
+        frames past the end are NeMo's masked zeros. The input batch and its lengths are written
+        into host staging and reach the device by non-blocking copies (none on CPU, where the
+        staging is the input): nothing here waits for the device. `more`: another call of the
+        same step (`compute_group`), staged after the previous ones instead of over them.
         """
         seg_len = (n - 1) * self.hop + 2 * self.margin
         b = len(audios)
-        if self._batch.size < b * seg_len:
-            self._batch = np.empty(max(b * seg_len, 2 * self._batch.size), dtype=np.float32)
-        batch = self._batch[: b * seg_len].reshape(b, seg_len)
-        lengths = np.full(b, seg_len, dtype=np.int64)
+        x = self._samples.take(b * seg_len, fresh=not more).view(b, seg_len)
+        length = self._ints.take(b, fresh=not more)
+        batch, lengths = x.numpy(), length.numpy()
+        lengths[:] = seg_len
         for i, (a, t0) in enumerate(zip(audios, t0s)):
             start = self.first_sample_needed(t0)
             a.copy_segment(start, batch[i])
             if a.finished:
                 lengths[i] = min(seg_len, a.num_samples - start)
-        x = torch.from_numpy(batch).to(self.device)
-        feats, _ = self.pre(input_signal=x, length=torch.from_numpy(lengths).to(self.device))
+        # Non-blocking from staging that the next step overwrites: safe after this step's final wait (_Staging).
+        x = x.to(self.device, non_blocking=self.pin)
+        feats, _ = self.pre(input_signal=x, length=length.to(self.device, non_blocking=self.pin))
         return feats[:, :, self.margin_frames : self.margin_frames + n]
+
+    @torch.inference_mode()
+    def compute_group(self, audios: list[AudioBuffer], t0s: list[int], widths: np.ndarray) -> torch.Tensor:
+        """[B, F, max width] new frames of one step's rows, `widths[i]` frames for row i: final short
+        chunks are computed apart (one call per width) and zero-padded. The rows of each width reach
+        their place through a staged index (a list index would be a blocking copy on CUDA)."""
+        if (widths == widths[0]).all():
+            return self.compute(audios, t0s, int(widths[0]))
+        pieces = []
+        for k, n in enumerate(np.unique(widths).tolist()):
+            idx = np.flatnonzero(widths == n)
+            feats = self.compute([audios[i] for i in idx], [t0s[i] for i in idx], n, more=k > 0)
+            rows = self._ints.take(len(idx), fresh=False)
+            rows.numpy()[:] = idx  # staging too: read by the copy below before the step's final wait
+            pieces.append((rows.to(self.device, non_blocking=self.pin), feats, n))
+        out = torch.zeros(len(audios), pieces[0][1].shape[1], int(widths.max()), device=self.device)
+        for rows, feats, n in pieces:
+            out[:, :, :n].index_copy_(0, rows, feats)
+        return out
+
+
+class _Staging:
+    """Host memory the device reads by non-blocking copies (pinned on CUDA): `take` hands out
+    consecutive pieces, from the start again when `fresh` (the next step). Reusing it is safe
+    because every step ends in the stepper's blocking results copy, queued after this step's
+    copies, so the device has read every piece before the next step writes one."""
+
+    def __init__(self, dtype: torch.dtype, pin: bool) -> None:
+        self.dtype, self.pin = dtype, pin
+        self.buf: torch.Tensor | None = None
+        self.used = 0
+
+    def take(self, n: int, fresh: bool) -> torch.Tensor:
+        if fresh:
+            self.used = 0
+        size = 0 if self.buf is None else self.buf.numel()
+        if self.used + n > size:
+            # A new buffer. Pieces taken earlier this step stay valid in the old one: the caching
+            # host allocator reuses pinned memory only after the copies recorded on it have run.
+            self.buf = torch.empty(max(self.used + n, 2 * size), dtype=self.dtype, pin_memory=self.pin)
+        piece = self.buf[self.used : self.used + n]
+        self.used += n
+        return piece

@@ -35,7 +35,7 @@ from .errors import NoFreeSlotError
 from .geometry import ModelInfo
 from .queue_delay import QueueDelay
 from .slots import SlotPool
-from .step import StepBatch, run_step
+from .step import StepBatch, prepare_step, run_step
 from .results import Detokenizer, ResultAssembler, StreamResult, StreamUpdate
 from .stream import Phase, Stream
 
@@ -130,6 +130,35 @@ class Engine:
                 for r, g in self.model.geometries.items()
             )
             line += f"; one slot pool for every mode (a mode alone would need per stream: {alone})"
+        return line
+
+    def prepare(self) -> str | None:
+        """Start-up, before the first stream: on CUDA, capture every mode's and bucket's graphs now
+        (ours and NeMo's decoders, with token confidence as the engine runs them), not during
+        traffic, and log one line with the time and GPU memory it took; returns that line. On CPU
+        a no-op (nothing to capture; the steppers are built on first use). Every server calls it
+        (cli.py, core/engine_core.py, ray_serve.py)."""
+        dev = self.model.device
+        if dev.type != "cuda":
+            return None
+        before = torch.cuda.memory_allocated(dev), torch.cuda.memory_reserved(dev)
+        t = time.perf_counter()
+        steppers = prepare_step(self.model, self.encoder, self.pool, confidence=self.token_confidence)
+        elapsed = time.perf_counter() - t  # prepare() ends with a synchronize
+        alloc, reserved = torch.cuda.memory_allocated(dev), torch.cuda.memory_reserved(dev)
+        reports = [s.report() for s in steppers]
+        captured = sum(len(r["encoder_captured"]) for r in reports)
+        failed = sum(len(r["encoder_failed"]) for r in reports)
+        eager_decoders = sum(m == "no_graphs" for r in reports for m in r["decoder_modes"].values())
+        line = (
+            f"CUDA graphs captured at start-up in {elapsed:.1f} s: {captured} encoder graphs over "
+            f"{len(steppers)} mode(s) x {len(steppers[0].sizes)} buckets"
+            + (f", {failed} failed (run eagerly)" if failed else "")
+            + (f", {eager_decoders} decoders without graphs" if eager_decoders else "")
+            + f"; GPU memory allocated {alloc / 2**30:.2f} GiB (+{(alloc - before[0]) / 2**30:.2f}),"
+            f" reserved {reserved / 2**30:.2f} GiB (+{(reserved - before[1]) / 2**30:.2f})"
+        )
+        log.info(line)
         return line
 
     # ------------------------------------------------------------------ network-side API
@@ -358,17 +387,7 @@ class Engine:
 
     def _features(self, streams: list[Stream], group: Group) -> torch.Tensor:
         """[B, F, W] new frames for the group; final short chunks are computed apart and padded."""
-        widths = group.widths
-        t0s = group.t0.tolist()
-        audios = [s.audio for s in streams]
-        if (widths == widths[0]).all():
-            return self.features.compute(audios, t0s, int(widths[0]))
-        width = int(widths.max())
-        out = torch.zeros(len(streams), self.model.num_mels, width, device=self.model.device)
-        for n in np.unique(widths).tolist():
-            idx = np.flatnonzero(widths == n).tolist()
-            out[idx, :, :n] = self.features.compute([audios[i] for i in idx], [t0s[i] for i in idx], n)
-        return out
+        return self.features.compute_group([s.audio for s in streams], group.t0.tolist(), group.widths)
 
     def _step(self, group: Group) -> None:
         t_start = time.perf_counter()
@@ -376,13 +395,11 @@ class Engine:
         self.queue_delay.begin_step(wall_start)
         slots = group.slots.tolist()
         streams = [self._slot_streams[slot] for slot in slots]
-        rows = torch.from_numpy(group.slots).to(self.model.device)
-        langs = None
-        if self.model.prompt_dictionary is not None:
-            langs = self.pool.languages.index_select(0, rows)
         widths = group.widths.tolist()
-        batch = StepBatch(rows, self._features(streams, group), widths, group.is_first, langs, group.context_right,
-                          self.token_confidence)  # fmt: skip
+        # Rows as numpy: the stepper stages them (pinned, non-blocking) and gathers the rows'
+        # languages on the device (languages None); the step's one wait is its results copy.
+        batch = StepBatch(group.slots, self._features(streams, group), widths, group.is_first, None,
+                          group.context_right, self.token_confidence)  # fmt: skip
         result = run_step(self.model, self.encoder, self.pool, batch)
         self.scheduler.advance(group)
         elapsed = time.perf_counter() - t_start

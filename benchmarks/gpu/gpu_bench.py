@@ -324,20 +324,22 @@ def calibrate(args, models, res: Results) -> None:
 
 # ----------------------------------------------------------------------------- 4 engine, validate, step
 def make_engine(model, slots: int, res: Results | None = None, what: str = "engine"):
-    """An Engine as the server builds it, every graph captured now (prepare_step), timed."""
+    """An Engine as the server builds it, every graph captured at start-up (Engine.prepare, as every
+    server calls it; a no-op on CPU), timed."""
     import torch
 
     from benchmarks.architecture import set_mode
     from nemo_serve.engine.endpoint import EndpointConfig
     from nemo_serve.engine.loop import Engine
-    from nemo_serve.engine.step import prepare_step
+    from nemo_serve.engine.step import stepper_for
 
     set_mode(model)
     g = model.geometry
     t = time.time()
     engine = Engine(model, num_slots=slots, endpoint=EndpointConfig.off())
     t_prep = time.time()
-    stepper = prepare_step(model, engine.encoder, engine.pool)[0]
+    line = engine.prepare()
+    stepper = stepper_for(model, engine.encoder, engine.pool)
     prep = time.time() - t_prep
     mem = {}
     if model.device.type == "cuda":
@@ -349,7 +351,7 @@ def make_engine(model, slots: int, res: Results | None = None, what: str = "engi
                   buckets=stepper.sizes, max_step_rows=engine.pool.max_step_rows, graphs=rep["graphs"],
                   encoder_graphs=len(rep["encoder_captured"]), encoder_failed=rep["encoder_failed"],
                   decoder_modes=rep["decoder_modes"], build_s=round(t_prep - t, 1), capture_s=round(prep, 1),
-                  memory=engine.pool.memory_summary(), gpu_memory=mem)  # fmt: skip
+                  memory=engine.pool.memory_summary(), gpu_memory=mem, startup_line=line)  # fmt: skip
     return engine, stepper
 
 

@@ -354,16 +354,23 @@ class Engine:
             self._slot_streams[stream.slot] = stream
             self.scheduler.admit(stream.slot, self.model.geometries[stream.context_right])
             self._dirty.put(stream)  # audio pushed before admission
+        not_taken_in: list[Stream] = []
         while True:
             try:
                 stream = self._requests.get_nowait()
             except queue.Empty:
                 break
-            if stream.abort_reason is not None:
+            if stream.phase is Phase.PENDING:
+                # Opened after the inbox was taken above (another thread): its request waits for
+                # its slot, next iteration. Consumed now, an abort would leave it holding the slot.
+                not_taken_in.append(stream)
+            elif stream.abort_reason is not None:
                 stream.on_result = _discard
                 self._mark_done(stream)
             elif stream.take_force_final() and stream.phase is Phase.ACTIVE:
                 self._publish_final(stream, [], [], time.time(), done=False)
+        for stream in not_taken_in:
+            self._requests.put(stream)
         # Take the queued entries first, then absorb each stream once. Deduplicating while still
         # taking entries would drop a packet pushed after that stream's absorb (it hung a stream).
         dirty: dict[int, Stream] = {}

@@ -25,6 +25,7 @@ import numpy as np
 import zmq
 
 from ..engine.endpoint import EndpointConfig
+from ..engine.invariants import check, from_env as invariant_log
 from ..engine.results import StreamUpdate
 from . import messages as m
 from .shared import FAILED, FREE, SERVING, STOPPED, SharedLayout, SharedSlots
@@ -65,6 +66,7 @@ class EngineCore:
     def run(self, parent_pid: int | None = None) -> None:
         self.shared.state[0] = SERVING
         last_check = time.monotonic()
+        invariants = invariant_log("core")  # tests: NEMO_SERVE_CHECK_INVARIANTS (engine/invariants.py)
         while True:
             busy = self._take_control()
             if busy is None:  # Stop
@@ -73,6 +75,8 @@ class EngineCore:
             self._apply_finishes()
             busy = self.engine.iterate() or busy
             self._send_results()
+            if invariants is not None:
+                invariants.record(self.check_invariants())
             now = time.monotonic()
             self.shared.heartbeat[0] = time.time()
             if parent_pid is not None and now - last_check > 0.5:
@@ -92,6 +96,30 @@ class EngineCore:
         busy = self.engine.iterate() or bool(busy)
         self._send_results()
         return busy
+
+    def check_invariants(self) -> int:
+        """Raise AccountingError unless the engine's books agree (Engine.check_accounting) and
+        match the core's: every stream the engine holds is one this core serves on a shared slot
+        that its front end owns in the slot table at the stream's generation, and no other.
+        Front ends only ever take free slots, and only this thread frees them, so the slots
+        checked here cannot change under it. Returns the streams holding a cache row. Between
+        iterations."""
+        rows = self.engine.check_accounting(exact=True)
+        sh, slots = self.shared, self._slots
+        active = set(np.flatnonzero(self._active).tolist())
+        check(len(slots) == len(self._slot_of) == rows and active == set(slots),
+              f"{rows} streams hold cache rows, the core serves {len(slots)} slots ({len(self._slot_of)} ids, "
+              f"{len(active)} rings read)")  # fmt: skip
+        owned = int(np.count_nonzero(sh.owner != FREE))
+        check(rows <= owned <= sh.num_slots, f"{rows} streams served, {owned} of {sh.num_slots} shared slots owned")
+        held = set(self.engine.loop_stream_ids)
+        for slot, (stream, gen, frontend) in slots.items():
+            check(self._slot_of.get(stream.stream_id) == slot and stream.stream_id in held,
+                  f"slot {slot}: stream {stream.stream_id} not held by the engine under that slot")  # fmt: skip
+            check(int(sh.owner[slot]) == frontend and int(sh.gen[slot]) == gen,
+                  f"slot {slot} serves front end {frontend}'s stream at generation {gen}; the table says owner "
+                  f"{int(sh.owner[slot])} generation {int(sh.gen[slot])}")  # fmt: skip
+        return rows
 
     def _publish_queue_delay(self, pair: tuple[float, float]) -> None:
         self.shared.queue_delay[:] = pair  # the front ends' admission reads it (SharedSlots.queue_delay_s)

@@ -33,6 +33,7 @@ from .frontend import FeatureExtractor
 from .scheduler import Group, Scheduler
 from .errors import NoFreeSlotError
 from .geometry import ModelInfo
+from .invariants import check, from_env as invariant_log
 from .queue_delay import QueueDelay
 from .slots import SlotPool
 from .step import StepBatch, prepare_step, run_step
@@ -273,6 +274,32 @@ class Engine:
         Loop thread only (or an engine that is not started and driven with `iterate()`)."""
         return list(self._streams)
 
+    def check_accounting(self, exact: bool = False) -> int:
+        """Raise AccountingError unless the books agree (engine/invariants.py): the streams the
+        loop holds, the cache rows held, the engine slots in use and the scheduler's active slots
+        are the same streams, no more than those admitted, which are at most `num_slots`.
+        `exact`: also no stream admitted but not yet taken in (the engine core: it opens streams
+        and iterates on one thread). Returns the streams holding a cache row. Between iterations,
+        on the loop thread."""
+        with self._admission:
+            admitted, ids = self._num_admitted, set(self._admitted_ids)
+        streams, pool = self._streams, self.pool
+        rows = len(streams)
+        in_use = [s for s in self._slot_streams if s is not None]
+        check(len(pool.stream_to_slot) == rows, f"{len(pool.stream_to_slot)} cache rows held, {rows} streams")
+        check(len(in_use) == rows, f"{len(in_use)} engine slots in use, {rows} streams")
+        check(int(self.scheduler.active.sum()) == rows, f"{int(self.scheduler.active.sum())} scheduler slots active, {rows} streams")
+        check(pool.num_free + pool.num_used == pool.num_slots and len(set(pool._free)) == pool.num_free,
+              f"pool free list {pool._free} with {pool.num_used} rows used of {pool.num_slots}")  # fmt: skip
+        check(len(ids) == admitted, f"{admitted} streams admitted, {len(ids)} admitted ids")
+        check(rows <= admitted <= self.num_slots, f"{rows} streams held, {admitted} admitted, {self.num_slots} slots")
+        check(not exact or admitted == rows, f"{admitted} streams admitted, {rows} taken in")
+        for sid, s in streams.items():
+            check(s.phase is Phase.ACTIVE and sid in ids, f"stream {sid} held in phase {s.phase.value}, admitted: {sid in ids}")
+            check(pool.stream_to_slot.get(sid) == s.slot and self._slot_streams[s.slot] is s,
+                  f"stream {sid} has slot {s.slot}, the pool says {pool.stream_to_slot.get(sid)}")  # fmt: skip
+        return rows
+
     # ------------------------------------------------------------------ lifecycle
     @property
     def started(self) -> bool:
@@ -291,9 +318,13 @@ class Engine:
 
     def _run(self) -> None:
         torch.set_grad_enabled(False)
+        invariants = invariant_log("engine")  # tests: NEMO_SERVE_CHECK_INVARIANTS (engine/invariants.py)
         try:
             while not self._stop.is_set():
-                if not self.iterate():
+                busy = self.iterate()
+                if invariants is not None:
+                    invariants.record(self.check_accounting())
+                if not busy:
                     self._wake.wait(0.05)
                     self._wake.clear()
         except BaseException as e:  # noqa: BLE001 - a dead loop must be visible to the server
@@ -354,16 +385,23 @@ class Engine:
             self._slot_streams[stream.slot] = stream
             self.scheduler.admit(stream.slot, self.model.geometries[stream.context_right])
             self._dirty.put(stream)  # audio pushed before admission
+        not_taken_in: list[Stream] = []
         while True:
             try:
                 stream = self._requests.get_nowait()
             except queue.Empty:
                 break
-            if stream.abort_reason is not None:
+            if stream.phase is Phase.PENDING:
+                # Opened after the inbox was taken above (another thread): its request waits for
+                # its slot, next iteration. Consumed now, an abort would leave it holding the slot.
+                not_taken_in.append(stream)
+            elif stream.abort_reason is not None:
                 stream.on_result = _discard
                 self._mark_done(stream)
             elif stream.take_force_final() and stream.phase is Phase.ACTIVE:
                 self._publish_final(stream, [], [], time.time(), done=False)
+        for stream in not_taken_in:
+            self._requests.put(stream)
         # Take the queued entries first, then absorb each stream once. Deduplicating while still
         # taking entries would drop a packet pushed after that stream's absorb (it hung a stream).
         dirty: dict[int, Stream] = {}

@@ -189,25 +189,44 @@ def test_decoder_capture_failure_falls_back_mode_by_mode():
     assert flaky.cuda_graphs_mode is None
 
 
-def test_run_gpu_sh_installs_carried_wheels_and_runs_the_bench(tmp_path):
-    """The wrapper with a stand-in Python: wheels go to /tmp/site with pip --no-index, the cache and
-    PYTHONPATH are set, gpu_bench.py gets the model, device, dtype, budget and extra options."""
+def _fake_python(tmp_path, script: str = "") -> tuple[Path, Path]:
+    """A stand-in `python3` that logs each call (arguments, PYTHONPATH, cache, graph settings) and
+    then runs `script` (sh) with the arguments."""
+    log = tmp_path / "calls.txt"
+    fake = tmp_path / "python3"
+    fake.write_text(
+        "#!/bin/sh\n"
+        f'echo "$@ | PYTHONPATH=$PYTHONPATH | CACHE=$NEMO_SERVE_CACHE | ENC=$NEMO_SERVE_ENCODER_GRAPHS" >> {log}\n'
+        + script
+    )
+    fake.chmod(0o755)
+    return fake, log
+
+
+def _run_sh(tmp_path, fake, *args):
     carry = tmp_path / "carry"
     (carry / "wheels").mkdir(parents=True)
     (carry / "wheels" / "x-1-py3-none-any.whl").write_bytes(b"")
     (carry / "cache").mkdir()
-    log = tmp_path / "calls.txt"
-    fake = tmp_path / "python3"
-    fake.write_text(f"#!/bin/sh\necho \"$@ | PYTHONPATH=$PYTHONPATH | CACHE=$NEMO_SERVE_CACHE\" >> {log}\n")
-    fake.chmod(0o755)
     out = tmp_path / "out"
     env = {**os.environ, "PY": str(fake), "CARRY": str(carry), "DEVICE": "cpu", "DTYPE": "fp32", "BUDGET_S": "100"}
-    r = subprocess.run(["bash", "benchmarks/gpu/run_gpu.sh", str(out), "--modes", "3"], cwd=REPO, env=env,
+    r = subprocess.run(["bash", "benchmarks/gpu/run_gpu.sh", str(out), *args], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=60)
+    return r, carry, out
+
+
+def test_run_gpu_sh_installs_carried_wheels_and_runs_the_bench(tmp_path):
+    """The wrapper: the image's packages are listed before anything is carried in, wheels go to
+    /tmp/site with pip --no-index, the cache and PYTHONPATH are set, gpu_bench.py gets the model,
+    device, dtype, budget and extra options."""
+    fake, log = _fake_python(tmp_path)
+    r, carry, out = _run_sh(tmp_path, fake, "--modes", "3")
     assert r.returncode == 0, r.stdout + r.stderr
     calls = log.read_text().splitlines()
-    assert calls[0].startswith("-m pip install -q --no-index --no-deps") and "--target /tmp/site" in calls[0]
-    assert str(carry / "wheels" / "x-1-py3-none-any.whl") in calls[0]
+    first_list = next(i for i, c in enumerate(calls) if c.startswith("-m pip list"))
+    install = next(i for i, c in enumerate(calls) if c.startswith("-m pip install -q --no-index --no-deps"))
+    assert first_list < install and "/tmp/site" not in calls[first_list]  # the image alone
+    assert "--target /tmp/site" in calls[install] and str(carry / "wheels" / "x-1-py3-none-any.whl") in calls[install]
     bench = [c for c in calls if "gpu_bench.py" in c]
     assert len(bench) == 1
     args = bench[0].split(" | ")[0].split()
@@ -217,3 +236,30 @@ def test_run_gpu_sh_installs_carried_wheels_and_runs_the_bench(tmp_path):
     assert args[-2:] == ["--modes", "3"]
     assert "/tmp/site" in bench[0] and str(REPO) in bench[0] and f"CACHE={carry / 'cache'}" in bench[0]
     assert (out / "run.log").exists() and (out / "env.txt").exists()
+    assert not any("diagnose.py" in c for c in calls)  # the bench passed: nothing to diagnose
+
+
+def test_run_gpu_sh_diagnoses_a_failed_preflight_and_measures_with_what_works(tmp_path):
+    """gpu_bench.py exits 4 (preflight failed): diagnose.py runs, and the bench runs again with the
+    environment of the variant it chose, on what is left of the budget."""
+    fake, log = _fake_python(tmp_path, (
+        'case "$*" in\n'
+        '  *gpu_bench.py*) [ -n "$NEMO_SERVE_ENCODER_GRAPHS" ] && exit 0; exit 4;;\n'
+        '  *diagnose.py*) echo "CHOSEN NEMO_SERVE_ENCODER_GRAPHS=0"; exit 0;;\n'
+        "esac\n"
+    ))
+    r, _, out = _run_sh(tmp_path, fake)
+    assert r.returncode == 0, r.stdout + r.stderr
+    calls = [c for c in log.read_text().splitlines() if "gpu_bench.py" in c or "diagnose.py" in c]
+    assert [c.split(".py")[0].rsplit("/", 1)[-1] for c in calls] == ["gpu_bench", "diagnose", "gpu_bench"]
+    assert calls[0].endswith("ENC=") and calls[2].endswith("ENC=0")
+    assert "diagnosis: NEMO_SERVE_ENCODER_GRAPHS=0" in (out / "run.log").read_text()
+
+
+def test_run_gpu_sh_stops_when_no_variant_works(tmp_path):
+    fake, log = _fake_python(tmp_path, (
+        'case "$*" in\n  *gpu_bench.py*) exit 4;;\n  *diagnose.py*) echo "CHOSEN NONE"; exit 5;;\nesac\n'
+    ))
+    r, _, _ = _run_sh(tmp_path, fake)
+    assert r.returncode == 4
+    assert sum("gpu_bench.py" in c for c in log.read_text().splitlines()) == 1

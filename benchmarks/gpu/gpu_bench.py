@@ -32,6 +32,7 @@ import argparse
 import gc
 import io
 import json
+import os
 import platform
 import sys
 import time
@@ -690,7 +691,8 @@ def _run(args, res: Results) -> int:
 
     res.write("env", python=platform.python_version(), torch=torch.__version__, cuda=torch.version.cuda,
               device=torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu", argv=sys.argv[1:],
-              budget_s=args.budget_s)  # fmt: skip
+              budget_s=args.budget_s,
+              graph_settings={k: v for k, v in os.environ.items() if k.startswith("NEMO_SERVE_") and "GRAPH" in k or k == "NEMO_SERVE_DECODER_MAX_TIME"})  # fmt: skip
     if not preflight(args, res):
         res.write("done", ok=False, seconds=round(time.time() - T0, 1), why="preflight")
         return 4
@@ -719,4 +721,9 @@ def _run(args, res: Results) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # No interpreter teardown: after a device fault (an illegal memory access) freeing CUDA tensors
+    # at exit aborts the process, and the wrapper would see 134 instead of this exit code.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -30,22 +30,40 @@ START=$(date +%s)
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/run.log") 2>&1
 
+# the image as it is, before anything is carried in
+{ (nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true); $PY -V; uname -m;
+  echo "# pip list of the image"; $PY -m pip list --format=freeze 2>/dev/null; } > "$OUT/env.txt" 2>&1
 if [[ -d "$CARRY/wheels" ]] && compgen -G "$CARRY/wheels/*.whl" > /dev/null; then
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$CARRY"/wheels/*.whl \
     || { echo "wheel install failed"; exit 3; }
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+  { echo "# carried into /tmp/site"; $PY -m pip list --format=freeze --path /tmp/site 2>/dev/null; } >> "$OUT/env.txt" 2>&1
 fi
 [[ -d "$CARRY/cache" ]] && export NEMO_SERVE_CACHE="$(cd "$CARRY/cache" && pwd)"
 export PYTHONPATH=$(pwd)${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1  # PYTORCH_CUDA_ALLOC_CONF is left to the caller: expandable segments with graph pools is untested here
-{ (nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true); $PY -V; uname -m;
-  echo "# pip list (the image, and what was carried into /tmp/site)"; $PY -m pip list --format=freeze 2>/dev/null;
-  [[ -d /tmp/site ]] && $PY -m pip list --format=freeze --path /tmp/site 2>/dev/null | sed 's/^/carried: /'; } > "$OUT/env.txt" 2>&1
 echo "[$(( $(date +%s) - START ))s] environment ready"
 
-LEFT=$(( BUDGET_S - ($(date +%s) - START) ))
-timeout $(( LEFT + 20 )) $PY benchmarks/gpu/gpu_bench.py --out "$OUT" --model "$MODEL" --device "$DEVICE" \
-  --dtype "$DTYPE" --budget-s "$LEFT" "$@"
+bench() {  # gpu_bench.py with what is left of the budget
+  local left=$(( BUDGET_S - ($(date +%s) - START) ))
+  timeout $(( left + 20 )) "$@" $PY benchmarks/gpu/gpu_bench.py --out "$OUT" --model "$MODEL" --device "$DEVICE" \
+    --dtype "$DTYPE" --budget-s "$left" "${ARGS[@]}"
+}
+ARGS=("$@")
+bench env
 rc=$?
 echo "[$(( $(date +%s) - START ))s] gpu_bench.py exit $rc"
+if [[ $rc == 4 ]]; then
+  # The preflight failed: find which part of the graph path fails (benchmarks/gpu/diagnose.py), and
+  # if a configuration runs and matches eager, measure with it rather than not at all.
+  timeout 200 $PY benchmarks/gpu/diagnose.py --out "$OUT" --dtype "$DTYPE" --device "$DEVICE" | tee "$OUT/diagnose.log"
+  chosen=$(grep '^CHOSEN ' "$OUT/diagnose.log" | tail -1 | cut -d' ' -f2-)
+  echo "[$(( $(date +%s) - START ))s] diagnosis: ${chosen:-NONE (the failure did not reproduce there)}"
+  if [[ -n "$chosen" && "$chosen" != NONE ]]; then
+    # shellcheck disable=SC2086 - chosen is VAR=value words
+    bench env $chosen
+    rc=$?
+    echo "[$(( $(date +%s) - START ))s] gpu_bench.py with $chosen exit $rc"
+  fi
+fi
 exit $rc

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -140,8 +141,17 @@ class Stepper:
         # graphs=False: encoder and decoder both eager (NeMo's torch_impl), the reference the GPU
         # run compares the graph path against.
         self.use_graphs = self.cuda and (graphs is None or graphs)
+        # Escape hatches for a driver or NeMo build on which a graph misbehaves (the GPU run's
+        # diagnosis picks them, benchmarks/gpu/diagnose.py): NEMO_SERVE_ENCODER_GRAPHS=0 runs the
+        # encoder half eagerly; NEMO_SERVE_DECODER_GRAPHS=no_while_loops|off sets NeMo's decoder
+        # mode (default: NeMo's choice); NEMO_SERVE_DECODER_MAX_TIME=N sizes its buffers for N
+        # encoder frames instead of one chunk's.
+        self.decoder_graph_mode = os.environ.get("NEMO_SERVE_DECODER_GRAPHS", "auto")
+        if self.decoder_graph_mode not in ("auto", "no_while_loops", "off"):
+            raise ValueError(f"NEMO_SERVE_DECODER_GRAPHS={self.decoder_graph_mode!r}: auto, no_while_loops or off")
+        self.decoder_max_time = int(os.environ.get("NEMO_SERVE_DECODER_MAX_TIME", "0")) or self.new_frames
         self.graphs = None
-        if self.use_graphs:
+        if self.use_graphs and os.environ.get("NEMO_SERVE_ENCODER_GRAPHS", "1") != "0":
             from .cuda_graphs import StepGraphs
 
             self.graphs = StepGraphs(self)
@@ -328,9 +338,11 @@ class Stepper:
         if c is None:
             c = copy.copy(base)
             c.state, c.full_graph, c.separate_graphs = None, None, None
-            c.INITIAL_MAX_TIME = self.new_frames
-            if not self.use_graphs:
-                c.cuda_graphs_mode = None  # NeMo's torch_impl: the eager reference
+            c.INITIAL_MAX_TIME = self.decoder_max_time
+            if not self.use_graphs or self.decoder_graph_mode == "off":
+                c.cuda_graphs_mode = None  # NeMo's torch_impl (graphs=False: the eager reference)
+            elif self.decoder_graph_mode == "no_while_loops":
+                c.cuda_graphs_mode = type(c).CudaGraphsMode.NO_WHILE_LOOPS
             self._computers[(bucket, self.confidence)] = c
         return c
 
@@ -376,6 +388,8 @@ class Stepper:
         each bucket's decoder ended in, and every failed decoder attempt."""
         g = self.graphs
         return {
+            "settings": {"decoder_graphs": self.decoder_graph_mode if self.use_graphs else "off",
+                         "decoder_max_time": self.decoder_max_time},  # fmt: skip
             "graphs": g is not None,
             "encoder_captured": sorted(map(list, g.graphs)) if g is not None else [],
             "encoder_failed": {str(list(k)): v for k, v in sorted(g.failed.items())} if g is not None else {},

@@ -93,7 +93,7 @@ def main(argv=None) -> int:
     for name, env in VARIANTS.items():  # all at once: each is small, the machine has many cores
         e = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
         if "DIAG_ASYNC" not in env:
-            e["CUDA_LAUNCH_BLOCKING"] = "1
+            e["CUDA_LAUNCH_BLOCKING"] = "1"
         procs[name] = subprocess.Popen(
             [sys.executable, __file__, "--out", args.out, "--dtype", args.dtype, "--device", args.device,
              "--variant", name], env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip

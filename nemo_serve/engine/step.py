@@ -353,7 +353,15 @@ class Stepper:
         stream current) would escape and fail every step of this mode. So any failure is logged
         with its traceback, the device state is restored (synchronize, default stream) and the
         bucket retried in the next mode: full graph -> no while loops -> no graphs (torch_impl).
-        The inputs are untouched by a failed attempt: the results are written back only after."""
+        The inputs are untouched by a failed attempt: the results are written back only after.
+
+        Every allocation of the capture goes to a memory pool of the computer's own, kept as long as
+        it lives. NeMo captures its full graph's while-loop bodies on streams of its own through
+        cudaStreamBeginCaptureToGraph, which PyTorch's allocator does not route to the graph's
+        private pool: their temporaries came from the shared cache, so any later allocation could
+        take that memory while the graph still writes it, and the next torch.cuda.graph capture
+        (which empties the cache) freed it. Measured on the H200: an illegal memory access at the
+        decoder's first replay after our encoder graphs were captured (benchmarks/gpu/diagnose.py)."""
         c = self.computer(key[0])
         while True:
             mode = getattr(c, "cuda_graphs_mode", None) if self.cuda else None  # CPU: always torch_impl
@@ -361,7 +369,12 @@ class Stepper:
                 if self.fail_next_decoder_capture:
                     self.fail_next_decoder_capture = False
                     raise AssertionError("forced decoder capture failure (fail_next_decoder_capture)")
-                out = c(x=encoded.transpose(1, 2), out_len=encoded_len, prev_batched_state=state)
+                own_pool = contextlib.nullcontext()
+                if mode is not None and encoded.is_cuda:
+                    c._nemo_serve_mempool = torch.cuda.MemPool()  # lives with the computer and its graph
+                    own_pool = torch.cuda.use_mem_pool(c._nemo_serve_mempool)
+                with own_pool:
+                    out = c(x=encoded.transpose(1, 2), out_len=encoded_len, prev_batched_state=state)
             except Exception as e:  # noqa: BLE001 - any capture failure; the last mode re-raises
                 import traceback
 

@@ -41,10 +41,11 @@ def tables(recs: list[dict]) -> str:
                        f"{ge['max_abs_cache_diff']}); {len(r['stepper']['encoder_captured'])} encoder graphs, "
                        f"{len(r['stepper']['encoder_failed'])} failed; decoders {', '.join(modes)}; device waits per "
                        f"iteration {sy.get('waits_per_iteration')} (goal {sy.get('goal')}) |")
-    cal = next((r for r in recs if r["kind"] == "calibration"), None)
-    if cal:
-        out.append(f"| calibration (random weights: emission per encoder frame) | {cal['emit_fraction']:.3f} against "
-                   f"{cal['target']} in {cal['probes']} probes; per mode {cal['per_mode_emit_fraction']} |")
+    for cal in (r for r in recs if r["kind"] == "calibration"):
+        where = f"{cal['chunk_ms']} ms" if "chunk_ms" in cal else "first mode"  # runs before per-mode calibration
+        also = f"; with that bias per mode {cal['per_mode_emit_fraction']}" if "per_mode_emit_fraction" in cal else ""
+        out.append(f"| calibration at {where} (random weights: emission per encoder frame) | {cal['emit_fraction']:.3f} "
+                   f"against {cal['target']} in {cal['probes']} probes{also} |")
     out.append("")
     out.append("| chunk | batch | ms per step (host) | GPU ms | µs per stream-step | real-time streams bound |")
     out.append("|---|---|---|---|---|---|")

@@ -34,6 +34,7 @@ import contextlib
 import copy
 import logging
 import os
+import traceback
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,6 +44,7 @@ from .buckets import bucket_for, bucket_sizes, split
 from .slots import SlotPool
 
 log = logging.getLogger(__name__)
+
 
 @dataclass
 class StepBatch:
@@ -325,8 +327,9 @@ class Stepper:
 
         Its buffers are sized for one chunk: NeMo sizes them for max(T, 375) encoder frames
         (INITIAL_MAX_TIME; hypotheses of 375 x max_symbols labels, cloned on every call), where a
-        chunk has `new_frames` (1 to 14). A longer input would make NeMo re-size and re-capture
-        (`need_reinit`), never decode wrongly."""
+        chunk has `new_frames` (1 to 14). The stepper's shapes are static, so no input is longer;
+        one that were would make NeMo re-size and re-capture (`need_reinit`) outside the memory
+        pool `_first_decode` gives the capture."""
         base = self.model.decoding_computer
         if self.confidence:
             if self._confidence_base is None:
@@ -376,10 +379,7 @@ class Stepper:
                 with own_pool:
                     out = c(x=encoded.transpose(1, 2), out_len=encoded_len, prev_batched_state=state)
             except Exception as e:  # noqa: BLE001 - any capture failure; the last mode re-raises
-                import traceback
-
                 forced = str(e).startswith("forced decoder capture failure")
-
                 log.warning("decoder of bucket %d (confidence %s) failed in mode %s; retrying in the next mode",
                             key[0], key[1], _mode_name(mode), exc_info=True)  # fmt: skip
                 self.decoder_failures.append({"bucket": key[0], "confidence": key[1], "mode": _mode_name(mode),

@@ -2,7 +2,7 @@
 
     pip install -e '.[ray]'
     ray start --head                              # on each host: ray start --address=HEAD:6379
-    serve run configs/ray_serve.yaml              # or: python -m nemo_serve.ray_serve --replicas 2
+    serve run deploy/ray_serve.yaml               # or: python -m nemo_serve.ray_serve --replicas 2
 
 Each replica is a whole one-process nemo-serve (engine on a thread, the same FastAPI app, protocol,
 auth and limits), built on the replica from NEMO_SERVE_* environment variables (the same settings

@@ -274,7 +274,7 @@ def sweep(args) -> dict:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     # Slot headroom: a stream that reconnects the moment it gets its final can arrive before the
     # step loop has freed its previous slot; with exactly max(levels) slots the top level then
-    # measured 503 refusals (admission), not compute (sweep_demo_r*_cpu_fp32.json, N=48).
+    # measured 503 refusals (admission), not compute (benchmarks/results/archive/sweep_demo_r{3,13}_cpu_fp32.json, N=48).
     server = Server(args, nemo_path, max(levels) + max(2, max(levels) // 10), log_path)
     results = []
     try:

@@ -4,7 +4,7 @@ NeMo's `cache_aware_stream_step` caches each attention layer's *input* (the post
 frames, `cache_last_channel [L,B,C,D]`) and projects all C + T frames through `linear_k` and
 `linear_v` on every step. With C = 70 cached frames and T = 2 new ones (160 ms) that is 97% of the
 key/value work done again for frames that have not changed; in the CPU profiles of FastConformer-L
-(benchmarks/results/profile_fastconformer-l_*.json) those `[B*(C+T), D] x [D, D]` GEMMs and the
+(benchmarks/results/archive/profile_fastconformer-l_r{1,13}_cpu_fp32.json) those `[B*(C+T), D] x [D, D]` GEMMs and the
 broadcast of the positional projection over the batch were the largest costs of the step. Then each
 layer concatenates cache and chunk and the encoder stacks the new caches: two more copies of the
 whole cache per step.

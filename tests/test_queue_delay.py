@@ -150,6 +150,25 @@ def test_group_passes_over_a_core_that_is_behind():
     assert (behind2.opened, other.opened) == (1, 0)
 
 
+def test_group_tries_the_next_core_when_another_front_end_took_the_last_slot():
+    """Free counts are read before the slot is taken, and another front end process can take that
+    core's last slot in between: the stream goes to the next core with room, not refused (seen:
+    the fourth of four streams refused with two front ends on two 2-slot cores)."""
+    from nemo_serve.engine.errors import NoFreeSlotError
+
+    class Raced(_Core):
+        def open_stream(self, on_result, **kw):
+            self.num_free_slots = 0  # taken by the other front end after the group read 2
+            raise NoFreeSlotError("all 2 slots are in use")
+
+    raced, other = Raced("a", free=2, delay=0.0), _Core("b", free=1, delay=0.0)
+    group = _group(raced, other, limit=0.0)
+    group.open_stream(lambda r: None)
+    assert other.opened == 1
+    with pytest.raises(NoFreeSlotError):  # and when every core is full, the group refuses
+        _group(Raced("a", free=2, delay=0.0), _Core("b", free=0, delay=0.0), limit=0.0).open_stream(lambda r: None)
+
+
 @pytest.mark.parametrize("limit, refused", [(2.0, True), (0.0, False), (10.0, False)])
 def test_admission_refuses_while_the_engine_is_behind(limit, refused):
     """The in-process server's admission (ServerContext.refusal, used at the handshake and when the

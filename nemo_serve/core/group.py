@@ -75,18 +75,27 @@ class EngineGroup:
 
     # ------------------------------------------------------------------ network-side API
     def open_stream(self, on_result, **kw) -> StreamHandle:
-        """On the live core with the most free slots; NoFreeSlotError if none has one."""
+        """On the live core with the most free slots; NoFreeSlotError if none has one.
+
+        The counts are a snapshot: another front end can take a core's last slot between this read
+        and the allocation, so a core that refuses is followed by the next one with a free slot (a
+        stream was refused while the other core had room, with two front ends at four slots)."""
         live = self._live()
         if not live:
             raise NoFreeSlotError("no engine core is serving")
         limit = self.max_queue_delay_s
         keeping_up = [c for c in live if c.num_free_slots > 0 and (not limit or c.queue_delay_s <= limit)]
-        best = max(keeping_up or live, key=lambda c: c.num_free_slots)  # ties: the first core
-        if best.num_free_slots <= 0:
-            raise NoFreeSlotError(f"all {self.num_slots} slots of {len(live)} engine cores are in use")
-        h = best.open_stream(on_result, **kw)
-        h.engine = best
-        return h
+        # most free slots first; ties: the first core (sorted is stable)
+        for core in sorted(keeping_up or live, key=lambda c: -c.num_free_slots):
+            if core.num_free_slots <= 0:
+                break
+            try:
+                h = core.open_stream(on_result, **kw)
+            except NoFreeSlotError:
+                continue
+            h.engine = core
+            return h
+        raise NoFreeSlotError(f"all {self.num_slots} slots of {len(live)} engine cores are in use")
 
     def push(self, h: StreamHandle, samples, arrived: float | None = None) -> None:
         h.engine.push(h, samples, arrived)

@@ -81,14 +81,7 @@ def _err(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"[:1000]
 
 
-def _sync(device) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _free_gpu(model=None) -> None:
+def _free_gpu() -> None:
     import torch
 
     gc.collect()

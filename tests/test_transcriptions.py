@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import io
+import signal
+import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -18,7 +21,7 @@ import soundfile
 import nemo_serve
 from nemo_serve.client import StreamingClient
 
-from .helpers_server import SHARED_NUM_SLOTS, TOKEN
+from .helpers_server import PROMPT_TEST_MODEL, SHARED_NUM_SLOTS, TOKEN, start_server
 
 openai = pytest.importorskip("openai")
 
@@ -35,10 +38,11 @@ def sdk(server) -> "openai.OpenAI":
     return openai.OpenAI(api_key=TOKEN, base_url=f"{server.http_url}/v1", max_retries=0)
 
 
-async def ws_tokens(server, pcm: np.ndarray, rate: int, context_right: int | None = None) -> tuple[list[int], str]:
+async def ws_tokens(server, pcm: np.ndarray, rate: int, context_right: int | None = None,
+                    language: str | None = None) -> tuple[list[int], str]:  # fmt: skip
     """/ws's tokens and text for these PCM16 samples (packets of 100 ms, then end)."""
     async with StreamingClient(server.ws_url, sample_rate=rate, encoding="pcm_s16le", token=TOKEN,
-                               context_right=context_right) as c:  # fmt: skip
+                               context_right=context_right, language=language) as c:  # fmt: skip
         for i in range(0, len(pcm), rate // 10):
             await c.send_audio(pcm[i : i + rate // 10])
         await c.end()
@@ -187,3 +191,50 @@ def test_full_server_answers_503_with_the_ws_reason_and_counts_it(server):
     with open(UTTERANCES[0], "rb") as f:
         assert sdk(server).audio.transcriptions.create(file=f, model="x").text
     assert server.metric('nemo_serve_file_transcriptions_total{status="200"}') == ok_before + 1
+
+
+def test_in_process_engine_prompt_language_and_a_drain_that_lets_a_file_finish():
+    """A server of its own (SIGTERM ends it): the engine in the server's process (--frontends 0)
+    and a multilingual prompt model. `language` chooses the prompt: a file's tokens are /ws's in
+    that language (`de` maps to the model's one German code). A SIGTERM while a long file decodes
+    lets it finish, as a drain lets a stream finish: 200 with its whole transcript, then exit 0."""
+    path = UTTERANCES[2]
+    pcm, rate = pcm16(path)
+    long_pcm = np.concatenate([pcm16(p)[0] for p in UTTERANCES] * 2)  # about 150 s
+    long_wav = io.BytesIO()
+    soundfile.write(long_wav, long_pcm, 16000, format="WAV", subtype="PCM_16")
+    with start_server("--frontends", "0", "--num-slots", "2", "--context-right", "13,0", "--drain-timeout-s", "120",
+                      model=PROMPT_TEST_MODEL) as srv:  # fmt: skip
+        german = asyncio.run(ws_tokens(srv, pcm, rate, language="de-DE"))[0]
+        french = asyncio.run(ws_tokens(srv, pcm, rate, language="fr-FR"))[0]
+        assert german != french, "the prompt changes nothing on this utterance: pick another"
+        client = sdk(srv)
+        for language, expected in (("de", german), ("fr-FR", french)):
+            with open(path, "rb") as f:
+                got = client.audio.transcriptions.create(file=f, model="x", language=language, response_format="verbose_json")
+            assert [t for s in got.segments for t in s.tokens] == expected
+            assert got.language == {"de": "de-DE", "fr-FR": "fr-FR"}[language]
+
+        answer: list = []
+        post = threading.Thread(target=lambda: answer.append(httpx.post(
+            f"{srv.http_url}/v1/audio/transcriptions?context_right=0", headers=srv.auth_headers,
+            files={"file": ("long.wav", long_wav.getvalue())}, data={"response_format": "verbose_json"},
+            timeout=180, trust_env=False)))  # fmt: skip
+        post.start()
+        deadline = time.monotonic() + 60
+        while srv.readyz()["open_streams"] < 1:  # the file holds its slot: decoding has begun
+            assert time.monotonic() < deadline and post.is_alive(), "the file never took a slot"
+            time.sleep(0.01)
+        srv.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        refused = httpx.post(f"{srv.http_url}/v1/audio/transcriptions", headers=srv.auth_headers,
+                             files={"file": ("a.wav", path.read_bytes())}, timeout=30, trust_env=False)  # fmt: skip
+        assert post.is_alive(), "the long file finished before the drain could be seen: make it longer"
+        assert refused.status_code == 503 and "draining" in refused.json()["error"]["message"]
+        post.join(180)
+        assert srv.proc.wait(timeout=60) == 0
+    r = answer[0]
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["duration"] == pytest.approx(len(long_pcm) / 16000, abs=1e-3)
+    assert body["words"][-1]["end"] > body["duration"] - 5  # decoded to the end, not cut at the drain

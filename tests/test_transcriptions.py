@@ -197,7 +197,8 @@ def test_in_process_engine_prompt_language_and_a_drain_that_lets_a_file_finish()
     """A server of its own (SIGTERM ends it): the engine in the server's process (--frontends 0)
     and a multilingual prompt model. `language` chooses the prompt: a file's tokens are /ws's in
     that language (`de` maps to the model's one German code). A SIGTERM while a long file decodes
-    lets it finish, as a drain lets a stream finish: 200 with its whole transcript, then exit 0."""
+    lets it finish, as a drain lets a stream finish: 200 with its whole transcript, then exit 0;
+    before that, a client that gives up on a long file stops its decoding."""
     path = UTTERANCES[2]
     pcm, rate = pcm16(path)
     long_pcm = np.concatenate([pcm16(p)[0] for p in UTTERANCES] * 2)  # about 150 s
@@ -214,6 +215,15 @@ def test_in_process_engine_prompt_language_and_a_drain_that_lets_a_file_finish()
                 got = client.audio.transcriptions.create(file=f, model="x", language=language, response_format="verbose_json")
             assert [t for s in got.segments for t in s.tokens] == expected
             assert got.language == {"de": "de-DE", "fr-FR": "fr-FR"}[language]
+
+        # A client that gives up (read timeout) stops the decoding at once: its slot comes back and
+        # it is counted as gone, long before the file would have finished.
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{srv.http_url}/v1/audio/transcriptions?context_right=0", headers=srv.auth_headers,
+                       files={"file": ("long.wav", long_wav.getvalue())}, timeout=httpx.Timeout(30, read=0.5),
+                       trust_env=False)  # fmt: skip
+        srv.wait_open_streams(0, timeout_s=2.0)
+        assert srv.metric('nemo_serve_stream_errors_total{reason="client_gone"}') == 1
 
         answer: list = []
         post = threading.Thread(target=lambda: answer.append(httpx.post(

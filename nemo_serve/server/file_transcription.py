@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 import numpy as np
 
@@ -43,22 +44,33 @@ class FileTranscription:
         self._done: asyncio.Future = self._loop.create_future()  # set after the last result
         self._audio_processed_s = 0.0
 
-    async def run(self, samples: np.ndarray, timeout_s: float) -> list[StreamResult]:
-        """The stream's finals, or TranscriptionFailed (refused, engine error, drain, timeout)."""
+    async def run(self, samples: np.ndarray, timeout_s: float, receive: Callable[[], Awaitable[dict]]) -> list[StreamResult]:
+        """The stream's finals, or TranscriptionFailed (refused, engine error, drain, timeout, the
+        client gone). `receive`: the request's ASGI receive, read to its end already; its next
+        message is the client's disconnect, which stops the decoding at once (rejected: decoding
+        on for nobody, up to a minute for an hour of audio)."""
         self._open()
         self.ctx.add(self)
+        gone = asyncio.create_task(_disconnect(receive), name="file-client-watch")
         try:
             self.ctx.metrics.stream_opened(self.mode_label)
             try:
                 self.ctx.engine.push(self.stream, samples)
                 self.ctx.engine.finish(self.stream)
-                await asyncio.wait_for(asyncio.shield(self._done), timeout_s)
+                finished, _ = await asyncio.wait({self._done, gone}, timeout=timeout_s,
+                                                 return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
             finally:
                 self.ctx.metrics.stream_closed(self.mode_label)
-        except asyncio.TimeoutError:
-            raise TranscriptionFailed(503, f"transcription did not finish within {timeout_s:.0f} s (server overloaded)",
-                                      "timeout") from None  # fmt: skip
+            if self._done in finished:
+                self._done.result()  # TranscriptionFailed, if it failed
+            elif gone in finished:
+                self.ctx.metrics.stream_errors.labels(reason="client_gone").inc()
+                raise TranscriptionFailed(499, "the client closed the connection", "client_gone")
+            else:
+                raise TranscriptionFailed(503, f"transcription did not finish within {timeout_s:.0f} s "
+                                          "(server overloaded)", "timeout")  # fmt: skip
         finally:
+            gone.cancel()
             self.ctx.engine.abort(self.stream, "request ended")  # idempotent; a no-op once done
             self.ctx.remove(self)
         return self.finals
@@ -117,3 +129,9 @@ class FileTranscription:
 
     def drop(self) -> None:
         self.fail("server shut down before the transcription finished", reason_label="drain_timeout")
+
+
+async def _disconnect(receive: Callable[[], Awaitable[dict]]) -> None:
+    """Returns when the client has gone (the body was read: nothing else can come)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass

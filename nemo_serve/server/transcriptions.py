@@ -93,7 +93,7 @@ async def _transcribe(request: Request, ctx: ServerContext) -> Response:
         raise RequestError(400, str(e), param="file", code="invalid_audio") from None
     job = FileTranscription(ctx, options["language"], options["context_right"])
     try:
-        finals = await job.run(samples, timeout_s=duration_s + TIMEOUT_MARGIN_S)
+        finals = await job.run(samples, timeout_s=duration_s + TIMEOUT_MARGIN_S, receive=request.receive)
     except TranscriptionFailed as e:
         raise RequestError(e.status, e.reason, code=e.label) from None
     ctx.metrics.file_transcriptions.labels(status="200").inc()

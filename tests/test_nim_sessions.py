@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import time
 from pathlib import Path
@@ -200,3 +201,29 @@ def test_headerless_pcm16_passes_through_and_a_mismatched_header_is_refused():
     assert np.array_equal(got, pcm / np.float32(32768))
     with pytest.raises(AudioError, match="WAV header says 16000 Hz but the session says 24000 Hz"):
         WavStreamDecoder(24000, 16000).decode(UTTERANCES[0].read_bytes()[:3200])
+
+
+def test_openai_beta_sdk_mints_a_secret_and_streams_with_it_as_its_api_key(server):
+    """OpenAI's ephemeral-key flow on the same endpoint: the server side creates the session with
+    the real token (`client.beta.realtime.transcription_sessions.create`), the client side
+    connects with only the secret and streams; its items' tokens are /ws's."""
+    openai = pytest.importorskip("openai")
+    minted = openai.OpenAI(api_key=TOKEN, base_url=f"{server.http_url}/v1", max_retries=0)
+    session = minted.beta.realtime.transcription_sessions.create(input_audio_format="pcm16")
+    secret = session.client_secret.value
+    assert secret.startswith("ek_") and secret != TOKEN
+    path = UTTERANCES[4]
+    pcm, rate = soundfile.read(path, dtype="int16")
+    browser = openai.OpenAI(api_key=secret, base_url=f"{server.http_url}/v1",
+                            websocket_base_url=f"ws://127.0.0.1:{server.port}/v1")  # fmt: skip
+    events = []
+    with browser.beta.realtime.connect(model="any", extra_query={"intent": "transcription"}) as conn:
+        conn.send({"type": "transcription_session.update", "session": {"input_audio_params": {"sample_rate_hz": rate}}})
+        for i in range(0, len(pcm), rate // 10):
+            conn.input_audio_buffer.append(audio=base64.b64encode(pcm[i : i + rate // 10].tobytes()).decode())
+        conn.send({"type": "input_audio_buffer.done"})
+        for ev in conn:
+            events.append(json.loads(ev.to_json()))
+    completed = [e for e in events if e["type"] == f"{TRANSCRIPTION}.completed"]
+    assert completed and completed[-1]["is_last_result"] is True
+    assert [t for e in completed for t in e["nemo_serve"]["token_ids"]] == asyncio.run(ws_tokens(server, path))

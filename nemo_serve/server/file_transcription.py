@@ -67,6 +67,7 @@ class FileTranscription:
                 self.ctx.metrics.stream_errors.labels(reason="client_gone").inc()
                 raise TranscriptionFailed(499, "the client closed the connection", "client_gone")
             else:
+                self.ctx.metrics.stream_errors.labels(reason="timeout").inc()
                 raise TranscriptionFailed(503, f"transcription did not finish within {timeout_s:.0f} s "
                                           "(server overloaded)", "timeout")  # fmt: skip
         finally:

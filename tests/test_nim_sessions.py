@@ -28,7 +28,7 @@ from nemo_serve.server.audio import AudioError
 from nemo_serve.server.auth import CLIENT_SECRET_TTL_S, mint_client_secret, valid_client_secret
 from nemo_serve.server.wav_stream import WavStreamDecoder
 
-from .helpers_server import TOKEN
+from .helpers_server import TOKEN, start_server
 
 UTTERANCES = sorted((Path(nemo_serve.__file__).parent / "assets" / "demo" / "utterances").glob("*.wav"))
 TRANSCRIPTION = "conversation.item.input_audio_transcription"
@@ -41,9 +41,9 @@ def server(shared_server):
     shared_server.assert_no_leak()
 
 
-async def ws_tokens(server, path: Path) -> list[int]:
+async def ws_tokens(server, path: Path, token: str | None = TOKEN) -> list[int]:
     pcm, rate = soundfile.read(path, dtype="int16")
-    async with StreamingClient(server.ws_url, sample_rate=rate, encoding="pcm_s16le", token=TOKEN) as c:
+    async with StreamingClient(server.ws_url, sample_rate=rate, encoding="pcm_s16le", token=token) as c:
         for i in range(0, len(pcm), rate // 10):
             await c.send_audio(pcm[i : i + rate // 10])
         await c.end()
@@ -227,3 +227,19 @@ def test_openai_beta_sdk_mints_a_secret_and_streams_with_it_as_its_api_key(serve
     completed = [e for e in events if e["type"] == f"{TRANSCRIPTION}.completed"]
     assert completed and completed[-1]["is_last_result"] is True
     assert [t for e in completed for t in e["nemo_serve"]["token_ids"]] == asyncio.run(ws_tokens(server, path))
+
+
+def test_without_a_server_token_the_session_has_no_secret_and_the_client_connects_without_one():
+    """NIM's legacy flow: `client_secret: null`, and NVIDIA's client opens the socket with no
+    subprotocol; the stream is the same."""
+    pytest.importorskip("riva.client.realtime")
+    with start_server("--num-slots", "1", token=None) as srv:
+        answer = httpx.post(srv.http_url + SESSIONS, json={}, trust_env=False, timeout=10)
+        assert answer.status_code == 200 and answer.json()["client_secret"] is None
+        path = UTTERANCES[7]
+        expected = asyncio.run(ws_tokens(srv, path, token=None))
+        events, client = asyncio.run(run_riva_client(riva_args(srv, mint_api_key=None), path))
+        assert client.websocket.subprotocol is None
+        completed = [e for e in events if e["type"] == f"{TRANSCRIPTION}.completed"]
+        assert [t for e in completed for t in e["nemo_serve"]["token_ids"]] == expected and expected
+        srv.assert_no_leak()

@@ -28,13 +28,27 @@ def test_readme_is_short_and_opens_with_the_two_commands():
     assert ".venv/bin/python -m pytest" in (ROOT / ".ci" / "run").read_text()  # the second is what CI runs
 
 
+def _anchors(markdown: str) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to dashes."""
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#+ (.+)$", markdown, re.M)}
+
+
 @pytest.mark.parametrize("page", ["README.md", "docs/server.md", "docs/performance.md", "docs/demo_model.md",
-                                  "docs/protocol.md", "benchmarks/README.md", "CHANGELOG.md"])
+                                  "docs/how_it_works.md", "docs/protocol.md", "benchmarks/README.md", "CHANGELOG.md"])
 def test_relative_links_resolve(page):
     path = ROOT / page
-    missing = [target for target, _ in LINK.findall(path.read_text())
-               if "://" not in target and not target.startswith("mailto:") and not (path.parent / target).exists()]
-    assert not missing, f"{page} links to files that do not exist: {missing}"
+    text = path.read_text()
+    broken = []
+    for target, anchor in LINK.findall(text) + [(page, a) for a in re.findall(r"\]\((#[^)]+)\)", text)]:
+        if "://" in target or target.startswith("mailto:"):
+            continue
+        file = path if target == page else path.parent / target
+        if not file.exists():
+            broken.append(target)
+        elif anchor and file.suffix == ".md" and anchor[1:] not in _anchors(file.read_text()):
+            broken.append(target + anchor)
+    assert not broken, f"{page} has links that lead nowhere: {broken}"
 
 
 def test_pages_match_their_result_files():

@@ -232,5 +232,5 @@ def test_page_streams_a_sample_and_shows_finals_with_latency(server):
     assert len(shown["latencies"]) == len(expected)
     for latency, cell in zip(shown["latencies"], shown["latencyCells"]):
         assert isinstance(latency, int) and 0 <= latency < 30_000, shown["latencies"]
-        assert cell == f"{latency} ms"
+        assert cell == f"latency {latency} ms"
     server.assert_no_leak()

@@ -30,6 +30,7 @@ function setState(state, text, isError = false) {
   $("status").className = isError ? "error" : "";
   const idle = ["idle", "done", "error"].includes(state);
   for (const id of ["start", "sample", "file", "mode", "language"]) $(id).disabled = !idle;
+  $("file").parentElement.classList.toggle("disabled", !idle); // the visible control is its label
   $("stop").disabled = state !== "streaming";
 }
 
@@ -110,7 +111,7 @@ function showFinal(msg) {
   at.textContent = `${msg.start_time.toFixed(1)} s`;
   const lat = document.createElement("span");
   lat.className = "latency";
-  lat.textContent = latency === null ? "" : `${latency} ms`;
+  lat.textContent = latency === null ? "" : `latency ${latency} ms`;
   lat.title = "from sending the audio this final covers to receiving it";
   p.append(at, document.createTextNode(msg.text), lat);
   $("finals").append(p);

@@ -171,6 +171,16 @@ def test_page_streams_microphone_and_shows_final(server, tmp_path):
 SAMPLES = Path(__file__).resolve().parents[1] / "nemo_serve" / "assets" / "demo" / "utterances"
 
 
+def _direct_finals(server, samples: np.ndarray, context_right: int | None) -> list[str]:
+    """The finals a plain WebSocket client gets for these float32 samples at 16 kHz."""
+    config = {"type": "config", "sample_rate": 16000, "encoding": "pcm_f32le", "interim_results": False}
+    if context_right is not None:
+        config["context_right"] = context_right
+    frames = [json.dumps(config), samples.astype("<f4").tobytes(), json.dumps({"type": "end"})]
+    messages, _ = asyncio.run(raw_session(server.ws_url, frames))
+    return [m["text"] for m in messages if m["type"] == "final" and m["text"]]
+
+
 def test_page_streams_a_sample_and_shows_finals_with_latency(server):
     sample = json.loads((SAMPLES / "manifest.jsonl").read_text().splitlines()[0])  # the button's first pick
     samples, rate = soundfile.read(SAMPLES / sample["audio_filepath"], dtype="float32")
@@ -216,11 +226,7 @@ def test_page_streams_a_sample_and_shows_finals_with_latency(server):
     assert sample["text"] in shown["reference"]
 
     # the same samples from a plain client in the same mode: the page changed none of them
-    config = {"type": "config", "sample_rate": 16000, "encoding": "pcm_f32le", "interim_results": False,
-              "context_right": fastest["context_right"]}
-    direct, _ = asyncio.run(raw_session(server.ws_url, [json.dumps(config), samples.astype("<f4").tobytes(),
-                                                        json.dumps({"type": "end"})]))
-    expected = [m["text"] for m in direct if m["type"] == "final" and m["text"]]
+    expected = _direct_finals(server, samples, fastest["context_right"])
     assert expected, "the model gave no final text for the sample"
     assert shown["finals"] == expected
 
@@ -233,4 +239,37 @@ def test_page_streams_a_sample_and_shows_finals_with_latency(server):
     for latency, cell in zip(shown["latencies"], shown["latencyCells"]):
         assert isinstance(latency, int) and 0 <= latency < 30_000, shown["latencies"]
         assert cell == f"latency {latency} ms"
+    server.assert_no_leak()
+
+
+def test_page_transcribes_a_picked_file(server, tmp_path):
+    """The file picker: a WAV chosen in the page is decoded by the browser and streamed unchanged."""
+    samples, rate = soundfile.read(SAMPLES / "002.wav", dtype="float32")
+    wav = tmp_path / "mine.wav"
+    soundfile.write(wav, samples, rate, subtype="PCM_16")  # the same 16-bit samples under another name
+
+    async def drive(devtools_port: int) -> dict:
+        from websockets.asyncio.client import connect
+
+        async with connect(await _page_socket(devtools_port), max_size=None) as ws:
+            page = DevTools(ws)
+            await page.call("Page.enable")
+            await page.call("Page.navigate", url=f"{server.http_url}/?token={TOKEN}")
+            await page.wait_for("document.readyState === 'complete' && !!window.nemoServe", 30)
+            await page.wait_for("mode.options.length > 0", 30)
+            root = (await page.call("DOM.getDocument"))["root"]["nodeId"]
+            node = (await page.call("DOM.querySelector", nodeId=root, selector="#file"))["nodeId"]
+            await page.call("DOM.setFileInputFiles", files=[str(wav)], nodeId=node)  # fires `change`
+            await page.wait_for("nemoServe.state === 'streaming'", 30)
+            await page.wait_for("nemoServe.state === 'done'", len(samples) / rate + 60)
+            return await page.eval("({finals: nemoServe.finals, reference: reference.textContent,"
+                                   " ready: nemoServe.messages[0]})")
+
+    with chromium() as devtools_port:
+        shown = asyncio.run(drive(devtools_port))
+
+    assert "mine.wav" in shown["reference"]
+    assert shown["ready"]["context_right"] == server.readyz()["context_right"]  # the default mode, first option
+    expected = _direct_finals(server, samples, None)
+    assert expected and shown["finals"] == expected
     server.assert_no_leak()

@@ -2,6 +2,8 @@
 
   WS  /ws (and /, for sherpa-onnx clients)  one stream per socket (session.py)
   WS  /v1/realtime  OpenAI Realtime transcription, GA and beta dialects (realtime.py)
+  POST /v1/audio/transcriptions  OpenAI's file transcription, through the engine (transcriptions.py)
+  POST /v1/realtime/transcription_sessions  NIM's session bootstrap before /v1/realtime (nim_sessions.py)
   GET /healthz   200 while the step loop is alive
   GET /readyz    200 with free and total slots; 503 when full, draining or the loop is dead
   GET /metrics   Prometheus text format
@@ -22,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import os
 import ipaddress
 from pathlib import Path
@@ -32,11 +33,14 @@ from fastapi import FastAPI, WebSocket
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
+from .auth import accepted_subprotocol, authorized, realtime_authorized
 from .context import ServerContext
 from .logsafe import preview
 from .protocol import CLOSE_PROTOCOL_ERROR, CLOSE_TRY_AGAIN_LATER, ErrorMessage, close_reason
+from .nim_sessions import add_nim_session_routes
 from .realtime import RealtimeSession
 from .session import Session
+from .transcriptions import add_transcription_routes
 
 STATIC_DIR = Path(__file__).parent / "static"
 SAMPLES_DIR = Path(__file__).parent.parent / "assets" / "demo" / "utterances"
@@ -112,7 +116,10 @@ def create_app(ctx: ServerContext, drain_on_shutdown: bool = False) -> FastAPI:
             ctx.metrics.refusals.labels(reason="origin").inc()
             await _refuse(ws, 403, bad_origin, CLOSE_PROTOCOL_ERROR)
             return
-        if not _authorized(ws, ctx.settings.auth_token):
+        realtime = ws.scope["path"] == "/v1/realtime"
+        # /v1/realtime also takes a client secret minted by POST /v1/realtime/transcription_sessions
+        allowed = realtime_authorized if realtime else authorized
+        if not allowed(ws, ctx.settings.auth_token):
             ctx.metrics.refusals.labels(reason="unauthorized").inc()
             await _refuse(ws, 401, "missing or wrong bearer token", CLOSE_PROTOCOL_ERROR)
             return
@@ -122,15 +129,19 @@ def create_app(ctx: ServerContext, drain_on_shutdown: bool = False) -> FastAPI:
             ctx.metrics.refusals.labels(reason=label).inc()
             await _refuse(ws, 503, reason, CLOSE_TRY_AGAIN_LATER)
             return
-        await ws.accept()
-        if ws.scope["path"] == "/v1/realtime":
+        if realtime:
+            await ws.accept(subprotocol=accepted_subprotocol(ws))  # NIM's client offers `realtime`
             await RealtimeSession(ws, ctx).run()
-        else:
-            await Session(ws, ctx, query=ws.query_params).run()
+            return
+        await ws.accept()
+        await Session(ws, ctx, query=ws.query_params).run()
 
     app.add_api_websocket_route("/ws", stream)
     app.add_api_websocket_route("/", stream)  # sherpa-onnx clients connect to the root
     app.add_api_websocket_route("/v1/realtime", stream)  # OpenAI Realtime transcription (realtime.py)
+    # A browser page may POST a multipart form cross-origin without a preflight: same Origin rule as the sockets
+    add_transcription_routes(app, ctx, origin_refusal=lambda conn: _origin_refusal(conn, allowed_origins, loopback_only))
+    add_nim_session_routes(app, ctx)
     return app
 
 
@@ -139,16 +150,6 @@ def _add_sample_routes(app: FastAPI) -> None:
     them at real-time pace. Public like the page: they ship with the package."""
     if SAMPLES_DIR.is_dir():
         app.mount("/samples", StaticFiles(directory=SAMPLES_DIR), name="samples")
-
-
-def _authorized(ws: WebSocket, token: str | None) -> bool:
-    """`Authorization: Bearer TOKEN`, or `?token=TOKEN` for browsers (JavaScript cannot set
-    WebSocket headers). Compared in constant time."""
-    if token is None:
-        return True
-    header = ws.headers.get("authorization", "")
-    given = header[7:].strip() if header[:7].lower() == "bearer " else ws.query_params.get("token", "")
-    return hmac.compare_digest(given.encode(), token.encode())
 
 
 def _origin_refusal(ws: WebSocket, allowed: frozenset[str], loopback_only: bool) -> str | None:

@@ -67,6 +67,7 @@ from .realtime_protocol import (
     parse_client_event,
 )
 from .session import CLOSE_TIMEOUT_S, Session, _Close
+from .wav_stream import WavStreamDecoder
 
 log = logging.getLogger("nemo_serve.realtime")
 
@@ -142,6 +143,7 @@ class RealtimeSession(Session):
             rt.transcription_model = u.transcription.model or rt.transcription_model
             rt.prompt = u.transcription.prompt if u.transcription.prompt is not None else rt.prompt
         rt.rate = u.rate or rt.rate
+        rt.wav_header = u.wav_header if u.wav_header is not None else rt.wav_header
         if u.turn_detection_set:
             rt.turn_detection = u.turn_detection
         self._queue(self._session_event("updated"))
@@ -224,7 +226,7 @@ class RealtimeSession(Session):
             self.fail(reason, code=CLOSE_TRY_AGAIN_LATER, reason_label="refused")
             return
         rate = ctx.model.geometry.sample_rate
-        self.decoder = AudioDecoder("pcm_s16le", rt.rate, rate)
+        self.decoder = WavStreamDecoder(rt.rate, rate) if rt.wav_header else AudioDecoder("pcm_s16le", rt.rate, rate)
         self._opened_at = time.monotonic()
         self._set_state(ProtocolState.STREAMING)
         self.mode_label = str(ctx.model.geometry.context_right)  # the default mode

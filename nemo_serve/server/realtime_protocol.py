@@ -107,6 +107,7 @@ class SessionUpdate:
     dialect: str  # "ga" or "beta"
     event_id: str | None
     rate: int | None = None
+    wav_header: bool | None = None  # NIM's input_audio_format "none": the audio may begin with a WAV header
     transcription: Transcription | None = None
     turn_detection_set: bool = False  # the field was present (null turns endpointing off)
     turn_detection: TurnDetection | None = None
@@ -197,12 +198,14 @@ def _ga_update(raw: Any, event_id: str | None) -> SessionUpdate:
 def _beta_update(raw: Any, event_id: str | None) -> SessionUpdate:
     raw = raw if raw is not None else {}
     s = BetaSession.model_validate(raw)
-    if s.input_audio_format not in (None, "pcm16"):
+    if s.input_audio_format not in (None, "pcm16", "none"):
         raise RealtimeError(
             f"input_audio_format {preview(s.input_audio_format, MAX_PREVIEW)} is not supported; use pcm16",
             param="session.input_audio_format", event_id=event_id,
         )  # fmt: skip
     update = SessionUpdate("beta", event_id, transcription=s.input_audio_transcription)
+    if s.input_audio_format is not None:  # "none": NVIDIA's client sends a file as is (wav_stream.py)
+        update.wav_header = s.input_audio_format == "none"
     if s.input_audio_params is not None:
         update.rate = s.input_audio_params.sample_rate_hz
     if isinstance(raw, dict) and "turn_detection" in raw:
@@ -235,6 +238,7 @@ class RealtimeConfig:
 
     session_id: str = field(default_factory=lambda: new_id("sess"))
     rate: int = GA_RATE
+    wav_header: bool = False  # input_audio_format "none" (NIM): a WAV header may lead the audio
     transcription_model: str | None = None  # echoed; the server has one model
     language: str | None = None  # as the client sent it
     prompt: str | None = None  # echoed, not used
@@ -265,7 +269,7 @@ class RealtimeConfig:
             "id": self.session_id,
             "object": "realtime.transcription_session",
             "modalities": ["text"],
-            "input_audio_format": "pcm16",
+            "input_audio_format": "none" if self.wav_header else "pcm16",
             "input_audio_params": {"sample_rate_hz": self.rate, "num_channels": 1},
             "input_audio_transcription": {"model": self.transcription_model, "language": self.language,
                                           "prompt": self.prompt},

@@ -1,0 +1,188 @@
+"""POST /v1/audio/transcriptions: OpenAI's file transcription, served by the streaming engine.
+
+  multipart/form-data fields (OpenAI's names):
+    file             required; any format file_audio.py reads, at any rate
+    response_format  json (default), text, verbose_json, srt, vtt
+    language         ISO-639-1 (`en`) or the model's own code (`en-US`); chooses the prompt of a
+                     multilingual prompt model, a hint otherwise
+    context_right    the latency mode, as /ws takes it (also `?context_right=` on the URL)
+    model, prompt, temperature, timestamp_granularities[], chunking_strategy, include[]:
+                     accepted and ignored (one model; greedy decoding; verbose_json always
+                     carries segments and words)
+    stream           `true` is refused: no server-sent events here
+
+Order of checks, cheapest first: a browser's Origin (403, as for the sockets), bearer token (401), admission (503, /ws's reasons, before the
+body is read), body size (413 from Content-Length, or while reading), form and fields (400),
+audio (400; 413 over --max-stream-s), then the slot (503 if another request took the last one).
+Errors are OpenAI's shape, {"error": {"message", "type", "param", "code"}}, which its SDK raises
+as exceptions carrying the message.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.datastructures import FormData, UploadFile
+from starlette.formparsers import MultiPartException, MultiPartParser
+
+from . import transcript_formats as fmt
+from .auth import authorized
+from .context import ServerContext
+from .file_audio import FileAudioError, FileTooLong, decode_file
+from .file_transcription import FileTranscription, TranscriptionFailed
+from .logsafe import preview
+from .realtime_protocol import RealtimeError, model_language
+
+log = logging.getLogger("nemo_serve.transcriptions")
+
+FORM_OVERHEAD_BYTES = 64 * 1024  # the other fields and the multipart framing, beyond the file
+MAX_FIELDS = 32
+MAX_FIELD_BYTES = 4096  # a prompt longer than this is refused (it is ignored anyway)
+# How long a request may wait for its finals beyond its audio's duration: an engine that admits
+# a stream keeps up with real time (admission.py), so it finishes within the audio's duration.
+TIMEOUT_MARGIN_S = 30.0
+
+
+class RequestError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+
+def add_transcription_routes(app: FastAPI, ctx: ServerContext, origin_refusal: Callable[[Request], str | None]) -> None:
+    """`origin_refusal`: why a browser's Origin is refused (app.py's rule for the sockets), or None."""
+
+    @app.post("/v1/audio/transcriptions")
+    async def transcriptions(request: Request) -> Response:
+        try:
+            bad_origin = origin_refusal(request)
+            if bad_origin is not None:
+                ctx.metrics.refusals.labels(reason="origin").inc()
+                raise RequestError(403, bad_origin)
+            return await _transcribe(request, ctx)
+        except RequestError as e:
+            ctx.metrics.file_transcriptions.labels(status=str(e.status)).inc()
+            return error_response(e.status, e.message, param=e.param, code=e.code)
+
+
+async def _transcribe(request: Request, ctx: ServerContext) -> Response:
+    if not authorized(request, ctx.settings.auth_token):
+        ctx.metrics.refusals.labels(reason="unauthorized").inc()
+        raise RequestError(401, "missing or wrong bearer token", code="invalid_api_key")
+    refusal = ctx.refusal()
+    if refusal is not None:
+        ctx.metrics.refusals.labels(reason=refusal[0]).inc()
+        raise RequestError(503, refusal[1], code=refusal[0])
+    form = await _read_form(request, ctx.settings.max_file_bytes)
+    try:
+        options = _options(form, request.query_params, ctx)
+        upload = form.get("file")
+        if not isinstance(upload, UploadFile):
+            raise RequestError(400, "missing 'file': the audio, as a multipart file field", param="file")
+        data = await upload.read()
+    finally:
+        await form.close()
+    try:
+        samples, duration_s = decode_file(data, ctx.model.geometry.sample_rate, ctx.settings.max_stream_s)
+    except FileTooLong as e:
+        raise RequestError(413, str(e), param="file", code="audio_too_long") from None
+    except FileAudioError as e:
+        raise RequestError(400, str(e), param="file", code="invalid_audio") from None
+    job = FileTranscription(ctx, options["language"], options["context_right"])
+    try:
+        finals = await job.run(samples, timeout_s=duration_s + TIMEOUT_MARGIN_S, receive=request.receive)
+    except TranscriptionFailed as e:
+        raise RequestError(e.status, e.reason, code=e.label) from None
+    ctx.metrics.file_transcriptions.labels(status="200").inc()
+    return _render(finals, duration_s, options)
+
+
+def _options(form: FormData, query, ctx: ServerContext) -> dict:
+    """The request's fields that mean something here, checked; 400 for a bad one."""
+    model = ctx.model
+    response_format = _field(form, "response_format") or "json"
+    if response_format not in fmt.RESPONSE_FORMATS:
+        raise RequestError(400, f"response_format {preview(response_format, 40)} is not one of "
+                           f"{', '.join(fmt.RESPONSE_FORMATS)}", param="response_format")  # fmt: skip
+    if (_field(form, "stream") or "false").lower() == "true":
+        raise RequestError(400, "stream=true is not supported: the whole transcript comes in one response", param="stream")
+    given_language = _field(form, "language")
+    languages = sorted(model.prompt_dictionary) if model.prompt_dictionary else None
+    try:
+        language = model_language(given_language, languages)
+    except RealtimeError as e:
+        raise RequestError(400, str(e), param="language") from None
+    raw_mode = _field(form, "context_right") or query.get("context_right")
+    context_right = None
+    if raw_mode:
+        try:
+            context_right = model.geometry_for(int(raw_mode)).context_right
+        except ValueError as e:  # not a number, or a mode not served (the message lists those that are)
+            raise RequestError(400, f"context_right {preview(raw_mode, 20)}: {e}", param="context_right") from None
+    return {
+        "response_format": response_format,
+        "language": language,
+        "language_label": language or given_language or model.default_language or "unknown",
+        "context_right": context_right,
+    }
+
+
+def _field(form: FormData, name: str) -> str | None:
+    value = form.get(name)
+    if value is None or isinstance(value, UploadFile):
+        return None
+    if len(value) > MAX_FIELD_BYTES:
+        raise RequestError(400, f"field '{name}' is longer than {MAX_FIELD_BYTES} characters", param=name)
+    return value.strip()
+
+
+def _render(finals, duration_s: float, options: dict) -> Response:
+    kind = options["response_format"]
+    if kind == "json":
+        return JSONResponse(fmt.json_body(finals, duration_s))
+    if kind == "verbose_json":
+        return JSONResponse(fmt.verbose_body(finals, duration_s, options["language_label"]))
+    if kind == "text":
+        return PlainTextResponse(fmt.transcript_text(finals) + "\n")
+    media = "application/x-subrip" if kind == "srt" else "text/vtt"
+    return PlainTextResponse(fmt.subtitles(finals, kind), media_type=media)
+
+
+async def _read_form(request: Request, max_file_bytes: int) -> FormData:
+    """The multipart form, its body capped at the file limit plus room for the other fields:
+    refused from Content-Length before reading when it says more, else when the count passes it."""
+    if not request.headers.get("content-type", "").lower().startswith("multipart/form-data"):
+        raise RequestError(400, "the request must be multipart/form-data with the audio in a 'file' field")
+    max_body = max_file_bytes + FORM_OVERHEAD_BYTES
+    declared = request.headers.get("content-length", "")
+    too_big = f"request body is over the server's limit of {max_file_bytes} bytes of audio (--max-file-bytes)"
+    if declared.isdigit() and int(declared) > max_body:
+        raise RequestError(413, too_big, param="file", code="file_too_large")
+    parser = MultiPartParser(request.headers, _capped(request.stream(), max_body, too_big),
+                             max_files=1, max_fields=MAX_FIELDS, max_part_size=MAX_FIELD_BYTES * 2)  # fmt: skip
+    try:
+        return await parser.parse()
+    except MultiPartException as e:
+        raise RequestError(400, f"malformed multipart form: {e.message}") from None
+
+
+async def _capped(stream: AsyncIterator[bytes], max_bytes: int, too_big: str) -> AsyncIterator[bytes]:
+    num_bytes = 0
+    async for chunk in stream:
+        num_bytes += len(chunk)
+        if num_bytes > max_bytes:
+            raise RequestError(413, too_big, param="file", code="file_too_large")
+        yield chunk
+
+
+def error_response(status: int, message: str, *, param: str | None = None, code: str | None = None) -> JSONResponse:
+    """OpenAI's error body; 503 says when to retry, as /ws's refusals do."""
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    headers = {"Retry-After": "1"} if status == 503 else None
+    if status == 401:
+        headers = {"WWW-Authenticate": 'Bearer realm="nemo-serve"'}
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return JSONResponse(body, status_code=status, headers=headers)

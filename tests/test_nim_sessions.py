@@ -1,0 +1,245 @@
+"""NIM's realtime flow end to end: NVIDIA's own client, `riva.client.realtime.RealtimeClientASR`
+(nvidia-riva-client), unchanged against the real `nemo-serve` process. It posts to
+/v1/realtime/transcription_sessions with the server's token as its mint key, opens
+/v1/realtime?intent=transcription with the minted client secret as a subprotocol, sends the session
+back as its update, streams a WAV file as it lies on disk (header included, input format "none"),
+append + commit per 100 ms, then input_audio_buffer.done; its transcripts' tokens must equal /ws's.
+Plus the session endpoint's answers and the client secret's rules, and in process the secret and
+the WAV-header decoder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import soundfile
+
+import nemo_serve
+from nemo_serve.client import StreamingClient
+from nemo_serve.server.audio import AudioError
+from nemo_serve.server.auth import CLIENT_SECRET_TTL_S, mint_client_secret, valid_client_secret
+from nemo_serve.server.wav_stream import WavStreamDecoder
+
+from .helpers_server import TOKEN, start_server
+
+UTTERANCES = sorted((Path(nemo_serve.__file__).parent / "assets" / "demo" / "utterances").glob("*.wav"))
+TRANSCRIPTION = "conversation.item.input_audio_transcription"
+SESSIONS = "/v1/realtime/transcription_sessions"
+
+
+@pytest.fixture
+def server(shared_server):
+    yield shared_server
+    shared_server.assert_no_leak()
+
+
+async def ws_tokens(server, path: Path, token: str | None = TOKEN) -> list[int]:
+    pcm, rate = soundfile.read(path, dtype="int16")
+    async with StreamingClient(server.ws_url, sample_rate=rate, encoding="pcm_s16le", token=token) as c:
+        for i in range(0, len(pcm), rate // 10):
+            await c.send_audio(pcm[i : i + rate // 10])
+        await c.end()
+        return [t for m in [m async for m in c.messages()] if m["type"] == "final" for t in m["token_ids"]]
+
+
+def riva_args(server, **overrides) -> argparse.Namespace:
+    """What scripts/asr/realtime_asr_client.py's parser gives for `--input-file F --server HOST:PORT
+    --mint-api-key TOKEN --word-time-offsets` (its defaults, from riva.client.argparse_utils)."""
+    args = dict(
+        server=f"127.0.0.1:{server.port}", endpoint="/v1/realtime", query_params="intent=transcription",
+        use_ssl=False, ssl_root_cert=None, ssl_client_cert=None, ssl_client_key=None, mint_api_key=TOKEN,
+        mic=False, language_code="en-US", model_name="", prompt="", sample_rate_hz=16000, num_channels=1,
+        max_alternatives=1, automatic_punctuation=False, word_time_offsets=True, profanity_filter=False,
+        no_verbatim_transcripts=False, speaker_diarization=False, diarization_max_speakers=3, boosted_lm_words=None,
+        boosted_lm_score=4.0, start_history=-1, start_threshold=-1.0, stop_history=-1, stop_threshold=-1.0,
+        stop_history_eou=-1, stop_threshold_eou=-1.0, custom_configuration="", file_streaming_chunk=1600,
+    )  # fmt: skip
+    return argparse.Namespace(**{**args, **overrides})
+
+
+async def run_riva_client(args: argparse.Namespace, path: Path) -> tuple[list[dict], "RealtimeClientASR"]:
+    """The script's run_transcription for a file: connect, then send and receive side by side.
+    The socket's recv is tapped once connected (every event the client reads after its session
+    update is kept); nothing else is changed."""
+    from riva.client.asr import AudioChunkFileIterator, get_wav_file_parameters
+    from riva.client.realtime import RealtimeClientASR
+
+    args.sample_rate_hz = get_wav_file_parameters(path)["framerate"]
+    client = RealtimeClientASR(args=args)
+    await client.connect()
+    events: list[dict] = []
+    recv = client.websocket.recv
+
+    async def tapped(*a, **kw):
+        message = await recv(*a, **kw)
+        events.append(json.loads(message))
+        return message
+
+    client.websocket.recv = tapped
+    try:
+        await asyncio.wait_for(asyncio.gather(
+            client.send_audio_chunks(AudioChunkFileIterator(str(path), args.file_streaming_chunk)),
+            client.receive_responses(),
+        ), 60)  # fmt: skip
+    finally:
+        await client.disconnect()
+    return events, client
+
+
+def test_nvidia_realtime_client_unchanged_matches_ws_on_every_bundled_utterance(server):
+    pytest.importorskip("riva.client.realtime")
+    mismatches = []
+    for path in UTTERANCES:
+        expected = asyncio.run(ws_tokens(server, path))
+        events, client = asyncio.run(run_riva_client(riva_args(server), path))
+        assert not [e for e in events if e["type"] == "error"], events
+        completed = [e for e in events if e["type"] == f"{TRANSCRIPTION}.completed"]
+        assert completed[-1]["is_last_result"] is True and client.final_transcript == completed[-1]["transcript"]
+        tokens = [t for e in completed for t in e["nemo_serve"]["token_ids"]]
+        if tokens != expected:
+            mismatches.append((path.name, tokens, expected))
+    assert not mismatches, mismatches
+    assert expected, "the model gave no tokens: the comparison would be empty"
+
+
+def test_the_client_sees_its_session_acknowledged_with_the_wav_container(server):
+    """The update NIM's client sends (the POST's answer with input_audio_format "none") is
+    answered by transcription_session.updated, which the client requires to go on."""
+    pytest.importorskip("riva.client.realtime")
+    _, client = asyncio.run(run_riva_client(riva_args(server), UTTERANCES[0]))
+    assert client.is_config_updated  # it read transcription_session.updated; session_config is its session
+    assert client.session_config["input_audio_format"] == "none"
+    assert client.session_config["input_audio_params"]["sample_rate_hz"] == 16000
+
+
+def test_wrong_mint_key_fails_the_clients_connect_with_its_own_hint(server):
+    pytest.importorskip("riva.client.realtime")
+    with pytest.raises(Exception, match="Session authentication failed \\(HTTP 401"):
+        asyncio.run(run_riva_client(riva_args(server, mint_api_key="wrong"), UTTERANCES[0]))
+
+
+def test_session_post_answers_nims_documented_shape(server):
+    url = server.http_url + SESSIONS
+    r = httpx.post(url, json={}, headers=server.auth_headers, trust_env=False, timeout=10)
+    assert r.status_code == 200
+    s = r.json()
+    assert s["object"] == "realtime.transcription_session" and s["id"].startswith("sess_")
+    assert s["input_audio_format"] == "pcm16" and s["input_audio_params"] == {"sample_rate_hz": 16000, "num_channels": 1}
+    for section in ("input_audio_transcription", "recognition_config", "speaker_diarization", "word_boosting",
+                    "endpointing_config"):  # fmt: skip
+        assert isinstance(s[section], dict), section
+    assert s["client_secret"]["value"].startswith("ek_")
+    assert time.time() < s["client_secret"]["expires_at"] <= time.time() + CLIENT_SECRET_TTL_S + 1
+    # NIM's other header for the key; an empty body; refusals
+    assert httpx.post(url, headers={"X-API-Key": TOKEN}, trust_env=False, timeout=10).status_code == 200
+    denied = httpx.post(url, json={}, trust_env=False, timeout=10)
+    assert denied.status_code == 401 and denied.headers["www-authenticate"].startswith("Bearer")
+    bad = httpx.post(url, content=b"[1, 2", headers=server.auth_headers, trust_env=False, timeout=10)
+    assert bad.status_code == 400 and "JSON object" in bad.json()["error"]["message"]
+
+
+def test_client_secret_opens_only_realtime_sockets(server):
+    """The secret works as the realtime-token subprotocol (answered with `realtime`, never with
+    the secret) and as a bearer token on /v1/realtime; not on /ws; a forged one opens nothing."""
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import InvalidStatus
+
+    secret = httpx.post(server.http_url + SESSIONS, headers=server.auth_headers, trust_env=False,
+                        timeout=10).json()["client_secret"]["value"]  # fmt: skip
+    forged = secret[:-4] + ("0000" if not secret.endswith("0000") else "1111")
+    realtime = f"ws://127.0.0.1:{server.port}/v1/realtime?intent=transcription"
+
+    async def first_event(url: str, **kw) -> tuple[str | None, dict]:
+        async with connect(url, **kw) as ws:
+            return ws.subprotocol, json.loads(await ws.recv())
+
+    proto, first = asyncio.run(first_event(realtime, subprotocols=["realtime", f"realtime-token.{secret}"]))
+    assert proto == "realtime" and first["type"] in ("session.created", "conversation.created")
+    _, first = asyncio.run(first_event(realtime, additional_headers={"Authorization": f"Bearer {secret}"}))
+    assert first["type"] in ("session.created", "conversation.created")
+    for url, kw in ((realtime, {"subprotocols": ["realtime", f"realtime-token.{forged}"]}),
+                    (server.ws_url, {"additional_headers": {"Authorization": f"Bearer {secret}"}})):  # fmt: skip
+        with pytest.raises(InvalidStatus) as e:
+            asyncio.run(first_event(url, **kw))
+        assert e.value.response.status_code == 401
+
+
+# ----------------------------------------------------------------------------- in process
+
+
+def test_client_secret_expires_and_is_bound_to_the_token():
+    secret, expires_at = mint_client_secret("token-a", now=1000.0)
+    assert expires_at == 1000 + CLIENT_SECRET_TTL_S
+    assert valid_client_secret(secret, "token-a", now=1000.0 + CLIENT_SECRET_TTL_S)
+    assert not valid_client_secret(secret, "token-a", now=1001.0 + CLIENT_SECRET_TTL_S)
+    assert not valid_client_secret(secret, "token-b", now=1000.0)
+    later = secret.replace(f"ek_{expires_at}_", f"ek_{expires_at + 3600}_")  # a longer life, same MAC
+    assert not valid_client_secret(later, "token-a", now=1000.0)
+    assert not valid_client_secret("ek_garbage", "token-a", now=1000.0)
+
+
+@pytest.mark.parametrize("frame_bytes", [2, 46, 3200])
+def test_wav_header_is_dropped_whatever_the_framing(frame_bytes):
+    data = UTTERANCES[0].read_bytes()
+    decoder = WavStreamDecoder(16000, 16000)
+    got = np.concatenate([decoder.decode(data[i : i + frame_bytes]) for i in range(0, len(data), frame_bytes)])
+    assert np.array_equal(got, soundfile.read(UTTERANCES[0], dtype="float32")[0])
+
+
+def test_headerless_pcm16_passes_through_and_a_mismatched_header_is_refused():
+    pcm = np.arange(-50, 50, dtype="<i2")
+    decoder = WavStreamDecoder(16000, 16000)
+    got = np.concatenate([decoder.decode(pcm[:3].tobytes()), decoder.decode(pcm[3:].tobytes())])
+    assert np.array_equal(got, pcm / np.float32(32768))
+    with pytest.raises(AudioError, match="WAV header says 16000 Hz but the session says 24000 Hz"):
+        WavStreamDecoder(24000, 16000).decode(UTTERANCES[0].read_bytes()[:3200])
+
+
+def test_openai_beta_sdk_mints_a_secret_and_streams_with_it_as_its_api_key(server):
+    """OpenAI's ephemeral-key flow on the same endpoint: the server side creates the session with
+    the real token (`client.beta.realtime.transcription_sessions.create`), the client side
+    connects with only the secret and streams; its items' tokens are /ws's."""
+    openai = pytest.importorskip("openai")
+    minted = openai.OpenAI(api_key=TOKEN, base_url=f"{server.http_url}/v1", max_retries=0)
+    session = minted.beta.realtime.transcription_sessions.create(input_audio_format="pcm16")
+    secret = session.client_secret.value
+    assert secret.startswith("ek_") and secret != TOKEN
+    path = UTTERANCES[4]
+    pcm, rate = soundfile.read(path, dtype="int16")
+    browser = openai.OpenAI(api_key=secret, base_url=f"{server.http_url}/v1",
+                            websocket_base_url=f"ws://127.0.0.1:{server.port}/v1")  # fmt: skip
+    events = []
+    with browser.beta.realtime.connect(model="any", extra_query={"intent": "transcription"}) as conn:
+        conn.send({"type": "transcription_session.update", "session": {"input_audio_params": {"sample_rate_hz": rate}}})
+        for i in range(0, len(pcm), rate // 10):
+            conn.input_audio_buffer.append(audio=base64.b64encode(pcm[i : i + rate // 10].tobytes()).decode())
+        conn.send({"type": "input_audio_buffer.done"})
+        for ev in conn:
+            events.append(json.loads(ev.to_json()))
+    completed = [e for e in events if e["type"] == f"{TRANSCRIPTION}.completed"]
+    assert completed and completed[-1]["is_last_result"] is True
+    assert [t for e in completed for t in e["nemo_serve"]["token_ids"]] == asyncio.run(ws_tokens(server, path))
+
+
+def test_without_a_server_token_the_session_has_no_secret_and_the_client_connects_without_one():
+    """NIM's legacy flow: `client_secret: null`, and NVIDIA's client opens the socket with no
+    subprotocol; the stream is the same."""
+    pytest.importorskip("riva.client.realtime")
+    with start_server("--num-slots", "1", token=None) as srv:
+        answer = httpx.post(srv.http_url + SESSIONS, json={}, trust_env=False, timeout=10)
+        assert answer.status_code == 200 and answer.json()["client_secret"] is None
+        path = UTTERANCES[7]
+        expected = asyncio.run(ws_tokens(srv, path, token=None))
+        events, client = asyncio.run(run_riva_client(riva_args(srv, mint_api_key=None), path))
+        assert client.websocket.subprotocol is None
+        completed = [e for e in events if e["type"] == f"{TRANSCRIPTION}.completed"]
+        assert [t for e in completed for t in e["nemo_serve"]["token_ids"]] == expected and expected
+        srv.assert_no_leak()

@@ -53,6 +53,8 @@ class Settings(BaseModel):
     # network
     host: str = "127.0.0.1"  # loopback by default: exposing the port is a deliberate --host 0.0.0.0
     port: Annotated[int, Field(ge=0, le=65535)] = 8000
+    # Riva ASR gRPC (server/riva_grpc.py) on its own port, same host, TLS and token; None: off
+    grpc_port: Annotated[int, Field(ge=0, le=65535)] | None = None
     ssl_certfile: Path | None = None
     ssl_keyfile: Path | None = None
     auth_token: Annotated[str, Field(min_length=1)] | None = None

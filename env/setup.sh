@@ -9,5 +9,6 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q torch==2.13.0
 .venv/bin/python -m pip install -q -r env/cpu.lock.txt
+.venv/bin/python -m pip install -q --no-deps -r env/nodeps.lock.txt  # why --no-deps: see the file
 .venv/bin/python -m pip install -q --no-deps -e .
 echo "nemo-serve environment ready in .venv"

@@ -103,6 +103,18 @@ def test_streaming_recognize_matches_ws_on_every_utterance(server, asr):
         assert processed == sorted(processed) and processed[-1] == pytest.approx(reference[-1]["audio_processed"], abs=1e-3)
 
 
+def test_calls_are_counted_in_the_metrics(server, asr):
+    wav = UTTERANCES[6]
+    series = ("nemo_serve_streams_total", 'nemo_serve_final_latency_seconds_count{context_right="13"}',
+              "nemo_serve_audio_seconds_total")  # fmt: skip
+    before = [server.metric(m) for m in series]
+    finals = [r for r in stream(asr, wav) if r.is_final]
+    after = [server.metric(m) for m in series]
+    assert after[0] == before[0] + 1
+    assert after[1] == before[1] + len(finals)
+    assert after[2] - before[2] == pytest.approx(finals[-1].audio_processed, abs=0.01)
+
+
 def test_interim_results_grow_into_the_final_and_are_off_when_not_asked(server, asr):
     wav = UTTERANCES[3]
     results = stream(asr, wav)
@@ -251,11 +263,13 @@ def test_no_free_slot_is_resource_exhausted(server, asr):
             t.join(20)
 
 
-def test_tls_and_drain(tmp_path):
+def test_tls_and_drain_in_one_process():
     """Over TLS with the server's certificate; SIGTERM mid-stream: the call still gets its final,
     and a call that starts during the drain is refused with UNAVAILABLE."""
     grpc_port = free_port()
-    with start_server("--grpc-port", str(grpc_port), "--num-slots", "2", "--drain-timeout-s", "20", tls=True) as s:
+    # --frontends 0: the one-process server (the module's server runs front-end processes)
+    with start_server("--grpc-port", str(grpc_port), "--num-slots", "2", "--drain-timeout-s", "20", "--frontends", "0",
+                      tls=True) as s:  # fmt: skip
         if s.cafile is None:
             pytest.skip("no openssl to make a certificate")
         service = riva.ASRService(riva.Auth(ssl_root_cert=str(s.cafile), uri=f"127.0.0.1:{grpc_port}",

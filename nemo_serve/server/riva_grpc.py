@@ -91,7 +91,10 @@ class RivaCall:
         if self.stream is None:
             self.fail("server is draining (shutting down)", CLOSE_TRY_AGAIN_LATER, "draining")
         elif not self.input_ended:
-            self.end_input()
+            try:
+                self.end_input()
+            except (RivaRequestError, AudioError) as e:  # the audio ended inside its WAV header
+                self.fail(str(e), grpc.StatusCode.INVALID_ARGUMENT, "bad_audio")
 
     def fail(self, reason: str, code=CLOSE_PROTOCOL_ERROR, reason_label: str = "protocol") -> None:
         """End the call with a status (a grpc.StatusCode or a WebSocket close code). Idempotent."""
@@ -332,6 +335,7 @@ class RivaSpeechRecognition:
         await self._authorize(context)
         call = RivaCall(self.ctx, context)
         self.ctx.add(call)
+        config = None
         try:
             try:
                 config = self._config(request.config, False)

@@ -174,6 +174,12 @@ def _serve_in_process(settings: Settings) -> int:
     from .server.metrics import ServerMetrics
     from .server.runner import serve
 
+    grpc_socket = None
+    if settings.grpc_port == 0:  # a free port, known before the address lines (the supervisor does the same)
+        from .core.frontend_process import bind_reuseport
+
+        grpc_socket = bind_reuseport(settings.host, 0)  # held (not listening) until exit, as the port's claim
+        settings = settings.model_copy(update={"grpc_port": grpc_socket.getsockname()[1]})
     metrics = ServerMetrics(settings.num_slots, lambda: engine.num_free_slots, queue_delay_fn=lambda: engine.queue_delay_s)
     engine.on_step = metrics.on_step
     ctx = ServerContext(engine=engine, settings=settings, metrics=metrics)

@@ -118,6 +118,9 @@ class Settings(BaseModel):
             raise ValueError("--ssl-keyfile needs --ssl-certfile")
         if self.ssl_certfile is not None:
             check_tls_files(self.ssl_certfile, self.ssl_keyfile)
+        if self.grpc_port is not None and self.grpc_port == self.port and self.port != 0:
+            # both are SO_REUSEPORT sockets: the kernel would hand HTTP clients to gRPC and back
+            raise ValueError(f"--grpc-port {self.grpc_port} is --port's too; give it a port of its own")
         if self.devices is not None and self.frontends == 0:
             raise ValueError("--devices runs one engine core per device behind front-end processes: it needs --frontends >= 1")
         return self

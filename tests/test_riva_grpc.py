@@ -305,3 +305,37 @@ def test_tls_and_drain_in_one_process():
         assert any(r.is_final for r in out), "the stream in flight got its final"
         assert s.proc.wait(30) == 0
         service.auth.channel.close()
+
+
+# ----------------------------------------------------------------------------- units (no server)
+
+
+def test_wav_header_is_stripped_however_the_messages_split_it():
+    from nemo_serve.server.riva_mapping import LeadingWav, RivaRequestError
+
+    wav = UTTERANCES[0].read_bytes()
+    samples, rate = soundfile.read(UTTERANCES[0], dtype="int16")
+    for size in (1, 7, 44, 45, 3200):
+        strip = LeadingWav()
+        pcm = b"".join(strip.feed(wav[i : i + size]) for i in range(0, len(wav), size)) + strip.flush()
+        assert pcm == samples.tobytes() and strip.sample_rate == rate, size
+    raw = samples.tobytes()
+    strip = LeadingWav()
+    assert strip.feed(raw[:3]) + strip.feed(raw[3:]) + strip.flush() == raw  # no header: untouched
+    float_wav = bytearray(wav)
+    float_wav[20:22] = (3).to_bytes(2, "little")  # WAVE_FORMAT_IEEE_FLOAT
+    with pytest.raises(RivaRequestError, match="16-bit"):
+        LeadingWav().feed(bytes(float_wav))
+    with pytest.raises(RivaRequestError, match="WAV header"):
+        strip = LeadingWav()
+        strip.feed(wav[:30])
+        strip.flush()
+
+
+def test_grpc_port_needs_a_port_of_its_own():
+    from nemo_serve.config import Settings, SettingsError
+
+    with pytest.raises(SettingsError, match="--grpc-port"):
+        Settings.from_sources({"port": 9000, "grpc_port": 9000}, {})
+    assert Settings.from_sources({"port": 0, "grpc_port": 0}, {}).grpc_port == 0
+    assert Settings.from_sources({}, {}).grpc_port is None  # off unless given

@@ -17,8 +17,10 @@ import asyncio
 import logging
 import resource
 import signal
+import sys
 
 import uvicorn
+from uvicorn.config import STARTUP_FAILURE
 
 from ..config import Settings
 from . import logsafe
@@ -54,8 +56,12 @@ class DrainingServer(uvicorn.Server):
             try:
                 self._grpc = await start_riva_server(self.ctx)
             except Exception as e:  # noqa: BLE001 - a port in use, a bad certificate: one line, then exit
+                # as uvicorn does when its own port is taken: the app shuts down, status 3
                 log.error("Riva gRPC server on port %s failed to start: %s", self.ctx.settings.grpc_port, e)
-                self.should_exit = True
+                for server in self.servers:
+                    server.close()
+                await self.lifespan.shutdown()
+                sys.exit(STARTUP_FAILURE)
 
     async def shutdown(self, sockets=None) -> None:
         if self._grpc is not None:

@@ -263,13 +263,37 @@ def test_no_free_slot_is_resource_exhausted(server, asr):
             t.join(20)
 
 
-def test_tls_and_drain_in_one_process():
-    """Over TLS with the server's certificate; SIGTERM mid-stream: the call still gets its final,
-    and a call that starts during the drain is refused with UNAVAILABLE."""
+def check_calls_per_address_limit(service, wav: Path, limit: int) -> None:
+    """`limit` calls from this address are open (slots to spare): the next is refused."""
+    release = threading.Event()
+
+    def held_audio():
+        yield b"\0\0" * 1600
+        release.wait(20)
+
+    holders = [threading.Thread(target=lambda: list(service.streaming_response_generator(
+        held_audio(), streaming_config(wav, interim=False)))) for _ in range(limit)]  # fmt: skip
+    for t in holders:
+        t.start()
+    time.sleep(1.0)
+    try:
+        with pytest.raises(grpc.RpcError) as e:
+            stream(service, wav)
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "from your address" in e.value.details()
+    finally:
+        release.set()
+        for t in holders:
+            t.join(20)
+
+
+def test_tls_calls_per_address_and_drain_in_one_process():
+    """Over TLS with the server's certificate; --max-connections-per-ip bounds calls; SIGTERM
+    mid-stream: the call still gets its final, and a call that starts during the drain is refused
+    with UNAVAILABLE."""
     grpc_port = free_port()
     # --frontends 0: the one-process server (the module's server runs front-end processes)
-    with start_server("--grpc-port", str(grpc_port), "--num-slots", "2", "--drain-timeout-s", "20", "--frontends", "0",
-                      tls=True) as s:  # fmt: skip
+    with start_server("--grpc-port", str(grpc_port), "--num-slots", "3", "--drain-timeout-s", "20", "--frontends", "0",
+                      "--max-connections-per-ip", "2", tls=True) as s:  # fmt: skip
         if s.cafile is None:
             pytest.skip("no openssl to make a certificate")
         service = riva.ASRService(riva.Auth(ssl_root_cert=str(s.cafile), uri=f"127.0.0.1:{grpc_port}",
@@ -278,6 +302,7 @@ def test_tls_and_drain_in_one_process():
         assert [r.alternatives[0].transcript for r in stream(service, wav) if r.is_final] == [
             f["text"] for f in ws_finals(s, wav)
         ]
+        check_calls_per_address_limit(service, wav, limit=2)
         started = threading.Event()
 
         def paced(audio: bytes):

@@ -31,6 +31,7 @@ import grpc
 from ..engine.errors import NoFreeSlotError
 from ..engine.results import StreamResult
 from .audio import AudioDecoder, AudioError
+from .connections import ConnectionLimiter
 from .context import ServerContext
 from .logsafe import clean
 from .outbox import Outbox
@@ -247,6 +248,15 @@ class RivaSpeechRecognition:
     def __init__(self, ctx: ServerContext, pb, audio_pb) -> None:
         self.ctx, self.pb = ctx, pb
         self.linear_pcm = audio_pb.AudioEncoding.LINEAR_PCM
+        # Calls, not TCP connections (HTTP/2 carries many calls on one): --max-connections and
+        # --max-connections-per-ip bound them as they bound /ws's sockets, counted apart from those.
+        self.calls = ConnectionLimiter(ctx.settings.max_connections, ctx.settings.max_connections_per_ip)
+
+    async def _count_in(self, call: "RivaCall", context) -> None:
+        reason = self.calls.acquire(call, _peer_address(context.peer()))
+        if reason is not None:
+            self.ctx.metrics.refusals.labels(reason="connection_limit").inc()
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, reason)
 
     async def _authorize(self, context) -> None:
         token = self.ctx.settings.auth_token
@@ -265,6 +275,7 @@ class RivaSpeechRecognition:
     async def StreamingRecognize(self, request_iterator, context):  # noqa: N802 - the proto's name
         await self._authorize(context)
         call = RivaCall(self.ctx, context)
+        await self._count_in(call, context)
         self.ctx.add(call)
         receive = asyncio.create_task(self._receive(call, context), name=f"riva{call.number}-receive")
         try:
@@ -287,6 +298,7 @@ class RivaSpeechRecognition:
             await asyncio.gather(receive, return_exceptions=True)
             call.close()
             self.ctx.remove(call)
+            self.calls.release(call)
 
     async def _receive(self, call: RivaCall, context) -> None:
         try:
@@ -334,6 +346,7 @@ class RivaSpeechRecognition:
     async def Recognize(self, request, context):  # noqa: N802
         await self._authorize(context)
         call = RivaCall(self.ctx, context)
+        await self._count_in(call, context)
         self.ctx.add(call)
         config = None
         try:
@@ -353,6 +366,7 @@ class RivaSpeechRecognition:
         finally:
             call.close()
             self.ctx.remove(call)
+            self.calls.release(call)
 
     # ------------------------------------------------------------------ GetRivaSpeechRecognitionConfig
     async def GetRivaSpeechRecognitionConfig(self, request, context):  # noqa: N802
@@ -374,6 +388,12 @@ class RivaSpeechRecognition:
         return self.pb.RivaSpeechRecognitionConfigResponse(model_config=configs)
 
 
+def _peer_address(peer: str) -> str:
+    """grpc's peer, "ipv4:1.2.3.4:5678" or "ipv6:[::1]:5678", without scheme and port."""
+    scheme, _, rest = peer.partition(":")
+    return rest.rsplit(":", 1)[0].strip("[]") if scheme in ("ipv4", "ipv6") else peer
+
+
 def grpc_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
@@ -391,7 +411,7 @@ async def start_riva_server(ctx: ServerContext):
     if s.ping_interval_s:
         options += [("grpc.keepalive_time_ms", int(s.ping_interval_s * 1000)),
                     ("grpc.keepalive_timeout_ms", int(s.ping_timeout_s * 1000))]  # fmt: skip
-    server = grpc.aio.server(options=options, maximum_concurrent_rpcs=s.max_connections)
+    server = grpc.aio.server(options=options)  # calls are counted per address by the servicer
     pb_grpc.add_RivaSpeechRecognitionServicer_to_server(RivaSpeechRecognition(ctx, pb, audio_pb), server)
     address = grpc_address(s.host, s.grpc_port)
     if s.tls:

@@ -9,8 +9,6 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q torch==2.13.0
 .venv/bin/python -m pip install -q -r env/cpu.lock.txt
-# NVIDIA's Riva client (its realtime client drives the NIM session tests) pins protobuf==6.33.5 and
-# websockets<16, which the lock outgrows; its code runs on the lock's versions, so it goes in without its pins.
-.venv/bin/python -m pip install -q --no-deps nvidia-riva-client==2.27.0
+.venv/bin/python -m pip install -q --no-deps -r env/nodeps.lock.txt  # why --no-deps: see the file
 .venv/bin/python -m pip install -q --no-deps -e .
 echo "nemo-serve environment ready in .venv"

@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     n = p.add_argument_group("network and security")
     n.add_argument("--host", help="bind address (default 127.0.0.1; 0.0.0.0 for all interfaces)")
     n.add_argument("--port", type=int, help="default 8000")
+    n.add_argument("--grpc-port", type=int,
+                   help="also serve NVIDIA Riva's ASR gRPC API (StreamingRecognize, Recognize) on this port, "
+                   "with the same TLS, token and limits (default: off; needs nvidia-riva-client)")
     n.add_argument("--ssl-certfile", help="TLS certificate (PEM): serves https:// and wss://")
     n.add_argument("--ssl-keyfile", help="TLS private key (PEM)")
     n.add_argument("--auth-token", help="require this bearer token (better: NEMO_SERVE_AUTH_TOKEN)")
@@ -133,6 +136,13 @@ def _selftest(args, settings: Settings) -> int:
 def _serve(settings: Settings) -> int:
     from .core.supervisor import default_frontends, run_server
 
+    if settings.grpc_port is not None:  # one line now, not a front end failing at start-up
+        from .server.riva_protos import RivaProtosMissing, load
+
+        try:
+            load()
+        except RivaProtosMissing as e:
+            return _fail(str(e))
     frontends = default_frontends() if settings.frontends is None else settings.frontends
     if frontends > 0:
         return run_server(settings, frontends)  # this process imports no NeMo: a plain exit is quick
@@ -165,6 +175,12 @@ def _serve_in_process(settings: Settings) -> int:
     from .server.metrics import ServerMetrics
     from .server.runner import serve
 
+    grpc_socket = None
+    if settings.grpc_port == 0:  # a free port, known before the address lines (the supervisor does the same)
+        from .core.frontend_process import bind_reuseport
+
+        grpc_socket = bind_reuseport(settings.host, 0)  # held (not listening) until exit, as the port's claim
+        settings = settings.model_copy(update={"grpc_port": grpc_socket.getsockname()[1]})
     metrics = ServerMetrics(settings.num_slots, lambda: engine.num_free_slots, queue_delay_fn=lambda: engine.queue_delay_s)
     engine.on_step = metrics.on_step
     ctx = ServerContext(engine=engine, settings=settings, metrics=metrics)
@@ -188,6 +204,8 @@ def _print_urls(s: Settings, port: int | None = None) -> None:
         f"metrics {http}://{host}:{port}/metrics  ready {http}://{host}:{port}/readyz",
         flush=True,
     )
+    if s.grpc_port is not None:
+        print(f"riva gRPC {host}:{s.grpc_port}{' (TLS)' if s.tls else ''}", flush=True)
     if not s.tls and s.host not in ("127.0.0.1", "localhost", "::1"):
         print(
             "note: without --ssl-certfile, browsers allow the microphone only on localhost pages",

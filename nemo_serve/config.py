@@ -53,6 +53,8 @@ class Settings(BaseModel):
     # network
     host: str = "127.0.0.1"  # loopback by default: exposing the port is a deliberate --host 0.0.0.0
     port: Annotated[int, Field(ge=0, le=65535)] = 8000
+    # Riva ASR gRPC (server/riva_grpc.py) on its own port, same host, TLS and token; None: off
+    grpc_port: Annotated[int, Field(ge=0, le=65535)] | None = None
     ssl_certfile: Path | None = None
     ssl_keyfile: Path | None = None
     auth_token: Annotated[str, Field(min_length=1)] | None = None
@@ -117,6 +119,9 @@ class Settings(BaseModel):
             raise ValueError("--ssl-keyfile needs --ssl-certfile")
         if self.ssl_certfile is not None:
             check_tls_files(self.ssl_certfile, self.ssl_keyfile)
+        if self.grpc_port is not None and self.grpc_port == self.port and self.port != 0:
+            # both are SO_REUSEPORT sockets: the kernel would hand HTTP clients to gRPC and back
+            raise ValueError(f"--grpc-port {self.grpc_port} is --port's too; give it a port of its own")
         if self.devices is not None and self.frontends == 0:
             raise ValueError("--devices runs one engine core per device behind front-end processes: it needs --frontends >= 1")
         return self

@@ -4,7 +4,8 @@
     model and reports its ModelInfo (or a load error: exit 2)
   2 create each core's shared memory (slot table, audio rings) now that the sample rate is known
   3 spawn K front ends on one port (SO_REUSEPORT); the port is reserved here first, so
-    --port 0 gives every front end the same free port. Every front end talks to every core and
+    --port 0 gives every front end the same free port. With --grpc-port each front end also
+    serves Riva gRPC on that port, reserved the same way. Every front end talks to every core and
     sends each new stream to the core with the most free slots (core/group.py)
   4 watch: a front end that dies has its streams aborted and its slots freed in the cores, and
     is replaced; a core that dies is marked FAILED in its shared memory (the front ends fail its
@@ -84,6 +85,7 @@ class Supervisor:
         self._deaths: list[float] = []
         self._signals = 0
         self._port_socket = None
+        self._grpc_socket = None
         self._zmq = zmq.Context()
 
     # ------------------------------------------------------------------ main
@@ -143,6 +145,9 @@ class Supervisor:
             core.control.connect(control_address(core.ipc_dir))
         self.info = info
         self.port = self._reserve_port()
+        if self.settings.grpc_port is not None:  # reserved the same way: --grpc-port 0 too
+            self._grpc_socket = bind_reuseport(self.settings.host, self.settings.grpc_port)
+            self.settings = self.settings.model_copy(update={"grpc_port": self._grpc_socket.getsockname()[1]})
         print(info.summary, flush=True)
         ring_mib = sum(c.shared.layout.nbytes for c in self.cores) / 2**20
         where = ", ".join(f"pid {c.process.pid} on {c.device}" for c in self.cores)
@@ -302,8 +307,9 @@ class Supervisor:
         for core in self.cores:
             if core.shared is not None:
                 core.shared.close()
-        if self._port_socket is not None:
-            self._port_socket.close()
+        for sock in (self._port_socket, self._grpc_socket):
+            if sock is not None:
+                sock.close()
         shutil.rmtree(self.ipc_dir, ignore_errors=True)
 
 

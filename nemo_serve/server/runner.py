@@ -5,6 +5,10 @@ away the final result of every stream in flight. So the first SIGTERM or SIGINT 
 drain instead (stop admitting, end each stream's input, wait for the finals, bounded by
 --drain-timeout-s) and only then lets uvicorn shut down. A second signal falls through to
 uvicorn: immediate shutdown, as an operator pressing Ctrl-C twice expects.
+
+With --grpc-port, the Riva gRPC server (riva_grpc.py) runs on the same event loop: started
+after the app's lifespan (the engine is up), drained with the WebSocket streams (its calls are
+sessions of the same context), stopped before the lifespan ends.
 """
 
 from __future__ import annotations
@@ -13,8 +17,10 @@ import asyncio
 import logging
 import resource
 import signal
+import sys
 
 import uvicorn
+from uvicorn.config import STARTUP_FAILURE
 
 from ..config import Settings
 from . import logsafe
@@ -22,6 +28,8 @@ from .connections import ConnectionLimiter, ConnectionLimits, max_connections_fo
 from .context import ServerContext
 
 log = logging.getLogger("nemo_serve.server")
+
+RIVA_STOP_GRACE_S = 1.0
 
 
 class DrainingServer(uvicorn.Server):
@@ -34,10 +42,31 @@ class DrainingServer(uvicorn.Server):
         self.ignore_sigint = ignore_sigint
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain_task: asyncio.Task | None = None
+        self._grpc = None  # grpc.aio.Server with --grpc-port
 
     async def serve(self, sockets=None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().serve(sockets)
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if self.ctx.settings.grpc_port is not None and not self.should_exit:
+            from .riva_grpc import start_riva_server
+
+            try:
+                self._grpc = await start_riva_server(self.ctx)
+            except Exception as e:  # noqa: BLE001 - a port in use, a bad certificate: one line, then exit
+                # as uvicorn does when its own port is taken: the app shuts down, status 3
+                log.error("Riva gRPC server on port %s failed to start: %s", self.ctx.settings.grpc_port, e)
+                for server in self.servers:
+                    server.close()
+                await self.lifespan.shutdown()
+                sys.exit(STARTUP_FAILURE)
+
+    async def shutdown(self, sockets=None) -> None:
+        if self._grpc is not None:
+            await self._grpc.stop(RIVA_STOP_GRACE_S)  # after the drain: only calls it gave up on remain
+        await super().shutdown(sockets)
 
     def handle_exit(self, sig: int, frame) -> None:
         if self.ignore_sigint and sig == signal.SIGINT:

@@ -1,0 +1,186 @@
+"""Riva ASR messages <-> this server's streams: request configs in, results out. No network here.
+
+  RecognitionConfig      -> RivaConfig (checked; RivaRequestError says why, sent as INVALID_ARGUMENT)
+  audio bytes            -> LeadingWav strips a WAV header (riva.client sends files as they are)
+  StreamResult           -> StreamingRecognitionResult / SpeechRecognitionResult
+
+Field mapping (docs/protocol.md, "Riva ASR over gRPC"):
+  encoding               LINEAR_PCM (or unspecified): 16-bit signed little-endian; others refused
+  sample_rate_hertz      any rate 8-192 kHz, resampled as /ws does; 0: the WAV header's, else the model's
+  audio_channel_count    1 (or 0); more is refused
+  language_code          a prompt model's language (checked); a model without prompts ignores it
+  model                  "" or the model's name: the default mode; "<name>@<chunk_ms>ms": that mode
+  endpointing_config     stop_history (ms) -> rule 2, trailing silence after text; the rest has
+                         no counterpart in a decoder-driven endpointer and is ignored
+  max_alternatives       accepted; one alternative (greedy RNN-T decoding has one hypothesis)
+  enable_word_time_offsets  words with start/end in ms on finals
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, replace
+
+from ..engine.endpoint import EndpointConfig
+from ..engine.geometry import ModelInfo
+from ..engine.results import StreamResult
+
+MIN_RATE, MAX_RATE = 8000, 192000  # as /ws's config
+MAX_WAV_HEADER_BYTES = 64 * 1024  # RIFF chunks before `data` (fmt, LIST, ...); more is not a header
+# Our partials only grow within a segment (cache-aware decoding never revises an emitted token),
+# so an interim transcript is as stable as a final one.
+INTERIM_STABILITY = 1.0
+WAVE_FORMAT_PCM, WAVE_FORMAT_EXTENSIBLE = 1, 0xFFFE
+
+
+class RivaRequestError(ValueError):
+    """The request cannot be served as asked; the message goes to the client."""
+
+
+@dataclass(frozen=True)
+class RivaConfig:
+    """What this server takes from a RecognitionConfig."""
+
+    sample_rate: int | None  # None: the WAV header's rate, else the model's
+    language: str | None  # a prompt model's language; None for a model without prompts
+    context_right: int | None  # None: the default mode
+    endpoint: EndpointConfig
+    interim_results: bool
+    word_time_offsets: bool
+
+
+def mode_model_name(model: ModelInfo, context_right: int) -> str:
+    return f"{model.name}@{model.geometry_for(context_right).chunk_ms:g}ms"
+
+
+def parse_config(config, model: ModelInfo, base_endpoint: EndpointConfig, interim_results: bool,
+                 linear_pcm: int) -> RivaConfig:  # fmt: skip
+    """`config`: a riva_asr_pb2.RecognitionConfig; `linear_pcm`: AudioEncoding.LINEAR_PCM."""
+    if config.encoding not in (0, linear_pcm):
+        raise RivaRequestError(f"encoding {config.encoding} is not served; send LINEAR_PCM (16-bit signed little-endian)")
+    rate = config.sample_rate_hertz or None
+    if rate is not None and not MIN_RATE <= rate <= MAX_RATE:
+        raise RivaRequestError(f"sample_rate_hertz {rate} is outside {MIN_RATE}..{MAX_RATE}")
+    if config.audio_channel_count > 1:
+        raise RivaRequestError(f"audio_channel_count {config.audio_channel_count}: only mono audio is served")
+    language = None
+    if model.prompt_dictionary:
+        language = config.language_code or None
+        try:
+            model.language_index(language)
+        except ValueError as e:
+            raise RivaRequestError(str(e)) from None
+    endpoint = base_endpoint
+    if config.HasField("endpointing_config") and config.endpointing_config.stop_history:
+        stop_ms = config.endpointing_config.stop_history
+        try:
+            endpoint = replace(base_endpoint, rule2_min_trailing_silence_s=stop_ms / 1000.0).validated()
+        except ValueError:
+            raise RivaRequestError(f"endpointing_config.stop_history {stop_ms} ms is outside (0, 3600000]") from None
+    return RivaConfig(
+        sample_rate=rate,
+        language=language,
+        context_right=_mode(config.model, model),
+        endpoint=endpoint,
+        interim_results=interim_results,
+        word_time_offsets=config.enable_word_time_offsets,
+    )
+
+
+def _mode(name: str, model: ModelInfo) -> int | None:
+    if name in ("", model.name):
+        return None
+    by_name = {mode_model_name(model, r): r for r in model.modes}
+    if name not in by_name:
+        raise RivaRequestError(f"unknown model {name!r}; served: {', '.join([model.name, *by_name])}")
+    return by_name[name]
+
+
+class LeadingWav:
+    """Strips a WAV header from the start of a stream's audio, however it is split into messages.
+
+    riva.client's AudioChunkFileIterator and offline_recognize send a WAV file's bytes as they are,
+    header included (Riva's server reads it); taken as samples, its 44 bytes would be 22 samples
+    of noise in front of the speech. Audio that does not start with RIFF....WAVE passes untouched."""
+
+    def __init__(self) -> None:
+        self._head = b""
+        self.done = False
+        self.sample_rate: int | None = None  # the header's, once read
+
+    def feed(self, data: bytes) -> bytes:
+        """The PCM bytes of `data` (empty while the header is still arriving)."""
+        if self.done:
+            return data
+        self._head += data
+        head = self._head
+        if not (head[:4] == b"RIFF"[: len(head)] and head[8:12] == b"WAVE"[: max(0, len(head) - 8)]):
+            return self._pass(head)
+        pos = 12
+        while pos + 8 <= len(head):
+            chunk_id, size = head[pos : pos + 4], struct.unpack_from("<I", head, pos + 4)[0]
+            if chunk_id == b"data":
+                return self._pass(head[pos + 8 :])
+            if chunk_id == b"fmt ":
+                if pos + 8 + size > len(head):
+                    break
+                self._check_format(head[pos + 8 : pos + 8 + size])
+            pos += 8 + size + (size & 1)  # RIFF chunks are word-aligned
+        if len(head) > MAX_WAV_HEADER_BYTES:
+            raise RivaRequestError(f"WAV header without a data chunk in its first {MAX_WAV_HEADER_BYTES} bytes")
+        return b""
+
+    def flush(self) -> bytes:
+        """End of input: bytes held back that never became a header are audio."""
+        if self.done:
+            return b""
+        if len(self._head) >= 12:  # RIFF....WAVE seen: a header that never reached its data
+            raise RivaRequestError("the audio ended inside its WAV header")
+        return self._pass(self._head)
+
+    def _pass(self, data: bytes) -> bytes:
+        self.done, self._head = True, b""
+        return data
+
+    def _check_format(self, fmt: bytes) -> None:
+        if len(fmt) < 16:
+            raise RivaRequestError("WAV header: fmt chunk too short")
+        tag, channels, rate, _, _, bits = struct.unpack_from("<HHIIHH", fmt)
+        if tag == WAVE_FORMAT_EXTENSIBLE and len(fmt) >= 26:
+            tag = struct.unpack_from("<H", fmt, 24)[0]  # the sub-format GUID's first two bytes
+        if tag != WAVE_FORMAT_PCM or bits != 16:
+            raise RivaRequestError(f"WAV audio is format {tag}, {bits}-bit; LINEAR_PCM is 16-bit PCM")
+        if channels != 1:
+            raise RivaRequestError(f"WAV audio has {channels} channels: only mono audio is served")
+        self.sample_rate = rate
+
+
+def alternative(pb, r: StreamResult, word_times: bool):
+    """`pb`: riva_asr_pb2. One SpeechRecognitionAlternative: the segment's text, words on finals."""
+    alt = pb.SpeechRecognitionAlternative(transcript=r.text)
+    if r.is_final:
+        confidences = [w.confidence for w in r.words or () if w.confidence is not None]
+        alt.confidence = min(confidences) if confidences else 1.0  # no scores (no --word-confidence): 1.0
+        if word_times:
+            alt.words.extend(
+                pb.WordInfo(word=w.word, start_time=round(w.start * 1000), end_time=round(w.end * 1000),
+                            confidence=w.confidence if w.confidence is not None else 1.0)  # fmt: skip
+                for w in r.words or ()
+            )
+    return alt
+
+
+def streaming_result(pb, r: StreamResult, word_times: bool):
+    return pb.StreamingRecognitionResult(
+        alternatives=[alternative(pb, r, word_times)],
+        is_final=r.is_final,
+        stability=1.0 if r.is_final else INTERIM_STABILITY,
+        channel_tag=1,
+        audio_processed=r.audio_processed_s,
+    )
+
+
+def offline_result(pb, r: StreamResult, word_times: bool):
+    return pb.SpeechRecognitionResult(
+        alternatives=[alternative(pb, r, word_times)], channel_tag=1, audio_processed=r.audio_processed_s
+    )

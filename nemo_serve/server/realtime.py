@@ -67,6 +67,7 @@ from .protocol import (
     close_reason,
 )
 from .realtime_items import ItemStream, SegmentKeys
+from . import speech_detector
 from .realtime_protocol import (
     Append,
     BufferEvent,
@@ -81,6 +82,7 @@ from .realtime_protocol import (
     parse_client_event,
 )
 from .session import CLOSE_TIMEOUT_S, MAX_AHEAD_S, Session, _Close
+from .speech_detector import SpeechDetector, SpeechEvent
 
 log = logging.getLogger("nemo_serve.realtime")
 
@@ -120,6 +122,7 @@ class RealtimeSession(Session):
         self.last_item_id: str | None = None  # the previous completed or committed item
         self.sent_text: dict[int, str] = {}  # what the deltas of each open segment carried
         self.speaking: set[int] = set()  # segments speech_started was sent for
+        self.vad: SpeechDetector | None = None  # with turn detection: speech events (speech_detector.py)
         self.committed: set[int] = set()  # segments a committed event announced
         self.cleared: set[int] = set()  # segments whose completion is not sent
         self.num_model_samples = 0  # samples given to the engine in the session, at the model's rate
@@ -218,6 +221,22 @@ class RealtimeSession(Session):
             item.waiting.append(samples)
         else:
             self.ctx.engine.push(item.handle, samples)
+        if self.vad is not None:
+            for ev in self.vad.push(samples):
+                self._speech_event(item, ev)
+
+    def _speech_event(self, item: ItemStream, ev: SpeechEvent) -> None:
+        """The detector's onset or end, for the item being filled, on the session's audio clock
+        (speech_started moved back by prefix_padding_ms, as OpenAI's is)."""
+        key = self.keys.key(item, item.segment)
+        item_id = self.segment_to_item.setdefault(key, new_id("item"))
+        ms = ev.sample * 1000 / self.ctx.model.geometry.sample_rate
+        if ev.kind == "started":
+            self.speaking.add(key)
+            pad_ms = self.rt.turn_detection.prefix_padding_ms or 0
+            self._queue(event("input_audio_buffer.speech_started", item_id=item_id, audio_start_ms=max(0, round(ms - pad_ms))))
+        else:
+            self._queue(event("input_audio_buffer.speech_stopped", item_id=item_id, audio_end_ms=round(ms)))
 
     def _commit(self, b: BufferEvent) -> None:
         if b.kind == "clear":
@@ -282,6 +301,9 @@ class RealtimeSession(Session):
             return
         self._opened_at = time.monotonic()
         self._set_state(ProtocolState.STREAMING)
+        rate = ctx.model.geometry.sample_rate
+        if rt.turn_detection is not None and speech_detector.available(rate):
+            self.vad = SpeechDetector(rate, rt.turn_detection.threshold or 0.5, self._endpoint_rules().rule2_min_trailing_silence_s)
         self.mode_label = str(rt.context_right)
         ctx.metrics.stream_opened(self.mode_label)
 
@@ -333,6 +355,9 @@ class RealtimeSession(Session):
     def _finish_item(self, item: ItemStream) -> None:
         """Decode the item to its end (commit, end of input, or its audio stopped)."""
         self._feed(item, item.decoder.flush())
+        if self.vad is not None:
+            for ev in self.vad.flush():  # speech still on ends with the item's audio
+                self._speech_event(item, ev)
         item.finishing = True
         if item.handle is not None:
             self.ctx.engine.finish(item.handle)
@@ -483,7 +508,7 @@ class RealtimeSession(Session):
         cleared = r.segment in self.cleared
         sent = self.sent_text.get(r.segment, "")
         if not cleared and r.text.startswith(sent) and len(r.text) > len(sent):
-            if self.rt.turn_detection is not None and r.segment not in self.speaking and r.token_times_s:
+            if self.vad is None and self.rt.turn_detection is not None and r.segment not in self.speaking and r.token_times_s:
                 self.speaking.add(r.segment)
                 await self._send(event("input_audio_buffer.speech_started", item_id=item_id,
                                        audio_start_ms=self._speech_start_ms(item, r)))  # fmt: skip
@@ -517,7 +542,7 @@ class RealtimeSession(Session):
         if cleared or not (r.text or announced or last):
             return  # silence the endpointer closed, an item the client cleared, audio that stopped in silence
         if not announced:  # the endpointer ended it, or the audio stopped: what server VAD says
-            if self.rt.turn_detection is not None and not last:
+            if self.vad is None and self.rt.turn_detection is not None and not last:
                 ms = int(round((item.start_s + r.audio_processed_s) * 1000))
                 await self._send(event("input_audio_buffer.speech_stopped", item_id=item_id, audio_end_ms=ms))
             await self._send(self._committed_event(r.segment))

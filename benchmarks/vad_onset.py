@@ -49,6 +49,7 @@ def onset_s(audio: np.ndarray, rate: int = 16000) -> float:
 
 async def one(port: int, audio16k: np.ndarray) -> dict:
     from websockets.asyncio.client import connect
+    from websockets.exceptions import InvalidStatus
 
     wire = np.clip(np.round(soxr.resample(audio16k, 16000, RATE, quality="HQ") * 32768), -32768, 32767).astype("<i2")
     onset = onset_s(audio16k)
@@ -56,7 +57,13 @@ async def one(port: int, audio16k: np.ndarray) -> dict:
     sent_at: list[float] = []
     got: dict[str, float] = {}
     start_ms = None
-    async with connect(f"ws://127.0.0.1:{port}/v1/realtime") as ws:
+    for attempt in range(20):  # a slot still on its way back from the previous session: HTTP 503
+        try:
+            ws = await connect(f"ws://127.0.0.1:{port}/v1/realtime")
+            break
+        except InvalidStatus:
+            await asyncio.sleep(0.25)
+    async with ws:
         await ws.recv()
         vad = {"type": "server_vad", "silence_duration_ms": 500, "prefix_padding_ms": 0, "threshold": 0.5}
         await ws.send(json.dumps({"type": "session.update", "session": {"type": "transcription",
@@ -116,7 +123,7 @@ def detector_cost(utts: list[np.ndarray]) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--concurrency", type=int, default=2)
     p.add_argument("--out", default="benchmarks/results/vad_onset.json")
     args = p.parse_args()
     utts = [u.audio for u in load_utterances(BUNDLED_MANIFEST, 16000)]
@@ -126,7 +133,7 @@ def main() -> None:
     script = Path(sys.executable).with_name("nemo-serve")
     cmd = [str(script)] if script.exists() else [sys.executable, "-m", "nemo_serve.cli"]
     env = {k: v for k, v in os.environ.items() if k != "NEMO_SERVE_AUTH_TOKEN"}  # no token: a local run
-    proc = subprocess.Popen([*cmd, "--port", str(port), "--num-slots", str(args.concurrency), "--log-level", "warning"],
+    proc = subprocess.Popen([*cmd, "--port", str(port), "--num-slots", str(2 * args.concurrency), "--max-queue-delay-s", "30", "--log-level", "warning"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
         for _ in range(600):

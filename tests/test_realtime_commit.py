@@ -53,6 +53,14 @@ def utterances(n: int, seed: int) -> list[np.ndarray]:
     return out
 
 
+def energy_onset_s(wire: np.ndarray) -> float:
+    """The first 10 ms within 20 dB of the loudest: where speech begins, by energy."""
+    frame = RATE // 100
+    x = wire[: len(wire) // frame * frame].astype(np.float64).reshape(-1, frame)
+    rms = np.sqrt((x**2).mean(axis=1))
+    return float(np.flatnonzero(rms >= 0.1 * rms.max())[0] * frame / RATE)
+
+
 def oracle(model, wire: np.ndarray, mode: int) -> list[int]:
     return oracle_transcribe(model, as_model_input(wire, RATE), context_right=mode).token_ids
 
@@ -146,6 +154,11 @@ def test_turn_detection_null_means_one_item_per_commit(demo_server, demo_model):
     assert echoed["silence_duration_ms"] == 800 and echoed["prefix_padding_ms"] == 300 and echoed["threshold"] == 0.5
     types = [e["type"] for e in raw]
     assert types.count("input_audio_buffer.speech_started") == 2 and types.count("input_audio_buffer.speech_stopped") >= 1
+    # from the voice-activity detector, not the decoded text: at the onsets, less prefix_padding_ms
+    starts_ms = [e["audio_start_ms"] for e in raw if e["type"] == "input_audio_buffer.speech_started"]
+    onsets_ms = [energy_onset_s(a) * 1000, (len(a) / RATE + 3 + energy_onset_s(b)) * 1000]
+    assert starts_ms == pytest.approx([o - 300 for o in onsets_ms], abs=150), (starts_ms, onsets_ms)
+    assert types.index("input_audio_buffer.speech_started") < types.index(f"{TRANSCRIPTION}.delta")
     assert sum(completed_tokens(raw), []) == oracle(demo_model, wire, mode)
 
 

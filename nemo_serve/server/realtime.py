@@ -20,9 +20,12 @@ the same decoder (PCM16 at 24 kHz resampled by soxr), push, finish and force_fin
                             completion is not sent (its audio still went through the model)
   input_audio_buffer.done (NIM) -> end of input: the last item is completed with
                             `is_last_result: true`, then close 1000
-  endpointer final       -> speech_stopped, committed, completed (turn_detection on); off with
-                            `turn_detection: null`
-  partial                -> speech_started (first text of an item), delta (text not sent yet)
+  endpointer final       -> committed, completed (turn_detection on); off with `turn_detection: null`
+  speech detector        -> speech_started at the onset, speech_stopped after the turn's silence
+                            (turn_detection on; speech_detector.py: Silero VAD per session, on the
+                            appended audio). They time speech only: items end where the endpointer
+                            or a commit ends them, so tokens stay /ws's
+  partial                -> delta (text not sent yet)
   no audio               -> an item with uncommitted audio is finished like a commit before any
                             idle close, and with turn detection on once the audio stops for the
                             turn's silence_duration_ms; the idle clock stands still while

@@ -215,3 +215,45 @@ def test_unserved_mode_is_refused_before_audio(demo_server):
     msgs, code, reason = asyncio.run(run())
     assert code == 1008 and "context_right" in reason
     assert msgs[-1]["type"] == "error"
+
+
+def test_next_item_with_no_slot_and_nothing_to_wait_for_is_refused(demo_server):
+    """The only slot: a realtime session commits an item and gets it completed (its slot comes
+    back), a /ws stream takes the slot, then the session appends again: it has no item decoding
+    whose slot it could wait for, so it gets an `error` and close 1013; the /ws stream goes on."""
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    from nemo_serve.client import StreamingClient
+
+    (wire,) = utterances(1, seed=4)
+    demo_server.wait_open_streams(0)
+
+    async def run():
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        async with connect(f"ws://127.0.0.1:{demo_server.port}/v1/realtime", additional_headers=headers) as rt:
+            await rt.recv()
+            await rt.send(json.dumps({"type": "session.update", "session": guide_session()}))
+            await rt.send(json.dumps({"type": "input_audio_buffer.append", "audio": b64(wire)}))
+            await rt.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            async for m in rt:
+                if json.loads(m)["type"] == COMPLETED:
+                    break
+            await asyncio.to_thread(demo_server.wait_open_streams, 0)
+            async with StreamingClient(demo_server.ws_url, sample_rate=RATE, token=TOKEN) as ws:
+                await rt.send(json.dumps({"type": "input_audio_buffer.append", "audio": b64(wire[:4800])}))
+                events = []
+                try:
+                    async for m in rt:
+                        events.append(json.loads(m))
+                except ConnectionClosed:
+                    pass
+                await ws.send_audio(wire)
+                await ws.end()
+                finals = [m async for m in ws.messages() if m["type"] == "final"]
+            return events, rt.close_code, finals
+
+    events, code, finals = asyncio.run(run())
+    assert code == 1013 and events[-1]["type"] == "error" and "no free slot" in events[-1]["error"]["message"]
+    assert [t for f in finals for t in f["token_ids"]]
+    demo_server.wait_open_streams(0)

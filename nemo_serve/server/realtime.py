@@ -268,7 +268,7 @@ class RealtimeSession(Session):
             self._open()
         if self.state is ProtocolState.STREAMING:
             if self.current is None and not self.items:
-                self._start_item()  # nothing was appended: an empty last item, as before
+                self._start_item()  # nothing open or decoding: an empty item carries is_last_result
             self._end_input("end")
         elif self.end_reason == "end":
             raise ProtocolError("input_audio_buffer.done was already received")
@@ -305,8 +305,10 @@ class RealtimeSession(Session):
         self._opened_at = time.monotonic()
         self._set_state(ProtocolState.STREAMING)
         rate = ctx.model.geometry.sample_rate
-        if rt.turn_detection is not None and speech_detector.available(rate):
-            self.vad = SpeechDetector(rate, rt.turn_detection.threshold or 0.5, self._endpoint_rules().rule2_min_trailing_silence_s)
+        td = rt.turn_detection
+        if td is not None and speech_detector.available(rate):
+            threshold = 0.5 if td.threshold is None else td.threshold  # OpenAI's default and silero's
+            self.vad = SpeechDetector(rate, threshold, self._endpoint_rules().rule2_min_trailing_silence_s)
         self.mode_label = str(rt.context_right)
         ctx.metrics.stream_opened(self.mode_label)
 

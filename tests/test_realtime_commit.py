@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import numpy as np
 import pytest
@@ -257,3 +258,34 @@ def test_next_item_with_no_slot_and_nothing_to_wait_for_is_refused(demo_server):
     assert code == 1013 and events[-1]["type"] == "error" and "no free slot" in events[-1]["error"]["message"]
     assert [t for f in finals for t in f["token_ids"]]
     demo_server.wait_open_streams(0)
+
+
+def test_audio_left_uncommitted_is_completed_before_the_idle_close(demo_server, demo_model):
+    """turn_detection null, an utterance appended and never committed, then nothing: at the idle
+    timeout (4 s) the item is completed with all of its audio, and only after another idle period
+    does the session close (1008)."""
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    (wire,) = utterances(1, seed=7)
+    mode = demo_server.readyz()["modes"][0]["context_right"]
+
+    async def run():
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        async with connect(f"ws://127.0.0.1:{demo_server.port}/v1/realtime", additional_headers=headers) as ws:
+            await ws.recv()
+            await ws.send(json.dumps({"type": "session.update", "session": guide_session()}))
+            await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": b64(wire)}))
+            t0, events = time.monotonic(), []
+            try:
+                async for m in ws:
+                    events.append((time.monotonic() - t0, json.loads(m)))
+            except ConnectionClosed:
+                pass
+            return events, time.monotonic() - t0, ws.close_code
+
+    events, closed_after_s, code = asyncio.run(run())
+    completed = [(t, e) for t, e in events if e["type"] == COMPLETED]
+    assert len(completed) == 1 and completed[0][1]["nemo_serve"]["token_ids"] == oracle(demo_model, wire, mode)
+    assert 3.5 < completed[0][0] < closed_after_s - 3.0
+    assert code == 1008 and events[-1][1]["type"] == "error" and "idle" in events[-1][1]["error"]["message"]

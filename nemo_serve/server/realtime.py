@@ -44,16 +44,13 @@ import asyncio
 import functools
 import logging
 import time
-from collections import deque
 from dataclasses import replace
 
-import msgspec
 import numpy as np
 from starlette.websockets import WebSocket
 
 from ..engine.endpoint import EndpointConfig
 from ..engine.errors import NoFreeSlotError
-from ..engine.geometry import frames_available
 from ..engine.results import StreamResult
 from .audio import AudioDecoder
 from .context import ServerContext
@@ -69,7 +66,7 @@ from .protocol import (
     ProtocolState,
     close_reason,
 )
-from .realtime_items import ItemStream, SegmentKeys
+from .realtime_items import ItemStream, NimCommits, SegmentKeys
 from . import speech_detector
 from .realtime_protocol import (
     Append,
@@ -78,6 +75,7 @@ from .realtime_protocol import (
     RealtimeError,
     SessionUpdate,
     TurnDetection,
+    completed_event,
     error_event,
     event,
     model_language,
@@ -132,10 +130,7 @@ class RealtimeSession(Session):
         self.appended_since_commit = False
         self._last_audio = time.monotonic()
         self._last_release = float("-inf")  # when an item of ours last finished (its slot comes back)
-        # NIM's commits (one engine stream): audio_processed_s that ends a pending item, and the
-        # segment a force_final was asked for, until its final.
-        self.commit_targets: deque[float] = deque()
-        self.final_requested: int | None = None
+        self.nim_commits = NimCommits()  # a NIM client's commits on its one engine stream
         self.outbox.put(self._session_event("created"))
 
     # ------------------------------------------------------------------ receive side
@@ -258,7 +253,8 @@ class RealtimeSession(Session):
         elif key not in self.committed:  # a second commit before the item ended joins it
             self._queue(self._committed_event(key))
         if self.nim:
-            self.commit_targets.append(self._decodable_s(item))
+            g = self.ctx.model.geometry_for(self.rt.context_right)
+            self.nim_commits.add(item.num_samples, g, self.ctx.model.feature_margin)
             self._end_nim_items(item)
         else:
             self._finish_item(item)
@@ -369,29 +365,13 @@ class RealtimeSession(Session):
         if self.current is item:
             self.current = None
 
-    def _decodable_s(self, item: ItemStream) -> float:
-        """NIM: audio_processed_s once the model has stepped every whole chunk of what was pushed
-        (the engine's readiness rule, engine/frontend.frames_available: a chunk needs its feature windows)."""
-        g, margin = self.ctx.model.geometry_for(self.rt.context_right), self.ctx.model.feature_margin
-        frames = int(frames_available(item.num_samples, False, g.hop_samples, margin))
-        if frames < g.first_frames:
-            return 0.0
-        frames = g.first_frames + (frames - g.first_frames) // g.chunk_frames * g.chunk_frames
-        return round(frames * g.hop_samples / g.sample_rate, 3)
-
     def _end_nim_items(self, item: ItemStream) -> None:
-        """NIM: force_final for the pending commits the model has caught up with. One request at
-        a time: requests the loop has not taken yet merge into one final (a flag), and the
-        segment count here would run ahead of the engine's."""
-        if self.final_requested is not None or item.handle is None:
+        """NIM: end the items whose commits the model has caught up with (engine.force_final)."""
+        if item.handle is None or self.state is not ProtocolState.STREAMING or item is not self.current:
             return
-        due = False
-        while self.commit_targets and self.commit_targets[0] <= item.processed_s + 1e-6:
-            self.commit_targets.popleft()
-            due = True
-        if due and self.state is ProtocolState.STREAMING and item is self.current:
+        if self.nim_commits.take_due(item.processed_s):
             self.ctx.engine.force_final(item.handle)
-            self.final_requested = item.segment
+            self.nim_commits.final_requested = item.segment
             item.segment += 1
 
     def _endpoint_rules(self) -> EndpointConfig:
@@ -429,11 +409,9 @@ class RealtimeSession(Session):
         key = self.keys.key(item, r.segment)
         if item.cleared_from is not None and r.segment >= item.cleared_from:
             self.cleared.add(key)
-        if r.is_final and r.segment >= item.segment:  # an endpoint closed it (or the end)
-            item.segment = r.segment + 1
-            self.commit_targets.clear()  # NIM: commits of the closed segment came due with it
-        if r.is_final and self.final_requested is not None and r.segment >= self.final_requested:
-            self.final_requested = None
+        if r.is_final:
+            self.nim_commits.on_final(r.segment, closed_by_engine=r.segment >= item.segment)
+            item.segment = max(item.segment, r.segment + 1)
         if r.done:
             item.done = True
             self.items.remove(item)
@@ -551,23 +529,7 @@ class RealtimeSession(Session):
                 ms = int(round((item.start_s + r.audio_processed_s) * 1000))
                 await self._send(event("input_audio_buffer.speech_stopped", item_id=item_id, audio_end_ms=ms))
             await self._send(self._committed_event(r.segment))
-        vocabulary = self.ctx.model.vocabulary
-        extra = {"is_last_result": True} if last else {}
-        await self._send(event(
-            f"{TRANSCRIPTION}.completed", item_id=item_id, content_index=0, transcript=r.text,
-            usage={"type": "duration", "seconds": round(max(0.0, r.audio_processed_s - r.segment_start_s), 3)},
-            nemo_serve={
-                "segment": r.segment,
-                "tokens": [vocabulary[t] if t < len(vocabulary) else "" for t in r.token_ids],
-                "token_ids": r.token_ids,
-                "timestamps": r.token_times_s,
-                "words": [msgspec.structs.asdict(w) for w in r.words or ()],
-                "start_time": r.segment_start_s,
-                "audio_processed": r.audio_processed_s,
-                "item_start": round(item.start_s, 3),
-            },
-            **extra,
-        ))  # fmt: skip
+        await self._send(completed_event(r, item_id, self.ctx.model.vocabulary, item.start_s, last))
 
     def _committed_event(self, segment: int):
         """input_audio_buffer.committed for `segment`'s item, chained to the item before it."""

@@ -9,10 +9,12 @@ stream (realtime.py). Owner: the event loop (realtime.RealtimeSession).
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..engine.geometry import frames_available
 from .audio import AudioDecoder
 
 
@@ -61,3 +63,40 @@ class SegmentKeys:
         """Its results are all sent: drop its keys (a long session does not grow)."""
         for pair in [p for p in self._keys if p[0] == item.number]:
             self.key_to_stream.pop(self._keys.pop(pair), None)
+
+
+class NimCommits:
+    """A NIM client's commits on its one engine stream: each ends the item once the model has
+    decoded every whole chunk appended before it. Rejected: force_final at once, which publishes
+    the item before a fast sender's audio is decoded and leaves it nearly empty."""
+
+    def __init__(self) -> None:
+        self.targets: deque[float] = deque()  # audio_processed_s that ends a pending item
+        self.final_requested: int | None = None  # the segment a force_final was asked for, until its final
+
+    def add(self, num_samples: int, geometry, feature_margin: int) -> None:
+        """A commit after `num_samples` model-rate samples: it is due once the model has stepped
+        every whole chunk of them (the engine's readiness rule, engine/frontend.frames_available:
+        a chunk needs its feature windows)."""
+        g = geometry
+        frames = int(frames_available(num_samples, False, g.hop_samples, feature_margin))
+        if frames >= g.first_frames:
+            frames = g.first_frames + (frames - g.first_frames) // g.chunk_frames * g.chunk_frames
+        self.targets.append(round(frames * g.hop_samples / g.sample_rate, 3) if frames >= g.first_frames else 0.0)
+
+    def take_due(self, processed_s: float) -> bool:
+        """Whether a force_final is due now. One request at a time: requests the loop has not
+        taken yet merge into one final (a flag), and the segment count would run ahead of the engine's."""
+        if self.final_requested is not None:
+            return False
+        due = False
+        while self.targets and self.targets[0] <= processed_s + 1e-6:
+            self.targets.popleft()
+            due = True
+        return due
+
+    def on_final(self, segment: int, closed_by_engine: bool) -> None:
+        if closed_by_engine:  # an endpoint (or the end) closed it: its commits came due with it
+            self.targets.clear()
+        if self.final_requested is not None and segment >= self.final_requested:
+            self.final_requested = None

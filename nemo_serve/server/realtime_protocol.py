@@ -27,6 +27,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
+import msgspec
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .logsafe import clean, preview
@@ -305,3 +306,25 @@ def error_event(message: str, *, type_: str = "invalid_request_error", code: str
                 param: str | None = None, event_id: str | None = None) -> ServerEvent:  # fmt: skip
     """OpenAI's error shape (RealtimeErrorEvent): {type: "error", event_id, error: {...}}."""
     return event("error", error={"type": type_, "code": code, "message": message, "param": param, "event_id": event_id})
+
+
+def completed_event(r, item_id: str, vocabulary: list[str], item_start_s: float, last: bool) -> ServerEvent:
+    """conversation.item.input_audio_transcription.completed for a final `r` (engine StreamResult),
+    with what /ws's final carries in `nemo_serve` (times count from the item's engine stream,
+    which begins at `item_start` of the session's audio)."""
+    extra = {"is_last_result": True} if last else {}
+    return event(
+        "conversation.item.input_audio_transcription.completed", item_id=item_id, content_index=0, transcript=r.text,
+        usage={"type": "duration", "seconds": round(max(0.0, r.audio_processed_s - r.segment_start_s), 3)},
+        nemo_serve={
+            "segment": r.segment,
+            "tokens": [vocabulary[t] if t < len(vocabulary) else "" for t in r.token_ids],
+            "token_ids": r.token_ids,
+            "timestamps": r.token_times_s,
+            "words": [msgspec.structs.asdict(w) for w in r.words or ()],
+            "start_time": r.segment_start_s,
+            "audio_processed": r.audio_processed_s,
+            "item_start": round(item_start_s, 3),
+        },
+        **extra,
+    )  # fmt: skip

@@ -8,7 +8,7 @@ utterance is its first 10 ms frame within 20 dB of its loudest (energy, not the 
 test). Per utterance:
   onset latency   wall time from sending the append that holds the onset sample to receiving
                   speech_started;
-  first text      the same, to the first transcription delta (what speech_started used to wait for);
+  first text      the same, to the first transcription delta (a speech event from decoded text);
   start error     speech_started.audio_start_ms (prefix_padding_ms 0) minus the onset.
 Then the detector alone, in process: CPU seconds per window and per second of audio.
 

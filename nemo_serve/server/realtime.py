@@ -2,43 +2,55 @@
 
 A `Session` (session.py) with another wire format: the same receive and send tasks, admission,
 limits, idle and duration timeouts, backpressure, bounded outbox, drain and `finally:` abort; only
-what a frame means and what a result looks like differ. The engine stream and its tokens are
-/ws's: the same decoder (PCM16 at 24 kHz resampled by soxr), push, finish and force_final.
+what a frame means and what a result looks like differ. Each engine stream's tokens are /ws's:
+the same decoder (PCM16 at 24 kHz resampled by soxr), push, finish and force_final.
 
-  session.created        at once (the slot is taken at the first append, as /ws takes it at the
-                         first message, so a socket that only configures holds none)
-  append                 -> decode, engine.push
-  commit                 -> input_audio_buffer.committed now; the item ends (engine.force_final)
-                            once the model has decoded every whole chunk of the audio appended
-                            before the commit. Rejected: force_final at once, which publishes the
-                            item before a fast sender's audio is decoded and leaves it nearly empty.
-  clear                  -> input_audio_buffer.cleared; the current item ends the same way, and
-                            its completion is not sent (its audio still went through the model)
+  session.created        at once (the first append takes a slot, as /ws's first message does, so
+                         a socket that only configures holds none); the mode comes from
+                         `?context_right=` or the session's `context_right`, echoed in it
+  append                 -> decode, engine.push into the current item's engine stream (a new
+                            one after each commit: realtime_items.py)
+  commit                 -> input_audio_buffer.committed now; the item's engine stream is
+                            finished as an end of input is (its tail decoded with the same rule),
+                            so `completed` carries all of its audio and equals NeMo's loop on it.
+                            Audio after the commit opens a fresh engine stream; with no slot free
+                            it waits, in order, for the committed one's slot (none in flight:
+                            error, close 1013)
+  clear                  -> input_audio_buffer.cleared; the item ends the same way and its
+                            completion is not sent (its audio still went through the model)
   input_audio_buffer.done (NIM) -> end of input: the last item is completed with
                             `is_last_result: true`, then close 1000
-  endpointer final       -> speech_stopped, committed, completed (turn_detection on)
-  partial                -> speech_started (first text of an item), delta (text not sent yet)
+  endpointer final       -> committed, completed (turn_detection on); off with `turn_detection: null`
+  speech detector        -> speech_started at the onset, speech_stopped after the turn's silence
+                            (turn_detection on; speech_detector.py: Silero VAD per session, on the
+                            appended audio). They time speech only: items end where the endpointer
+                            or a commit ends them, so tokens stay /ws's
+  partial                -> delta (text not sent yet)
+  no audio               -> an item with uncommitted audio is finished like a commit before any
+                            idle close, and with turn detection on once the audio stops for the
+                            turn's silence_duration_ms; the idle clock stands still while
+                            committed items are decoding
 
-Items map one-to-one to the engine's segments; `item_id`s chain by `previous_item_id`. The
-audio before a commit that does not fill a model chunk (under one chunk) cannot be decoded until
-more audio or the end of input comes, so it opens the next item; `input_audio_buffer.done`
-decodes it.
+A NIM client (its update has `input_audio_params`) commits after every packet and reads a commit
+as "the items so far": its session keeps one engine stream and a commit ends the item once the
+model has decoded every whole chunk appended before it (engine.force_final), as before.
+Items map one-to-one to engine segments (SegmentKeys numbers them across streams); `item_id`s
+chain by `previous_item_id`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-from collections import deque
 from dataclasses import replace
 
-import msgspec
+import numpy as np
 from starlette.websockets import WebSocket
 
 from ..engine.endpoint import EndpointConfig
 from ..engine.errors import NoFreeSlotError
-from ..engine.geometry import frames_available
 from ..engine.results import StreamResult
 from .audio import AudioDecoder
 from .context import ServerContext
@@ -46,6 +58,7 @@ from .logsafe import clean
 from .protocol import (
     CLOSE_NORMAL,
     CLOSE_PROTOCOL_ERROR,
+    CLOSE_SERVER_ERROR,
     CLOSE_TRY_AGAIN_LATER,
     MAX_REASON_CHARS,
     ConfigMessage,
@@ -53,6 +66,8 @@ from .protocol import (
     ProtocolState,
     close_reason,
 )
+from .realtime_items import ItemStream, NimCommits, SegmentKeys
+from . import speech_detector
 from .realtime_protocol import (
     Append,
     BufferEvent,
@@ -60,18 +75,27 @@ from .realtime_protocol import (
     RealtimeError,
     SessionUpdate,
     TurnDetection,
+    completed_event,
     error_event,
     event,
     model_language,
     new_id,
     parse_client_event,
 )
-from .session import CLOSE_TIMEOUT_S, Session, _Close
+from .session import CLOSE_TIMEOUT_S, MAX_AHEAD_S, Session, _Close
+from .speech_detector import SpeechDetector, SpeechEvent
 from .wav_stream import WavStreamDecoder
 
 log = logging.getLogger("nemo_serve.realtime")
 
 TRANSCRIPTION = "conversation.item.input_audio_transcription"
+# While committed items decode, the idle clock stands still; the receive task looks again this often.
+PAUSED_IDLE_CHECK_S = 0.5
+# A committed item's `done` can reach us a moment before the engine counts its slot free
+# (release comes between steps, in the core process for --frontends >= 1): the next item retries.
+SLOT_RETRY_S = 0.01
+SLOT_RETRY_FOR_S = 2.0
+STALL_POLL_S = 0.1
 
 
 class RealtimeSession(Session):
@@ -82,18 +106,32 @@ class RealtimeSession(Session):
         self.dialect = "beta" if "realtime=v1" in ws.headers.get("openai-beta", "") else "ga"
         self.rt = RealtimeConfig(turn_detection=_turn_detection(ctx.settings.endpoint_config))
         self.rt.transcription_model = ctx.model.name
+        self.rt.context_right = ctx.model.geometry.context_right
+        mode = ws.query_params.get("context_right")
+        if mode is not None:
+            try:
+                self.rt.context_right = ctx.model.geometry_for(int(mode)).context_right
+            except ValueError as e:  # refused before any audio, as /ws's URL is
+                self._query_error = f"invalid query parameter context_right: {e}"
+        self.nim = False  # a NIM client (input_audio_params): commits close items, one engine stream
         # Owner: the event loop (receive side, and the send task for what results announce).
-        self.segment_to_item: dict[int, str] = {}  # engine segment -> item_id
+        self.items: list[ItemStream] = []  # engine streams not yet done, in order
+        self.current: ItemStream | None = None  # the one appends go to
+        self.num_items = 0  # engine streams started
+        self.num_items_sent = 0  # engine streams whose last result was sent (send task)
+        self.keys = SegmentKeys()
+        self.segment_to_item: dict[int, str] = {}  # session segment -> item_id
         self.last_item_id: str | None = None  # the previous completed or committed item
-        self.segment = 0  # the engine segment now being filled (receive side's view)
-        self.sent_text = ""  # what the deltas of the current segment carried
-        self.speaking = False  # speech_started sent for the current segment
+        self.sent_text: dict[int, str] = {}  # what the deltas of each open segment carried
+        self.speaking: set[int] = set()  # segments speech_started was sent for
+        self.vad: SpeechDetector | None = None  # with turn detection: speech events (speech_detector.py)
         self.committed: set[int] = set()  # segments a committed event announced
         self.cleared: set[int] = set()  # segments whose completion is not sent
-        self.commit_targets: deque[float] = deque()  # audio_processed_s that ends a pending item
-        self.final_requested: int | None = None  # segment a force_final was asked for, until its final
-        self.num_model_samples = 0  # samples pushed to the engine, at the model's rate
+        self.num_model_samples = 0  # samples given to the engine in the session, at the model's rate
         self.appended_since_commit = False
+        self._last_audio = time.monotonic()
+        self._last_release = float("-inf")  # when an item of ours last finished (its slot comes back)
+        self.nim_commits = NimCommits()  # a NIM client's commits on its one engine stream
         self.outbox.put(self._session_event("created"))
 
     # ------------------------------------------------------------------ receive side
@@ -126,12 +164,18 @@ class RealtimeSession(Session):
 
     def _update(self, u: SessionUpdate) -> None:
         self.dialect = u.dialect
-        if self.state is not ProtocolState.CONNECTED and (u.rate or u.turn_detection_set or _language(u)):
+        fixed = u.rate or u.turn_detection_set or _language(u) or u.context_right is not None or u.nim
+        if self.state is not ProtocolState.CONNECTED and fixed:
             raise RealtimeError(
-                "audio format, language and turn_detection cannot change once audio was appended",
+                "audio format, language, turn_detection and context_right cannot change once audio was appended",
                 code="session_update_after_audio", event_id=u.event_id,
             )  # fmt: skip
         rt = self.rt
+        if u.context_right is not None:
+            try:
+                mode = self.ctx.model.geometry_for(u.context_right).context_right
+            except ValueError as e:
+                raise RealtimeError(str(e), param="session.context_right", event_id=u.event_id) from None
         if u.transcription is not None:
             if u.transcription.language is not None:
                 try:
@@ -142,8 +186,11 @@ class RealtimeSession(Session):
                 rt.language = u.transcription.language or None
             rt.transcription_model = u.transcription.model or rt.transcription_model
             rt.prompt = u.transcription.prompt if u.transcription.prompt is not None else rt.prompt
+        if u.context_right is not None:
+            rt.context_right = mode
         rt.rate = u.rate or rt.rate
         rt.wav_header = u.wav_header if u.wav_header is not None else rt.wav_header
+        self.nim = self.nim or u.nim
         if u.turn_detection_set:
             rt.turn_detection = u.turn_detection
         self._queue(self._session_event("updated"))
@@ -151,88 +198,189 @@ class RealtimeSession(Session):
     def _append(self, a: Append) -> None:
         if self.state is ProtocolState.CONNECTED:
             self._open()
-        n = self._push_audio(a.pcm, "input_audio_buffer.append after input_audio_buffer.done")
-        if n is not None:
-            self.num_model_samples += n
-            self.appended_since_commit = self.appended_since_commit or len(a.pcm) > 0
+        if self.state is ProtocolState.ENDING and self.end_reason == "end":
+            raise ProtocolError("input_audio_buffer.append after input_audio_buffer.done")
+        if self.state is not ProtocolState.STREAMING:
+            return  # the server ended input (drain, duration cap); the client may not know yet
+        item = self.current or self._start_item()
+        if item is None:
+            return
+        self._feed(item, item.decoder.decode(a.pcm))
+        if len(a.pcm):
+            self.appended_since_commit = True
+            self._last_audio = time.monotonic()
+        if self.num_model_samples >= self.ctx.settings.max_stream_s * self.ctx.model.geometry.sample_rate:
+            self._end_input("max_stream_duration")
+
+    def _feed(self, item: ItemStream, samples: np.ndarray) -> None:
+        if not len(samples):
+            return
+        item.num_samples += len(samples)
+        self.num_model_samples += len(samples)
+        if item.handle is None:
+            item.waiting.append(samples)
+        else:
+            self.ctx.engine.push(item.handle, samples)
+        if self.vad is not None:
+            for ev in self.vad.push(samples):
+                self._speech_event(item, ev)
+
+    def _speech_event(self, item: ItemStream, ev: SpeechEvent) -> None:
+        """The detector's onset or end, for the item being filled, on the session's audio clock
+        (speech_started moved back by prefix_padding_ms, as OpenAI's is)."""
+        key = self.keys.key(item, item.segment)
+        item_id = self.segment_to_item.setdefault(key, new_id("item"))
+        ms = ev.sample * 1000 / self.ctx.model.geometry.sample_rate
+        if ev.kind == "started":
+            self.speaking.add(key)
+            pad_ms = self.rt.turn_detection.prefix_padding_ms or 0
+            self._queue(event("input_audio_buffer.speech_started", item_id=item_id, audio_start_ms=max(0, round(ms - pad_ms))))
+        else:
+            self._queue(event("input_audio_buffer.speech_stopped", item_id=item_id, audio_end_ms=round(ms)))
 
     def _commit(self, b: BufferEvent) -> None:
         if b.kind == "clear":
             self._queue(event("input_audio_buffer.cleared"))
-        if self.state is not ProtocolState.STREAMING or not self.appended_since_commit:
+        if self.state is not ProtocolState.STREAMING or not self.appended_since_commit or self.current is None:
             if b.kind == "commit":
                 raise RealtimeError("buffer is empty: no audio was appended since the last commit",
                                     code="input_audio_buffer_commit_empty", event_id=b.event_id)  # fmt: skip
             return
         self.appended_since_commit = False
+        item = self.current
+        key = self.keys.key(item, item.segment)
         if b.kind == "clear":
-            self.cleared.add(self.segment)
-        elif self.segment not in self.committed:  # a second commit before the item ended joins it
-            self._queue(self._committed_event(self.segment))
-        self.commit_targets.append(self._decodable_s())
-        self._end_items()
+            self.cleared.add(key)
+            item.cleared_from = item.segment
+        elif key not in self.committed:  # a second commit before the item ended joins it
+            self._queue(self._committed_event(key))
+        if self.nim:
+            g = self.ctx.model.geometry_for(self.rt.context_right)
+            self.nim_commits.add(item.num_samples, g, self.ctx.model.feature_margin)
+            self._end_nim_items(item)
+        else:
+            self._finish_item(item)
 
     def _done(self) -> None:
         if self.state is ProtocolState.CONNECTED:
             self._open()
         if self.state is ProtocolState.STREAMING:
+            if self.current is None and not self.items:
+                self._start_item()  # nothing open or decoding: an empty item carries is_last_result
             self._end_input("end")
         elif self.end_reason == "end":
             raise ProtocolError("input_audio_buffer.done was already received")
 
-    def _decodable_s(self) -> float:
-        """audio_processed_s once the model has stepped every whole chunk of what was pushed
-        (the engine's readiness rule, engine/frontend.frames_available: a chunk needs its feature windows)."""
-        g, margin = self.ctx.model.geometry, self.ctx.model.feature_margin
-        n = self.num_model_samples
-        frames = int(frames_available(n, False, g.hop_samples, margin))
-        if frames < g.first_frames:
-            return 0.0
-        frames = g.first_frames + (frames - g.first_frames) // g.chunk_frames * g.chunk_frames
-        return round(frames * g.hop_samples / g.sample_rate, 3)
+    def _end_input(self, reason: str) -> None:
+        """End of input (done, drain, duration cap): the current item is finished, the last item
+        in flight is the session's last; close 1000 once it is done."""
+        self.end_reason = reason
+        if self.current is not None:
+            self._finish_item(self.current)
+        if self.items:
+            self.items[-1].last = True
+        self._set_state(ProtocolState.ENDING)
+        self._progress.set()
+        if not self.items:
+            self.outbox.put(_Close(CLOSE_NORMAL, _end_reason(reason), error=False))
 
-    def _end_items(self) -> None:
-        """force_final for the pending commits the model has caught up with. One request at a
-        time: requests the loop has not taken yet merge into one final (a flag), and the
-        segment count here would run ahead of the engine's."""
-        if self.final_requested is not None:
-            return
-        due = False
-        while self.commit_targets and self.commit_targets[0] <= self._audio_processed_s + 1e-6:
-            self.commit_targets.popleft()
-            due = True
-        if due and self.state is ProtocolState.STREAMING:
-            self.ctx.engine.force_final(self.stream)
-            self.final_requested = self.segment
-            self.segment += 1
-
+    # ------------------------------------------------------------------ item streams
     def _open(self) -> None:
-        """Take a slot, or refuse: as Session._open, with the session's config and no `ready`."""
+        """Admit the session (the first append or done): refused as /ws refuses a stream. Each
+        item then takes its own slot (_start_item)."""
         ctx, rt = self.ctx, self.rt
         try:
-            language = model_language(rt.language, _languages(ctx.model))
+            self.language = model_language(rt.language, _languages(ctx.model))
         except RealtimeError as e:  # checked at the update already; the model has not changed
             raise ProtocolError(str(e)) from None
-        self.config = ConfigMessage(sample_rate=rt.rate, encoding="pcm_s16le", language=language)
+        self.config = ConfigMessage(sample_rate=rt.rate, encoding="pcm_s16le", language=self.language)
         refusal = ctx.refusal()
-        if refusal is None:
-            try:
-                self.stream = ctx.engine.open_stream(self._on_result, language=language, endpoint=self._endpoint_rules())
-            except NoFreeSlotError as e:
-                refusal = "no_free_slot", f"no free slot ({e}); retry later"
         if refusal is not None:
             label, reason = refusal
             ctx.metrics.refusals.labels(reason=label).inc()
             self.fail(reason, code=CLOSE_TRY_AGAIN_LATER, reason_label="refused")
             return
-        rate = ctx.model.geometry.sample_rate
-        self.decoder = WavStreamDecoder(rt.rate, rate) if rt.wav_header else AudioDecoder("pcm_s16le", rt.rate, rate)
         self._opened_at = time.monotonic()
         self._set_state(ProtocolState.STREAMING)
-        self.mode_label = str(ctx.model.geometry.context_right)  # the default mode
+        rate = ctx.model.geometry.sample_rate
+        td = rt.turn_detection
+        if td is not None and speech_detector.available(rate):
+            threshold = 0.5 if td.threshold is None else td.threshold  # OpenAI's default and silero's
+            self.vad = SpeechDetector(rate, threshold, self._endpoint_rules().rule2_min_trailing_silence_s)
+        self.mode_label = str(rt.context_right)
         ctx.metrics.stream_opened(self.mode_label)
 
+    def _start_item(self) -> ItemStream | None:
+        """A new engine stream for the audio from here to the next commit."""
+        rate = self.ctx.model.geometry.sample_rate
+        # "none" (NVIDIA's client sends its file as is): the session's audio opens with a WAV header
+        first_is_wav = self.rt.wav_header and self.num_items == 0
+        decoder = WavStreamDecoder(self.rt.rate, rate) if first_is_wav else AudioDecoder("pcm_s16le", self.rt.rate, rate)
+        item = ItemStream(self.num_items, decoder, start_s=self.num_model_samples / rate)
+        self.num_items += 1
+        self.items.append(item)
+        self.current = item
+        self._open_waiting()
+        return None if self.closing else item
+
+    def _open_waiting(self) -> None:
+        """Give slots to the items waiting for one, in order; none free: wait while a committed
+        item of this session is decoding (its slot comes back), else refuse (1013)."""
+        for item in self.items:
+            if item.handle is not None:
+                continue
+            try:
+                item.handle = self.ctx.engine.open_stream(
+                    functools.partial(self._on_item_result, item), language=self.language,
+                    endpoint=self._endpoint_rules(), context_right=self.rt.context_right,
+                )  # fmt: skip
+            except NoFreeSlotError as e:
+                self._wait_for_slot(str(e))
+                return
+            for samples in item.waiting:
+                self.ctx.engine.push(item.handle, samples)
+            item.waiting.clear()
+            if item.finishing:
+                self.ctx.engine.finish(item.handle)
+
+    def _wait_for_slot(self, why: str) -> None:
+        if any(i.in_flight for i in self.items):
+            return  # a committed item is decoding: its `done` tries again
+        if time.monotonic() - self._last_release <= SLOT_RETRY_FOR_S:
+            self._loop.call_later(SLOT_RETRY_S, self._retry_slot)  # ours just finished: its slot is on its way
+            return
+        self.ctx.metrics.refusals.labels(reason="no_free_slot").inc()
+        self.fail(f"no free slot for the next item ({why}); retry later", code=CLOSE_TRY_AGAIN_LATER,
+                  reason_label="refused")  # fmt: skip
+
+    def _retry_slot(self) -> None:
+        if not self.closing and not self.client_gone:
+            self._open_waiting()
+
+    def _finish_item(self, item: ItemStream) -> None:
+        """Decode the item to its end (commit, end of input, or its audio stopped)."""
+        self._feed(item, item.decoder.flush())
+        if self.vad is not None:
+            for ev in self.vad.flush():  # speech still on ends with the item's audio
+                self._speech_event(item, ev)
+        item.finishing = True
+        if item.handle is not None:
+            self.ctx.engine.finish(item.handle)
+        if self.current is item:
+            self.current = None
+
+    def _end_nim_items(self, item: ItemStream) -> None:
+        """NIM: end the items whose commits the model has caught up with (engine.force_final)."""
+        if item.handle is None or self.state is not ProtocolState.STREAMING or item is not self.current:
+            return
+        if self.nim_commits.take_due(item.processed_s):
+            self.ctx.engine.force_final(item.handle)
+            self.nim_commits.final_requested = item.segment
+            item.segment += 1
+
     def _endpoint_rules(self) -> EndpointConfig:
+        """turn_detection null: no endpointer (items end at commits only); server VAD: the
+        server's rules with silence_duration_ms as rule 2 (silence after text)."""
         base, td = self.ctx.settings.endpoint_config, self.rt.turn_detection
         if td is None:
             return EndpointConfig.off()
@@ -240,14 +388,94 @@ class RealtimeSession(Session):
             return replace(base, enabled=True, rule2_min_trailing_silence_s=td.silence_duration_ms / 1000).validated()
         return replace(base, enabled=True)
 
-    def _take_result(self, r: StreamResult) -> None:
-        super()._take_result(r)
-        if r.is_final and r.segment >= self.segment:  # an endpoint closed it (or the end)
-            self.segment = r.segment + 1
-            self.commit_targets.clear()  # commits of the closed segment came due with it
-        if r.is_final and self.final_requested is not None and r.segment >= self.final_requested:
-            self.final_requested = None
-        self._end_items()
+    def _abort(self, reason: str) -> None:
+        for item in self.items:
+            if item.handle is not None:
+                self.ctx.engine.abort(item.handle, reason)  # idempotent
+
+    # ------------------------------------------------------------------ results (event loop)
+    def _on_item_result(self, item: ItemStream, result: StreamResult) -> None:
+        """Engine callback, on the loop thread: hand over and return at once."""
+        try:
+            self._loop.call_soon_threadsafe(self._take_item_result, item, result)
+        except RuntimeError:  # event loop closed at shutdown
+            pass
+
+    def _take_item_result(self, item: ItemStream, r: StreamResult) -> None:
+        if self.closing or self.client_gone:
+            return
+        if r.error is not None:
+            self.fail(f"engine error: {r.error}", code=CLOSE_SERVER_ERROR, reason_label="engine")
+            return
+        self.ctx.metrics.audio_seconds.inc(max(0.0, r.audio_processed_s - item.processed_s))
+        item.processed_s = max(item.processed_s, r.audio_processed_s)
+        self._progress.set()
+        key = self.keys.key(item, r.segment)
+        if item.cleared_from is not None and r.segment >= item.cleared_from:
+            self.cleared.add(key)
+        if r.is_final:
+            self.nim_commits.on_final(r.segment, closed_by_engine=r.segment >= item.segment)
+            item.segment = max(item.segment, r.segment + 1)
+        if r.done:
+            item.done = True
+            self.items.remove(item)
+            self._last_message = self._last_release = time.monotonic()  # the idle clock runs again from here
+            self._open_waiting()
+        elif self.nim:
+            self._end_nim_items(item)
+        if not self.outbox.put(replace(r, segment=key)):
+            self.fail(f"client is not reading results ({len(self.outbox)} messages waiting)",
+                      reason_label="slow_client")  # fmt: skip
+
+    async def _wait_for_model(self) -> None:
+        """Stop reading while the model is more than MAX_AHEAD_S behind this session's input
+        (audio waiting for a slot counts)."""
+        while self.state is ProtocolState.STREAMING and not self.closing and self._behind_s() > MAX_AHEAD_S:
+            self._progress.clear()
+            await self._progress.wait()
+            # waiting on us is neither the client being idle nor its audio stopping
+            self._last_message = self._last_audio = time.monotonic()
+
+    def _behind_s(self) -> float:
+        rate = self.ctx.model.geometry.sample_rate
+        return sum(i.num_samples / rate - i.processed_s for i in self.items)
+
+    # ------------------------------------------------------------------ timeouts
+    def _receive_timeout(self) -> float | None:
+        timeout = super()._receive_timeout()
+        if self.state is not ProtocolState.STREAMING:
+            return timeout
+        if any(i.in_flight for i in self.items):
+            return min(timeout, PAUSED_IDLE_CHECK_S)
+        stall_s = self._stall_s()
+        if stall_s is not None:
+            # Not below STALL_POLL_S: a frame already queued (a busy event loop) must win the race.
+            return max(STALL_POLL_S, min(timeout, self._last_audio + stall_s - time.monotonic()))
+        return timeout
+
+    def _stall_s(self) -> float | None:
+        """With turn detection on, audio that stops for the turn's silence ends the turn, as the
+        silence would have (a file that ends at its last word); None: no such rule now."""
+        if self.rt.turn_detection is None or self.current is None or not self.appended_since_commit:
+            return None
+        return self._endpoint_rules().rule2_min_trailing_silence_s
+
+    def _on_timeout(self) -> None:
+        s, now = self.ctx.settings, time.monotonic()
+        if self.state is ProtocolState.STREAMING and now < self._opened_at + s.max_stream_s:
+            stall_s = self._stall_s()
+            if any(i.in_flight for i in self.items):
+                self._last_message = now  # committed items are decoding: not the client's silence
+                return
+            idle = now >= self._last_message + s.idle_timeout_s
+            if self.current is not None and self.appended_since_commit and (
+                idle or (stall_s is not None and now >= self._last_audio + stall_s)
+            ):
+                self.appended_since_commit = False
+                self._finish_item(self.current)  # what it has is finalized before any idle close
+                self._last_message = now
+                return
+        super()._on_timeout()
 
     # ------------------------------------------------------------------ send side
     async def _send_close(self, item: _Close) -> None:
@@ -261,52 +489,51 @@ class RealtimeSession(Session):
             self.drop()
 
     async def _send_result(self, r: StreamResult) -> bool:
+        """One engine result (its `segment` is the session's, SegmentKeys); True once closed."""
+        item = self.keys.key_to_stream[r.segment]
         item_id = self.segment_to_item.setdefault(r.segment, new_id("item"))
         cleared = r.segment in self.cleared
-        tds = self.rt.turn_detection is not None
-        if not cleared and r.text.startswith(self.sent_text) and len(r.text) > len(self.sent_text):
-            if tds and not self.speaking and r.token_times_s:
-                self.speaking = True
+        sent = self.sent_text.get(r.segment, "")
+        if not cleared and r.text.startswith(sent) and len(r.text) > len(sent):
+            if self.vad is None and self.rt.turn_detection is not None and r.segment not in self.speaking and r.token_times_s:
+                self.speaking.add(r.segment)
                 await self._send(event("input_audio_buffer.speech_started", item_id=item_id,
-                                       audio_start_ms=int(r.token_times_s[0] * 1000)))  # fmt: skip
+                                       audio_start_ms=self._speech_start_ms(item, r)))  # fmt: skip
             await self._send(event(f"{TRANSCRIPTION}.delta", item_id=item_id, content_index=0,
-                                   delta=r.text[len(self.sent_text):]))  # fmt: skip
-            self.sent_text = r.text
+                                   delta=r.text[len(sent):]))  # fmt: skip
+            self.sent_text[r.segment] = r.text
         if r.is_final:
-            await self._send_final(r, item_id, cleared)
+            await self._send_final(r, item, item_id, cleared)
         if not r.done:
             return False
-        reason = {"end": "end of input", "draining": "server is draining (shutting down)"}.get(self.end_reason or "end")
-        await asyncio.wait_for(self.ws.close(CLOSE_NORMAL, reason or "maximum stream duration reached"),
+        self.keys.forget(item)
+        self.num_items_sent += 1
+        if self.state is not ProtocolState.ENDING or self.num_items_sent < self.num_items:
+            return False
+        await asyncio.wait_for(self.ws.close(CLOSE_NORMAL, _end_reason(self.end_reason or "end")),
                                self.ctx.settings.send_timeout_s)  # fmt: skip
         return True
 
-    async def _send_final(self, r: StreamResult, item_id: str, cleared: bool) -> None:
+    def _speech_start_ms(self, item: ItemStream, r: StreamResult) -> int:
+        """The item's first token, moved back by prefix_padding_ms (not before the item's start),
+        on the session's audio clock."""
+        td = self.rt.turn_detection
+        pad_s = (td.prefix_padding_ms or 0) / 1000 if td is not None else 0.0
+        return int(round((item.start_s + max(r.segment_start_s, r.token_times_s[0] - pad_s)) * 1000))
+
+    async def _send_final(self, r: StreamResult, item: ItemStream, item_id: str, cleared: bool) -> None:
         announced = r.segment in self.committed
-        self.sent_text, self.speaking = "", False
-        if cleared or not (r.text or announced or r.done):
-            return  # silence the endpointer closed, or an item the client cleared
-        if not announced:  # the endpointer ended it: what server VAD says
-            if self.rt.turn_detection is not None and not r.done:
-                ms = int(r.audio_processed_s * 1000)
+        self.sent_text.pop(r.segment, None)
+        self.speaking.discard(r.segment)
+        last = r.done and item.last
+        if cleared or not (r.text or announced or last):
+            return  # silence the endpointer closed, an item the client cleared, audio that stopped in silence
+        if not announced:  # the endpointer ended it, or the audio stopped: what server VAD says
+            if self.vad is None and self.rt.turn_detection is not None and not last:
+                ms = int(round((item.start_s + r.audio_processed_s) * 1000))
                 await self._send(event("input_audio_buffer.speech_stopped", item_id=item_id, audio_end_ms=ms))
             await self._send(self._committed_event(r.segment))
-        vocabulary = self.ctx.model.vocabulary
-        extra = {"is_last_result": True} if r.done else {}
-        await self._send(event(
-            f"{TRANSCRIPTION}.completed", item_id=item_id, content_index=0, transcript=r.text,
-            usage={"type": "duration", "seconds": round(max(0.0, r.audio_processed_s - r.segment_start_s), 3)},
-            nemo_serve={
-                "segment": r.segment,
-                "tokens": [vocabulary[t] if t < len(vocabulary) else "" for t in r.token_ids],
-                "token_ids": r.token_ids,
-                "timestamps": r.token_times_s,
-                "words": [msgspec.structs.asdict(w) for w in r.words or ()],
-                "start_time": r.segment_start_s,
-                "audio_processed": r.audio_processed_s,
-            },
-            **extra,
-        ))  # fmt: skip
+        await self._send(completed_event(r, item_id, self.ctx.model.vocabulary, item.start_s, last))
 
     def _committed_event(self, segment: int):
         """input_audio_buffer.committed for `segment`'s item, chained to the item before it."""
@@ -319,6 +546,11 @@ class RealtimeSession(Session):
         if self.dialect == "beta":
             return event(f"transcription_session.{what}", session=self.rt.beta())
         return event(f"session.{what}", session=self.rt.ga())
+
+
+def _end_reason(reason: str) -> str:
+    return {"end": "end of input", "draining": "server is draining (shutting down)",
+            "max_stream_duration": "maximum stream duration reached"}.get(reason, reason)  # fmt: skip
 
 
 def _languages(model) -> list[str] | None:

@@ -27,6 +27,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
+import msgspec
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .logsafe import clean, preview
@@ -55,11 +56,19 @@ class _Loose(BaseModel):
 
 
 _Ms = Annotated[int, Field(ge=0, le=3_600_000)]
+# The latency mode, as /ws's config and URL name it; range-checked against the served modes later.
+_Mode = Annotated[int, Field(ge=0, le=1000)]
 
 
 class TurnDetection(_Loose):
     type: str | None = None  # server_vad, semantic_vad: both run our endpointer
     silence_duration_ms: _Ms | None = None  # -> rule2 (silence after text)
+    prefix_padding_ms: _Ms | None = None  # -> how far before the first token audio_start_ms points
+    threshold: Annotated[float, Field(ge=0.0, le=1.0)] | None = None  # echoed (see realtime.py)
+
+    def echo(self) -> dict:
+        return {"type": self.type or "server_vad", "silence_duration_ms": self.silence_duration_ms,
+                "prefix_padding_ms": self.prefix_padding_ms, "threshold": self.threshold}  # fmt: skip
 
 
 class Transcription(_Loose):
@@ -85,6 +94,7 @@ class GAAudio(_Loose):
 
 class GASession(_Loose):
     type: str | None = None
+    context_right: _Mode | None = None  # nemo-serve's: the latency mode of the session's items
     audio: GAAudio | None = None
 
 
@@ -98,6 +108,7 @@ class BetaSession(_Loose):
     input_audio_transcription: Transcription | None = None
     turn_detection: TurnDetection | None = None
     input_audio_params: InputAudioParams | None = None
+    context_right: _Mode | None = None
 
 
 @dataclass
@@ -111,6 +122,8 @@ class SessionUpdate:
     transcription: Transcription | None = None
     turn_detection_set: bool = False  # the field was present (null turns endpointing off)
     turn_detection: TurnDetection | None = None
+    context_right: int | None = None
+    nim: bool = False  # NIM's input_audio_params: a NIM client, whose commits only close items
 
 
 @dataclass
@@ -182,7 +195,7 @@ def _ga_update(raw: Any, event_id: str | None) -> SessionUpdate:
         )  # fmt: skip
     inp = s.audio.input if s.audio is not None and s.audio.input is not None else AudioInput()
     raw_input = ((raw or {}).get("audio") or {}).get("input") or {}  # validated: dicts or None
-    update = SessionUpdate("ga", event_id, transcription=inp.transcription)
+    update = SessionUpdate("ga", event_id, transcription=inp.transcription, context_right=s.context_right)
     if inp.format is not None:
         if inp.format.type not in (None, "audio/pcm"):
             raise RealtimeError(
@@ -203,11 +216,12 @@ def _beta_update(raw: Any, event_id: str | None) -> SessionUpdate:
             f"input_audio_format {preview(s.input_audio_format, MAX_PREVIEW)} is not supported; use pcm16",
             param="session.input_audio_format", event_id=event_id,
         )  # fmt: skip
-    update = SessionUpdate("beta", event_id, transcription=s.input_audio_transcription)
+    update = SessionUpdate("beta", event_id, transcription=s.input_audio_transcription, context_right=s.context_right)
     if s.input_audio_format is not None:  # "none": NVIDIA's client sends a file as is (wav_stream.py)
         update.wav_header = s.input_audio_format == "none"
     if s.input_audio_params is not None:
         update.rate = s.input_audio_params.sample_rate_hz
+        update.nim = True
     if isinstance(raw, dict) and "turn_detection" in raw:
         update.turn_detection_set, update.turn_detection = True, s.turn_detection
     return update
@@ -243,11 +257,11 @@ class RealtimeConfig:
     language: str | None = None  # as the client sent it
     prompt: str | None = None  # echoed, not used
     turn_detection: TurnDetection | None = None  # None: endpointing off, the client commits
+    context_right: int = 0  # the latency mode every item of the session runs at
 
     def ga(self) -> dict:
         """RealtimeTranscriptionSessionCreateResponse (GA): the session of session.created/updated."""
-        td = None if self.turn_detection is None else {"type": self.turn_detection.type or "server_vad",
-                                                        "silence_duration_ms": self.turn_detection.silence_duration_ms}  # fmt: skip
+        td = None if self.turn_detection is None else self.turn_detection.echo()
         return {
             "type": "transcription",
             "id": self.session_id,
@@ -259,12 +273,12 @@ class RealtimeConfig:
                 "turn_detection": td,
             }},
             "include": [],
+            "context_right": self.context_right,
         }  # fmt: skip
 
     def beta(self) -> dict:
         """TranscriptionSession (beta, as NIM shows it: with input_audio_params; no client secret)."""
-        td = None if self.turn_detection is None else {"type": self.turn_detection.type or "server_vad",
-                                                        "silence_duration_ms": self.turn_detection.silence_duration_ms}  # fmt: skip
+        td = None if self.turn_detection is None else self.turn_detection.echo()
         return {
             "id": self.session_id,
             "object": "realtime.transcription_session",
@@ -275,6 +289,7 @@ class RealtimeConfig:
                                           "prompt": self.prompt},
             "turn_detection": td,
             "client_secret": None,
+            "context_right": self.context_right,
         }  # fmt: skip
 
 
@@ -295,3 +310,25 @@ def error_event(message: str, *, type_: str = "invalid_request_error", code: str
                 param: str | None = None, event_id: str | None = None) -> ServerEvent:  # fmt: skip
     """OpenAI's error shape (RealtimeErrorEvent): {type: "error", event_id, error: {...}}."""
     return event("error", error={"type": type_, "code": code, "message": message, "param": param, "event_id": event_id})
+
+
+def completed_event(r, item_id: str, vocabulary: list[str], item_start_s: float, last: bool) -> ServerEvent:
+    """conversation.item.input_audio_transcription.completed for a final `r` (engine StreamResult),
+    with what /ws's final carries in `nemo_serve` (times count from the item's engine stream,
+    which begins at `item_start` of the session's audio)."""
+    extra = {"is_last_result": True} if last else {}
+    return event(
+        "conversation.item.input_audio_transcription.completed", item_id=item_id, content_index=0, transcript=r.text,
+        usage={"type": "duration", "seconds": round(max(0.0, r.audio_processed_s - r.segment_start_s), 3)},
+        nemo_serve={
+            "segment": r.segment,
+            "tokens": [vocabulary[t] if t < len(vocabulary) else "" for t in r.token_ids],
+            "token_ids": r.token_ids,
+            "timestamps": r.token_times_s,
+            "words": [msgspec.structs.asdict(w) for w in r.words or ()],
+            "start_time": r.segment_start_s,
+            "audio_processed": r.audio_processed_s,
+            "item_start": round(item_start_s, 3),
+        },
+        **extra,
+    )  # fmt: skip

@@ -1,0 +1,102 @@
+"""The engine streams of one /v1/realtime session: one per committed span of audio.
+
+A commit means "everything before this is one utterance" (OpenAI's semantics): the span's engine
+stream is finished as an end of input is (the tail decoded with the same rule), and the audio
+after it goes to a fresh engine stream, so each committed item equals NeMo's loop on its own
+audio. A NIM client commits every packet and means "items so far"; its session keeps one engine
+stream (realtime.py). Owner: the event loop (realtime.RealtimeSession).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..engine.geometry import frames_available
+from .audio import AudioDecoder
+
+
+@dataclass
+class ItemStream:
+    """One engine stream of a session and the audio it was given."""
+
+    number: int  # 0, 1, ... in the session's order
+    decoder: AudioDecoder  # its own resampler: the span is resampled as if it were alone
+    start_s: float = 0.0  # where its audio begins in the session's audio (model-rate seconds)
+    handle: object | None = None  # the engine's stream; None while it waits for a slot
+    waiting: list[np.ndarray] = field(default_factory=list)  # model-rate audio until a slot frees
+    num_samples: int = 0  # model-rate samples pushed or waiting
+    processed_s: float = 0.0  # audio the model consumed (its results say)
+    segment: int = 0  # the engine segment now being filled (the receive side's view)
+    finishing: bool = False  # committed, or input ended: decoded to its end, then released
+    done: bool = False  # its last result came
+    last: bool = False  # the session's input ended with it: its last item is `is_last_result`
+    cleared_from: int | None = None  # engine segments from here on are not sent (clear)
+
+    @property
+    def in_flight(self) -> bool:
+        """Finished by the session, not yet by the model."""
+        return self.finishing and not self.done
+
+
+class SegmentKeys:
+    """(stream number, engine segment) -> one session-wide segment number, in order of first
+    use: results of two streams decoding at once then never share a segment number (the outbox
+    coalesces partials by it, and items are keyed by it)."""
+
+    def __init__(self) -> None:
+        self._keys: dict[tuple[int, int], int] = {}
+        self._next = 0
+        self.key_to_stream: dict[int, ItemStream] = {}
+
+    def key(self, item: ItemStream, segment: int) -> int:
+        k = self._keys.get((item.number, segment))
+        if k is None:
+            k = self._keys[(item.number, segment)] = self._next
+            self._next += 1
+            self.key_to_stream[k] = item
+        return k
+
+    def forget(self, item: ItemStream) -> None:
+        """Its results are all sent: drop its keys (a long session does not grow)."""
+        for pair in [p for p in self._keys if p[0] == item.number]:
+            self.key_to_stream.pop(self._keys.pop(pair), None)
+
+
+class NimCommits:
+    """A NIM client's commits on its one engine stream: each ends the item once the model has
+    decoded every whole chunk appended before it. Rejected: force_final at once, which publishes
+    the item before a fast sender's audio is decoded and leaves it nearly empty."""
+
+    def __init__(self) -> None:
+        self.targets: deque[float] = deque()  # audio_processed_s that ends a pending item
+        self.final_requested: int | None = None  # the segment a force_final was asked for, until its final
+
+    def add(self, num_samples: int, geometry, feature_margin: int) -> None:
+        """A commit after `num_samples` model-rate samples: it is due once the model has stepped
+        every whole chunk of them (the engine's readiness rule, engine/frontend.frames_available:
+        a chunk needs its feature windows)."""
+        g = geometry
+        frames = int(frames_available(num_samples, False, g.hop_samples, feature_margin))
+        if frames >= g.first_frames:
+            frames = g.first_frames + (frames - g.first_frames) // g.chunk_frames * g.chunk_frames
+        self.targets.append(round(frames * g.hop_samples / g.sample_rate, 3) if frames >= g.first_frames else 0.0)
+
+    def take_due(self, processed_s: float) -> bool:
+        """Whether a force_final is due now. One request at a time: requests the loop has not
+        taken yet merge into one final (a flag), and the segment count would run ahead of the engine's."""
+        if self.final_requested is not None:
+            return False
+        due = False
+        while self.targets and self.targets[0] <= processed_s + 1e-6:
+            self.targets.popleft()
+            due = True
+        return due
+
+    def on_final(self, segment: int, closed_by_engine: bool) -> None:
+        if closed_by_engine:  # an endpoint (or the end) closed it: its commits came due with it
+            self.targets.clear()
+        if self.final_requested is not None and segment >= self.final_requested:
+            self.final_requested = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from nemo_serve.engine.biasing import PhraseLimits
+from nemo_serve.engine.phrases import PhraseLimits
 from nemo_serve.oracle import oracle_transcribe
 from nemo_serve.selftest import BUNDLED_MANIFEST, load_utterances
 

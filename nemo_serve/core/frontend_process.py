@@ -59,7 +59,8 @@ def run_frontend_process(settings, info, cores: list[CoreEndpoint], frontend: in
         "max_connections": max(1, -(-settings.max_connections // k)),
         "max_connections_per_ip": max(1, -(-settings.max_connections_per_ip // k)),
     })  # fmt: skip
-    clients = [EngineClient(info, SharedSlots.attach(c.shm_name, c.layout, c.lock), frontend, c.ipc_dir) for c in cores]
+    clients = [EngineClient(info, SharedSlots.attach(c.shm_name, c.layout, c.lock), frontend, c.ipc_dir,
+                            phrase_limits=settings.phrase_limits) for c in cores]  # fmt: skip
     if len(clients) == 1:
         engine = clients[0]
     else:

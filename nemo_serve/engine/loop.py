@@ -27,7 +27,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .biasing import NO_BIASING, BiasingRegistry, PhraseLimits, PhraseRequest, check_phrases, encodable_characters
+from .biasing import BiasingRegistry
+from .phrases import NO_BIASING, PhraseLimits, PhraseRequest, check_phrases, encodable_characters
 from .encoder import make_encoder
 from .endpoint import EndpointConfig
 from .frontend import FeatureExtractor

@@ -1,0 +1,80 @@
+"""Phrase boosting over the wire: `phrases` and `boost` in the /ws config message, against the
+real server (the shared one: several front-end processes around one engine core) with the
+project's own WebSocket client. A boosted and a plain stream at the same time are each
+token-identical to NeMo's loop (the boosted one with NeMo's decoder boosting the same phrases);
+bad phrases are refused with an error before any audio while another stream streams on."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+
+from nemo_serve.oracle import oracle_transcribe
+
+from . import helpers
+from .helpers_server import TEST_MODEL, encode, raw_session
+from .test_server_e2e import check_well_formed, stream
+
+
+@pytest.fixture(scope="module")
+def model():
+    return helpers.model(TEST_MODEL, "all")
+
+
+def _phrase_from(model, audio) -> str:
+    """Words the model can spell by construction: the first two of its own transcript of `audio`."""
+    words = oracle_transcribe(model, audio).text.split()
+    assert words, "the test model transcribed nothing"
+    return " ".join(words[:2])
+
+
+@pytest.mark.parametrize("mode", [0, 13])
+def test_boosted_and_plain_streams_match_nemo(shared_server, model, mode):
+    a, b, c = helpers.utterances(3, seed=41)
+    phrases, boost = [_phrase_from(model, b), _phrase_from(model, c)], 3.0
+
+    async def both():
+        return await asyncio.gather(
+            stream(shared_server.ws_url, encode(a, "pcm_f32le"), 16000, "pcm_f32le", packet=1280,
+                   context_right=mode, phrases=phrases, boost=boost),
+            stream(shared_server.ws_url, encode(b, "pcm_f32le"), 16000, "pcm_f32le", packet=1280, context_right=mode),
+        )  # fmt: skip
+
+    boosted, plain = asyncio.run(both())
+    for t in (boosted, plain):
+        check_well_formed(t)
+    assert boosted.token_ids == oracle_transcribe(model, a, context_right=mode, phrases=phrases, boost=boost).token_ids
+    assert plain.token_ids == oracle_transcribe(model, b, context_right=mode).token_ids
+    shared_server.assert_no_leak()
+
+
+def test_bad_phrases_are_refused_before_audio_and_others_stream_on(shared_server, model):
+    audio = helpers.utterances(1, seed=43)[0]
+    cases = {
+        "phrase 0 is empty": {"phrases": [""]},
+        "cannot spell": {"phrases": ["\u4e2d\u6587"]},
+        "at most 100 per stream": {"phrases": [f"w{i}" for i in range(101)]},
+        "at most 64": {"phrases": ["a" * 65]},
+        "boost must be": {"phrases": ["a"], "boost": -1},
+        "phrases: Input should be a valid list": {"phrases": "a"},
+    }
+
+    async def scenario():
+        plain = asyncio.create_task(stream(shared_server.ws_url, encode(audio, "pcm_f32le"), 16000, "pcm_f32le",
+                                           packet=1280, speed=4.0))  # fmt: skip
+        refused = []
+        for fields in cases.values():
+            config = json.dumps({"type": "config", **fields})
+            refused.append(await raw_session(shared_server.ws_url, [config, b"\x00" * 3200]))
+        return await plain, refused
+
+    plain, refused = asyncio.run(scenario())
+    for (needle, fields), (messages, code) in zip(cases.items(), refused):
+        assert code == 1008 and [m["type"] for m in messages] == ["error"], (fields, messages)
+        assert needle in messages[0]["reason"], (needle, messages[0]["reason"])
+    check_well_formed(plain)
+    assert plain.token_ids == oracle_transcribe(model, audio).token_ids
+    shared_server.assert_no_leak()

@@ -90,6 +90,7 @@ def test_one_tree_per_list_shared_and_removed_with_its_last_stream(model, audios
         (["ok", "   "], None, "phrase 1 is empty"),
         (["caf\u00e9 \u4e2d"], None, "cannot spell"),
         (["Hello"], None, "cannot spell"),  # the demo vocabulary is lower case
+        (["<unk>"], None, "cannot spell"),  # a special entry spells nothing
         (["a"] * 5, None, "at most 4 per stream"),
         (["x" * 11], None, "at most 10"),
         (["ok"], 0, "boost must be"),

@@ -36,8 +36,10 @@ class PhraseRequest:
 
 def encodable_characters(vocabulary: list[str]) -> frozenset[str]:
     """Characters some vocabulary entry holds (SentencePiece's word marker stands for a space):
-    a character outside this set becomes <unk>, which a phrase may not contain."""
-    chars = set("".join(vocabulary).replace("\u2581", " "))
+    a character outside this set becomes <unk>, which a phrase may not contain. Special entries
+    (`<unk>`, `<s>`) spell nothing."""
+    pieces = [v for v in vocabulary if not (len(v) > 2 and v.startswith("<") and v.endswith(">"))]
+    chars = set("".join(pieces).replace("\u2581", " "))
     chars.add(" ")
     return frozenset(chars)
 

@@ -15,7 +15,7 @@ import pytest
 from nemo_serve.oracle import oracle_transcribe
 
 from . import helpers
-from .helpers_server import TEST_MODEL, encode, raw_session
+from .helpers_server import TEST_MODEL, as_model_input, encode, raw_session
 from .test_server_e2e import check_well_formed, stream
 
 
@@ -77,4 +77,50 @@ def test_bad_phrases_are_refused_before_audio_and_others_stream_on(shared_server
         assert needle in messages[0]["reason"], (needle, messages[0]["reason"])
     check_well_formed(plain)
     assert plain.token_ids == oracle_transcribe(model, audio).token_ids
+    shared_server.assert_no_leak()
+
+
+def test_realtime_session_phrases_match_ws_and_nemo(shared_server, model):
+    """/v1/realtime (NIM's beta dialect, a plain WebSocket client): `phrases` and `boost` in
+    input_audio_transcription boost the session's stream as /ws's config does; a bad list is
+    answered with an `error` event naming the `phrases` param, and the session goes on."""
+    import base64
+
+    from websockets.asyncio.client import connect
+
+    from .helpers_server import TOKEN
+
+    audio, other = helpers.utterances(2, seed=47)
+    phrases, boost = [_phrase_from(model, other)], 3.0
+    wire = np.clip(np.round(audio * 32768.0), -32768, 32767).astype("<i2")
+
+    def update(transcription: dict) -> str:
+        return json.dumps({"type": "transcription_session.update",
+                           "session": {"input_audio_format": "pcm16", "input_audio_params": {"sample_rate_hz": 16000},
+                                       "input_audio_transcription": transcription, "turn_detection": None}})  # fmt: skip
+
+    async def run() -> tuple[dict, list[dict]]:
+        raw: list[dict] = []
+        url = f"ws://127.0.0.1:{shared_server.port}/v1/realtime?intent=transcription"
+        async with connect(url, additional_headers={"Authorization": f"Bearer {TOKEN}"}) as ws:
+            assert json.loads(await ws.recv())["type"] == "session.created"
+            await ws.send(update({"phrases": ["ok", ""]}))
+            bad = json.loads(await ws.recv())
+            await ws.send(update({"phrases": phrases, "boost": boost}))
+            assert json.loads(await ws.recv())["type"] == "transcription_session.updated"
+            for i in range(0, len(wire), 1600):
+                await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                          "audio": base64.b64encode(wire[i : i + 1600].tobytes()).decode()}))  # fmt: skip
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            await ws.send(json.dumps({"type": "input_audio_buffer.done"}))
+            async for message in ws:
+                raw.append(json.loads(message))
+        return bad, raw
+
+    bad, raw = asyncio.run(run())
+    assert bad["type"] == "error" and bad["error"]["param"] == "phrases", bad
+    assert "phrase 1 is empty" in bad["error"]["message"]
+    assert not [e for e in raw if e["type"] == "error"], raw
+    tokens = [t for e in raw if e["type"].endswith("input_audio_transcription.completed") for t in e["nemo_serve"]["token_ids"]]
+    assert tokens == oracle_transcribe(model, as_model_input(wire, 16000), phrases=phrases, boost=boost).token_ids
     shared_server.assert_no_leak()

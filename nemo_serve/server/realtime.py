@@ -39,6 +39,7 @@ from starlette.websockets import WebSocket
 from ..engine.endpoint import EndpointConfig
 from ..engine.errors import NoFreeSlotError
 from ..engine.geometry import frames_available
+from ..engine.phrases import encodable_characters
 from ..engine.results import StreamResult
 from .audio import AudioDecoder
 from .context import ServerContext
@@ -65,6 +66,7 @@ from .realtime_protocol import (
     model_language,
     new_id,
     parse_client_event,
+    transcription_phrases,
 )
 from .session import CLOSE_TIMEOUT_S, Session, _Close
 
@@ -125,9 +127,9 @@ class RealtimeSession(Session):
 
     def _update(self, u: SessionUpdate) -> None:
         self.dialect = u.dialect
-        if self.state is not ProtocolState.CONNECTED and (u.rate or u.turn_detection_set or _language(u)):
+        if self.state is not ProtocolState.CONNECTED and (u.rate or u.turn_detection_set or _language(u) or _phrases(u)):
             raise RealtimeError(
-                "audio format, language and turn_detection cannot change once audio was appended",
+                "audio format, language, phrases and turn_detection cannot change once audio was appended",
                 code="session_update_after_audio", event_id=u.event_id,
             )  # fmt: skip
         rt = self.rt
@@ -141,6 +143,9 @@ class RealtimeSession(Session):
                 rt.language = u.transcription.language or None
             rt.transcription_model = u.transcription.model or rt.transcription_model
             rt.prompt = u.transcription.prompt if u.transcription.prompt is not None else rt.prompt
+            phrases = transcription_phrases(u.transcription, self.ctx.settings.phrase_limits,
+                                            encodable_characters(self.ctx.model.vocabulary), u.event_id)  # fmt: skip
+            rt.phrases = phrases if phrases is not None else rt.phrases
         rt.rate = u.rate or rt.rate
         if u.turn_detection_set:
             rt.turn_detection = u.turn_detection
@@ -215,9 +220,14 @@ class RealtimeSession(Session):
         refusal = ctx.refusal()
         if refusal is None:
             try:
-                self.stream = ctx.engine.open_stream(self._on_result, language=language, endpoint=self._endpoint_rules())
+                boost = {"phrases": list(rt.phrases.phrases), "boost": rt.phrases.boost} if rt.phrases else {}
+                self.stream = ctx.engine.open_stream(self._on_result, language=language, endpoint=self._endpoint_rules(),
+                                                     **boost)  # fmt: skip
             except NoFreeSlotError as e:
                 refusal = "no_free_slot", f"no free slot ({e}); retry later"
+            except ValueError as e:  # the server-wide phrase total (the rest was checked at the update)
+                self.fail(str(e), reason_label="bad_config")
+                return
         if refusal is not None:
             label, reason = refusal
             ctx.metrics.refusals.labels(reason=label).inc()
@@ -321,6 +331,10 @@ class RealtimeSession(Session):
 
 def _languages(model) -> list[str] | None:
     return sorted(model.prompt_dictionary) if model.prompt_dictionary else None
+
+
+def _phrases(u: SessionUpdate) -> bool:
+    return u.transcription is not None and (u.transcription.phrases is not None or u.transcription.boost is not None)
 
 
 def _language(u: SessionUpdate) -> bool:

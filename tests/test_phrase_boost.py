@@ -116,3 +116,11 @@ def test_total_phrase_limit_counts_open_streams_and_frees_with_them(model, audio
     engine.iterate()
     b = engine.open_stream(lambda r: None, phrases=["three", "four"])
     engine.abort(b)
+
+
+def test_a_character_model_refuses_phrases():
+    """NeMo builds boosting trees through a tokenizer; a character model has none."""
+    engine = helpers.new_engine(helpers.model("builtin:tiny-char"))
+    with pytest.raises(ValueError, match="needs a model with a tokenizer"):
+        engine.open_stream(lambda r: None, phrases=["a"])
+    engine.open_stream(lambda r: None)  # without phrases: served as ever

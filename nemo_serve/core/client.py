@@ -134,7 +134,7 @@ class EngineClient:
         the server-wide phrase total is the core's to count: over it, the stream gets an error)."""
         lang = self.model_info.language_index(language)
         mode = self.model_info.geometry_for(context_right).context_right
-        request = check_phrases(phrases, boost, self.phrase_limits, self.encodable)
+        request = check_phrases(phrases, boost, self.phrase_limits, self.encodable, self.model_info.is_bpe)
         stream_id = stream_id or uuid.uuid4().hex
         if stream_id in self._streams:
             raise ValueError(f"stream id {stream_id!r} is already open")

@@ -19,6 +19,7 @@ decoder as `greedy.boosting_tree`, with `boost` as `boosting_tree_alpha`.
 from __future__ import annotations
 
 import collections
+import copy
 
 import torch
 from nemo.collections.asr.parts.context_biasing.biasing_multi_model import GPUBiasingMultiModel
@@ -119,8 +120,6 @@ def biasing_computer(base, multi_model: GPUBiasingMultiModel):
 
 
 def copy_computer(base):
-    import copy
-
     c = copy.copy(base)
     c.state, c.full_graph, c.separate_graphs = None, None, None
     return c

@@ -223,7 +223,7 @@ class Engine:
     def check_phrases(self, phrases: list[str] | None, boost: float | None) -> PhraseRequest:
         """The stream's phrases checked against the limits and the tokenizer (no <unk>): the
         tokenizer is pure host code, so the caller's thread may run it."""
-        request = check_phrases(phrases, boost, self.phrase_limits, self.encodable)
+        request = check_phrases(phrases, boost, self.phrase_limits, self.encodable, self.model.is_bpe)
         tokenizer = getattr(self.model.nemo, "tokenizer", None)
         unk = getattr(tokenizer, "unk_id", None)
         for phrase in request.phrases if tokenizer is not None else ():

@@ -44,11 +44,14 @@ def encodable_characters(vocabulary: list[str]) -> frozenset[str]:
     return frozenset(chars)
 
 
-def check_phrases(phrases, boost, limits: PhraseLimits, encodable: frozenset[str]) -> PhraseRequest:
+def check_phrases(phrases, boost, limits: PhraseLimits, encodable: frozenset[str], tokenized: bool = True) -> PhraseRequest:
     """A client's `phrases` and `boost` as a PhraseRequest, or ValueError naming what is wrong.
-    Whitespace is collapsed and duplicates dropped (order kept), so equal lists share a tree."""
+    Whitespace is collapsed and duplicates dropped (order kept), so equal lists share a tree.
+    `tokenized`: the model has a tokenizer (BPE); NeMo builds boosting trees only through one."""
     if phrases is None:
         phrases = []
+    if phrases and not tokenized:
+        raise ValueError("phrase boosting needs a model with a tokenizer (BPE); this one has characters only")
     if not isinstance(phrases, list) or not all(isinstance(p, str) for p in phrases):
         raise ValueError("phrases must be a list of strings")
     if boost is None:

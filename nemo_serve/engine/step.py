@@ -30,7 +30,11 @@ int32 buffer, after the frames, so the step keeps its one copy.
 Phrase boosting (engine/biasing.py): a step with at least one boosted row runs a copy of the
 computer with NeMo's per-stream biasing on, given each row's multi-model id (-1 for unboosted and
 padded rows) and tree state from the slot table; a step without one runs the plain computer, so
-streams without phrases pay nothing while no boosted stream shares their step.
+streams without phrases pay nothing while no boosted stream shares their step. On CUDA the
+biasing computer is one more decoder per bucket, captured (with NeMo's Triton multi-model
+kernel inside its graph) at the bucket's first boosted step rather than at start-up, so a server
+that never boosts holds no multi-model; without Triton NeMo cannot put the multi-model in a graph
+and that decoder runs eagerly (`biasing_computer`).
 """
 
 from __future__ import annotations

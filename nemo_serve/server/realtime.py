@@ -144,7 +144,8 @@ class RealtimeSession(Session):
             rt.transcription_model = u.transcription.model or rt.transcription_model
             rt.prompt = u.transcription.prompt if u.transcription.prompt is not None else rt.prompt
             phrases = transcription_phrases(u.transcription, self.ctx.settings.phrase_limits,
-                                            encodable_characters(self.ctx.model.vocabulary), u.event_id)  # fmt: skip
+                                            encodable_characters(self.ctx.model.vocabulary), self.ctx.model.is_bpe,
+                                            u.event_id)  # fmt: skip
             rt.phrases = phrases if phrases is not None else rt.phrases
         rt.rate = u.rate or rt.rate
         if u.turn_detection_set:

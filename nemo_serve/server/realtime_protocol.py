@@ -75,13 +75,13 @@ class Transcription(_Loose):
     boost: Any = None
 
 
-def transcription_phrases(t: Transcription, limits: PhraseLimits, encodable: frozenset[str],
+def transcription_phrases(t: Transcription, limits: PhraseLimits, encodable: frozenset[str], tokenized: bool,
                           event_id: str | None) -> PhraseRequest | None:  # fmt: skip
     """The update's phrases, checked as /ws checks them; None if it names neither field."""
     if t.phrases is None and t.boost is None:
         return None
     try:
-        return check_phrases(t.phrases, t.boost, limits, encodable)
+        return check_phrases(t.phrases, t.boost, limits, encodable, tokenized)
     except ValueError as e:
         raise RealtimeError(str(e), param="phrases", event_id=event_id) from None
 

@@ -124,3 +124,35 @@ def test_realtime_session_phrases_match_ws_and_nemo(shared_server, model):
     tokens = [t for e in raw if e["type"].endswith("input_audio_transcription.completed") for t in e["nemo_serve"]["token_ids"]]
     assert tokens == oracle_transcribe(model, as_model_input(wire, 16000), phrases=phrases, boost=boost).token_ids
     shared_server.assert_no_leak()
+
+
+def test_server_phrase_total_refuses_before_audio_and_frees_with_the_stream():
+    """--max-phrases-total 2: a stream holding two phrases leaves room for none; the next boosted
+    stream is refused (error, 1008, before any audio) while a plain one is served; once the first
+    ends, a boosted stream is served again."""
+    from websockets.asyncio.client import connect
+
+    from .helpers_server import TOKEN, start_server
+
+    with start_server("--num-slots", "3", "--max-phrases-total", "2") as server:
+        async def scenario():
+            headers = {"Authorization": f"Bearer {TOKEN}"}
+            async with connect(server.ws_url, additional_headers=headers) as first:
+                await first.send(json.dumps({"type": "config", "phrases": ["ab", "cd"]}))
+                assert json.loads(await first.recv())["type"] == "ready"
+                refused = await raw_session(server.ws_url, [json.dumps({"type": "config", "phrases": ["ef"]})])
+                plain = await raw_session(server.ws_url, [json.dumps({"type": "config"}), json.dumps({"type": "end"})])
+                await first.send(json.dumps({"type": "end"}))
+                async for _ in first:
+                    pass
+            await asyncio.to_thread(server.wait_open_streams, 0)
+            again = await raw_session(server.ws_url, [json.dumps({"type": "config", "phrases": ["ef"]}),
+                                                      json.dumps({"type": "end"})])  # fmt: skip
+            return refused, plain, again
+
+        refused, plain, again = asyncio.run(scenario())
+        assert refused[1] == 1008 and [m["type"] for m in refused[0]] == ["error"], refused
+        assert "at most 2 in all" in refused[0][0]["reason"]
+        assert plain[1] == 1000 and plain[0][0]["type"] == "ready", plain
+        assert again[1] == 1000 and again[0][0]["type"] == "ready", again
+        server.assert_no_leak()

@@ -8,6 +8,7 @@ the demo model's transcript (asserted), so a boost that did nothing would fail t
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from nemo_serve.engine.phrases import PhraseLimits
@@ -124,3 +125,18 @@ def test_a_character_model_refuses_phrases():
     with pytest.raises(ValueError, match="needs a model with a tokenizer"):
         engine.open_stream(lambda r: None, phrases=["a"])
     engine.open_stream(lambda r: None)  # without phrases: served as ever
+
+
+def test_a_reused_slot_and_the_scratch_row_carry_no_tree(model):
+    """A row freed and taken again before the next flush gets the new stream's id (-1 without
+    phrases), never its previous stream's; the scratch row (padded rows) never has one."""
+    from nemo_serve.engine.slots import SlotPool
+
+    pool = SlotPool(model, 2)
+    a = pool.allocate("a", 0, biasing_id=3, biasing_state=7)
+    assert pool.boosted[a] and pool.biasing_ids[a] == 3 and pool.biasing_states[a] == 7
+    pool.free("a")
+    assert pool.allocate("b") == a  # before any flush
+    pool.flush()
+    assert not pool.boosted[a] and pool.biasing_ids[a] == -1
+    assert pool.biasing_ids[pool.scratch] == -1 and not pool.any_boosted(np.arange(pool.num_slots + 1))

@@ -5,7 +5,7 @@
 Runs ``nemo_serve.training.evaluate`` (NeMo's own cache-aware loop, one stream at a time) on the first
 --limit utterances of each held-out set: once with one utterance per stream, once with --chain consecutive
 utterances per stream (0.3 s of silence between them), at every --rights mode. Writes one JSON with both
-tables, the model's sha256 and the run record, and prints the README's table with the targets checked:
+tables, the model's sha256 and the run record, and prints docs/demo_model.md's table with the targets checked:
 at most --target WER on every set at every mode, and chained within --chain-slack points of alone.
 """
 

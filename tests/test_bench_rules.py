@@ -1,4 +1,4 @@
-"""The load benchmarks' keep-up rule: the numbers in the README's capacity table depend on it."""
+"""The load benchmarks' keep-up rule: the numbers in docs/performance.md depend on it."""
 
 from benchmarks.load_level import keeps_up
 

@@ -401,8 +401,8 @@ class Engine:
             # Several modes ready: step only the earliest-due mode, then plan again. A long-chunk
             # step cannot be interrupted, so running every mode's groups back to back would make
             # short chunks that become ready meanwhile wait for all of it; planning after each mode
-            # lets them go ahead of long-chunk work that still has slack (measured: README,
-            # "Latency modes"). The long-chunk groups stay ready and go once they are the
+            # lets them go ahead of long-chunk work that still has slack (measured: docs/performance.md,
+            # "Mixed latency modes"). The long-chunk groups stay ready and go once they are the
             # earliest due.
             groups = [g for g in groups if g.context_right == groups[0].context_right]
         return groups

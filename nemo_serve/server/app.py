@@ -5,7 +5,8 @@
   GET /healthz   200 while the step loop is alive
   GET /readyz    200 with free and total slots; 503 when full, draining or the loop is dead
   GET /metrics   Prometheus text format
-  GET /          the microphone page (static/)
+  GET /          the browser page (static/)
+  GET /samples/  the bundled utterances and their manifest, for the page's "Try a sample"
 
 Before anything else, a browser's Origin must be the server's own page or in --allowed-origins
 (403 otherwise): WebSockets are not covered by CORS, so without this check any web page could
@@ -38,6 +39,7 @@ from .realtime import RealtimeSession
 from .session import Session
 
 STATIC_DIR = Path(__file__).parent / "static"
+SAMPLES_DIR = Path(__file__).parent.parent / "assets" / "demo" / "utterances"
 
 
 def create_app(ctx: ServerContext, drain_on_shutdown: bool = False) -> FastAPI:
@@ -61,6 +63,7 @@ def create_app(ctx: ServerContext, drain_on_shutdown: bool = False) -> FastAPI:
     app = FastAPI(title="nemo-serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.ctx = ctx
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    _add_sample_routes(app)
 
     @app.get("/", include_in_schema=False)
     async def page() -> FileResponse:
@@ -129,6 +132,13 @@ def create_app(ctx: ServerContext, drain_on_shutdown: bool = False) -> FastAPI:
     app.add_api_websocket_route("/", stream)  # sherpa-onnx clients connect to the root
     app.add_api_websocket_route("/v1/realtime", stream)  # OpenAI Realtime transcription (realtime.py)
     return app
+
+
+def _add_sample_routes(app: FastAPI) -> None:
+    """The bundled utterances (16 kHz WAVs and manifest.jsonl) as static files: the page streams
+    them at real-time pace. Public like the page: they ship with the package."""
+    if SAMPLES_DIR.is_dir():
+        app.mount("/samples", StaticFiles(directory=SAMPLES_DIR), name="samples")
 
 
 def _authorized(ws: WebSocket, token: str | None) -> bool:

@@ -1,48 +1,81 @@
-// The microphone page: capture -> AudioWorklet -> int16 frames over the WebSocket -> text.
-// The AudioContext asks for 16 kHz so the browser downsamples; the server resamples whatever
-// rate it is told, so a browser that refuses 16 kHz still works at its native rate.
+// The page: pick a source (microphone, a file, a bundled sample) and a chunk mode, stream it over
+// the WebSocket as float32 PCM, show the partial apart from the finals, each final's latency, and
+// the server's free slots (polled from /readyz). Audio sources live in sources.js.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
 const query = new URLSearchParams(location.search);
 const token = query.get("token"); // browsers cannot set WebSocket headers: the token rides in the URL
+const SLOT_POLL_MS = 1000;
 
-// For tests and curious users: everything the page received.
-const page = (window.nemoServe = { state: "idle", messages: [], finals: [] });
+// For tests and curious users: everything the page received, and each final's latency.
+const page = (window.nemoServe = { state: "idle", messages: [], finals: [], latencies_ms: [], samples: [] });
 
 let ws = null;
-let audio = null; // { ctx, source, node, stream }
+let source = null; // { sampleRate, start(), finish(), close() } from sources.js
 let gotReady = false;
+let nextSample = 0;
 // The current segment's text as a list of code points: a partial of a long segment carries it
 // from `text_offset` (code points) on; what came before stays (docs/protocol.md).
 let segmentText = [];
+// [audio seconds sent so far, when] after each block: a final's latency is measured from the
+// moment the audio it covers (up to `audio_processed`) had been sent.
+let sentLog = [];
+let sentSamples = 0;
 
 function setState(state, text, isError = false) {
   page.state = state;
   document.body.dataset.state = state;
   $("status").textContent = text || state;
   $("status").className = isError ? "error" : "";
-  $("start").disabled = !["idle", "done", "error"].includes(state);
+  const idle = ["idle", "done", "error"].includes(state);
+  for (const id of ["start", "sample", "file", "mode", "language"]) $(id).disabled = !idle;
+  $("file").parentElement.classList.toggle("disabled", !idle); // the visible control is its label
   $("stop").disabled = state !== "streaming";
 }
 
-async function loadInfo() {
+async function readyz() {
   try {
-    const r = await fetch("/readyz");
-    const info = await r.json();
-    $("info").textContent =
-      `${info.model} - chunk ${info.chunk_ms} ms - ${info.free_slots}/${info.total_slots} slots free` +
-      (info.draining ? " - draining" : "");
-    if (info.languages) {
-      const sel = $("language");
-      sel.innerHTML = info.languages.map((l) => `<option>${l}</option>`).join("");
-      $("language-box").hidden = false;
-    }
-    return info;
+    return await (await fetch("/readyz")).json(); // 503 when full still carries the body
   } catch (e) {
-    $("info").textContent = "server unreachable";
     return null;
   }
+}
+
+function showSlots(info) {
+  $("slots").textContent = info
+    ? `${info.free_slots}/${info.total_slots} slots free` + (info.draining ? " - draining" : "")
+    : "server unreachable";
+  $("slots").dataset.free = info ? info.free_slots : "";
+}
+
+async function loadInfo() {
+  const info = await readyz();
+  showSlots(info);
+  if (!info) return null;
+  $("info").textContent = info.model;
+  const modes = info.modes && info.modes.length ? info.modes : [{ context_right: info.context_right, chunk_ms: info.chunk_ms }];
+  $("mode").innerHTML = modes.map((m) => `<option value="${m.context_right}">${m.chunk_ms} ms</option>`).join("");
+  if (info.languages) {
+    $("language").innerHTML = info.languages.map((l) => `<option>${l}</option>`).join("");
+    $("language-box").hidden = false;
+  }
+  return info;
+}
+
+async function pollSlots() {
+  showSlots(await readyz());
+  setTimeout(pollSlots, SLOT_POLL_MS);
+}
+
+async function loadSamples() {
+  try {
+    const text = await (await fetch("/samples/manifest.jsonl")).text();
+    page.samples = text.split("\n").filter((l) => l.trim()).map((l) => JSON.parse(l));
+  } catch (e) {
+    page.samples = [];
+  }
+  $("sample").hidden = page.samples.length === 0;
 }
 
 function wsUrl() {
@@ -52,42 +85,36 @@ function wsUrl() {
   return u.toString();
 }
 
-async function openAudio() {
-  const stream = await navigator.mediaDevices.getUserMedia({
-    // ASR wants the raw signal: no echo cancellation, noise suppression or gain riding.
-    audio: { channelCount: 1, echoCancellation: false, noiseSuppression: false, autoGainControl: false },
-  });
-  let ctx = new AudioContext({ sampleRate: 16000 });
-  let source;
-  try {
-    source = ctx.createMediaStreamSource(stream);
-  } catch (e) {
-    // Some browsers cannot connect a microphone to a context at another rate.
-    await ctx.close();
-    ctx = new AudioContext();
-    source = ctx.createMediaStreamSource(stream);
-  }
-  await ctx.audioWorklet.addModule("/static/capture-worklet.js");
-  const node = new AudioWorkletNode(ctx, "capture-processor");
-  // A node must reach the destination to be pulled by the render thread; a zero gain keeps it silent.
-  const mute = ctx.createGain();
-  mute.gain.value = 0;
-  node.connect(mute).connect(ctx.destination);
-  await ctx.resume();
-  return { ctx, source, node, stream };
+function sendBlock(samples) {
+  if (!ws || ws.readyState !== WebSocket.OPEN || !samples.length) return;
+  ws.send(new Float32Array(samples).buffer); // a copy: `samples` may be a view into a larger buffer
+  sentSamples += samples.length;
+  sentLog.push([sentSamples / source.sampleRate, performance.now()]);
 }
 
-function toInt16(samples) {
-  const out = new Int16Array(samples.length);
-  for (let i = 0; i < samples.length; i++) {
-    const s = Math.max(-1, Math.min(1, samples[i]));
-    out[i] = s < 0 ? s * 0x8000 : s * 0x7fff;
-  }
-  return out.buffer;
+function endInput() {
+  if (ws && ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify({ type: "end" }));
 }
 
-function send(samples) {
-  if (ws && ws.readyState === WebSocket.OPEN && samples.length) ws.send(toInt16(samples));
+function latencyMs(audioSeconds) {
+  const hit = sentLog.find(([s]) => s >= audioSeconds - 1e-3) || sentLog[sentLog.length - 1];
+  return hit ? Math.max(0, Math.round(performance.now() - hit[1])) : null;
+}
+
+function showFinal(msg) {
+  const latency = latencyMs(msg.audio_processed);
+  page.finals.push(msg.text);
+  page.latencies_ms.push(latency);
+  const p = document.createElement("p");
+  const at = document.createElement("span");
+  at.className = "t";
+  at.textContent = `${msg.start_time.toFixed(1)} s`;
+  const lat = document.createElement("span");
+  lat.className = "latency";
+  lat.textContent = latency === null ? "" : `latency ${latency} ms`;
+  lat.title = "from sending the audio this final covers to receiving it";
+  p.append(at, document.createTextNode(msg.text), lat);
+  $("finals").append(p);
 }
 
 function onMessage(event) {
@@ -95,22 +122,15 @@ function onMessage(event) {
   page.messages.push(msg);
   if (msg.type === "ready") {
     gotReady = true;
-    setState("streaming", `streaming (chunk ${msg.chunk_ms} ms)`);
+    setState("streaming", `streaming, chunk ${msg.chunk_ms} ms`);
+    source.start();
   } else if (msg.type === "partial") {
     segmentText = segmentText.slice(0, msg.text_offset || 0).concat(Array.from(msg.text));
     $("partial").textContent = segmentText.join("");
   } else if (msg.type === "final") {
     segmentText = [];
     $("partial").textContent = "";
-    if (msg.text) {
-      page.finals.push(msg.text);
-      const p = document.createElement("p");
-      const t = document.createElement("span");
-      t.className = "t";
-      t.textContent = `${msg.start_time.toFixed(1)} s`;
-      p.append(t, document.createTextNode(msg.text));
-      $("finals").append(p);
-    }
+    if (msg.text) showFinal(msg);
   } else if (msg.type === "error") {
     setState("error", `error: ${msg.reason}`, true);
   } else if (msg.type === "done") {
@@ -119,11 +139,12 @@ function onMessage(event) {
 }
 
 async function onClose(event) {
-  stopAudio();
+  if (source) source.close();
+  source = null;
   if (page.state === "error" || page.state === "done") return;
   if (!gotReady) {
     // Refused at the handshake (HTTP 503/401): the browser hides the reason, /readyz tells it.
-    const info = await loadInfo();
+    const info = await readyz();
     let why = `connection refused (code ${event.code})`;
     if (info && info.draining) why = "server is shutting down";
     else if (info && info.free_slots === 0) why = "server busy: no free slot, try again later";
@@ -134,17 +155,26 @@ async function onClose(event) {
   }
 }
 
-async function start() {
-  setState("connecting", "opening microphone");
+function clearTranscript() {
   $("finals").textContent = "";
   $("partial").textContent = "";
   page.finals = [];
-  gotReady = false;
+  page.latencies_ms = [];
+  page.messages = [];
   segmentText = [];
+  sentLog = [];
+  sentSamples = 0;
+}
+
+// `open(onBlock, onEnd)` returns a source; the stream opens once the source is ready.
+async function stream(open, label) {
+  clearTranscript();
+  gotReady = false;
+  setState("connecting", `opening ${label}`);
   try {
-    audio = await openAudio();
+    source = await open(sendBlock, () => endInput());
   } catch (e) {
-    setState("error", `microphone unavailable: ${e.message}`, true);
+    setState("error", `${label} unavailable: ${e.message}`, true);
     return;
   }
   setState("connecting", "connecting");
@@ -153,42 +183,60 @@ async function start() {
   ws.onmessage = onMessage;
   ws.onclose = onClose;
   ws.onopen = () => {
-    const config = { type: "config", sample_rate: audio.ctx.sampleRate, encoding: "pcm_s16le", interim_results: true };
+    const config = {
+      type: "config",
+      sample_rate: source.sampleRate,
+      encoding: "pcm_f32le",
+      interim_results: true,
+      context_right: Number($("mode").value),
+    };
     if (!$("language-box").hidden) config.language = $("language").value;
     ws.send(JSON.stringify(config));
-    audio.node.port.onmessage = (e) => (e.data instanceof Float32Array ? send(e.data) : null);
-    audio.source.connect(audio.node);
   };
 }
 
-function stopAudio() {
-  if (!audio) return;
-  audio.source.disconnect();
-  audio.stream.getTracks().forEach((t) => t.stop());
-  audio.ctx.close();
-  audio = null;
+async function playFile(blob, label) {
+  const decoded = await window.audioSources.decodeAudio(await blob.arrayBuffer());
+  return stream((onBlock, onEnd) => window.audioSources.playAtRealTime(decoded, onBlock, onEnd), label);
+}
+
+async function trySample() {
+  const sample = page.samples[nextSample++ % page.samples.length];
+  $("reference").textContent = `sample ${sample.audio_filepath}, reference: "${sample.text}"`;
+  try {
+    const blob = await (await fetch(`/samples/${sample.audio_filepath}`)).blob();
+    await playFile(blob, "sample");
+  } catch (e) {
+    setState("error", `sample unavailable: ${e.message}`, true);
+  }
+}
+
+async function pickFile() {
+  const file = $("file").files[0];
+  if (!file) return;
+  $("reference").textContent = `file ${file.name}`;
+  try {
+    await playFile(file, "file");
+  } catch (e) {
+    setState("error", `cannot decode ${file.name}: ${e.message}`, true);
+  }
+  $("file").value = ""; // picking the same file again streams it again
 }
 
 async function stop() {
   setState("finishing", "finishing");
-  if (audio) {
-    // Send what the worklet still holds, then end input; the final arrives, then done.
-    const a = audio;
-    const flushed = new Promise((resolve) => {
-      a.node.port.onmessage = (e) => {
-        if (e.data instanceof Float32Array) send(e.data);
-        else if (e.data && e.data.flushed) resolve(e.data.flushed);
-      };
-    });
-    a.node.port.postMessage("flush");
-    const timeout = new Promise((resolve) => setTimeout(() => resolve(new Float32Array(0)), 500));
-    send(await Promise.race([flushed, timeout]));
-    stopAudio();
-  }
-  if (ws && ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify({ type: "end" }));
+  if (source) await source.finish();
+  endInput(); // the last final arrives, then done
 }
 
-$("start").onclick = start;
+$("start").onclick = () => {
+  $("reference").textContent = "";
+  stream((onBlock) => window.audioSources.openMicrophone(onBlock), "microphone");
+};
+$("sample").onclick = trySample;
+$("file").onchange = pickFile;
 $("stop").onclick = stop;
 setState("idle");
 loadInfo();
+loadSamples();
+setTimeout(pollSlots, SLOT_POLL_MS);

@@ -1,0 +1,325 @@
+"""The tables of docs/performance.md, README.md's headline table and docs/demo_model.md's WER table,
+regenerated from the result files in benchmarks/results/.
+
+    python benchmarks/performance_page.py           # rewrite the tables in place
+    python benchmarks/performance_page.py --check   # exit 1 when a page differs from its results
+
+A table sits between `<!-- table: NAME -->` and `<!-- /table -->`; everything outside those
+markers is written by hand. Under each table a line names the files it came from and the
+command, commit and date that made each one. Nothing here measures: the commands that do are in
+benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from benchmarks.summarize import judge  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+SHIPPED_DEMO = ROOT / "nemo_serve" / "assets" / "demo" / "demo.nemo"
+PAGES = ("README.md", "docs/performance.md", "docs/demo_model.md")
+
+# The GPU run's JSONL records no commit or command: these are from the commit that added it (0e78094).
+GPU_RUN = {"file": "gpu_h200_run3.jsonl", "commit": "c9f3480", "date": "2026-12-04",
+           "command": "BUDGET_S=310 bash benchmarks/gpu/run_gpu.sh OUT"}
+GPU_STEP_ROWS = 512  # the most rows one step runs (the 4 GiB step cache cap, engine/buckets.py)
+GPU_GOALS = {80: 4000, 320: 8000, 1120: 12000}  # real-time streams on one H200 (DESIGN.md)
+STEP_TARGETS = {"sherpa": 1.2, "pipeline": 1.5}  # engine over peer at B=32
+HOST_TARGET_US = 10.0  # host CPU per stream-step
+FRONTEND_TARGET_US, TWO_FRONTENDS_TARGET = 50.0, 1.8
+CPU_SWEEPS = ("sweep_demo_r3_mp_cpu_fp32.json", "sweep_demo_r13_mp_cpu_fp32.json",
+              "sweep_demo_r13_devices_cpu_cpu_cpu_fp32.json")  # the headline's CPU rows
+STEP_FILES = ("step_fastconformer-l_r1_cpu_fp32.json", "step_fastconformer-l_r13_cpu_fp32.json",
+              "step_demo_r3_cpu_fp32.json", "step_demo_r13_cpu_fp32.json")
+PEERS = (("engine", "engine"), ("engine-nemo", "engine on NeMo's layers"), ("pipeline", "NeMo pipeline"),
+         ("loop", "per-stream loop"), ("sherpa", "sherpa-onnx"))
+
+
+# ----------------------------------------------------------------------------- reading results
+
+
+def read(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text())
+
+
+def run_info(d: dict) -> dict:
+    """command, commit, date and CPU of a result, wherever its script put them."""
+    r = d.get("run", d)
+    return {"command": r.get("command", "?"), "commit": r.get("git_commit", "?"),
+            "date": str(r.get("date", "?"))[:10], "cpu": r.get("cpu", "?"), "cpu_count": r.get("cpu_count")}
+
+
+def source(names: list[str], infos: list[dict]) -> str:
+    lines = [f"- `{n}`: `{_short(i['command'])}` at {i['commit']}, {i['date']}" for n, i in zip(names, infos)]
+    return "\n\nFrom " + ("these files:\n\n" if len(lines) > 1 else "") + ("\n".join(lines) if len(lines) > 1 else lines[0][2:])
+
+
+def _short(command: str) -> str:
+    """The command without its free-text --notes (the file keeps them)."""
+    return re.sub(r" --notes ('([^']|'\"'\"')*'|\S+)", " --notes ...", command)
+
+
+def shipped_sha() -> str:
+    return hashlib.sha256(SHIPPED_DEMO.read_bytes()).hexdigest()
+
+
+def model_label(d: dict) -> str:
+    """The demo model is retrained now and then: say when a number is not the shipped weights'."""
+    if d.get("model") == "demo" and d.get("model_sha256") and d["model_sha256"] != shipped_sha():
+        return f"demo (earlier weights, {d['model_sha256'][:7]})"
+    return str(d.get("model"))
+
+
+def _f(x, nd=0, unit="") -> str:
+    return "-" if x is None else f"{x:,.{nd}f}{unit}"
+
+
+# ----------------------------------------------------------------------------- GPU
+
+
+def gpu_records() -> list[dict]:
+    return [json.loads(line) for line in (RESULTS / GPU_RUN["file"]).read_text().splitlines() if line.strip()]
+
+
+def gpu_levels(recs: list[dict], chunk_ms: int) -> tuple[dict | None, dict | None]:
+    """(highest level kept up with every lower one kept up, first level not kept up)."""
+    best = None
+    for r in sorted((r for r in recs if r["kind"] == "capacity" and r["chunk_ms"] == chunk_ms), key=lambda r: r["streams"]):
+        if not r["keeps_up"]:
+            return best, r
+        best = r
+    return best, None
+
+
+def gpu_rows(recs: list[dict]) -> list[tuple[int, dict | None, dict | None, dict]]:
+    out = []
+    for chunk_ms in sorted(GPU_GOALS):
+        best, behind = gpu_levels(recs, chunk_ms)
+        steps = {r["batch"]: r for r in recs if r["kind"] == "step" and r["chunk_ms"] == chunk_ms}
+        out.append((chunk_ms, best, behind, steps.get(GPU_STEP_ROWS) or steps[max(steps)]))
+    return out
+
+
+def verdict(kept: int, goal: int) -> str:
+    return "met" if kept >= goal else f"**missed, {goal / max(kept, 1):.0f}x short**"
+
+
+def table_gpu() -> str:
+    recs = gpu_records()
+    env = next(r for r in recs if r["kind"] == "env")
+    rows = ["| chunk | kept up (p95 lateness) | next level (p95 lateness) | one step of 512 rows: GPU ms, µs per stream-step "
+            "| one step's real-time bound | goal | |", "|---|---|---|---|---|---|---|"]
+    for chunk_ms, best, behind, step in gpu_rows(recs):
+        kept = best["streams"] if best else 0
+        nxt = f"{behind['streams']:,} ({_f(behind['lateness_p95_ms'], 0, ' ms')})" if behind else "not reached"
+        rows.append(f"| {chunk_ms} ms | **{kept:,}** ({_f(best and best['lateness_p95_ms'], 0, ' ms')}) | {nxt} "
+                    f"| {step['gpu_ms_median']:.1f}, {step['us_per_stream_step']:.0f} "
+                    f"| {step['realtime_streams_bound']:,} | {GPU_GOALS[chunk_ms]:,} | {verdict(kept, GPU_GOALS[chunk_ms])} |")
+    where = f"{env['device']}, torch {env['torch']}, CUDA {env['cuda']}; Nemotron 3.5 ASR architecture (random weights), bf16"
+    return "\n".join(rows) + f"\n\n{where}. From `{GPU_RUN['file']}`: `{GPU_RUN['command']}` at {GPU_RUN['commit']}, {GPU_RUN['date']}"
+
+
+def table_headline() -> str:
+    rows = ["| hardware | model, precision | chunk | real-time streams kept up | p95 latency at that level | date, commit |",
+            "|---|---|---|---|---|---|"]
+    for chunk_ms, best, _, _ in gpu_rows(gpu_records()):
+        kept = best["streams"] if best else 0
+        rows.append(f"| one NVIDIA H200 (engine core only) | Nemotron 3.5 ASR 0.6B architecture, bf16 | {chunk_ms} ms "
+                    f"| **{kept:,}** (goal {GPU_GOALS[chunk_ms]:,}) | {_f(best and best['lateness_p95_ms'], 0, ' ms')} "
+                    f"| {GPU_RUN['date']}, {GPU_RUN['commit']} |")
+    for name in CPU_SWEEPS:
+        d = read(name)
+        best, _ = judge(d)
+        info = run_info(d)
+        cores = len(str(d.get("server_devices") or "cpu").split(","))
+        server = f"{cores} engine cores" if cores > 1 else "1 engine core"
+        rows.append(f"| {info['cpu_count']}-core {info['cpu'].replace('(R)', '').replace(' Processor', '')} VM, {server} + {d.get('server_frontends')} front end "
+                    f"| {model_label(d)}, fp32 | {d['chunk_ms']:.0f} ms | **{best['streams'] if best else 0}** "
+                    f"| {_f(best and best['partial_latency_ms']['p95'], 0, ' ms')} (partials, WebSocket) | {info['date']}, {info['commit']} |")
+    files = [GPU_RUN["file"], *CPU_SWEEPS]
+    return "\n".join(rows) + "\n\nFrom `benchmarks/results/`: " + ", ".join(f"`{f}`" for f in files)
+
+
+def table_gpu_memory() -> str:
+    d = read("memory_nemotron.json")
+    gib, mib = 2**30, 2**20
+    rows = ["| mode | dtype | per stream | rows per step | fixed | at {0:,} slots | most slots in {1:.0f} GiB |".format(
+        d["rows"][0]["slots"], d["rows"][0]["device_gib"]), "|---|---|---|---|---|---|---|"]
+    for r in d["rows"]:
+        rows.append(f"| {r['mode_ms']} ms | {r['dtype']} | {r['bytes_per_stream'] / mib:.2f} MiB | {r['max_step_rows']} "
+                    f"| {r['fixed_bytes'] / gib:.2f} GiB | {r['total_bytes_at_slots'] / gib:.1f} GiB | {r['most_slots_that_fit']:,} |")
+    return "\n".join(rows) + f"\n\nFrom `memory_nemotron.json`: `{d['command']}` (computed on CPU)"
+
+
+# ----------------------------------------------------------------------------- CPU
+
+
+def table_step() -> str:
+    head = "| model | chunk | batch | " + " | ".join(label for _, label in PEERS) + " | engine / pipeline | engine / sherpa-onnx |"
+    rows = [head, "|---|---|---|" + "---|" * (len(PEERS) + 2)]
+    notes, infos = [], []
+    for name in STEP_FILES:
+        d = read(name)
+        infos.append(run_info(d))
+        by = {(r["system"], r["batch"]): r for r in d["results"]}
+        for b in sorted({r["batch"] for r in d["results"]}):
+            ratios = d["ratios"].get(str(b), {})
+            cells = [_f(by[(s, b)]["stream_steps_per_s"], 1) if (s, b) in by else "-" for s, _ in PEERS]
+            rows.append(f"| {model_label(d)} | {d['chunk_ms']:.0f} ms | {b} | " + " | ".join(cells)
+                        + f" | {_f(ratios.get('engine_over_pipeline'), 2, 'x')} | {_f(ratios.get('engine_over_sherpa'), 2, 'x')} |")
+        top = str(max(r["batch"] for r in d["results"]))
+        for peer, target in STEP_TARGETS.items():
+            got = d["ratios"][top].get(f"engine_over_{peer}")
+            ok = "met" if got is not None and got >= target else "**missed**"
+            notes.append(f"{model_label(d)} {d['chunk_ms']:.0f} ms, B={top}: engine / {peer} {_f(got, 2, 'x')} (target {target}x: {ok})")
+        same = by.get(("engine", int(top)), {}).get("tokens_vs_oracle")
+        if same:
+            notes.append(f"{model_label(d)} {d['chunk_ms']:.0f} ms: the engine token-identical to NeMo's loop on "
+                         f"{same['streams_identical']}/{same['streams']} streams")
+    return "\n".join(rows) + "\n\n" + "\n".join(f"- {n}" for n in notes) + source(list(STEP_FILES), infos)
+
+
+def table_host() -> str:
+    d = read("host_core_cpu.json")
+    by = {(r["chunk_ms"], r["streams"], r["ready_fraction"]): r for r in d["core"]}
+    rows = ["| chunk | streams | engine core: ready 1.0 / 0.1 | in-process engine: ready 1.0 / 0.1 | budget (chunk / streams) | target |",
+            "|---|---|---|---|---|---|"]
+    for chunk, streams in sorted({(c, s) for c, s, _ in by}):
+        full, tenth = by[(chunk, streams, 1.0)], by[(chunk, streams, 0.1)]
+        worst = max(full["core_cpu_us_per_stream_step"], tenth["core_cpu_us_per_stream_step"])
+        rows.append(f"| {chunk:.0f} ms | {streams:,} | {full['core_cpu_us_per_stream_step']:.1f} / {tenth['core_cpu_us_per_stream_step']:.1f} µs "
+                    f"| {full['inprocess_cpu_us_per_stream_step']:.1f} / {tenth['inprocess_cpu_us_per_stream_step']:.1f} µs "
+                    f"| {full['budget_us_per_stream_step']:,.0f} µs | {HOST_TARGET_US:.0f} µs: {'met' if worst <= HOST_TARGET_US else '**missed**'} |")
+    return "\n".join(rows) + source(["host_core_cpu.json"], [run_info(d)])
+
+
+def table_frontend() -> str:
+    d = read("host_core_cpu.json")
+    pp, tp = d["frontend"]["per_packet"], d["frontend"]["throughput"]
+    rate = {k: statistics.mean(r["packets_per_s"] for r in tp["runs"] if r["frontends"] == k) for k in (1, 2)}
+    saturated = [r["frontend_cpu_us_per_packet"] for r in tp["runs"] if r["frontends"] == 1]
+    gain = rate[2] / rate[1]
+    rows = ["| | measured | target |", "|---|---|---|",
+            f"| one front end, CPU per 100 ms PCM16 packet, {pp['runs']['interim_results']['streams']} real-time streams "
+            f"({Path(pp['model']).stem}, {pp['chunk_ms']:.0f} ms) | {pp['frontend_cpu_us_per_packet']:.0f} µs per packet + "
+            f"{pp['frontend_cpu_us_per_result']:.0f} µs per result message ({pp['frontend_cpu_us_per_packet_all_in']:.0f} µs all in) "
+            f"| {pp['target_us_per_packet']} µs: {'met' if pp['frontend_cpu_us_per_packet'] <= FRONTEND_TARGET_US else '**missed**'} |",
+            f"| one front end at saturation ({tp['runs'][0]['connections']} connections as fast as TCP allows, {tp['model']}) "
+            f"| {' / '.join(f'{x:.1f}' for x in saturated)} µs per packet (repeats) | {FRONTEND_TARGET_US:.0f} µs |",
+            f"| packets per second, 1 / 2 front ends (mean of repeats) | {rate[1]:,.0f} / {rate[2]:,.0f}: {gain:.2f}x "
+            f"| {TWO_FRONTENDS_TARGET}x: {'met' if gain >= TWO_FRONTENDS_TARGET else '**missed**'} |"]
+    return "\n".join(rows) + source(["host_core_cpu.json"], [run_info(d)])
+
+
+def _server(d: dict) -> str:
+    devices = str(d.get("server_devices") or "")
+    if d.get("server_frontends"):
+        cores = len(devices.split(",")) if devices else 1
+        return f"{cores} engine core{'s' if cores > 1 else ''} + {d['server_frontends']} front end"
+    return "one process"
+
+
+def sweep_groups() -> list[tuple[list[str], dict]]:
+    """Sweep files, a run split in two (`_high` then `_top`, straight after) joined into one."""
+    groups: dict[str, tuple[list[str], dict]] = {}
+    for p in sorted(RESULTS.glob("sweep_*.json")):
+        d = json.loads(p.read_text())
+        key = re.sub(r"_(high|top)_", "_", p.name)
+        if key in groups:
+            groups[key][0].append(p.name)
+            groups[key][1]["levels"] = sorted(groups[key][1]["levels"] + d["levels"], key=lambda lv: lv["streams"])
+        else:
+            groups[key] = ([p.name], d)
+    return list(groups.values())
+
+
+def table_sweeps() -> str:
+    rows = ["| model | chunk | server | streams kept up | partial / final p95 there | next level: why behind | server CPU there | token-identical there |",
+            "|---|---|---|---|---|---|---|---|"]
+    names, infos = [], []
+    for files, d in sweep_groups():
+        best, behind = judge(d)
+        names.append(" + ".join(files))
+        infos.append(run_info(d))
+        why = (f"N={behind['streams']}: p95 {_f(behind['partial_latency_ms']['p95'], 0, ' ms')}, "
+               f"p90 drift {_f(behind['drift_ms_per_s']['p90'], 0, ' ms/s')}") if behind else "not reached"
+        q = (best or {}).get("quality", {})
+        same = f"{q['token_identical_streams']}/{q['streams_compared']}" if "token_identical_streams" in q else "-"
+        rows.append(f"| {model_label(d)} | {d['chunk_ms']:.0f} ms | {_server(d)} | **{best['streams'] if best else 0}** "
+                    f"| {_f(best and best['partial_latency_ms']['p95'], 0)} / {_f(best and best['final_latency_ms']['p95'], 0, ' ms')} "
+                    f"| {why} | {_f((best or {}).get('server_cpu_cores'), 2)} | {same} |")
+    return "\n".join(rows) + source(names, infos)
+
+
+def table_mode_mix() -> str:
+    rows = ["| run | one process serving 80 + 1120 ms | two single-mode processes |", "|---|---|---|"]
+    names, infos = [], []
+    for name, label in (("mode_mix_demo_r0_r13_cpu_fp32.json", "every mode per iteration"),
+                        ("mode_mix_demo_r0_r13_permode_cpu_fp32.json", "one mode per iteration"),
+                        ("mode_mix_demo_r0_r13_2cores_cpu_fp32.json", "two engine cores (`--devices cpu,cpu`)")):
+        d = read(name)
+        names.append(name)
+        infos.append(run_info(d))
+        split = d.get("split_kept_up_streams")
+        rows.append(f"| {label} | **{d['mixed_kept_up_streams']}** streams kept up | {split if split is not None else '-'} |")
+    return "\n".join(rows) + source(names, infos)
+
+
+def table_demo_wer() -> str:
+    d = read("demo_wer_accented_avg3_cpu.json")
+    same = "the shipped `demo.nemo`" if d.get("model_sha256") == shipped_sha() else f"weights {d.get('model_sha256', '?')[:7]}"
+    missed = "".join(f"\n- missed: {m}" for m in d.get("missed", []))
+    return (d["table"] + f"\n\nWER of NeMo's cache-aware loop, first {d['limit']} utterances per set, {same}; bold: within "
+            f"the {100 * d['target']['wer']:.0f}% target.{missed}" + source(["demo_wer_accented_avg3_cpu.json"], [run_info(d)]))
+
+
+TABLES = {
+    "headline": table_headline, "gpu": table_gpu, "gpu-memory": table_gpu_memory, "step": table_step,
+    "host": table_host, "frontend": table_frontend, "sweeps": table_sweeps, "mode-mix": table_mode_mix,
+    "demo-wer": table_demo_wer,
+}
+MARKED = re.compile(r"(<!-- table: ([\w-]+) -->\n)(.*?)(<!-- /table -->)", re.S)
+
+
+def render(text: str, cache: dict[str, str]) -> str:
+    def fill(m: re.Match) -> str:
+        name = m.group(2)
+        if name not in TABLES:
+            raise SystemExit(f"unknown table {name!r}; known: {', '.join(TABLES)}")
+        if name not in cache:
+            cache[name] = TABLES[name]()
+        return f"{m.group(1)}{cache[name]}\n{m.group(4)}"
+
+    return MARKED.sub(fill, text)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true", help="change nothing; exit 1 when a page is out of date")
+    args = ap.parse_args(argv)
+    cache: dict[str, str] = {}
+    stale = []
+    for rel in PAGES:
+        path = ROOT / rel
+        old = path.read_text()
+        new = render(old, cache)
+        if new != old:
+            stale.append(rel)
+            if not args.check:
+                path.write_text(new)
+    verb = "out of date" if args.check else "rewritten"
+    print(f"{verb}: {', '.join(stale)}" if stale else "every page matches its results")
+    return 1 if (stale and args.check) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -24,26 +24,36 @@ from nemo_serve.oracle import LoopState, loop_chunks, loop_step
 _PIPELINE_MODELS: dict[tuple[str, str], object] = {}
 
 
-def loaded_engine(model, audios: list[np.ndarray], on_result, kv_cache: bool = True):
+# The phrase list of the boosted step-bench systems: 20 words the demo model was not trained on,
+# spelled in lower case so any English vocabulary takes them (one tree, shared by the streams).
+BENCH_PHRASES = ["zanzibar", "quinoa", "marmalade", "telescope", "volcano", "penguin", "giraffe", "saxophone",
+                 "tornado", "origami", "lasagna", "cactus", "okonkwo", "nakamura", "rutherford", "bellweather",
+                 "kilimanjaro", "xylophone", "jacaranda", "pemberton"]
+
+
+def loaded_engine(model, audios: list[np.ndarray], on_result, kv_cache: bool = True, boosted: int = 0):
     """An engine (no thread) holding every utterance whole, pushed and finished: each iterate()
-    then steps all B streams at once. on_result(i, result) receives stream i's results."""
+    then steps all B streams at once. on_result(i, result) receives stream i's results. The
+    first `boosted` streams boost BENCH_PHRASES (engine/biasing.py)."""
     from nemo_serve.engine.endpoint import EndpointConfig
     from nemo_serve.engine.loop import Engine
 
     b = len(audios)
     eng = Engine(model, num_slots=b, max_batch=b, endpoint=EndpointConfig.off(), kv_cache=kv_cache)
     for i, a in enumerate(audios):
-        stream = eng.open_stream(partial(on_result, i))
+        stream = eng.open_stream(partial(on_result, i), phrases=BENCH_PHRASES if i < boosted else None)
         eng.push(stream, a)
         eng.finish(stream)
     return eng
 
 
-def run_engine(model, audios: list[np.ndarray], kv_cache: bool = True) -> Measurement:
-    """Whole utterances pushed and finished up front; then iterate() until idle."""
+def run_engine(model, audios: list[np.ndarray], kv_cache: bool = True, boosted: str = "") -> Measurement:
+    """Whole utterances pushed and finished up front; then iterate() until idle. `boosted`: "one"
+    or "all" streams boost BENCH_PHRASES (the engine-boost1 / engine-boostall systems)."""
     b = len(audios)
     tokens: list[list[int]] = [[] for _ in audios]
-    eng = loaded_engine(model, audios, lambda i, result: tokens[i].extend(result.new_token_ids), kv_cache)
+    n_boosted = {"": 0, "one": 1, "all": b}[boosted]
+    eng = loaded_engine(model, audios, lambda i, result: tokens[i].extend(result.new_token_ids), kv_cache, n_boosted)
     times = []
     with torch.inference_mode():
         while True:
@@ -56,7 +66,8 @@ def run_engine(model, audios: list[np.ndarray], kv_cache: bool = True) -> Measur
             if eng.stats.stream_steps - before != b:
                 raise RuntimeError(f"engine stepped {eng.stats.stream_steps - before} of {b} streams in one iteration")
             times.append(dt)
-    return measurement("engine" if kv_cache else "engine-nemo", b, times, tokens)
+    name = {"": "engine", "one": "engine-boost1", "all": "engine-boostall"}[boosted] if kv_cache else "engine-nemo"
+    return measurement(name, b, times, tokens)
 
 
 def run_loop(model, audios: list[np.ndarray]) -> Measurement:

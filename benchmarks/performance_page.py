@@ -74,7 +74,8 @@ def shipped_sha() -> str:
 
 def model_label(d: dict) -> str:
     """The demo model is retrained now and then: say when a number is not the shipped weights'."""
-    if d.get("model") == "demo" and d.get("model_sha256") and d["model_sha256"] != shipped_sha():
+    # model_sha256 is a prefix of the digest where the script shortened it (step_bench: 12 characters)
+    if d.get("model") == "demo" and d.get("model_sha256") and not shipped_sha().startswith(d["model_sha256"]):
         return f"demo (earlier weights, {d['model_sha256'][:7]})"
     return str(d.get("model"))
 
@@ -282,8 +283,38 @@ def table_demo_wer() -> str:
             f"the {100 * d['target']['wer']:.0f}% target.{missed}" + source(["demo_wer_accented_avg3_cpu.json"], [run_info(d)]))
 
 
+def table_boost_benefit() -> str:
+    name = "phrase_boost_benefit_demo_r13_cpu.json"
+    d = read(name)
+    rows = ["| boost | term error rate | WER, utterances with a term | false alarms | WER, utterances without |",
+            "|---|---|---|---|---|"]
+    for r in d["results"]:
+        boost = "no phrases" if r["boost"] is None else f"{r['boost']:g}"
+        rows.append(f"| {boost} | {r['term_error_rate']:.3f} | {r['wer_positive']:.3f} | {r['false_alarm_rate']:.3f} "
+                    f"({len(r['false_alarms'])}/{r['negatives']}) | {r['wer_negative']:.3f} |")
+    first = d["results"][0]
+    note = (f"\n\n{first['terms_spoken']} utterances of {len(d['terms'])} terms ({', '.join(d['voices'])}), "
+            f"{first['negatives']} without; every stream sends all {d['phrases_per_stream']} terms as its phrases.")
+    return "\n".join(rows) + note + source([name], [run_info(d)])
+
+
+def table_boost_cost() -> str:
+    name = "step_demo_r13_boost_cpu_fp32.json"
+    d = read(name)
+    by = {(r["system"], r["batch"]): r for r in d["results"]}
+    rows = ["| batch | engine | one stream boosted | every stream boosted | cost, one / every |", "|---|---|---|---|---|"]
+    for b in sorted({r["batch"] for r in d["results"]}):
+        ratios = d["ratios_cpu_time"][str(b)]
+        cells = [_f(by[(s, b)]["stream_steps_per_cpu_s"], 1) for s in ("engine", "engine-boost1", "engine-boostall")]
+        cost = [f"{100 * (ratios[f'engine_over_{s}'] - 1):+.0f}%" for s in ("engine-boost1", "engine-boostall")]
+        rows.append(f"| {b} | " + " | ".join(cells) + f" | {cost[0]} / {cost[1]} |")
+    note = (f"\n\nStream-steps per CPU second, {model_label(d)} {d['chunk_ms']:.0f} ms, {d['dtype']}, one thread, "
+            f"median of {d['rounds']} interleaved rounds; cost: the median per-round ratio engine / boosted, minus 1.")
+    return "\n".join(rows) + note + source([name], [run_info(d)])
+
+
 TABLES = {
-    "headline": table_headline, "gpu": table_gpu, "gpu-memory": table_gpu_memory, "step": table_step,
+    "headline": table_headline, "boost-benefit": table_boost_benefit, "boost-cost": table_boost_cost, "gpu": table_gpu, "gpu-memory": table_gpu_memory, "step": table_step,
     "host": table_host, "frontend": table_frontend, "sweeps": table_sweeps, "mode-mix": table_mode_mix,
     "demo-wer": table_demo_wer,
 }

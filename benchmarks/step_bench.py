@@ -5,6 +5,9 @@
 
 Systems, all on the same model file, the same audio (stream i gets clip i mod 8) and one thread:
   engine    nemo_serve Engine.iterate(): features + one batched step of every ready stream
+  engine-boost1, engine-boostall  the engine with one stream, or every stream, boosting 20 phrases
+            (benchmarks/peers.py BENCH_PHRASES; engine/biasing.py): what phrase boosting costs a
+            step. Their boosted streams' tokens may differ from the loop's (the loop is unboosted)
   engine-nemo  the same engine with kv_cache=False: NeMo's own layer code (caches layer inputs),
             to show what the key/value cache (engine/encoder.py) buys
   pipeline  NeMo 3.0 CacheAwareRNNTPipeline.transcribe_step() with one Frame per stream per step
@@ -44,6 +47,7 @@ from benchmarks.why_differ import why_peers_differ  # noqa: E402
 from nemo_serve.scoring import edit_distance  # noqa: E402
 
 SYSTEMS = ("engine", "engine-nemo", "pipeline", "loop", "sherpa")
+OPTIONAL_SYSTEMS = ("engine-boost1", "engine-boostall")  # only when named in --systems
 
 
 def compare_tokens(tokens: list[list[int]], oracle: list[list[int]]) -> dict:
@@ -97,9 +101,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
     systems = [s for s in args.systems.split(",") if s]
-    unknown = set(systems) - set(SYSTEMS)
+    unknown = set(systems) - set(SYSTEMS + OPTIONAL_SYSTEMS)
     if unknown:
-        raise SystemExit(f"unknown systems {sorted(unknown)}; choose from {SYSTEMS}")
+        raise SystemExit(f"unknown systems {sorted(unknown)}; choose from {SYSTEMS + OPTIONAL_SYSTEMS}")
     modes = [int(r) for r in args.context_right.split(",")]
     if len(modes) > 1 and "{r}" not in args.out:
         raise SystemExit("several --context-right values need '{r}' in --out")
@@ -184,6 +188,10 @@ def _build_peers(systems, model, nemo_path: Path, args, max_batch: int) -> dict:
         peers["engine"] = run_engine
     if "engine-nemo" in systems:
         peers["engine-nemo"] = partial(run_engine, kv_cache=False)
+    if "engine-boost1" in systems:
+        peers["engine-boost1"] = partial(run_engine, boosted="one")
+    if "engine-boostall" in systems:
+        peers["engine-boostall"] = partial(run_engine, boosted="all")
     if "loop" in systems:
         peers["loop"] = run_loop
     if "pipeline" in systems:
@@ -295,7 +303,7 @@ def _ratios(results: list[dict], sizes: list[int], key: str = "stream_steps_per_
             continue
         out[str(b)] = {
             f"engine_over_{p}": round(statistics.median(x / y for x, y in zip(e, by[(p, b)])), 3)
-            for p in ("sherpa", "pipeline", "loop", "engine-nemo")
+            for p in ("sherpa", "pipeline", "loop", "engine-nemo", "engine-boost1", "engine-boostall")
             if (p, b) in by
         }
     return out
@@ -303,7 +311,7 @@ def _ratios(results: list[dict], sizes: list[int], key: str = "stream_steps_per_
 
 def format_table(result: dict) -> str:
     sizes = sorted({r["batch"] for r in result["results"]})
-    systems = [s for s in SYSTEMS if any(r["system"] == s for r in result["results"])]
+    systems = [s for s in SYSTEMS + OPTIONAL_SYSTEMS if any(r["system"] == s for r in result["results"])]
     by = {(r["system"], r["batch"]): r for r in result["results"]}
     lines = [
         f"{result['model']} {result['chunk_ms']:.0f} ms chunks, {result['dtype']}, {result['threads']} thread(s); "

@@ -77,6 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
     lim.add_argument("--max-queue-delay-s", type=float,
                      help="refuse new streams (503) while the model is this many seconds behind real time "
                           "(overload); 0 = off (2)")
+    lim.add_argument("--max-phrases-per-stream", type=int,
+                     help="phrases a stream may boost in its config (`phrases`); 0 = boosting off (100)")
+    lim.add_argument("--max-phrase-chars", type=int, help="characters per boosted phrase (64)")
+    lim.add_argument("--max-phrases-total", type=int,
+                     help="boosted phrases of all open streams together; a stream over it is refused (10000)")
     e = p.add_argument_group("endpointing (defaults; each stream may override them)")
     e.add_argument("--endpoint", dest="endpoint", action="store_const", const=True, help="split segments at pauses (default)")
     e.add_argument("--no-endpoint", dest="endpoint", action="store_const", const=False, help="one segment per stream")
@@ -166,6 +171,7 @@ def _serve_in_process(settings: Settings) -> int:
         endpoint=settings.endpoint_config,
         kv_cache=settings.kv_cache,
         token_confidence=settings.word_confidence,
+        phrase_limits=settings.phrase_limits,
     )
     print(engine.summary(), flush=True)
     engine.prepare()  # CUDA: every graph captured now, not during traffic (logs one line)

@@ -82,15 +82,18 @@ class StreamingClient:
         max_message_bytes: int = 1 << 20,
         ssl_context: ssl.SSLContext | None = None,
         context_right: int | None = None,
+        phrases: list[str] | None = None,
+        boost: float | None = None,
     ) -> None:
         """`context_right`: the chunk mode to stream at, one of those the server serves (its /readyz
-        lists them); None: the server's default."""
+        lists them); None: the server's default. `phrases`: words or phrases to boost in this
+        stream's decoding, by `boost` (the server's default 1 when None)."""
         self.url = url
         self.token = token
         self.ssl_context = ssl_context  # for wss:// with a private CA or a self-signed certificate
         self.config = {"type": "config", "sample_rate": sample_rate, "encoding": encoding, "interim_results": interim_results}
         for key, value in (("language", language), ("id", stream_id), ("endpointing", endpointing),
-                           ("context_right", context_right)):
+                           ("context_right", context_right), ("phrases", phrases), ("boost", boost)):
             if value is not None:
                 self.config[key] = value
         self.dtype = np.dtype("<i2") if encoding in ("pcm_s16le", "int16", "s16le") else np.dtype("<f4")
@@ -311,6 +314,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--language", help="language code, for a multilingual model")
     p.add_argument("--context-right", type=int,
                    help="chunk mode: right context r, chunk (r+1) x 80 ms, one the server serves (default: its default)")
+    p.add_argument("--phrase", action="append", dest="phrases", metavar="PHRASE",
+                   help="a word or phrase to boost (repeatable), e.g. a name the model rarely hears")
+    p.add_argument("--boost", type=float, help="weight of the boosted phrases (server default 1)")
     p.add_argument("--no-interim", action="store_true", help="ask for final results only")
     p.add_argument("--token", help="bearer token (or NEMO_SERVE_AUTH_TOKEN)")
     p.add_argument("--cafile", help="for wss://: trust this certificate (e.g. the server's self-signed one)")
@@ -338,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     options = dict(
         language=args.language,
         context_right=args.context_right,
+        phrases=args.phrases,
+        boost=args.boost,
         interim_results=not args.no_interim,
         token=args.token or os.environ.get("NEMO_SERVE_AUTH_TOKEN"),
         ssl_context=_ssl_context(args.cafile, args.insecure),

@@ -76,6 +76,12 @@ class Settings(BaseModel):
     # Overload: new streams are refused while the model's steps start this far behind real time
     # (engine/queue_delay.py), so the streams already served do not fall further behind. 0: off.
     max_queue_delay_s: Annotated[float, Field(ge=0, le=3600)] = 2.0
+    # Phrase boosting (engine/phrases.py): a stream's `phrases` in its config message. Per stream
+    # (0: boosting off), characters per phrase, and phrases of all open streams together (each
+    # distinct list is a boosting tree in the decoder; every boosted step walks them).
+    max_phrases_per_stream: Annotated[int, Field(ge=0, le=10000)] = 100
+    max_phrase_chars: Annotated[int, Field(ge=1, le=1000)] = 64
+    max_phrases_total: Annotated[int, Field(ge=0, le=10_000_000)] = 10000
     # endpointing defaults (each stream may override them in its config message)
     endpoint: bool = True
     rule1_min_trailing_silence: PositiveSeconds = 2.4
@@ -151,6 +157,12 @@ class Settings(BaseModel):
             rule2_min_trailing_silence_s=self.rule2_min_trailing_silence,
             rule3_min_utterance_length_s=self.rule3_min_utterance_length,
         ).validated()
+
+    @property
+    def phrase_limits(self):
+        from .engine.phrases import PhraseLimits
+
+        return PhraseLimits(self.max_phrases_per_stream, self.max_phrase_chars, self.max_phrases_total)
 
     @property
     def tls(self) -> bool:

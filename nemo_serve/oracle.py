@@ -9,10 +9,17 @@ hypotheses, one utterance at a time, at the model's own dtype. Nothing of the en
 The one copy of that loop: the self-test and the parity tests call `oracle_transcribe`, the
 streaming WER (training/evaluate.py) `nemo_loop`, and the step benchmark times `loop_step`
 over chunks it prepares up front with `loop_chunks`.
+
+Phrase boosting's oracle (`phrases`): NeMo's own decoding with a boosting tree, configured as a
+NeMo user configures it: `change_decoding_strategy` with `greedy.boosting_tree` (the phrase list)
+and `greedy.boosting_tree_alpha` (the boost), for the call; the model's decoding is put back after.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -101,11 +108,40 @@ def nemo_loop(nemo, audio: np.ndarray, dtype: torch.dtype = torch.float32, pad_a
     return state
 
 
-def oracle_transcribe(model, audio: np.ndarray, language: str | None = None, context_right: int | None = None) -> OracleResult:
+@contextlib.contextmanager
+def nemo_boosting(nemo, phrases: list[str] | tuple[str, ...], boost: float):
+    """NeMo's greedy decoding with a boosting tree of `phrases` at weight `boost`, for the block."""
+    from omegaconf import open_dict
+
+    from .engine.biasing import boosting_tree_config
+
+    from nemo.collections.asr.models import EncDecHybridRNNTCTCModel
+
+    saved_decoding, saved_cfg = nemo.decoding, copy.deepcopy(nemo.cfg.decoding)
+    cfg = copy.deepcopy(nemo.cfg.decoding)
+    with open_dict(cfg):
+        cfg.greedy.boosting_tree = dataclasses.asdict(boosting_tree_config(tuple(phrases)))
+        cfg.greedy.boosting_tree_alpha = float(boost)
+    kw = {"decoder_type": "rnnt"} if isinstance(nemo, EncDecHybridRNNTCTCModel) else {}
+    nemo.change_decoding_strategy(decoding_cfg=cfg, verbose=False, **kw)
+    try:
+        yield
+    finally:
+        nemo.decoding = saved_decoding
+        with open_dict(nemo.cfg):
+            nemo.cfg.decoding = saved_cfg
+
+
+def oracle_transcribe(
+    model, audio: np.ndarray, language: str | None = None, context_right: int | None = None,
+    phrases: list[str] | tuple[str, ...] = (), boost: float = 1.0,
+) -> OracleResult:  # fmt: skip
     """Transcribe one utterance (float32 at the model's rate) with NeMo's loop on `model` (a ServedModel)
-    at one of its served modes (None: the default), NeMo's encoder switched to it for the call."""
+    at one of its served modes (None: the default), NeMo's encoder switched to it for the call;
+    with `phrases`, NeMo's decoder boosts them (module docstring)."""
     nemo = model.nemo
-    with model.nemo_mode(context_right):
+    boosting = nemo_boosting(nemo, phrases, boost) if phrases else contextlib.nullcontext()
+    with model.nemo_mode(context_right), boosting:
         if model.prompt_dictionary is not None:
             nemo.set_inference_prompt(language or model.default_language)
         state = nemo_loop(nemo, audio, model.dtype)

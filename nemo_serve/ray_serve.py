@@ -62,7 +62,7 @@ def build_app():
     model = load_model(settings.model, context_right=settings.context_right, dtype=settings.dtype, device=device)
     engine = Engine(model, num_slots=settings.num_slots, max_batch=settings.max_batch,
                     endpoint=settings.endpoint_config, kv_cache=settings.kv_cache,
-                    token_confidence=settings.word_confidence)  # fmt: skip
+                    token_confidence=settings.word_confidence, phrase_limits=settings.phrase_limits)  # fmt: skip
     print(engine.summary(), flush=True)
     line = engine.prepare()  # CUDA: every graph captured now, not during traffic
     if line:

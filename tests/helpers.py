@@ -47,15 +47,17 @@ def drive(
     modes: list[int | None] | None = None,
     abort: dict[int, int] | None = None,
     max_ticks: int = 100000,
+    phrases: list[tuple[list[str], float] | None] | None = None,
 ) -> Driven:
     """Step-synchronous clients: stream i opens at tick start_tick[i] (in chunk mode modes[i]) and
     pushes one packet per tick; the engine iterates once per tick on this thread. `abort` maps
-    stream -> tick of abort."""
+    stream -> tick of abort. `phrases[i]`: stream i's (phrases, boost), or None."""
     n = len(audios)
     start_tick = start_tick or [0] * n
     languages = languages or [None] * n
     modes = modes or [None] * n
     abort = abort or {}
+    phrases = phrases or [None] * n
     out = Driven([[] for _ in range(n)])
     sizes = packet if isinstance(packet, list) else [packet]
     streams, pos = {}, [0] * n
@@ -63,7 +65,9 @@ def drive(
     for tick in range(max_ticks):
         for i in range(n):
             if tick == start_tick[i]:
-                streams[i] = engine.open_stream(out.results[i].append, language=languages[i], context_right=modes[i])
+                boost = dict(zip(("phrases", "boost"), phrases[i])) if phrases[i] else {}
+                streams[i] = engine.open_stream(out.results[i].append, language=languages[i], context_right=modes[i],
+                                                **boost)  # fmt: skip
             if i in streams and i not in finished:
                 if abort.get(i) == tick:
                     engine.abort(streams[i], "test abort")

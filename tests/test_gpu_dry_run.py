@@ -185,7 +185,7 @@ def test_decoder_capture_failure_falls_back_mode_by_mode():
         assert a.token_ids == b.token_ids
     assert [(f["mode"], f["error"].split(":")[0]) for f in sa.decoder_failures] == [
         ("full_graph", "AssertionError"), ("no_while_loops", "RuntimeError")]
-    assert sa.decoder_modes == {(2, False): "no_graphs"} and flaky.resets == 2
+    assert sa.decoder_modes == {(2, False, False): "no_graphs"} and flaky.resets == 2
     assert flaky.cuda_graphs_mode is None
 
 

@@ -188,7 +188,8 @@ class _FakeEngine:
 
     queue_delay_s = 0.0  # never behind
 
-    def open_stream(self, on_result, *, stream_id=None, language=None, endpoint=None, context_right=None):
+    def open_stream(self, on_result, *, stream_id=None, language=None, endpoint=None, context_right=None, phrases=None,
+                    boost=None):
         from nemo_serve.engine.errors import NoFreeSlotError
 
         if self.num_free_slots <= 0:

@@ -25,6 +25,7 @@ import zmq.asyncio
 
 from ..engine.endpoint import EndpointConfig
 from ..engine.geometry import ModelInfo
+from ..engine.phrases import PhraseLimits, check_phrases, encodable_characters
 from ..engine.results import Detokenizer, ResultAssembler, StreamResult, StreamUpdate
 from . import messages as m
 from .engine_core import control_address, results_address
@@ -50,11 +51,15 @@ class StreamHandle:
     finish_pending: bool = False
     ended: bool = False  # aborted, or its last result was delivered
     engine: object = None  # the EngineClient that serves it (set by an EngineGroup)
+    num_phrases: int = 0  # boosted phrases it holds (the front end's share of --max-phrases-total)
 
 
 class EngineClient:
-    def __init__(self, info: ModelInfo, shared: SharedSlots, frontend: int, ipc_dir: str, max_batch: int | None = None) -> None:
+    def __init__(self, info: ModelInfo, shared: SharedSlots, frontend: int, ipc_dir: str, max_batch: int | None = None,
+                 phrase_limits: PhraseLimits = PhraseLimits()) -> None:  # fmt: skip
         self.model_info = info
+        self.phrase_limits = phrase_limits
+        self.encodable = encodable_characters(info.vocabulary)
         self.shared = shared
         self.frontend = frontend
         self.ipc_dir = ipc_dir
@@ -123,18 +128,29 @@ class EngineClient:
         language: str | None = None,
         endpoint: EndpointConfig | None = None,
         context_right: int | None = None,
+        phrases: list[str] | None = None,
+        boost: float | None = None,
     ) -> StreamHandle:
-        """Take a slot now, or raise NoFreeSlotError / ValueError (bad language or mode)."""
+        """Take a slot now, or raise NoFreeSlotError / ValueError (bad language, mode or phrases;
+        the phrase total: this front end's share, frontend_process.py; the core counts the whole)."""
         lang = self.model_info.language_index(language)
         mode = self.model_info.geometry_for(context_right).context_right
+        request = check_phrases(phrases, boost, self.phrase_limits, self.encodable, self.model_info.is_bpe)
+        if request:  # a sum over the open streams, for boosted opens only
+            held = sum(h.num_phrases for h in self._streams.values())
+            if held + len(request.phrases) > self.phrase_limits.max_phrases_total:
+                raise ValueError(f"this front end holds {held} boosted phrases; at most "
+                                 f"{self.phrase_limits.max_phrases_total} in all (its share of the server's)")  # fmt: skip
         stream_id = stream_id or uuid.uuid4().hex
         if stream_id in self._streams:
             raise ValueError(f"stream id {stream_id!r} is already open")
         slot, gen = self.shared.allocate(self.frontend, mode)
-        h = StreamHandle(stream_id, slot, gen, on_result, ResultAssembler(self.detok, self.frame_s))
+        h = StreamHandle(stream_id, slot, gen, on_result, ResultAssembler(self.detok, self.frame_s),
+                         num_phrases=len(request.phrases))  # fmt: skip
         self._streams[stream_id] = h
         ep = dataclasses.asdict(endpoint) if endpoint is not None else {}
-        self._send(m.Open(slot, gen, self.frontend, stream_id, lang, ep, mode))
+        self._send(m.Open(slot, gen, self.frontend, stream_id, lang, ep, mode,
+                          list(request.phrases) or None, request.boost if request else None))  # fmt: skip
         return h
 
     def push(self, h: StreamHandle, samples: np.ndarray, arrived: float | None = None) -> None:

@@ -172,8 +172,10 @@ class EngineCore:
                 endpoint=EndpointConfig(**msg.endpoint),
                 updates=True,
                 context_right=msg.context_right,
+                phrases=msg.phrases,
+                boost=msg.boost,
             )
-        except (RuntimeError, ValueError, TypeError) as e:  # cannot happen with a sane front end
+        except (RuntimeError, ValueError, TypeError) as e:  # a sane front end: only the server-wide phrase limit
             log.error("open refused for slot %d: %s", msg.slot, e)
             out.append(StreamUpdate(msg.stream_id, 0, True, True, [], [], 0, 0.0, time.time(), error=str(e)))
             self._free_if_held(msg.slot, msg.gen)
@@ -269,7 +271,7 @@ def run_core_process(settings, ipc_dir: str, lock, conn, parent_pid: int) -> Non
         model = load_model(settings.model, context_right=settings.context_right, dtype=settings.dtype, device=settings.device)
         engine = Engine(model, num_slots=settings.num_slots, max_batch=settings.max_batch,
                         endpoint=settings.endpoint_config, kv_cache=settings.kv_cache,
-                        token_confidence=settings.word_confidence)  # fmt: skip
+                        token_confidence=settings.word_confidence, phrase_limits=settings.phrase_limits)  # fmt: skip
         engine.prepare()  # CUDA: every graph captured before "ready", not during traffic (logs one line)
     except (ModelLoadError, UnsupportedModeError, FileNotFoundError, ValueError) as e:
         conn.send(("error", str(e)))  # the supervisor prints it as the one-process server does

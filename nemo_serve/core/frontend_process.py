@@ -58,8 +58,11 @@ def run_frontend_process(settings, info, cores: list[CoreEndpoint], frontend: in
     settings = settings.model_copy(update={
         "max_connections": max(1, -(-settings.max_connections // k)),
         "max_connections_per_ip": max(1, -(-settings.max_connections_per_ip // k)),
+        # each front end refuses past its share before any audio; the core checks the whole
+        "max_phrases_total": -(-settings.max_phrases_total // k),
     })  # fmt: skip
-    clients = [EngineClient(info, SharedSlots.attach(c.shm_name, c.layout, c.lock), frontend, c.ipc_dir) for c in cores]
+    clients = [EngineClient(info, SharedSlots.attach(c.shm_name, c.layout, c.lock), frontend, c.ipc_dir,
+                            phrase_limits=settings.phrase_limits) for c in cores]  # fmt: skip
     if len(clients) == 1:
         engine = clients[0]
     else:

@@ -25,6 +25,8 @@ class Open(msgspec.Struct, tag=True, array_like=True):
     language_index: int
     endpoint: dict  # EndpointConfig's fields
     context_right: int | None = None  # the stream's chunk mode (None: the default)
+    phrases: list[str] | None = None  # boosted phrases, checked by the front end (engine/phrases.py)
+    boost: float | None = None
 
 
 class Finish(msgspec.Struct, tag=True, array_like=True):

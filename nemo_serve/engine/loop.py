@@ -27,6 +27,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+from .biasing import BiasingRegistry
+from .phrases import NO_BIASING, PhraseLimits, PhraseRequest, check_phrases, encodable_characters
 from .encoder import make_encoder
 from .endpoint import EndpointConfig
 from .frontend import FeatureExtractor
@@ -74,6 +76,7 @@ class Engine:
         on_step: Callable[[int, float, int], None] | None = None,
         kv_cache: bool = True,
         token_confidence: bool = False,
+        phrase_limits: PhraseLimits = PhraseLimits(),
     ) -> None:
         """`kv_cache`: cache projected keys/values (engine/encoder.py) where the architecture
         allows; False runs NeMo's own layer code (caches layer inputs). `token_confidence`: each
@@ -88,6 +91,9 @@ class Engine:
         self.encoder = make_encoder(model, kv_cache=kv_cache)  # loop thread only
         self.pool = SlotPool(model, num_slots, self.encoder.channel_shape)  # loop thread only
         self.token_confidence = token_confidence
+        self.phrase_limits = phrase_limits
+        self.encodable = encodable_characters(model.vocabulary)
+        self._num_phrases = 0  # phrases of the admitted streams (guarded by _admission)
         self.features = FeatureExtractor.for_model(model)
         self.detok = Detokenizer(model.vocabulary, model.is_bpe)
         self.hop_s = self.geometry.hop_samples / self.geometry.sample_rate
@@ -173,15 +179,19 @@ class Engine:
         endpoint: EndpointConfig | None = None,
         updates: bool = False,
         context_right: int | None = None,
+        phrases: list[str] | None = None,
+        boost: float | None = None,
     ) -> Stream:
-        """Admit a stream or raise NoFreeSlotError / ValueError (bad language, or a chunk mode
-        `context_right` the engine does not serve: the message lists those it does).
+        """Admit a stream or raise NoFreeSlotError / ValueError (bad language, a chunk mode
+        `context_right` the engine does not serve: the message lists those it does, or bad
+        `phrases` / `boost`: engine/biasing.py, over a limit or not spelled by the tokenizer).
 
         `on_result` is called on the loop thread with a `StreamResult` (text and the segment's
         tokens, assembled here), or with each raw `StreamUpdate` if `updates` (the engine core
         ships those to the front ends, which assemble)."""
         lang = self.model.language_index(language) if language_index is None else language_index
         mode = self.model.geometry_for(context_right).context_right
+        request = self.check_phrases(phrases, boost)
         if not updates:
             on_result = _assembling(on_result, self.detok, self.geometry.encoder_frame_s)
         stream_id = stream_id or uuid.uuid4().hex
@@ -190,6 +200,11 @@ class Engine:
                 raise ValueError(f"stream id {stream_id!r} is already open")
             if self._num_admitted >= self.num_slots:
                 raise NoFreeSlotError(f"all {self.num_slots} slots are in use")
+            total = self._num_phrases + len(request.phrases)
+            if request and total > self.phrase_limits.max_phrases_total:
+                raise ValueError(f"the server holds {self._num_phrases} boosted phrases; "
+                                 f"at most {self.phrase_limits.max_phrases_total} in all")  # fmt: skip
+            self._num_phrases = total
             self._num_admitted += 1
             self._admitted_ids[stream_id] = mode
         stream = Stream(
@@ -199,10 +214,29 @@ class Engine:
             endpoint_config=endpoint or self.endpoint,
             frame_s=self.geometry.encoder_frame_s,
             context_right=mode,
+            phrases=request,
         )
         self._inbox.put(stream)
         self._wake.set()
         return stream
+
+    def check_phrases(self, phrases: list[str] | None, boost: float | None) -> PhraseRequest:
+        """The stream's phrases checked against the limits and the tokenizer (no <unk>): the
+        tokenizer is pure host code, so the caller's thread may run it."""
+        request = check_phrases(phrases, boost, self.phrase_limits, self.encodable, self.model.is_bpe)
+        tokenizer = getattr(self.model.nemo, "tokenizer", None)
+        unk = getattr(tokenizer, "unk_id", None)
+        for phrase in request.phrases if tokenizer is not None else ():
+            if unk is not None and unk in tokenizer.text_to_ids(phrase):
+                raise ValueError(f"phrase {phrase!r} has characters the model cannot spell")
+        return request
+
+    def _biasing(self) -> BiasingRegistry:
+        """The registry, made with the first boosted stream (its multi-model holds device memory)."""
+        if self.pool.biasing is None:
+            blank = int(self.model.decoding_computer._blank_index)
+            self.pool.biasing = BiasingRegistry(self.model.nemo.tokenizer, blank, self.model.device)
+        return self.pool.biasing
 
     def push(self, stream: Stream, samples: np.ndarray, arrived: float | None = None) -> None:
         """`arrived`: server time the samples came in (default now). The engine keeps a reference
@@ -379,7 +413,10 @@ class Engine:
                 stream = self._inbox.get_nowait()
             except queue.Empty:
                 break
-            stream.slot = self.pool.allocate(stream.stream_id, stream.language_index)
+            stream.biasing_id, tree_state = NO_BIASING, 0
+            if stream.phrases:  # checked at open: the tree builds
+                stream.biasing_id, tree_state = self._biasing().acquire(stream.phrases)
+            stream.slot = self.pool.allocate(stream.stream_id, stream.language_index, stream.biasing_id, tree_state)
             stream.phase = Phase.ACTIVE
             self._streams[stream.stream_id] = stream
             self._slot_streams[stream.slot] = stream
@@ -497,10 +534,13 @@ class Engine:
                 # Input ended on a tail too short to encode: the consumer is still owed its final.
                 self._publish_final(s, [], [], s.audio.finish_time or time.time(), done=True)
             self.pool.free(s.stream_id)
+            if s.biasing_id != NO_BIASING:
+                self.pool.biasing.release(s.biasing_id)
             self._slot_streams[s.slot] = None
             del self._streams[s.stream_id]
             with self._admission:
                 self._num_admitted -= 1
+                self._num_phrases -= len(s.phrases.phrases) if s.phrases else 0
                 self._admitted_ids.pop(s.stream_id, None)
             if self.on_release is not None:
                 self.on_release(s)

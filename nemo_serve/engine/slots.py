@@ -79,6 +79,13 @@ class SlotPool:
         g = model.geometry
         self.feature_history = torch.zeros(rows, model.num_mels, g.pre_cache_frames, device=dev)  # [S+1, F, 9]
         self.languages = torch.zeros(rows, device=dev, dtype=torch.long)  # [S+1]
+        # Phrase boosting (engine/biasing.py): each row's multi-model id (-1: none; always for the
+        # scratch row) and its boosting-tree state; a host copy of "has an id" lets a step without
+        # boosted rows run the plain decoder.
+        self.biasing_ids = torch.full((rows,), -1, device=dev, dtype=torch.long)  # [S+1]
+        self.biasing_states = torch.zeros(rows, device=dev, dtype=torch.long)  # [S+1]
+        self.boosted = np.zeros(rows, dtype=bool)  # [S+1] host
+        self.biasing = None  # the BiasingRegistry, made by the engine for its first boosted stream
         self.max_step_rows = max_rows or max_step_rows(num_slots, self.gather_bytes_per_row)
         # gather_encoder's output: one buffer for the largest step, allocated here, never grown.
         self._channel_buf = torch.empty(
@@ -108,6 +115,7 @@ class SlotPool:
         return [
             self.cache_last_channel, self.cache_last_time, self.cache_last_channel_len, *self.predictor_states,
             self.predictor_outputs, self.labels, self.decoded_lengths, self.feature_history, self.languages,
+            self.biasing_ids, self.biasing_states,
         ]
 
     @property
@@ -147,7 +155,17 @@ class SlotPool:
     def num_used(self) -> int:
         return len(self.stream_to_slot)
 
-    def allocate(self, stream_id: str, language_index: int = 0) -> int:
+    @property
+    def num_boosted(self) -> int:
+        return int(self.boosted.sum())
+
+    def any_boosted(self, rows) -> bool:
+        """Whether any of `rows` (numpy, or a tensor: then the whole pool is asked) has phrases."""
+        if isinstance(rows, np.ndarray):
+            return bool(self.boosted[rows].any())
+        return bool(self.boosted.any())
+
+    def allocate(self, stream_id: str, language_index: int = 0, biasing_id: int = -1, biasing_state: int = 0) -> int:
         if stream_id in self.stream_to_slot:
             raise ValueError(f"stream {stream_id!r} already holds a slot")
         if not self._free:
@@ -155,6 +173,11 @@ class SlotPool:
         slot = self._free.pop()
         self.stream_to_slot[stream_id] = slot
         self.languages[slot].fill_(language_index)  # a device-side fill: no host->device copy
+        # Set on every allocation, like the language: a row freed and taken again before the next
+        # flush would otherwise keep its previous stream's tree.
+        self.biasing_ids[slot].fill_(biasing_id)
+        self.biasing_states[slot].fill_(biasing_state)
+        self.boosted[slot] = biasing_id >= 0
         return slot
 
     def free(self, stream_id: str) -> None:
@@ -165,6 +188,7 @@ class SlotPool:
             return
         self._to_reset.append(slot)
         self._free.append(slot)
+        self.boosted[slot] = False
         assert self.num_free + self.num_used == self.num_slots
 
     def flush(self) -> None:
@@ -185,7 +209,7 @@ class SlotPool:
         self._reset_rows(rows)
 
     def _reset_rows(self, rows: torch.Tensor) -> None:
-        """The rows' state back to a fresh stream's. Languages are not touched: `allocate` sets them."""
+        """The rows' state back to a fresh stream's. Languages and biasing are not touched: `allocate` sets them."""
         self.cache_last_channel.index_fill_(1, rows, 0.0)
         self.cache_last_time.index_fill_(1, rows, 0.0)
         self.cache_last_channel_len.index_fill_(0, rows, 0)
@@ -225,13 +249,15 @@ class SlotPool:
         self.cache_last_time.index_copy_(1, rows, cache.cache_last_time.to(self.cache_last_time.dtype))
         self.cache_last_channel_len.index_copy_(0, rows, cache.cache_last_channel_len)
 
-    def gather_decoder(self, rows: torch.Tensor) -> BatchedLabelLoopingState:
+    def gather_decoder(self, rows: torch.Tensor, boosted: bool = False) -> BatchedLabelLoopingState:
+        """`boosted`: also the rows' boosting-tree states, as the biasing decoder's one fusion state."""
         self.flush()
         return BatchedLabelLoopingState(
             predictor_states=[s.index_select(1, rows) for s in self.predictor_states],
             predictor_outputs=self.predictor_outputs.index_select(0, rows),
             labels=self.labels.index_select(0, rows),
             decoded_lengths=self.decoded_lengths.index_select(0, rows),
+            fusion_states_list=[self.biasing_states.index_select(0, rows)] if boosted else [],
         )
 
     def scatter_decoder(self, rows: torch.Tensor, state: BatchedLabelLoopingState) -> None:
@@ -241,6 +267,8 @@ class SlotPool:
         self.predictor_outputs.index_copy_(0, rows, state.predictor_outputs[:n])
         self.labels.index_copy_(0, rows, state.labels[:n])
         self.decoded_lengths.index_copy_(0, rows, state.decoded_lengths[:n])
+        if state.fusion_states_list:
+            self.biasing_states.index_copy_(0, rows, state.fusion_states_list[0][:n])
 
     def gather_history(self, rows: torch.Tensor) -> torch.Tensor:
         self.flush()

@@ -26,6 +26,15 @@ logits the decoder computes anyway. Labels are still the argmax of the same logi
 changes (tests/test_words.py runs the parity scenarios with it on); the cost is a log-softmax per
 label iteration (benchmarks/confidence_bench.py). The float32 values are bit-cast into the same
 int32 buffer, after the frames, so the step keeps its one copy.
+
+Phrase boosting (engine/biasing.py): a step with at least one boosted row runs a copy of the
+computer with NeMo's per-stream biasing on, given each row's multi-model id (-1 for unboosted and
+padded rows) and tree state from the slot table; a step without one runs the plain computer, so
+streams without phrases pay nothing while no boosted stream shares their step. On CUDA the
+biasing computer is one more decoder per bucket, captured (with NeMo's Triton multi-model
+kernel inside its graph) at the bucket's first boosted step rather than at start-up, so a server
+that never boosts holds no multi-model; without Triton NeMo cannot put the multi-model in a graph
+and that decoder runs eagerly (`biasing_computer`).
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .biasing import biasing_computer
 from .buckets import bucket_for, bucket_sizes, split
 from .slots import SlotPool
 
@@ -135,9 +145,10 @@ class Stepper:
         self.host_buffers = [x for x in (self.h_rows, self.h_lens, self.h_langs, self.h_feat, self.h_out) if x is not None]
         # NeMo's decoder keeps its CUDA graph and hypothesis buffers in the computer object, sized
         # by the largest batch it has seen: one computer per bucket, each captured once.
-        self._computers: dict[tuple[int, bool], object] = {}
-        self._confidence_base = None  # confidence_computer(the model's), made on first use
+        self._computers: dict[tuple[int, bool, bool], object] = {}  # (bucket, confidence, boosted)
+        self._bases: dict[tuple[bool, bool], object] = {}  # (confidence, boosted) -> base computer
         self.confidence = False  # the running part's batch.confidence
+        self.boosted = False  # the running part has a row with phrases
         self.parts = 0  # device steps run (a ready set over max_rows makes several)
         self.padded_rows = 0  # rows run for the scratch slot
         # graphs=False: encoder and decoder both eager (NeMo's torch_impl), the reference the GPU
@@ -159,7 +170,7 @@ class Stepper:
             self.graphs = StepGraphs(self)
         # First call of each bucket's decoder (NeMo captures its graph then): the mode it ended in
         # and every failed attempt (`_first_decode`), for the start-up line and the GPU run.
-        self.decoder_modes: dict[tuple[int, bool], str] = {}
+        self.decoder_modes: dict[tuple[int, bool, bool], str] = {}
         self.decoder_failures: list[dict] = []
         self.fail_next_decoder_capture = False  # tests and the GPU run's forced-failure check
         self.gpu_times: list | None = None  # a list: (start, end) CUDA events around each device step
@@ -191,6 +202,7 @@ class Stepper:
         self.parts += 1
         self.padded_rows += bucket - n
         self.confidence = batch.confidence
+        self.boosted = self.pool.biasing is not None and self.pool.any_boosted(batch.rows[lo:hi])
         self._stage_rows(batch.rows, lo, hi, bucket)
         self.h_lens[:n] = torch.as_tensor(num_frames, dtype=torch.long)
         self.h_lens[n:bucket] = width  # padded rows: full width (the unmasked path stays open)
@@ -300,15 +312,16 @@ class Stepper:
     def decode(self, bucket: int, encoded: torch.Tensor, encoded_len: torch.Tensor) -> None:
         pool, rows = self.pool, self.d_rows[:bucket]
         # 3. RNN-T greedy label-looping decoding from the rows' carried state.
-        state = pool.gather_decoder(rows)
-        key = (bucket, self.confidence)
+        state = pool.gather_decoder(rows, self.boosted)
+        bias = {"multi_biasing_ids": pool.biasing_ids.index_select(0, rows)} if self.boosted else {}
+        key = (bucket, self.confidence, self.boosted)
         with aten_rnn(encoded.device, encoded.dtype):
             if key in self.decoder_modes:
                 hyps, new_state = self.computer(bucket)(
-                    x=encoded.transpose(1, 2), out_len=encoded_len, prev_batched_state=state
+                    x=encoded.transpose(1, 2), out_len=encoded_len, prev_batched_state=state, **bias
                 )
             else:
-                hyps, new_state = self._first_decode(key, encoded, encoded_len, state)
+                hyps, new_state = self._first_decode(key, encoded, encoded_len, state, bias)
         pool.scatter_decoder(rows, new_state)
         # 4. results packed as int32 at the width a step can fill: [lens | decoded | ids | frames].
         out, k = self.d_out[:bucket], self.out_width
@@ -330,14 +343,11 @@ class Stepper:
         chunk has `new_frames` (1 to 14). The stepper's shapes are static, so no input is longer;
         one that were would make NeMo re-size and re-capture (`need_reinit`) outside the memory
         pool `_first_decode` gives the capture."""
-        base = self.model.decoding_computer
-        if self.confidence:
-            if self._confidence_base is None:
-                self._confidence_base = confidence_computer(base)
-            base = self._confidence_base
+        base = self._base()
         if not self.cuda or getattr(base, "cuda_graphs_mode", None) is None:
             return base
-        c = self._computers.get((bucket, self.confidence))
+        key = (bucket, self.confidence, self.boosted)
+        c = self._computers.get(key)
         if c is None:
             c = copy.copy(base)
             c.state, c.full_graph, c.separate_graphs = None, None, None
@@ -346,10 +356,32 @@ class Stepper:
                 c.cuda_graphs_mode = None  # NeMo's torch_impl (graphs=False: the eager reference)
             elif self.decoder_graph_mode == "no_while_loops":
                 c.cuda_graphs_mode = type(c).CudaGraphsMode.NO_WHILE_LOOPS
-            self._computers[(bucket, self.confidence)] = c
+            self._computers[key] = c
+            if self.boosted:  # a grown multi-model moves its buffers: capture this bucket again
+                self.pool.biasing.on_reallocate.append(lambda: self._forget_decoder(key))
         return c
 
-    def _first_decode(self, key: tuple[int, bool], encoded: torch.Tensor, encoded_len: torch.Tensor, state):
+    def _base(self):
+        """The model's computer, with token confidence and/or per-stream biasing as the part needs."""
+        key = (self.confidence, self.boosted)
+        base = self._bases.get(key)
+        if base is None:
+            base = self.model.decoding_computer
+            if self.confidence:
+                base = confidence_computer(base)
+            if self.boosted:
+                base = biasing_computer(base, self.pool.biasing.multi_model)
+            self._bases[key] = base
+        return base
+
+    def _forget_decoder(self, key) -> None:
+        c = self._computers.get(key)
+        if c is not None:
+            c.reset_cuda_graphs_state()
+        self.decoder_modes.pop(key, None)
+
+    def _first_decode(self, key: tuple[int, bool, bool], encoded: torch.Tensor, encoded_len: torch.Tensor, state,
+                      bias: dict):  # fmt: skip
         """The first call of a bucket's decoder, where NeMo captures its CUDA graph. NeMo falls back
         from full graph to no-while-loops only on its own compile errors; anything else (its
         capture-status assertion, an error inside a while-loop body, which also leaves the body's
@@ -377,7 +409,7 @@ class Stepper:
                     c._nemo_serve_mempool = torch.cuda.MemPool()  # lives with the computer and its graph
                     own_pool = torch.cuda.use_mem_pool(c._nemo_serve_mempool)
                 with own_pool:
-                    out = c(x=encoded.transpose(1, 2), out_len=encoded_len, prev_batched_state=state)
+                    out = c(x=encoded.transpose(1, 2), out_len=encoded_len, prev_batched_state=state, **bias)
             except Exception as e:  # noqa: BLE001 - any capture failure; the last mode re-raises
                 forced = str(e).startswith("forced decoder capture failure")
                 log.warning("decoder of bucket %d (confidence %s) failed in mode %s; retrying in the next mode",
@@ -406,11 +438,12 @@ class Stepper:
             "graphs": g is not None,
             "encoder_captured": sorted(map(list, g.graphs)) if g is not None else [],
             "encoder_failed": {str(list(k)): v for k, v in sorted(g.failed.items())} if g is not None else {},
-            "decoder_modes": {f"{b}{'+conf' if c else ''}": m for (b, c), m in sorted(self.decoder_modes.items())},
+            "decoder_modes": {f"{b}{'+conf' if c else ''}{'+boost' if x else ''}": m
+                              for (b, c, x), m in sorted(self.decoder_modes.items())},  # fmt: skip
             "decoder_failures": list(self.decoder_failures),
             # encoder frames NeMo's buffers hold per bucket: new_frames, unless an input forced a re-size
-            "decoder_max_time": {f"{b}{'+conf' if conf else ''}": c.state.max_time
-                                 for (b, conf), c in sorted(self._computers.items()) if c.state is not None},
+            "decoder_max_time": {f"{b}{'+conf' if conf else ''}{'+boost' if x else ''}": c.state.max_time
+                                 for (b, conf, x), c in sorted(self._computers.items()) if c.state is not None},
         }
 
     def prepare(self, buckets: list[int] | None = None, confidence: bool = False) -> None:

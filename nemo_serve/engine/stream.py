@@ -33,10 +33,12 @@ class Stream:
     endpoint_config: EndpointConfig
     frame_s: float
     context_right: int | None = None  # the stream's chunk mode (None: the served default)
+    phrases: "PhraseRequest | None" = None  # phrase boosting (engine/biasing.py); None or empty: none
     audio: AudioBuffer = field(default_factory=AudioBuffer)
     # --- loop-thread state ---
     phase: Phase = Phase.PENDING
     slot: int | None = None
+    biasing_id: int = -1  # its tree's id in the decoder's multi-model (-1: none)
     next_frame: int = 0  # first feature frame of the next chunk
     segment: int = 0
     decoded_frames: int = 0

@@ -114,6 +114,11 @@ class ConfigMessage(_Strict):
     # The stream's chunk mode: a right context the server was started with (--context-right);
     # None: the server's default (the first). Chunk = (context_right + 1) x 80 ms.
     context_right: Annotated[int, Field(ge=0, le=10000)] | None = None
+    # Phrase boosting, named as Riva's SpeechContext names them: words or phrases this stream
+    # expects (names, terms) and the weight added per matched token (default 1). Checked against
+    # the server's limits and the model's vocabulary before any audio (engine/phrases.py).
+    phrases: list[str] | None = None
+    boost: float | None = None
 
     @field_validator("encoding")
     @classmethod

@@ -51,6 +51,7 @@ from starlette.websockets import WebSocket
 
 from ..engine.endpoint import EndpointConfig
 from ..engine.errors import NoFreeSlotError
+from ..engine.phrases import encodable_characters
 from ..engine.results import StreamResult
 from .audio import AudioDecoder
 from .context import ServerContext
@@ -81,6 +82,7 @@ from .realtime_protocol import (
     model_language,
     new_id,
     parse_client_event,
+    transcription_phrases,
 )
 from .session import CLOSE_TIMEOUT_S, MAX_AHEAD_S, Session, _Close
 from .speech_detector import SpeechDetector, SpeechEvent
@@ -164,10 +166,10 @@ class RealtimeSession(Session):
 
     def _update(self, u: SessionUpdate) -> None:
         self.dialect = u.dialect
-        fixed = u.rate or u.turn_detection_set or _language(u) or u.context_right is not None or u.nim
+        fixed = u.rate or u.turn_detection_set or _language(u) or u.context_right is not None or u.nim or _phrases(u)
         if self.state is not ProtocolState.CONNECTED and fixed:
             raise RealtimeError(
-                "audio format, language, turn_detection and context_right cannot change once audio was appended",
+                "audio format, language, phrases, turn_detection and context_right cannot change once audio was appended",
                 code="session_update_after_audio", event_id=u.event_id,
             )  # fmt: skip
         rt = self.rt
@@ -186,6 +188,10 @@ class RealtimeSession(Session):
                 rt.language = u.transcription.language or None
             rt.transcription_model = u.transcription.model or rt.transcription_model
             rt.prompt = u.transcription.prompt if u.transcription.prompt is not None else rt.prompt
+            phrases = transcription_phrases(u.transcription, self.ctx.settings.phrase_limits,
+                                            encodable_characters(self.ctx.model.vocabulary), self.ctx.model.is_bpe,
+                                            u.event_id)  # fmt: skip
+            rt.phrases = phrases if phrases is not None else rt.phrases
         if u.context_right is not None:
             rt.context_right = mode
         rt.rate = u.rate or rt.rate
@@ -329,13 +335,17 @@ class RealtimeSession(Session):
         for item in self.items:
             if item.handle is not None:
                 continue
+            boost = {"phrases": list(self.rt.phrases.phrases), "boost": self.rt.phrases.boost} if self.rt.phrases else {}
             try:
                 item.handle = self.ctx.engine.open_stream(
                     functools.partial(self._on_item_result, item), language=self.language,
-                    endpoint=self._endpoint_rules(), context_right=self.rt.context_right,
+                    endpoint=self._endpoint_rules(), context_right=self.rt.context_right, **boost,
                 )  # fmt: skip
             except NoFreeSlotError as e:
                 self._wait_for_slot(str(e))
+                return
+            except ValueError as e:  # the server-wide phrase total (the rest was checked at the update)
+                self.fail(str(e), reason_label="bad_config")
                 return
             for samples in item.waiting:
                 self.ctx.engine.push(item.handle, samples)
@@ -555,6 +565,10 @@ def _end_reason(reason: str) -> str:
 
 def _languages(model) -> list[str] | None:
     return sorted(model.prompt_dictionary) if model.prompt_dictionary else None
+
+
+def _phrases(u: SessionUpdate) -> bool:
+    return u.transcription is not None and (u.transcription.phrases is not None or u.transcription.boost is not None)
 
 
 def _language(u: SessionUpdate) -> bool:

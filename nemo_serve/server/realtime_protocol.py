@@ -30,6 +30,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ..engine.phrases import PhraseLimits, PhraseRequest, check_phrases
 from .logsafe import clean, preview
 
 GA_RATE = 24000  # the only rate OpenAI's audio/pcm and beta pcm16 have
@@ -75,6 +76,23 @@ class Transcription(_Loose):
     model: str | None = None
     language: Annotated[str, Field(max_length=32)] | None = None
     prompt: str | None = None
+    # Phrase boosting (nemo-serve's extension, as /ws's config names it): not `prompt`, which
+    # OpenAI defines as free text for its gpt-4o transcribers ("expect words about technology"):
+    # boosted as a phrase that text would be pushed into transcripts. Any: checked by
+    # `transcription_phrases`, with the /ws messages.
+    phrases: Any = None
+    boost: Any = None
+
+
+def transcription_phrases(t: Transcription, limits: PhraseLimits, encodable: frozenset[str], tokenized: bool,
+                          event_id: str | None) -> PhraseRequest | None:  # fmt: skip
+    """The update's phrases, checked as /ws checks them; None if it names neither field."""
+    if t.phrases is None and t.boost is None:
+        return None
+    try:
+        return check_phrases(t.phrases, t.boost, limits, encodable, tokenized)
+    except ValueError as e:
+        raise RealtimeError(str(e), param="phrases", event_id=event_id) from None
 
 
 class AudioFormat(_Loose):
@@ -256,6 +274,7 @@ class RealtimeConfig:
     transcription_model: str | None = None  # echoed; the server has one model
     language: str | None = None  # as the client sent it
     prompt: str | None = None  # echoed, not used
+    phrases: PhraseRequest | None = None  # boosted phrases (Transcription.phrases)
     turn_detection: TurnDetection | None = None  # None: endpointing off, the client commits
     context_right: int = 0  # the latency mode every item of the session runs at
 

@@ -284,11 +284,11 @@ class Session:
             try:
                 self.stream = ctx.engine.open_stream(
                     self._on_result, language=config.language, endpoint=self._endpoint(config),
-                    context_right=config.context_right,
+                    context_right=config.context_right, phrases=config.phrases, boost=config.boost,
                 )
             except NoFreeSlotError as e:  # lost the race for the last slot since the check
                 refusal = "no_free_slot", f"no free slot ({e}); retry later"
-            except ValueError as e:  # unknown language or mode: the message lists the valid ones
+            except ValueError as e:  # unknown language or mode (the message lists the valid ones), bad phrases
                 self.fail(str(e), reason_label="bad_config")
                 return
         if refusal is not None:

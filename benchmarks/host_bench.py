@@ -56,7 +56,7 @@ def _stub_step(tokens_per_frame: float, num_slots: int):
     decoded = np.zeros(num_slots, np.int64)  # encoder frames decoded per slot
 
     def step(model, encoder, pool, batch) -> StepResult:
-        rows = batch.rows.numpy()
+        rows = np.asarray(batch.rows)  # an array (a tensor in older versions)
         sub = model.geometry.subsampling
         start = decoded[rows]
         end = start + (np.asarray(batch.num_frames) + sub - 1) // sub

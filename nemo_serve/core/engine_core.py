@@ -270,10 +270,10 @@ class EngineCore:
 
     # ------------------------------------------------------------------ 5 results
     def _send_results(self) -> None:
-        read = np.concatenate(self._read_slots) if self._read_slots else _NO_SLOTS
+        read = self._read_slots[0] if len(self._read_slots) == 1 else np.concatenate(self._read_slots or [_NO_SLOTS])
         self._read_slots.clear()
         read_by = self._frontend_of[read]
-        for frontend in self._outgoing.keys() | set(np.unique(read_by).tolist()):
+        for frontend in self._outgoing.keys() | set(np.unique(read_by).tolist() if read.size else ()):
             updates, slots = self._outgoing.get(frontend), read[read_by == frontend]
             if not updates and not slots.size:
                 continue

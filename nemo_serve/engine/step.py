@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..nemo_private import set_confidence_method
 from .buckets import bucket_for, bucket_sizes, split
 from .slots import SlotPool
 
@@ -466,7 +467,7 @@ def confidence_computer(base):
     (NeMo's exclude_blank_from_confidence), so the hypotheses keep their usual layout."""
     c = copy.copy(base)
     c.preserve_step_confidence = True
-    c._init_confidence_method({"name": "max_prob", "alpha": 1.0})
+    set_confidence_method(c, {"name": "max_prob", "alpha": 1.0})
     c.state, c.full_graph, c.separate_graphs = None, None, None
     return c
 

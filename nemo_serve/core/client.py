@@ -29,7 +29,7 @@ from ..engine.endpoint import EndpointConfig
 from ..engine.geometry import ModelInfo
 from ..engine.results import Detokenizer, ResultAssembler, StreamResult, StreamUpdate
 from . import messages as m
-from .engine_core import control_address, results_address
+from .addresses import control_address, results_address
 from .shared import FAILED, SERVING, STOPPED, SharedSlots
 
 log = logging.getLogger("nemo_serve.frontend")

@@ -21,29 +21,22 @@ import signal
 import sys
 import time
 from collections import defaultdict
-from pathlib import Path
 
 import numpy as np
 import zmq
 
+from ..console import configure_logging
 from ..engine.endpoint import EndpointConfig
 from ..engine.invariants import check, from_env as invariant_log
 from ..engine.results import StreamUpdate
 from . import messages as m
+from .addresses import control_address, results_address
 from .shared import FAILED, FREE, SERVING, STOPPED, SharedLayout, SharedSlots
 
 log = logging.getLogger("nemo_serve.core")
 
 POLL_MS = 2
 _NO_SLOTS = np.zeros(0, dtype=np.int64)
-
-
-def control_address(ipc_dir: str) -> str:
-    return f"ipc://{Path(ipc_dir) / 'core.ctl'}"
-
-
-def results_address(ipc_dir: str, frontend: int) -> str:
-    return f"ipc://{Path(ipc_dir) / f'frontend{frontend}.results'}"
 
 
 class EngineCore:
@@ -295,9 +288,7 @@ def run_core_process(settings, ipc_dir: str, lock, conn, parent_pid: int) -> Non
     """Process entry (spawned by the supervisor): load the model, report, attach, serve."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when the core stops
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    from ..cli import _configure_logging
-
-    _configure_logging(settings.log_level)
+    configure_logging(settings.log_level)
     import torch
 
     from ..engine.loop import Engine

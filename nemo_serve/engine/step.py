@@ -42,6 +42,7 @@ import torch
 
 from ..nemo_private import set_confidence_method
 from .buckets import bucket_for, bucket_sizes, split
+from .device_state import restore_device_state
 from .slots import SlotPool
 
 log = logging.getLogger(__name__)
@@ -444,19 +445,6 @@ def _next_mode(computer, mode):
     """full graph -> no while loops -> None (torch_impl)."""
     modes = type(computer).CudaGraphsMode
     return modes.NO_WHILE_LOOPS if mode is modes.FULL_GRAPH else None
-
-
-def restore_device_state(device: torch.device) -> None:
-    """After a failed capture: wait for the device (an error of the failed work surfaces here and is
-    logged) and make the default stream current again (a failure inside NeMo's while-loop body
-    leaves the body's stream current, and the next capture would then end on the wrong stream)."""
-    if device.type != "cuda":
-        return
-    try:
-        torch.cuda.synchronize(device)
-    except Exception:  # noqa: BLE001 - logged; the caller retries in a simpler mode
-        log.exception("synchronize after a failed capture")
-    torch.cuda.set_stream(torch.cuda.default_stream(device))
 
 
 def confidence_computer(base):

@@ -10,7 +10,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from ..config import Settings
 from .admission import OverloadGuard, Verdict
@@ -19,11 +19,21 @@ from .protocol import CLOSE_GOING_AWAY, CLOSE_SERVER_ERROR
 
 if TYPE_CHECKING:
     from ..engine.loop import Engine
-    from .session import Session
 
 log = logging.getLogger("nemo_serve.server")
 
 DRAIN_CLOSE_GRACE_S = 1.0  # after the drain deadline: time for the error and close 1012 frames
+
+
+class Session(Protocol):
+    """What the context asks of an open session (session.py's Session and RealtimeSession): named
+    here, so that the context need not import the sessions, which import it."""
+
+    def drain(self) -> None: ...
+
+    def fail(self, reason: str, code: int = ..., reason_label: str = ...) -> None: ...
+
+    def drop(self) -> None: ...
 
 
 @dataclass

@@ -56,7 +56,7 @@ def _stub_step(tokens_per_frame: float, num_slots: int):
     decoded = np.zeros(num_slots, np.int64)  # encoder frames decoded per slot
 
     def step(model, encoder, pool, batch) -> StepResult:
-        rows = batch.rows.numpy()
+        rows = np.asarray(batch.rows)  # an array (a tensor in older versions)
         sub = model.geometry.subsampling
         start = decoded[rows]
         end = start + (np.asarray(batch.num_frames) + sub - 1) // sub
@@ -186,7 +186,7 @@ def measure_core(model, num_streams: int, seconds: float, tokens_per_frame: floa
             raw = results.recv(copy=False)
             received["messages"] += 1
             received["bytes"] += len(raw.buffer)
-            received["updates"] += len(m.updates_decoder.decode(raw.buffer))
+            received["updates"] += len(m.results_decoder.decode(raw.buffer).updates)
             block_ms = 0
 
     try:
@@ -201,9 +201,22 @@ def measure_core(model, num_streams: int, seconds: float, tokens_per_frame: floa
             if time.time() > deadline:
                 raise RuntimeError(f"only {len(core._slots)} of {num_streams} streams opened")
         audio = (np.random.default_rng(0).standard_normal(first_samples + chunk_samples) * 0.01).astype(np.float32)
-        now = time.time()
-        for slot, _ in slots:
-            shared.write(slot, audio[:first_samples], now)
+        written = np.zeros(num_streams, np.int64)
+
+        def write(streams: range, samples: np.ndarray, now: float) -> None:
+            """The front end's side (core/client.py): ring writes, then one Wrote message; waits
+            until it has reached the core's socket, as a front end's would have between iterations."""
+            picked = [k % num_streams for k in streams]
+            for k in picked:
+                shared.write(slots[k][0], int(written[k]), samples)
+            written[picked] += len(samples)
+            ring = np.array([slots[k] for k in picked], np.int64).reshape(-1, 2)
+            control.send(m.control_encoder.encode(m.Wrote(
+                ring[:, 0].astype(m.SLOT).tobytes(), ring[:, 1].astype(m.GEN).tobytes(),
+                written[picked].astype(m.POS).tobytes(), np.full(len(picked), now, m.TIME).tobytes())))  # fmt: skip
+            core.control.poll(1000)
+
+        write(range(num_streams), audio[:first_samples], time.time())
         core.iterate_once()  # first chunks
         drain(1000)
         per_turn = max(1, round(num_streams * ready_fraction))
@@ -212,8 +225,7 @@ def measure_core(model, num_streams: int, seconds: float, tokens_per_frame: floa
         gc.collect()
         for i in range(steps):
             now = time.time()
-            for k in range(i * per_turn, (i + 1) * per_turn):  # the front end's writes: off the clock
-                shared.write(slots[k % num_streams][0], audio[first_samples:], now)
+            write(range(i * per_turn, (i + 1) * per_turn), audio[first_samples:], now)  # off the clock
             before = engine.stats.stream_steps
             io0 = _thread_cpu_s(io_tids)
             t0 = time.thread_time()

@@ -21,6 +21,7 @@ import torch
 
 from benchmarks.common import file_digest
 from nemo_serve.model import _vocabulary
+from nemo_serve.nemo_private import encoder_input_width
 
 MODEL_FILES = ("encoder.onnx", "decoder.onnx", "joiner.onnx", "tokens.txt")
 
@@ -81,7 +82,7 @@ def export(nemo_path: Path, context_right: int, out: Path) -> dict:
         "pred_rnn_layers": model.decoder.pred_rnn_layers,
         "pred_hidden": model.decoder.pred_hidden,
         "subsampling_factor": int(enc.subsampling_factor),
-        "feat_dim": int(enc._feat_in),
+        "feat_dim": encoder_input_width(enc),
         "model_type": "EncDecHybridRNNTCTCBPEModel",
         "version": "1",
         "model_author": "NeMo",

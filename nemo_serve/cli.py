@@ -12,6 +12,7 @@ import os
 import sys
 
 from .config import Settings, SettingsError
+from .console import configure_logging, print_urls
 
 EXIT_USAGE = 2
 
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = Settings.from_sources(flags)
     except SettingsError as e:
         return _fail(str(e))
-    _configure_logging(settings.log_level)
+    configure_logging(settings.log_level)
     if args.selftest is not None:
         return _selftest(args, settings)
     return _serve(settings)
@@ -190,7 +191,7 @@ def _serve_in_process(settings: Settings) -> int:
     metrics = ServerMetrics(settings.num_slots, lambda: engine.num_free_slots, queue_delay_fn=lambda: engine.queue_delay_s)
     engine.on_step = metrics.on_step
     ctx = ServerContext(engine=engine, settings=settings, metrics=metrics)
-    _print_urls(settings)
+    print_urls(settings)
     serve(create_app(ctx), ctx, settings)
     # Everything is closed and flushed by now. Skip interpreter teardown: with NeMo (through
     # lightning) imported it takes 5-10 s of C-level finalisation, which eats into an
@@ -199,39 +200,6 @@ def _serve_in_process(settings: Settings) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
-
-
-def _print_urls(s: Settings, port: int | None = None) -> None:
-    host = "localhost" if s.host in ("127.0.0.1", "0.0.0.0", "::") else s.host
-    port = s.port if port is None else port
-    http, ws = ("https", "wss") if s.tls else ("http", "ws")
-    print(
-        f"page {http}://{host}:{port}/  stream {ws}://{host}:{port}/ws  "
-        f"metrics {http}://{host}:{port}/metrics  ready {http}://{host}:{port}/readyz",
-        flush=True,
-    )
-    if s.grpc_port is not None:
-        print(f"riva gRPC {host}:{s.grpc_port}{' (TLS)' if s.tls else ''}", flush=True)
-    if not s.tls and s.host not in ("127.0.0.1", "localhost", "::1"):
-        print(
-            "note: without --ssl-certfile, browsers allow the microphone only on localhost pages",
-            flush=True,
-        )
-
-
-def _configure_logging(level: str) -> None:
-    # Our loggers at the chosen level; everyone else's (NeMo's telemetry, lightning, ...) only
-    # from WARNING: at start-up an operator needs the summary line, not import chatter.
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("nemo_serve").setLevel(level.upper())
-    logging.getLogger("nv_one_logger").setLevel(logging.ERROR)  # NeMo's telemetry: "no exporters"
-    if level != "debug":
-        try:
-            from nemo.utils import logging as nemo_logging
-
-            nemo_logging.setLevel(logging.WARNING)
-        except Exception:  # noqa: BLE001 - logging cosmetics must never stop the server
-            pass
 
 
 if __name__ == "__main__":

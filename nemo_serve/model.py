@@ -22,6 +22,7 @@ import torch
 from omegaconf import OmegaConf, open_dict
 
 from .engine.geometry import ChunkGeometry, UnsupportedModeError, language_index, parse_modes, served_geometry  # noqa: F401 - re-exported
+from .nemo_private import blank_index, encoder_input_width
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +208,7 @@ def _use_greedy_label_looping(nemo) -> None:
 
 def make_preprocessor(nemo, device: torch.device) -> torch.nn.Module:
     """The feature extractor NeMo's CacheAwareStreamingAudioBuffer builds: fresh, dither 0, pad_to 0, eval."""
-    cfg = copy.deepcopy(nemo._cfg.preprocessor)
+    cfg = copy.deepcopy(nemo.cfg.preprocessor)
     OmegaConf.set_struct(cfg, False)
     cfg.dither = 0.0
     cfg.pad_to = 0
@@ -300,9 +301,9 @@ def load_model(
         geometries=geometries,
         trained_context_right=_trained_context_right(enc),
         preprocessor=preprocessor,
-        num_mels=int(enc._feat_in),
+        num_mels=encoder_input_width(enc),
         cache_shapes=((n_layers, cache_len, d_model), (n_layers, d_model, k_minus_1)),
-        blank_id=int(nemo.decoding.decoding.decoding_computer._blank_index),
+        blank_id=blank_index(nemo.decoding.decoding.decoding_computer),
         vocabulary=vocab,
         is_bpe=is_bpe,
         prompt_dictionary=prompts,

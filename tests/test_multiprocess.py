@@ -39,16 +39,15 @@ def shared(tmp_path):
 
 def test_ring_keeps_order_across_the_wrap(shared):
     slot, _ = shared.allocate(frontend=0)
-    got = []
+    got, start = [], 0
     for n in (4, 5, 3, 7, 1):  # 20 samples through a 10-sample ring: wraps twice
-        start = int(shared.write_pos[slot])
-        assert shared.space(slot) >= n
-        shared.write(slot, np.arange(start, start + n, dtype=np.float32), now=1.0)
-        got.append(shared.read(slot, int(shared.write_pos[slot])))
+        shared.write(slot, start, np.arange(start, start + n, dtype=np.float32))
+        got.append(shared.read(slot, start, start + n))
+        start += n
     assert np.concatenate(got).tolist() == list(range(20))
-    shared.write(slot, np.arange(10, dtype=np.float32), now=2.0)  # exactly full
-    assert shared.space(slot) == 0
-    assert shared.read(slot, int(shared.write_pos[slot])).tolist() == list(range(10))
+    shared.write(slot, 20, np.arange(20, 30, dtype=np.float32))  # exactly full, from the middle of the ring
+    assert shared.read(slot, 20, 30).tolist() == list(range(20, 30))
+    assert [len(v) for v in shared.views(slot, 25, 35)] == [5, 5]  # across the end: two views, no copy
 
 
 def test_audio_taken_before_admission_is_copied_out_of_the_ring():
@@ -97,9 +96,9 @@ def test_attached_view_sees_the_creators_writes(shared):
     other = SharedSlots.attach(shared.name, shared.layout, shared.lock)
     try:
         slot, _ = other.allocate(frontend=5)
-        other.write(slot, np.ones(3, dtype=np.float32), now=3.0)
-        assert shared.owner[slot] == 5 and int(shared.write_pos[slot]) == 3
-        assert shared.read(slot, 3).tolist() == [1.0, 1.0, 1.0] and int(other.read_pos[slot]) == 3
+        other.write(slot, 0, np.ones(3, dtype=np.float32))
+        assert shared.owner[slot] == 5
+        assert shared.read(slot, 0, 3).tolist() == [1.0, 1.0, 1.0]
     finally:
         other.close()
 

@@ -198,18 +198,18 @@ def test_overload_guard_halves_on_overload_and_readmits_gradually():
     from nemo_serve.server.admission import OverloadGuard
 
     g = OverloadGuard(limit_s=2.0, num_slots=400)
-    assert g.refusal(0.5, 300, now=0.0) is None  # under the limit: the slots alone decide
-    assert "2.50 s behind" in g.refusal(2.5, 240, now=1.0)  # crossed with 240 open
-    assert g.refusal(5.0, 100, now=5.0) is not None  # still behind: the cap stays 120, not 50
+    assert g.decide(0.5, 300, now=0.0) is None  # under the limit: the slots alone decide
+    assert "2.50 s behind" in g.decide(2.5, 240, now=1.0)  # crossed with 240 open
+    assert g.decide(5.0, 100, now=5.0) is not None  # still behind: the cap stays 120, not 50
     assert g.cap == 120
-    assert "up to 120" in g.refusal(1.5, 130, now=20.0)  # back under the limit, 130 still open
-    assert g.refusal(1.5, 119, now=30.0) is None and g.cap == 120  # no growth while over half the limit
-    assert g.refusal(0.5, 126, now=31.0) is not None and g.cap == 126  # 5% of 120 in the 1 s since
-    assert g.refusal(0.5, 125, now=31.0) is None
+    assert "up to 120" in g.decide(1.5, 130, now=20.0)  # back under the limit, 130 still open
+    assert g.decide(1.5, 119, now=30.0) is None and g.cap == 120  # no growth while over half the limit
+    assert g.decide(0.5, 126, now=31.0) is not None and g.cap == 126  # 5% of 120 in the 1 s since
+    assert g.decide(0.5, 125, now=31.0) is None
     # Healthy long enough and the cap reaches the slots: dropped.
-    assert g.refusal(0.1, 399, now=200.0) is None and g.cap is None
+    assert g.decide(0.1, 399, now=200.0) is None and g.cap is None
     # A small cap grows by at least one stream a second; crossing again halves what is open then.
-    assert g.refusal(3.0, 2, now=300.0) is not None and g.cap == 1.0
-    assert g.refusal(0.0, 1, now=300.5) is not None and g.cap == 1.5  # room for int(1.5) = 1 stream
-    assert g.refusal(0.0, 1, now=301.5) is None and g.cap == 2.5
-    assert OverloadGuard(limit_s=0.0, num_slots=4).refusal(100.0, 4, now=0.0) is None  # off
+    assert g.decide(3.0, 2, now=300.0) is not None and g.cap == 1.0
+    assert g.decide(0.0, 1, now=300.5) is not None and g.cap == 1.5  # room for int(1.5) = 1 stream
+    assert g.decide(0.0, 1, now=301.5) is None and g.cap == 2.5
+    assert OverloadGuard(limit_s=0.0, num_slots=4).decide(100.0, 4, now=0.0) is None  # off

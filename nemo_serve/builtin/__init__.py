@@ -20,30 +20,13 @@ rel-pos attention, several trained right contexts; greedy_batch label looping, m
 The modules, by job: build (construct and seed), tokenizer (SentencePiece models trained in
 code), weights and joint (how and why the random weights are shaped), simulate (the batched
 greedy decoder the calibration runs), measure (`python -m nemo_serve.builtin`: emission per
-mode). This file imports none of them: the server pays for them only when asked for a built-in.
+mode), spec (the names and their yaml). This file imports only spec: the server pays for the rest
+only when asked for a built-in.
 """
 
 from __future__ import annotations
 
-from omegaconf import DictConfig, OmegaConf
-
-from ..config_files import config_dir
-
-BUILTIN_NAMES = ("tiny-char", "tiny-hybrid", "tiny-prompt", "fastconformer-l", "nemotron-0.6b")
-
-
-def is_builtin(name: str) -> bool:
-    return name in BUILTIN_NAMES
-
-
-def builtin_spec(name: str) -> DictConfig:
-    """The whole yaml of a built-in: `target`, `model`, and our `tokenizer` / `random_init` recipes."""
-    if not is_builtin(name):
-        raise ValueError(f"unknown built-in model {name!r}; choose one of: {', '.join(BUILTIN_NAMES)}")
-    path = config_dir() / f"{name}.yaml"
-    if not path.exists():
-        raise FileNotFoundError(f"built-in config {path} is missing (NEMO_SERVE_CONFIG_DIR names the configs/ folder)")
-    return OmegaConf.load(path)
+from .spec import BUILTIN_NAMES, builtin_spec, is_builtin  # noqa: F401 - the package's API
 
 
 def build_builtin(name: str, seed: int = 0):

@@ -15,7 +15,7 @@ import logging
 import torch
 from omegaconf import OmegaConf, open_dict
 
-from . import builtin_spec
+from .spec import builtin_spec
 from .common import phase, quiet_nemo
 from .tokenizer import ensure_tokenizer
 from .weights import RandomInitRecipe, shape_weights

@@ -2,7 +2,9 @@
 
 Sessions call the same methods as on the in-process Engine (open_stream, push, finish,
 force_final, abort, num_free_slots, error); here they become a slot taken in shared memory,
-samples written into the slot's ring, and small control messages to the core. The core's
+samples written into the slot's ring, and small control messages to the core: after the samples,
+one `Wrote` per event-loop tick with every ring's new end (that message is what publishes the
+samples: shared.py). The core's
 StreamUpdates come back on one socket; a task on the event loop assembles each into the
 StreamResult the session expects (text and detokenisation happen here, not in the core).
 
@@ -28,7 +30,7 @@ from ..engine.geometry import ModelInfo
 from ..engine.phrases import PhraseLimits, check_phrases, encodable_characters
 from ..engine.results import Detokenizer, ResultAssembler, StreamResult, StreamUpdate
 from . import messages as m
-from .engine_core import control_address, results_address
+from .addresses import control_address, results_address
 from .shared import FAILED, SERVING, STOPPED, SharedSlots
 
 log = logging.getLogger("nemo_serve.frontend")
@@ -48,6 +50,9 @@ class StreamHandle:
     on_result: Callable[[StreamResult], None]
     assemble: ResultAssembler
     pending: deque = dataclasses.field(default_factory=deque)  # audio waiting for ring space
+    written: int = 0  # samples written into the ring
+    read: int = 0  # samples the core has said it read (Results): the ring space before is free
+    arrival: float = 0.0  # time.time() when the newest written samples arrived
     finish_pending: bool = False
     ended: bool = False  # aborted, or its last result was delivered
     engine: object = None  # the EngineClient that serves it (set by an EngineGroup)
@@ -67,6 +72,9 @@ class EngineClient:
         self.detok = Detokenizer(info.vocabulary, info.is_bpe)
         self.frame_s = info.geometry.encoder_frame_s
         self._streams: dict[str, StreamHandle] = {}
+        self._by_slot: dict[int, StreamHandle] = {}  # the open streams again, by ring
+        self._unannounced: dict[StreamHandle, None] = {}  # rings written since the last Wrote (ordered set)
+        self._loop: asyncio.AbstractEventLoop | None = None  # set by start(): Wrote goes once per tick
         self._pending: set[StreamHandle] = set()
         self._wake_flush = asyncio.Event()
         self._zmq: zmq.asyncio.Context | None = None
@@ -83,6 +91,7 @@ class EngineClient:
 
     def start(self) -> "EngineClient":
         """On the event loop (the app's lifespan)."""
+        self._loop = asyncio.get_running_loop()
         self._zmq = zmq.asyncio.Context()
         self._results = self._zmq.socket(zmq.PULL)
         self._results.setsockopt(zmq.RCVHWM, 0)
@@ -148,6 +157,7 @@ class EngineClient:
         h = StreamHandle(stream_id, slot, gen, on_result, ResultAssembler(self.detok, self.frame_s),
                          num_phrases=len(request.phrases))  # fmt: skip
         self._streams[stream_id] = h
+        self._by_slot[slot] = h
         ep = dataclasses.asdict(endpoint) if endpoint is not None else {}
         self._send(m.Open(slot, gen, self.frontend, stream_id, lang, ep, mode,
                           list(request.phrases) or None, request.boost if request else None))  # fmt: skip
@@ -182,6 +192,7 @@ class EngineClient:
             return
         h.ended = True
         self._streams.pop(h.stream_id, None)
+        self._forget_slot(h)
         self._pending.discard(h)
         self._send(m.Abort(h.slot, h.gen, reason))
 
@@ -191,6 +202,7 @@ class EngineClient:
         self._streams.clear()
         for h in handles:
             h.ended = True
+            self._forget_slot(h)
             self._pending.discard(h)
             update = StreamUpdate(h.stream_id, 0, True, True, [], [], 0, 0.0, time.time(), error=reason)
             try:
@@ -218,15 +230,50 @@ class EngineClient:
 
     # ------------------------------------------------------------------ internals
     def _send(self, msg) -> None:
+        self._announce_written()  # first: a Finish must reach the core after the audio it ends
+        self._send_now(msg)
+
+    def _send_now(self, msg) -> None:
         if self._control is not None and not self._stopped:
             self._control.send(self._encoder.encode(msg))  # HWM 0: queues, never blocks
 
+    def _forget_slot(self, h: StreamHandle) -> None:
+        if self._by_slot.get(h.slot) is h:  # the slot may already hold this front end's next stream
+            del self._by_slot[h.slot]
+
     def _write(self, h: StreamHandle, samples: np.ndarray, now: float) -> np.ndarray | None:
         """Write what fits into the slot's ring; the rest, or None when all of it went in."""
-        k = min(self.shared.space(h.slot), len(samples))
+        k = min(self.shared.ring_samples - (h.written - h.read), len(samples))
         if k:
-            self.shared.write(h.slot, samples[:k], now)
+            self.shared.write(h.slot, h.written, samples[:k])
+            h.written += k
+            h.arrival = now
+            if not self._unannounced and self._loop is not None:
+                self._loop.call_soon(self._announce_written)  # once per tick, for every ring written in it
+            self._unannounced[h] = None
+            if self._loop is None:  # not started (tests): at once
+                self._announce_written()
         return samples[k:] if k < len(samples) else None
+
+    def _announce_written(self) -> None:
+        """One Wrote for every ring written since the last: sent after the samples (shared.py)."""
+        if not self._unannounced:
+            return
+        hs = list(self._unannounced)
+        self._unannounced.clear()
+        n = len(hs)
+        self._send_now(m.Wrote(
+            np.fromiter((h.slot for h in hs), m.SLOT, n).tobytes(), np.fromiter((h.gen for h in hs), m.GEN, n).tobytes(),
+            np.fromiter((h.written for h in hs), m.POS, n).tobytes(), np.fromiter((h.arrival for h in hs), m.TIME, n).tobytes(),
+        ))  # fmt: skip
+
+    def _apply_read(self, results: m.Results) -> None:
+        """The core has copied these rings' samples up to `read_ends` out: that space is free."""
+        slots, gens = np.frombuffer(results.slots, m.SLOT).tolist(), np.frombuffer(results.gens, m.GEN).tolist()
+        for slot, gen, end in zip(slots, gens, np.frombuffer(results.read_ends, m.POS).tolist()):
+            h = self._by_slot.get(slot)
+            if h is not None and h.gen == gen:  # not a report for the slot's previous stream
+                h.read = end
 
     async def _flush_pending(self) -> None:
         """Audio that found its ring full (the core is behind): retried until it fits, in order."""
@@ -253,13 +300,16 @@ class EngineClient:
     async def _receive_results(self) -> None:
         while True:
             raw = await self._results.recv(copy=False)
-            for u in m.updates_decoder.decode(raw.buffer):
+            results = m.results_decoder.decode(raw.buffer)
+            self._apply_read(results)
+            for u in results.updates:
                 h = self._streams.get(u.stream_id)
                 if h is None:
                     continue  # aborted here meanwhile
                 if u.done:
                     h.ended = True
                     del self._streams[u.stream_id]
+                    self._forget_slot(h)
                 try:
                     h.on_result(h.assemble(u))
                 except Exception:  # noqa: BLE001 - one session's bug must not stop the others' results

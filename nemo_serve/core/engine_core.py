@@ -2,11 +2,13 @@
 
 One iteration:
   1 control messages (open, finish, force-final, abort, front end gone), without blocking
-  2 audio: the slots whose ring write position moved (one array comparison over the slots),
-    copied out of shared memory into the streams' buffers, with the front end's arrival time
+  2 audio: the slots whose ring end moved (the front ends' Wrote messages of step 1; one array
+    comparison over the slots), copied out of shared memory into the streams' buffers, with the
+    front end's arrival time
   3 ends of input (after 2, so a stream's last packet is in before its end)
   4 Engine.iterate(): scheduling as array operations, features, one batched step per group
-  5 one results message per front end with the StreamUpdates of its streams
+  5 one results message per front end with the StreamUpdates of its streams and how far step 2
+    read their rings (the front end reuses that space only then: shared.py says why)
 When nothing moved, it waits up to POLL_MS for a control message: audio arriving in a ring
 waits at most that long (plus the step that is running) before the core sees it.
 """
@@ -19,28 +21,22 @@ import signal
 import sys
 import time
 from collections import defaultdict
-from pathlib import Path
 
 import numpy as np
 import zmq
 
+from ..console import configure_logging
 from ..engine.endpoint import EndpointConfig
 from ..engine.invariants import check, from_env as invariant_log
 from ..engine.results import StreamUpdate
 from . import messages as m
+from .addresses import control_address, results_address
 from .shared import FAILED, FREE, SERVING, STOPPED, SharedLayout, SharedSlots
 
 log = logging.getLogger("nemo_serve.core")
 
 POLL_MS = 2
-
-
-def control_address(ipc_dir: str) -> str:
-    return f"ipc://{Path(ipc_dir) / 'core.ctl'}"
-
-
-def results_address(ipc_dir: str, frontend: int) -> str:
-    return f"ipc://{Path(ipc_dir) / f'frontend{frontend}.results'}"
+_NO_SLOTS = np.zeros(0, dtype=np.int64)
 
 
 class EngineCore:
@@ -56,6 +52,14 @@ class EngineCore:
         self._slots: dict[int, tuple] = {}  # slot -> (Stream, generation, front end)
         self._slot_of: dict[str, int] = {}  # stream id -> slot
         self._active = np.zeros(shared.num_slots, dtype=bool)  # slots with an open stream
+        # Ring positions (shared.py: they travel in messages). This thread's own; the generation and
+        # front end repeat _slots' for the array operations over every Wrote and every iteration.
+        self._gen = np.zeros(shared.num_slots, dtype=np.int64)
+        self._frontend_of = np.full(shared.num_slots, -1, dtype=np.int64)
+        self._write_end = np.zeros(shared.num_slots, dtype=np.int64)  # samples the front end says it wrote
+        self._read_end = np.zeros(shared.num_slots, dtype=np.int64)  # samples copied out of the ring
+        self._arrival = np.zeros(shared.num_slots, dtype=np.float64)  # when the newest written ones arrived
+        self._read_slots: list[np.ndarray] = []  # slots read this iteration: reported in step 5
         self._finishes: list = []  # streams whose end of input arrived this iteration
         self._outgoing: dict[int, list[StreamUpdate]] = defaultdict(list)  # front end -> updates
         self._results: dict[int, zmq.Socket] = {}  # front end -> PUSH socket
@@ -143,7 +147,9 @@ class EngineCore:
             self._on_control(msg)
 
     def _on_control(self, msg) -> None:
-        if isinstance(msg, m.Open):
+        if isinstance(msg, m.Wrote):
+            self._wrote(msg)
+        elif isinstance(msg, m.Open):
             self._open(msg)
         elif isinstance(msg, m.FrontendGone):
             self._frontend_gone(msg.frontend)
@@ -183,6 +189,8 @@ class EngineCore:
         self._slots[msg.slot] = (stream, msg.gen, msg.frontend)
         self._slot_of[stream.stream_id] = msg.slot
         self._active[msg.slot] = True
+        self._gen[msg.slot], self._frontend_of[msg.slot] = msg.gen, msg.frontend
+        self._write_end[msg.slot] = self._read_end[msg.slot] = 0
         if msg.frontend not in self._results:
             sock = self._zmq.socket(zmq.PUSH)
             sock.setsockopt(zmq.SNDHWM, 0)  # never block or drop: a dead front end's socket is closed instead
@@ -219,19 +227,36 @@ class EngineCore:
         self._active[slot] = False
         self.shared.free([slot])
 
+    def _wrote(self, msg: m.Wrote) -> None:
+        """A front end's new ring ends; received after it wrote the samples (shared.py)."""
+        slots = np.frombuffer(msg.slots, m.SLOT)
+        gens, ends = np.frombuffer(msg.gens, m.GEN), np.frombuffer(msg.ends, m.POS)
+        arrivals = np.frombuffer(msg.arrivals, m.TIME)
+        if not len(slots) == len(gens) == len(ends) == len(arrivals) or not np.all((slots >= 0) & (slots < len(self._gen))):
+            log.error("malformed Wrote message dropped (%d slots)", len(slots))
+            return
+        # A stream that ended meanwhile (its slot closed, or reused: another generation) is skipped.
+        live = self._active[slots] & (self._gen[slots] == gens)
+        slots = slots[live]
+        self._write_end[slots] = ends[live]
+        self._arrival[slots] = arrivals[live]
+
     # ------------------------------------------------------------------ 2-3 audio
     def _take_audio(self) -> None:
-        sh = self.shared
         active = np.flatnonzero(self._active)
         if active.size == 0:
             return
-        ends = sh.write_pos[active]
-        moved = ends != sh.read_pos[active]
-        arrivals = sh.arrival[active[moved]].tolist()
-        for slot, end, arrived in zip(active[moved].tolist(), ends[moved].tolist(), arrivals):
-            # one copy, ring -> the stream's buffer; the front end may reuse that ring space after consume
-            self.engine.take_audio(self._slots[slot][0], sh.views(slot, end), arrived)
-            sh.consume(slot, end)
+        ends = self._write_end[active]
+        moved = ends != self._read_end[active]
+        slots, ends = active[moved], ends[moved]
+        if slots.size == 0:
+            return
+        starts, arrivals = self._read_end[slots].tolist(), self._arrival[slots].tolist()
+        for slot, start, end, arrived in zip(slots.tolist(), starts, ends.tolist(), arrivals):
+            # One copy, ring -> the stream's buffer; step 5 then tells the front end the space is free.
+            self.engine.take_audio(self._slots[slot][0], self.shared.views(slot, start, end), arrived)
+        self._read_end[slots] = ends
+        self._read_slots.append(slots)
 
     def _apply_finishes(self) -> None:
         for stream in self._finishes:
@@ -240,11 +265,19 @@ class EngineCore:
 
     # ------------------------------------------------------------------ 5 results
     def _send_results(self) -> None:
-        for frontend, updates in self._outgoing.items():
+        read = self._read_slots[0] if len(self._read_slots) == 1 else np.concatenate(self._read_slots or [_NO_SLOTS])
+        self._read_slots.clear()
+        read_by = self._frontend_of[read]
+        for frontend in self._outgoing.keys() | set(np.unique(read_by).tolist() if read.size else ()):
+            updates, slots = self._outgoing.get(frontend), read[read_by == frontend]
+            if not updates and not slots.size:
+                continue
+            sock = self._results.get(frontend)
+            if sock is not None:
+                msg = m.Results(updates or [], slots.astype(m.SLOT).tobytes(), self._gen[slots].tobytes(),
+                                self._read_end[slots].tobytes())  # fmt: skip
+                sock.send(self._encoder.encode(msg), copy=False)
             if updates:
-                sock = self._results.get(frontend)
-                if sock is not None:
-                    sock.send(self._encoder.encode(updates), copy=False)
                 updates.clear()
 
     def close(self) -> None:
@@ -257,9 +290,7 @@ def run_core_process(settings, ipc_dir: str, lock, conn, parent_pid: int) -> Non
     """Process entry (spawned by the supervisor): load the model, report, attach, serve."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when the core stops
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    from ..cli import _configure_logging
-
-    _configure_logging(settings.log_level)
+    configure_logging(settings.log_level)
     import torch
 
     from ..engine.loop import Engine

@@ -13,6 +13,7 @@ import socket
 import sys
 from dataclasses import dataclass
 
+from ..console import configure_logging
 from .client import EngineClient
 from .shared import SharedLayout, SharedSlots
 
@@ -47,13 +48,12 @@ def run_frontend_process(settings, info, cores: list[CoreEndpoint], frontend: in
     """Process entry (spawned by the supervisor). The connection caps are per process, so each
     front end enforces its share of --max-connections and --max-connections-per-ip (the kernel
     spreads connections evenly over the front ends' sockets)."""
-    from ..cli import _configure_logging
     from ..server.app import create_app
     from ..server.context import ServerContext
     from ..server.metrics import ServerMetrics
     from ..server.runner import serve
 
-    _configure_logging(settings.log_level)
+    configure_logging(settings.log_level)
     k = num_frontends
     settings = settings.model_copy(update={
         "max_connections": max(1, -(-settings.max_connections // k)),

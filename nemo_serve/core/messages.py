@@ -1,9 +1,11 @@
 """Messages between the processes, as msgspec structs encoded with msgpack.
 
-Control (front ends and supervisor -> core, one ZMQ PULL socket): small and rare, a handful
-per stream. Results (core -> one front end, a PUSH socket per front end): one message per loop
-iteration holding every StreamUpdate of that front end's streams. Audio does not travel here:
-it goes through the shared-memory rings (shared.py).
+Control (front ends and supervisor -> core, one ZMQ PULL socket): a handful per stream, and one
+`Wrote` per event-loop tick in which a front end wrote audio. Results (core -> one front end, a
+PUSH socket per front end): one message per loop iteration holding every StreamUpdate of that
+front end's streams and how far the core has read their rings. Audio does not travel here: it goes
+through the shared-memory rings (shared.py); these messages publish the ring positions, which is
+what makes the rings correct on any CPU (shared.py says why).
 
 Why pyzmq + msgspec (as vLLM's engine core uses them): ZMQ sockets are message-framed,
 many-to-one without a broker, never block the sender on a slow peer, and survive a peer that
@@ -13,6 +15,7 @@ dies; msgspec encodes these structs in about a microsecond, and refuses malforme
 from __future__ import annotations
 
 import msgspec
+import numpy as np
 
 from ..engine.results import StreamUpdate
 
@@ -27,6 +30,17 @@ class Open(msgspec.Struct, tag=True, array_like=True):
     context_right: int | None = None  # the stream's chunk mode (None: the default)
     phrases: list[str] | None = None  # boosted phrases, checked by the front end (engine/phrases.py)
     boost: float | None = None
+
+
+class Wrote(msgspec.Struct, tag=True, array_like=True):
+    """Front end: these slots' rings hold their streams' samples up to `ends`. Sent after the
+    samples are written (their publication: shared.py); one message for every ring written in an
+    event-loop tick, as raw little-endian arrays so the core applies them with array operations."""
+
+    slots: bytes  # int32[n]
+    gens: bytes  # int64[n]: the stream's slot generation (a late one for a reused slot is ignored)
+    ends: bytes  # int64[n]: samples written since the stream opened
+    arrivals: bytes  # float64[n]: time.time() when the newest of them arrived
 
 
 class Finish(msgspec.Struct, tag=True, array_like=True):
@@ -55,8 +69,19 @@ class Stop(msgspec.Struct, tag=True, array_like=True):
     """Supervisor: every front end has drained; exit."""
 
 
-Control = Open | Finish | ForceFinal | Abort | FrontendGone | Stop
+Control = Open | Wrote | Finish | ForceFinal | Abort | FrontendGone | Stop
+
+
+class Results(msgspec.Struct, array_like=True):
+    """Core -> one front end, once per loop iteration that has news for it."""
+
+    updates: list[StreamUpdate]
+    slots: bytes  # int32[n]: rings the core has read from in this iteration
+    gens: bytes  # int64[n]
+    read_ends: bytes  # int64[n]: samples read since the stream opened; the space before is free
 
 control_encoder = msgspec.msgpack.Encoder()
 control_decoder = msgspec.msgpack.Decoder(Control)
-updates_decoder = msgspec.msgpack.Decoder(list[StreamUpdate])
+results_decoder = msgspec.msgpack.Decoder(Results)
+
+SLOT, GEN, POS, TIME = np.dtype("<i4"), np.dtype("<i8"), np.dtype("<i8"), np.dtype("<f8")  # the arrays' wire types

@@ -7,17 +7,35 @@ One block, created by the supervisor, attached by every process:
   queue_delay float64[2]    how far behind real time the engine recently was, and until when that
                             holds (engine/queue_delay.py): what admission reads for overload
   owner      int32[S]       front end holding the slot (-1: free); changed under `lock` only
+  mode       int32[S]       the holder's chunk mode (right context), for /readyz
   gen        int64[S]       bumped at every allocation: control messages carry it, so a late
                             message for a slot's previous stream is recognised and ignored
-  write_pos  int64[S]       samples written into the slot's ring (front end; grows forever)
-  read_pos   int64[S]       samples the core has taken out of it (core)
-  arrival    float64[S]     time.time() when the front end wrote the newest samples (latency)
-  ring       float32[S, N]  the audio, at the model's sample rate, sample i at i % N
+  ring       float32[S, N]  the audio, at the model's sample rate: a stream's sample i at i % N
 
 A slot is allocated by a front end at admission (so a full server refuses at once, without a
-round trip to the core) and freed by the core once it has released the stream. One writer per
-ring and one reader: the front end writes samples, then advances write_pos; the core reads
-write_pos, then the samples (x86-64 keeps stores in order; see DESIGN).
+round trip to the core) and freed by the core once it has released the stream.
+
+Publication (why this holds on any CPU, aarch64 included). A ring has one writer (the front end
+holding the slot) and one reader (the core). Neither position lives here: the writer tells the
+reader how far it has written in a `Wrote` control message, and the reader tells the writer how
+far it has read in its `Results` message (core/messages.py). Each message is sent after the
+accesses it announces, in program order, and received before the accesses that rely on it; ZMQ
+hands a message from the sending thread to the receiving one through its lock-free pipes
+(acquire/release atomics), its I/O threads and a Unix socket (the kernel's locks), every hand-off
+a release/acquire pair. So the samples' stores happen before the core's loads of them, and the
+core's loads happen before the front end overwrites that space: what C11 and the CPU memory
+models (x86-TSO, ARMv8, POWER, RISC-V) call message passing, correct without a barrier of ours.
+A position in shared memory, stored with a plain numpy store after the samples, would not be:
+x86-64 keeps stores in order, but an aarch64 core (GH200) may make the position visible before
+the samples it covers, and the reader may load samples before the position. The alternatives
+rejected: a sequence counter checked after the copy needs the same barriers around it, which
+numpy cannot issue; an atomics library adds a compiled dependency and a call per slot per
+iteration where the message is one per event-loop tick (cost: benchmarks/ring_bench.py).
+
+The slot table (owner, gen, mode) changes under `lock`, an flock whose kernel lock orders it as
+well; a slot freed by the core is reused by a front end only through that lock, so the core's
+last reads of a ring happen before the next stream's writes. `state`, `heartbeat` and
+`queue_delay` are single values read for monitoring; they publish nothing else.
 """
 
 from __future__ import annotations
@@ -49,9 +67,6 @@ class SharedLayout:
             ("owner", np.int32, (s,)),
             ("mode", np.int32, (s,)),  # the holder's chunk mode (right context), for /readyz
             ("gen", np.int64, (s,)),
-            ("write_pos", np.int64, (s,)),
-            ("read_pos", np.int64, (s,)),
-            ("arrival", np.float64, (s,)),
             ("ring", np.float32, (s, n)),
         ]
 
@@ -110,8 +125,6 @@ class SharedSlots:
         self.queue_delay[:] = 0.0
         self.owner[:] = FREE
         self.gen[:] = 0
-        self.write_pos[:] = 0
-        self.read_pos[:] = 0
         return self
 
     @classmethod
@@ -150,8 +163,6 @@ class SharedSlots:
                 raise NoFreeSlotError(f"all {self.num_slots} slots are in use")
             slot = int(free[0])
             self.gen[slot] += 1
-            self.write_pos[slot] = 0
-            self.read_pos[slot] = 0
             self.owner[slot] = frontend
             self.mode[slot] = mode
             return slot, int(self.gen[slot])
@@ -166,36 +177,26 @@ class SharedSlots:
             self.owner[np.asarray(slots, dtype=np.int64)] = FREE
 
     # -- audio ring -------------------------------------------------------------------------------
-    def space(self, slot: int) -> int:
-        return self.ring_samples - int(self.write_pos[slot] - self.read_pos[slot])
-
-    def write(self, slot: int, samples: np.ndarray, now: float) -> None:
-        """Front end: append samples (the caller checked `space`)."""
+    # Positions count a stream's samples from 0 and grow forever; sample i sits at i % N. Who has
+    # written and read how far travels in messages (see the module docstring), not through here.
+    def write(self, slot: int, start: int, samples: np.ndarray) -> None:
+        """Front end: samples [start, start + n) of the slot's stream (the caller knows they fit)."""
         n = len(samples)
-        w = int(self.write_pos[slot])
-        i = w % self.ring_samples
+        i = start % self.ring_samples
         first = min(n, self.ring_samples - i)
         ring = self.ring[slot]
         ring[i : i + first] = samples[:first]
         if first < n:
             ring[: n - first] = samples[first:]
-        self.arrival[slot] = now
-        self.write_pos[slot] = w + n  # last: the core reads the position, then the samples
 
-    def views(self, slot: int, end: int) -> tuple[np.ndarray, ...]:
-        """Core: samples [read_pos, end) as one or two views of the ring (no copy). The caller
-        copies them out, then calls `consume`: until then the front end cannot overwrite them."""
-        r = int(self.read_pos[slot])
-        i, j = r % self.ring_samples, end % self.ring_samples
+    def views(self, slot: int, start: int, end: int) -> tuple[np.ndarray, ...]:
+        """Core: samples [start, end) as one or two views of the ring (no copy). The caller copies
+        them out before it tells the front end that it has read them."""
+        i, j = start % self.ring_samples, end % self.ring_samples
         ring = self.ring[slot]
-        return (ring[i:j],) if i < j or end == r else (ring[i:], ring[:j])
+        return (ring[i:j],) if i < j or end == start else (ring[i:], ring[:j])
 
-    def consume(self, slot: int, end: int) -> None:
-        self.read_pos[slot] = end
-
-    def read(self, slot: int, end: int) -> np.ndarray:
-        """Core: samples [read_pos, end) as a new array; advances read_pos."""
-        parts = self.views(slot, end)
-        out = parts[0].copy() if len(parts) == 1 else np.concatenate(parts)
-        self.consume(slot, end)
-        return out
+    def read(self, slot: int, start: int, end: int) -> np.ndarray:
+        """Samples [start, end) as a new array (tests and benchmarks)."""
+        parts = self.views(slot, start, end)
+        return parts[0].copy() if len(parts) == 1 else np.concatenate(parts)

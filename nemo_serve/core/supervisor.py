@@ -30,8 +30,10 @@ import time
 
 import zmq
 
+from ..console import print_urls
 from . import messages as m
-from .engine_core import control_address, ring_layout, run_core_process
+from .addresses import control_address
+from .engine_core import ring_layout, run_core_process
 from .frontend_process import CoreEndpoint, bind_reuseport, run_frontend_process
 from .shared import FAILED, FileLock, SharedSlots
 
@@ -156,9 +158,7 @@ class Supervisor:
               flush=True)  # fmt: skip
         for _ in range(self.num_frontends):
             self._start_frontend()
-        from ..cli import _print_urls
-
-        _print_urls(self.settings, self.port)
+        print_urls(self.settings, self.port)
         return self._watch()
 
     def _recv(self, core: Core):

@@ -26,6 +26,8 @@ import logging
 
 import torch
 
+from .device_state import restore_device_state
+
 log = logging.getLogger(__name__)
 
 
@@ -73,8 +75,6 @@ class StepGraphs:
             self.graphs[key] = (graph, encoded, encoded_len)
             return self.graphs[key]
         except Exception as e:  # noqa: BLE001 - a step that cannot be captured still runs eagerly
-            from .step import restore_device_state
-
             restore_device_state(s.device)
             log.warning("CUDA graph capture failed for bucket %d first=%s full=%s; running it eagerly", *key,
                         exc_info=True)  # fmt: skip

@@ -33,6 +33,7 @@ import torch
 from nemo.collections.asr.parts.submodules.causal_convs import CausalConv2D
 from nemo.collections.asr.parts.submodules.subsampling import MaskedConvSequential, calculate_conv_output_size
 
+from ..nemo_private import attention_masks, causal_padding, subsampling_channels_and_stride
 from .slots import EncoderCache
 
 INF_VAL = 10000.0  # NeMo's mask fill (multi_head_attention.INF_VAL)
@@ -151,7 +152,8 @@ class KVCacheEncoder:
             length = (length - drop).clamp(min=0)
         t = x.size(1)
         x, pos_emb = enc.pos_enc(x=x, cache_len=c)
-        pad_mask, att_mask = enc._create_masks(
+        pad_mask, att_mask = attention_masks(
+            enc,
             att_context_size=[g.context_left, g.context_right],
             padding_length=length + c,
             max_audio_length=t + c,
@@ -195,14 +197,15 @@ class KVCacheEncoder:
         pe = self.encoder.pre_encode
         if not (full and isinstance(pe.conv, MaskedConvSequential) and pe.conv2d_subsampling):
             return pe(x=x, lengths=lengths)
-        if pe.subsampling_conv_chunking_factor != 1 or x.numel() > 2**31 / pe._conv_channels * pe._stride**2:
+        channels, stride = subsampling_channels_and_stride(pe)
+        if pe.subsampling_conv_chunking_factor != 1 or x.numel() > 2**31 / channels * stride**2:
             return pe(x=x, lengths=lengths)  # NeMo would split the batch: keep its path
         h = x.unsqueeze(1)  # [B, 1, T, F]
         cur = lengths.float()
         for layer in pe.conv:  # MaskedConvSequential.forward without the masks
             h = causal_conv2d(layer, h) if isinstance(layer, CausalConv2D) else layer(h)
             if hasattr(layer, "stride") and layer.stride != (1, 1):
-                pad = (layer._left_padding, layer._right_padding) if hasattr(layer, "_left_padding") else layer.padding
+                pad = causal_padding(layer) or layer.padding
                 cur = calculate_conv_output_size(cur, layer.kernel_size[0], layer.stride[0], pad)
         b, _, t, _ = h.shape
         return pe.out(h.transpose(1, 2).reshape(b, t, -1)), cur.long()
@@ -252,7 +255,7 @@ def causal_conv2d(conv: CausalConv2D, x: torch.Tensor) -> torch.Tensor:
     output, so NeMo's explicit pad is kept where the input is the smaller tensor (the 1-channel
     first layer); the 256-channel depthwise layers take the in-convolution padding.
     """
-    left, right = conv._left_padding, conv._right_padding
+    left, right = causal_padding(conv)
     if conv.padding_mode != "zeros" or right > left:
         return conv(x)
 

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from nemo.collections.asr.parts.submodules.transducer_decoding.label_looping_base import BatchedLabelLoopingState
 
+from ..nemo_private import decoder_state_after_sos
 from .buckets import max_step_rows
 
 from .errors import NoFreeSlotError  # noqa: F401 - raised here, importable without torch
@@ -67,7 +68,7 @@ class SlotPool:
         self.cache_last_time = torch.zeros(n_layers, rows, d2, k, device=dev, dtype=dtype)  # [L, S+1, D, K-1]
         self.cache_last_channel_len = torch.zeros(rows, device=dev, dtype=torch.long)  # [S+1]
         # Decoder state after <SOS>, one row; a fresh slot is reset to it.
-        sos = model.decoding_computer._get_batched_decoding_state_after_sos(device=dev, batch_size=1)
+        sos = decoder_state_after_sos(model.decoding_computer, dev, batch_size=1)
         self._sos = sos
         self.predictor_states = [s.repeat(1, rows, 1).contiguous() for s in sos.predictor_states]  # [layers, S+1, H]
         self.predictor_outputs = sos.predictor_outputs.repeat(rows, 1, 1).contiguous()  # [S+1, 1, J]

@@ -49,8 +49,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..nemo_private import set_confidence_method
 from .biasing import biasing_computer
 from .buckets import bucket_for, bucket_sizes, split
+from .device_state import restore_device_state
 from .slots import SlotPool
 
 log = logging.getLogger(__name__)
@@ -478,19 +480,6 @@ def _next_mode(computer, mode):
     return modes.NO_WHILE_LOOPS if mode is modes.FULL_GRAPH else None
 
 
-def restore_device_state(device: torch.device) -> None:
-    """After a failed capture: wait for the device (an error of the failed work surfaces here and is
-    logged) and make the default stream current again (a failure inside NeMo's while-loop body
-    leaves the body's stream current, and the next capture would then end on the wrong stream)."""
-    if device.type != "cuda":
-        return
-    try:
-        torch.cuda.synchronize(device)
-    except Exception:  # noqa: BLE001 - logged; the caller retries in a simpler mode
-        log.exception("synchronize after a failed capture")
-    torch.cuda.set_stream(torch.cuda.default_stream(device))
-
-
 def confidence_computer(base):
     """A shallow copy of NeMo's label-looping computer that also records each emitted label's
     confidence (`hyps.step_confidence`): NeMo's `max_prob` measure with alpha 1, the label's
@@ -499,7 +488,7 @@ def confidence_computer(base):
     (NeMo's exclude_blank_from_confidence), so the hypotheses keep their usual layout."""
     c = copy.copy(base)
     c.preserve_step_confidence = True
-    c._init_confidence_method({"name": "max_prob", "alpha": 1.0})
+    set_confidence_method(c, {"name": "max_prob", "alpha": 1.0})
     c.state, c.full_graph, c.separate_graphs = None, None, None
     return c
 

@@ -82,14 +82,16 @@ def create_app(ctx: ServerContext, drain_on_shutdown: bool = False) -> FastAPI:
     @app.get("/readyz")
     async def readyz() -> JSONResponse:
         engine = ctx.engine
+        refusal, verdict = ctx.readiness()  # reads only: polling it changes no admission
         body = {
-            "ready": ctx.refusal() is None,
+            "ready": refusal is None,
             "free_slots": engine.num_free_slots,
             "total_slots": engine.num_slots,
             "open_streams": engine.num_open_streams,
             "draining": ctx.draining,
             "queue_delay_s": round(engine.queue_delay_s, 3),
-            "overloaded": ctx.overloaded,
+            "overloaded": verdict.overloaded,
+            "recovering_cap": verdict.cap,  # most open streams admitted while recovering; null: the slots
             "model": ctx.model.name,
             "sample_rate": ctx.model.geometry.sample_rate,
             "chunk_ms": ctx.model.geometry.chunk_ms,  # the default mode's

@@ -10,20 +10,30 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from ..config import Settings
-from .admission import OverloadGuard
+from .admission import OverloadGuard, Verdict
 from .metrics import ServerMetrics
 from .protocol import CLOSE_GOING_AWAY, CLOSE_SERVER_ERROR
 
 if TYPE_CHECKING:
     from ..engine.loop import Engine
-    from .session import Session
 
 log = logging.getLogger("nemo_serve.server")
 
 DRAIN_CLOSE_GRACE_S = 1.0  # after the drain deadline: time for the error and close 1012 frames
+
+
+class Session(Protocol):
+    """What the context asks of an open session (session.py's Session and RealtimeSession): named
+    here, so that the context need not import the sessions, which import it."""
+
+    def drain(self) -> None: ...
+
+    def fail(self, reason: str, code: int = ..., reason_label: str = ...) -> None: ...
+
+    def drop(self) -> None: ...
 
 
 @dataclass
@@ -49,27 +59,34 @@ class ServerContext:
         return self.engine.error is None
 
     def refusal(self) -> tuple[str, str] | None:
-        """(metric label, reason for the client) if a new stream would be refused now, else None."""
+        """(metric label, reason for the client) for a stream being admitted or refused now, else
+        None. The admission decision: it moves the overload guard (admission.py), so only the
+        handshake and the slot taking call it; /readyz asks `readiness()`."""
+        return self._judge(lambda: self._guard.decide(*self._load()))
+
+    def readiness(self) -> tuple[tuple[str, str] | None, Verdict]:
+        """What `refusal()` would answer now, and the overload verdict; reads only."""
+        verdict = self._guard.verdict(*self._load())
+        return self._judge(lambda: verdict.refusal), verdict
+
+    @property
+    def overloaded(self) -> bool:
+        """The engine is behind real time, or recovering from it (admission.py); reads only."""
+        return self._guard.verdict(*self._load()).overloaded
+
+    def _load(self) -> tuple[float, int, float]:
+        """What the overload guard judges by: (queue delay s, open streams, now)."""
+        return self.engine.queue_delay_s, self.engine.num_open_streams, time.time()
+
+    def _judge(self, overload_refusal: Callable[[], str | None]) -> tuple[str, str] | None:
         if self.draining:
             return "draining", "server is draining (shutting down); retry another instance"
         if not self.engine_alive:
             return "engine_failed", "engine failed; see /healthz"
         if self.engine.num_free_slots <= 0:
             return "no_free_slot", f"no free slot (all {self.engine.num_slots} in use); retry later"
-        overload = self.overload_refusal()
-        if overload is not None:
-            return "overloaded", overload
-        return None
-
-    def overload_refusal(self) -> str | None:
-        """Why a new stream would be refused for overload (admission.py), or None."""
-        engine = self.engine
-        return self._guard.refusal(engine.queue_delay_s, engine.num_open_streams, time.time())
-
-    @property
-    def overloaded(self) -> bool:
-        """The engine is behind real time, or recovering from it (admission.py)."""
-        return self.overload_refusal() is not None
+        reason = overload_refusal()
+        return None if reason is None else ("overloaded", reason)
 
     def add(self, session: "Session") -> None:
         self.sessions.add(session)

@@ -24,8 +24,9 @@ from uvicorn.config import STARTUP_FAILURE
 
 from ..config import Settings
 from . import logsafe
-from .connections import ConnectionLimiter, ConnectionLimits, max_connections_for, protocol_classes
+from .connections import ConnectionLimiter, ConnectionLimits, max_connections_for
 from .context import ServerContext
+from .uvicorn_protocols import protocol_classes
 
 log = logging.getLogger("nemo_serve.server")
 

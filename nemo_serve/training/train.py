@@ -84,6 +84,7 @@ import torch
 
 from ..audio_io import load_manifest
 from ..config_files import config_dir
+from ..nemo_private import preprocessor_sample_rate
 from ..scoring import word_errors
 
 DEFAULT_CONFIG = config_dir() / "demo_model.yaml"
@@ -309,7 +310,7 @@ def _on_power(feats: torch.Tensor, lens: torch.Tensor, rng: np.random.Generator,
 def mel_centers_hz(preprocessor) -> np.ndarray:
     """Each mel filter's centre frequency (its weighted mean), from the preprocessor's own filterbank."""
     fb = preprocessor.featurizer.fb[0].detach().double().cpu().numpy()  # [n_mels, n_fft // 2 + 1]
-    freqs = np.linspace(0.0, preprocessor._sample_rate / 2, fb.shape[1])
+    freqs = np.linspace(0.0, preprocessor_sample_rate(preprocessor) / 2, fb.shape[1])
     return (fb * freqs).sum(1) / fb.sum(1)
 
 

@@ -1,0 +1,167 @@
+"""uvicorn's two protocol classes, extended with what connections.py describes (caps, a request
+deadline, a small send buffer, an abort, a quiet denied handshake, a lingering close).
+
+The one module that uses uvicorn's private API: it subclasses `HttpToolsProtocol` and
+`WebSocketsSansIOProtocol` (the latter first shipped in uvicorn 0.35), overrides their hooks and
+reads and writes their internals (`conn`, `queue`, `close_sent`, `close_timer`, `read_paused`,
+`handshake_complete`, `scope`). So the installed uvicorn is checked at import against the range
+these were tested with (UVICORN_VERSIONS; pyproject.toml pins the same, and
+tests/test_private_apis.py checks both): a newer uvicorn fails here with one clear message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from ..versions import require
+from .connections import (
+    LINGER_S,
+    MAX_REFUSED_REQUEST_BYTES,
+    REFUSE_GRACE_S,
+    SHUTDOWN_ABORT_S,
+    ConnectionLimits,
+    bound_send_buffer,
+    http_response,
+)
+
+UVICORN_VERSIONS = ("0.35", "0.55")  # >=, <: tested with 0.54 (env/cpu.lock.txt)
+require("uvicorn", *UVICORN_VERSIONS, uses="protocol classes (websockets_sansio_impl, httptools_impl)")
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol  # noqa: E402
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol  # noqa: E402
+
+log = logging.getLogger("nemo_serve.connections")
+
+
+class HttpProtocol(HttpToolsProtocol):
+    limits: ConnectionLimits  # set by protocol_classes()
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._deadline: asyncio.TimerHandle | None = None
+        self._refusal: str | None = None
+        self._refused_request = b""
+        self._headers_done = False  # of the request being read
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._refusal = self.limits.limiter.acquire(transport, self.client[0] if self.client else "")
+        if self._refusal is None:
+            bound_send_buffer(transport)
+        self._arm(REFUSE_GRACE_S if self._refusal else self.limits.header_timeout_s)
+
+    def connection_lost(self, exc) -> None:
+        self._disarm()
+        self.limits.limiter.release(self.transport)
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refusal is None:
+            super().data_received(data)
+            return
+        self._refused_request += data  # read the request, so that the answer is not reset away
+        if b"\r\n\r\n" in self._refused_request or len(self._refused_request) > MAX_REFUSED_REQUEST_BYTES:
+            self._answer(503, "Service Unavailable", self._refusal)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._headers_done = False
+        if self._deadline is None:  # a later keep-alive request: its own deadline
+            self._arm(self.limits.header_timeout_s)
+
+    def on_headers_complete(self) -> None:
+        self._headers_done = True
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        super().on_message_complete()
+
+    def handle_websocket_upgrade(self) -> None:
+        self._disarm()  # the request is complete; the WebSocket protocol takes the socket over
+        super().handle_websocket_upgrade()
+
+    def _arm(self, seconds: float) -> None:
+        self._disarm()
+        self._deadline = self.loop.call_later(seconds, self._on_deadline)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _on_deadline(self) -> None:
+        self._deadline = None
+        if self._refusal is not None:
+            self._answer(503, "Service Unavailable", self._refusal)
+            return
+        if self.limits.limiter.metrics is not None:
+            self.limits.limiter.metrics.refusals.labels(reason="header_timeout").inc()
+        log.info("closed a connection from %s: request not complete in %g s", self.client and self.client[0],
+                 self.limits.header_timeout_s)  # fmt: skip
+        if self._headers_done:  # the app may have answered already; only the body is missing
+            self.transport.close()
+            return
+        self._answer(408, "Request Timeout", f"request not received within {self.limits.header_timeout_s:g} s")
+
+    def _answer(self, status: int, phrase: str, reason: str) -> None:
+        if not self.transport.is_closing():
+            self.transport.write(http_response(status, phrase, reason, retry_after=status == 503))
+            self.transport.close()
+
+
+class WebSocketProtocol(WebSocketsSansIOProtocol):
+    limits: ConnectionLimits  # set by protocol_classes()
+    _lingering = False
+
+    def data_received(self, data: bytes) -> None:
+        if not self._lingering:  # else discarded: the close frame is out, the close is timed
+            super().data_received(data)
+
+    def handle_parser_exception(self) -> None:
+        close = self.conn.close_sent
+        self.queue.put_nowait({"type": "websocket.disconnect", "code": close.code, "reason": close.reason})
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        self.close_sent = True
+        # After invalid UTF-8 (1007) the frame parser is intact, and the client's close reply
+        # ends the linger at once (handle_close); after a parser failure (a frame too big:
+        # 1009) nothing more can be parsed, and the rest is discarded until LINGER_S.
+        self._lingering = self.conn.parser_exc is not None
+        if self.read_paused:
+            self.read_paused = False
+            self.transport.resume_reading()
+        if self.close_timer is not None:  # the app's close (10 s for the reply) came first
+            self.close_timer.cancel()
+        # As close_timer, so that uvicorn does not close at once when the app returns.
+        self.close_timer = self.loop.call_later(LINGER_S, self.transport.close)
+
+    def connection_lost(self, exc) -> None:
+        self.limits.limiter.release(self.transport)
+        super().connection_lost(exc)
+
+    def handle_connect(self, event) -> None:
+        super().handle_connect(event)
+        scope = getattr(self, "scope", None)  # absent when the upgrade request itself was refused
+        if scope is not None:
+            scope["extensions"]["nemo_serve.connection"] = {"abort": self.abort}
+
+    def abort(self) -> None:
+        """Drop the TCP connection now, whatever is still buffered for it."""
+        self.transport.abort()
+
+    async def send(self, message) -> None:
+        await super().send(message)
+        if message["type"] == "websocket.http.response.body" and not message.get("more_body", False):
+            self.handshake_complete = True  # the denial answered the handshake
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        self.loop.call_later(SHUTDOWN_ABORT_S, self.transport.abort)  # a no-op once closed
+
+
+def protocol_classes(limits: ConnectionLimits) -> tuple[type, type]:
+    """(HTTP, WebSocket) protocol classes for uvicorn.Config(http=..., ws=...), bound to `limits`."""
+    http = type("HttpProtocol", (HttpProtocol,), {"limits": limits})
+    ws = type("WebSocketProtocol", (WebSocketProtocol,), {"limits": limits})
+    return http, ws

@@ -416,7 +416,11 @@ def test_overloaded_server_refuses_new_streams_and_keeps_serving(oracle_model):
             return await served, ready, gauge, refused.value
 
         served, ready, gauge, refused = asyncio.run(scenario())
-        assert ready.status_code == 503 and ready.json()["overloaded"] and ready.json()["queue_delay_s"] > 0
+        body = ready.json()
+        # Behind now, or recovering from it (the cap set when the first stream was judged overloaded):
+        # on a loaded machine the 2 s window can pass between that judgement and this read.
+        assert ready.status_code == 503 and body["overloaded"]
+        assert body["queue_delay_s"] > 0 or body["recovering_cap"] is not None, body
         assert 0 < gauge < 5
         assert refused.status == 503 and "overloaded" in refused.reason and "limit 1e-06 s" in refused.reason, refused
         assert srv.metric(overloaded) == 1

@@ -1,10 +1,10 @@
-"""The Riva gRPC requests pipecat's and livekit's NVIDIA STT plugins build, sent with riva.client.
+"""pipecat's and livekit's NVIDIA (Riva gRPC) STT plugins against --grpc-port.
 
-Both plugins drive riva.client themselves (the plugins need riva's own dependency pins, which
-clash with this project's lock, so they are not run here); these are their request shapes as
-pipecat-ai 1.14.0 `NvidiaSTTService` / `NvidiaSegmentedSTTService` and livekit-plugins-nvidia
-1.8.9 `nvidia.STT` build them (read from their sources), with only the server address, TLS
-off and the token changed. Audio goes as a transport hands it over: headerless PCM16 at 16 kHz
+livekit-plugins-nvidia 1.8.9 runs itself (installed with --no-deps, env/nodeps.lock.txt).
+pipecat-ai 1.14.0 cannot be installed beside this project's lock, so its requests are sent with
+riva.client, which it drives too, built as `NvidiaSTTService` / `NvidiaSegmentedSTTService` build
+them (read from its source); likewise livekit's, to check its default model name. Only the
+server address, TLS off and the token are changed. Audio goes as a transport hands it over: headerless PCM16 at 16 kHz
 in 20 ms messages. Finals are compared with /ws's on the same samples and endpointing.
 """
 
@@ -100,3 +100,38 @@ def test_livekit_nvidia_stt_needs_a_served_model_name(server):
         assert finals(asr, wav, livekit_streaming_config(model_name)) == ws_text(server, wav), wav.name
     assert finals(asr, wav, livekit_streaming_config("")) == ws_text(server, wav)
     asr.auth.channel.close()
+
+
+def test_livekit_nvidia_stt_unchanged_matches_ws(server):
+    """livekit-plugins-nvidia's STT itself (env/nodeps.lock.txt installs it): a SpeechStream fed
+    10 ms frames as a room track delivers them, then ended; its finals are /ws's."""
+    nvidia = pytest.importorskip("livekit.plugins.nvidia", reason="livekit-plugins-nvidia is not installed")
+    import asyncio
+
+    import numpy as np
+    from livekit import rtc
+    from livekit.agents import stt as agents_stt
+
+    from .helpers_server import TOKEN
+
+    async def transcribe(wav) -> list[str]:
+        samples, rate = soundfile.read(wav, dtype="int16")
+        stt = nvidia.STT(server=f"127.0.0.1:{server.grpc_port}", use_ssl=False, api_key=TOKEN, model="")
+        stream = stt.stream()
+        for i in range(0, len(samples), rate // 100):
+            chunk = np.ascontiguousarray(samples[i : i + rate // 100])
+            stream.push_frame(rtc.AudioFrame(data=chunk.tobytes(), sample_rate=rate, num_channels=1,
+                                             samples_per_channel=len(chunk)))  # fmt: skip
+        stream.end_input()
+        texts = []
+        async with asyncio.timeout(60):
+            async for ev in stream:
+                if ev.type == agents_stt.SpeechEventType.FINAL_TRANSCRIPT:
+                    texts.append(ev.alternatives[0].text)
+        await stream.aclose()
+        return texts
+
+    for wav in UTTERANCES[18:24]:
+        reference = ws_text(server, wav)
+        assert reference, "no text: the comparison would be weak"
+        assert asyncio.run(transcribe(wav)) == reference, wav.name

@@ -174,11 +174,18 @@ def test_framework_stt_service_unchanged_matches_ws(request, name, tmp_path):
                  "silence_after_turn_s": silence_s, "script": compress(script)}  # fmt: skip
     target = RECORDINGS / f"{name}.json"
     if os.environ.get("NEMO_SERVE_RECORD_WIRE"):
-        target.write_text(json.dumps(recording, indent=1) + "\n")
+        target.write_text(dump_recording(recording))
     saved = json.loads(target.read_text())
     # what the replay test sends is what this version of the framework sends: the same events
     # and append sizes (a VAD's commit points may move by a few appends from run to run)
     assert shape(recording) == shape(saved), "the framework's wire changed: rerun with NEMO_SERVE_RECORD_WIRE=1"
+
+
+def dump_recording(recording: dict) -> str:
+    """JSON with one line per field and per script entry (a run of appends is one line)."""
+    head = [f" {json.dumps(k)}: {json.dumps(v)}" for k, v in recording.items() if k != "script"]
+    script = ",\n".join(f"  {json.dumps(e)}" for e in recording["script"])
+    return "{\n" + ",\n".join(head) + ',\n "script": [\n' + script + "\n ]\n}\n"
 
 
 def compress(script: list[dict]) -> list[dict]:

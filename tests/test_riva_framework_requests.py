@@ -14,9 +14,18 @@ import grpc
 import pytest
 import soundfile
 
-from .test_riva_grpc import UTTERANCES, server, ws_text  # noqa: F401 - the module's server fixture
+from .helpers_server import free_port, start_server
+from .test_riva_grpc import UTTERANCES, ws_text
 
 riva = pytest.importorskip("riva.client")
+
+
+@pytest.fixture(scope="module")
+def server():
+    grpc_port = free_port()
+    with start_server("--grpc-port", str(grpc_port), "--num-slots", "2") as s:
+        s.grpc_port = grpc_port
+        yield s
 
 PIPECAT_FUNCTION_ID = "bb0837de-8c7b-481f-9ec8-ef5663e9c1fa"  # NVIDIA's hosted nemotron-asr-streaming
 LIVEKIT_MODEL = "parakeet-1.1b-en-US-asr-streaming-silero-vad-sortformer"  # livekit's default model

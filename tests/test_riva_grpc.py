@@ -50,7 +50,9 @@ def asr(server):
     server.assert_no_leak()
 
 
-def streaming_config(wav: Path, interim: bool = True, words: bool = True, model: str = "", stop_history_ms: int = 0):
+def streaming_config(wav: Path, interim: bool = True, words: bool = True, model: str = "", stop_history_ms: int = 0,
+                     contexts: tuple[tuple[list[str], float], ...] = ()):  # fmt: skip
+    """`contexts`: (phrases, boost) pairs, each added as riva.client's word boosting adds one."""
     config = riva.StreamingRecognitionConfig(
         config=riva.RecognitionConfig(
             encoding=riva.AudioEncoding.LINEAR_PCM, language_code="en-US", max_alternatives=1,
@@ -60,6 +62,8 @@ def streaming_config(wav: Path, interim: bool = True, words: bool = True, model:
     )  # fmt: skip
     riva.add_audio_file_specs_to_config(config, wav)
     riva.add_endpoint_parameters_to_config(config, 0, 0, stop_history_ms, 0, 0, 0)
+    for phrases, boost in contexts:
+        riva.add_word_boosting_to_config(config, phrases, boost)
     return config
 
 
@@ -69,14 +73,15 @@ def stream(asr, wav: Path, **options) -> list:
                 for r in response.results]  # fmt: skip
 
 
-def ws_finals(server, wav: Path, context_right: int | None = None, endpointing: dict | None = None) -> list[dict]:
+def ws_finals(server, wav: Path, context_right: int | None = None, endpointing: dict | None = None,
+              phrases: list[str] | None = None, boost: float | None = None) -> list[dict]:  # fmt: skip
     """/ws's non-empty finals for the same samples (PCM16 at the file's rate, 100 ms packets)."""
     samples, rate = soundfile.read(wav, dtype="int16")
 
     async def run() -> list[dict]:
         async with StreamingClient(server.ws_url, sample_rate=rate, encoding="pcm_s16le", token=TOKEN,
-                                   context_right=context_right, endpointing=endpointing,
-                                   ssl_context=server.ssl_context) as c:  # fmt: skip
+                                   context_right=context_right, endpointing=endpointing, phrases=phrases,
+                                   boost=boost, ssl_context=server.ssl_context) as c:  # fmt: skip
             for i in range(0, len(samples), rate // 10):
                 await c.send_audio(samples[i : i + rate // 10])
             await c.end()
@@ -192,6 +197,64 @@ def test_endpointing_stop_history_is_rule2(server, asr):
     many = sum(len([r for r in stream(asr, w, stop_history_ms=160) if r.is_final]) for w in UTTERANCES[:6])
     few = sum(len([r for r in stream(asr, w) if r.is_final]) for w in UTTERANCES[:6])
     assert many > few, "a 160 ms stop_history splits where the default 1.2 s does not"
+
+
+def finals_text(results) -> list[str]:
+    return [r.alternatives[0].transcript for r in results if r.is_final]
+
+
+def ws_text(server, wav: Path, **options) -> list[str]:
+    return [f["text"] for f in ws_finals(server, wav, **options)]
+
+
+def test_speech_contexts_boost_as_ws_phrases(server, asr):
+    """riva.client's word boosting (SpeechContext phrases + boost) is /ws's `phrases` / `boost`:
+    the same transcript as /ws with the same list, and not the unboosted one (the test model is
+    random, so two words of its own output, boosted, change what it writes)."""
+    phrases = [" ".join(ws_text(server, w)[0].split()[:2]) for w in UTTERANCES[10:12]]
+    changed = 0
+    for wav in UTTERANCES[:3]:
+        boosted = finals_text(stream(asr, wav, contexts=((phrases, 3.0),)))
+        assert boosted == ws_text(server, wav, phrases=phrases, boost=3.0), wav.name
+        changed += boosted != ws_text(server, wav)
+    assert changed, "the boost reached the decoder"
+    wav = UTTERANCES[0]  # two contexts of one boost merge; boost 0 (proto3's unset) is the default, 1
+    split = finals_text(stream(asr, wav, contexts=(([phrases[0]], 3.0), ([phrases[1]], 3.0))))
+    assert split == ws_text(server, wav, phrases=phrases, boost=3.0)
+    assert finals_text(stream(asr, wav, contexts=((phrases, 0.0),))) == ws_text(server, wav, phrases=phrases)
+
+
+def test_bad_speech_contexts_end_only_their_call(server, asr):
+    """Refused before any audio with INVALID_ARGUMENT and /ws's reason, in StreamingRecognize and
+    Recognize, while another call streams on to its /ws transcript."""
+    wav = UTTERANCES[2]
+    good = {}
+    slow = threading.Thread(target=lambda: good.setdefault("finals", finals_text(
+        r for resp in asr.streaming_response_generator(
+            riva.AudioChunkFileIterator(str(wav), 1600, riva.sleep_audio_length), streaming_config(wav))
+        for r in resp.results)))  # fmt: skip
+    slow.start()
+    cases = {
+        "phrase 0 is empty": (([" "], 2.0),),
+        "cannot spell": ((["\u4e2d\u6587"], 2.0),),
+        "at most 100 per stream": (([f"w{i}" for i in range(101)], 2.0),),
+        "at most 64": ((["a" * 65], 2.0),),
+        "boost must be a number in (0, 10]": ((["a"], 20.0),),  # Riva's samples use 4 to 20
+        "boost must be": ((["a"], -5.0),),  # Riva's negative boost (suppress a word): not served
+        "different boosts (2, 4)": ((["a"], 2.0), (["b"], 4.0)),
+    }
+    for needle, contexts in cases.items():
+        with pytest.raises(grpc.RpcError) as e:
+            list(asr.streaming_response_generator([b"\0\0" * 160], streaming_config(wav, contexts=contexts)))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, needle
+        assert needle in e.value.details() and "speech_contexts" in e.value.details(), e.value.details()
+    config = riva.RecognitionConfig(encoding=riva.AudioEncoding.LINEAR_PCM, language_code="en-US")
+    riva.add_word_boosting_to_config(config, [""], 2.0)
+    with pytest.raises(grpc.RpcError) as e:
+        asr.offline_recognize(wav.read_bytes(), config)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "phrase 0 is empty" in e.value.details()
+    slow.join(30)
+    assert good["finals"] == ws_text(server, wav)
 
 
 def test_token_is_required(server):

@@ -126,12 +126,13 @@ class RivaCall:
             try:
                 self.stream = ctx.engine.open_stream(
                     self._on_result, language=config.language, endpoint=config.endpoint,
-                    context_right=config.context_right,
+                    context_right=config.context_right, phrases=config.phrases, boost=config.boost,
                 )  # fmt: skip
             except NoFreeSlotError as e:
                 refusal = "no_free_slot", f"no free slot ({e}); retry later"
-            except ValueError as e:
-                self.fail(str(e), grpc.StatusCode.INVALID_ARGUMENT, "bad_config")
+            except ValueError as e:  # parse_config checked language and mode: these are the phrases
+                self.fail(f"speech_contexts: {e}" if config.phrases else str(e), grpc.StatusCode.INVALID_ARGUMENT,
+                          "bad_config")  # fmt: skip
                 return False
         if refusal is not None:
             label, reason = refusal

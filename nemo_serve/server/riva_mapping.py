@@ -12,6 +12,8 @@ Field mapping (docs/protocol.md, "Riva ASR over gRPC"):
   model                  "" or the model's name: the default mode; "<name>@<chunk_ms>ms": that mode
   endpointing_config     stop_history (ms) -> rule 2, trailing silence after text; the rest has
                          no counterpart in a decoder-driven endpointer and is ignored
+  speech_contexts        phrases + boost -> the stream's `phrases` / `boost` (engine/phrases.py checks
+                         them as for /ws); several contexts merge when they share one boost
   max_alternatives       accepted; one alternative (greedy RNN-T decoding has one hypothesis)
   enable_word_time_offsets  words with start/end in ms on finals
 """
@@ -47,6 +49,8 @@ class RivaConfig:
     endpoint: EndpointConfig
     interim_results: bool
     word_time_offsets: bool
+    phrases: list[str] | None = None  # speech_contexts' phrases, checked by the engine's open_stream
+    boost: float | None = None  # None: the server's default boost
 
 
 def mode_model_name(model: ModelInfo, context_right: int) -> str:
@@ -84,7 +88,26 @@ def parse_config(config, model: ModelInfo, base_endpoint: EndpointConfig, interi
         endpoint=endpoint,
         interim_results=interim_results,
         word_time_offsets=config.enable_word_time_offsets,
+        **_boosting(config.speech_contexts),
     )
+
+
+def _boosting(contexts) -> dict:
+    """speech_contexts as one phrase list and one boost. A stream has one boosting tree with one
+    weight (NeMo's multi-model gives each decoder row a single tree), so contexts with different
+    boosts are refused rather than silently re-weighted. proto3 cannot tell an unset boost from 0:
+    0 means the server's default; a negative boost (Riva's way to suppress words) is passed on
+    and refused by the same check as /ws's `boost`."""
+    contexts = [c for c in contexts if c.phrases]
+    if not contexts:
+        return {}
+    boosts = sorted({c.boost for c in contexts})
+    if len(boosts) > 1:
+        raise RivaRequestError(
+            f"speech_contexts with different boosts ({', '.join(f'{b:g}' for b in boosts)}): this server boosts "
+            "a stream's phrases with one weight; send them in one context, or in contexts of equal boost"
+        )
+    return {"phrases": [p for c in contexts for p in c.phrases], "boost": boosts[0] or None}
 
 
 def _mode(name: str, model: ModelInfo) -> int | None:

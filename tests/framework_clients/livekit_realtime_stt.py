@@ -1,0 +1,63 @@
+"""livekit-plugins-openai's realtime STT, unchanged but for its base URL, outside a worker.
+
+Run by tests/test_framework_clients.py (in this project's environment when livekit is
+installed, else in the interpreter NEMO_SERVE_FRAMEWORK_PYTHON names):
+
+    python livekit_realtime_stt.py HTTP_BASE_URL TOKEN MODEL TURN.pcm ...   # PCM16 mono at 24 kHz
+
+MODEL picks livekit's flow: a realtime-only model (`gpt-realtime-whisper`) runs its local Silero
+VAD and sends `input_audio_buffer.commit` at each end of speech, leaving turn_detection unset;
+any other model (with use_realtime=True) sets server_vad and never commits. Audio goes in as a
+room track would deliver it: 10 ms frames, the turns back to back with 1 s of silence after each
+(so the VAD sees each turn end), pushed at 4x real time. Prints one JSON line per final
+transcript ({"text": ...}) and stops once it has one per turn or the server fell silent.
+"""
+
+import asyncio
+import json
+import sys
+
+import numpy as np
+from livekit import rtc
+from livekit.agents import stt as agents_stt
+from livekit.agents.utils import http_context
+from livekit.plugins import openai
+
+RATE = 24000
+FRAME = RATE // 100  # 10 ms
+SILENCE_S = 1.0
+QUIET_S = 5.0  # once all audio is in: no event for this long ends the run
+
+
+async def main(base_url: str, token: str, model: str, turns: list[bytes]) -> None:
+    async with http_context.open():
+        stt = openai.STT(base_url=base_url, api_key=token, model=model, use_realtime=True)
+        stream = stt.stream()
+        gap = np.zeros(int(SILENCE_S * RATE), dtype="<i2").tobytes()
+
+        async def feed() -> None:
+            audio = b"".join(t + gap for t in turns)
+            for i in range(0, len(audio) // 2, FRAME):
+                chunk = audio[2 * i : 2 * (i + FRAME)]
+                stream.push_frame(rtc.AudioFrame(data=chunk, sample_rate=RATE, num_channels=1,
+                                                 samples_per_channel=len(chunk) // 2))
+                await asyncio.sleep(0.0025)
+
+        feeding = asyncio.create_task(feed())
+        finals = 0
+        try:
+            while finals < len(turns):
+                ev = await asyncio.wait_for(stream.__anext__(), 30 if not feeding.done() else QUIET_S)
+                if ev.type == agents_stt.SpeechEventType.FINAL_TRANSCRIPT:
+                    finals += 1
+                    print(json.dumps({"text": ev.alternatives[0].text}), flush=True)
+        except (asyncio.TimeoutError, StopAsyncIteration):
+            pass
+        await feeding
+        await stream.aclose()
+        await stt.aclose()
+
+
+if __name__ == "__main__":
+    url, token, model, *paths = sys.argv[1:]
+    asyncio.run(main(url, token, model, [open(p, "rb").read() for p in paths]))

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -164,11 +165,13 @@ def main(argv=None) -> int:
     auto = tuple(int(x) for x in args.autoscale.split(",")) if args.autoscale else None
     serve.run(application(args.num_slots, args.replicas, env, args.gpus, args.cpus, auto), name="nemo-serve", route_prefix="/")
     print(f"nemo-serve on Ray Serve: ws://{args.host}:{args.port}/ws", flush=True)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM as Ctrl-C: replicas drain, cores stop
     try:
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
         serve.shutdown()
+        ray.shutdown()
     return 0
 
 

@@ -1,7 +1,7 @@
 """The supervisor: the `nemo-serve` process itself when it runs several processes.
 
   1 spawn one engine core per device (--devices; one on --device by default); each loads the
-    model and reports its ModelInfo (or a load error: exit 2)
+    model and reports its ModelInfo (or a load error: exit 2)  (core_set.py, as a Ray replica)
   2 create each core's shared memory (slot table, audio rings) now that the sample rate is known
   3 spawn K front ends on one port (SO_REUSEPORT); the port is reserved here first, so
     --port 0 gives every front end the same free port. With --grpc-port each front end also

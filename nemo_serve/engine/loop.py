@@ -145,7 +145,7 @@ class Engine:
         (ours and NeMo's decoders, with token confidence as the engine runs them), not during
         traffic, and log one line with the time and GPU memory it took; returns that line. On CPU
         a no-op (nothing to capture; the steppers are built on first use). Every server calls it
-        (cli.py, core/engine_core.py, ray_serve.py)."""
+        (compose.load_engine)."""
         dev = self.model.device
         if dev.type != "cuda":
             return None

@@ -1,6 +1,6 @@
 """Resident memory of a one-replica nemo-serve Ray Serve deployment, by process (docs/server.md,
-"Many hosts on Ray Serve"): the replica (a one-process nemo-serve with the demo model) and Ray's own
-processes on the head node.
+"Many hosts on Ray Serve"): the replica (the front end), its engine-core process (the demo model)
+and Ray's own processes on the head node.
 
     python benchmarks/ray_memory.py          # needs the ray extra: pip install -e '.[ray]'
 """
@@ -20,12 +20,16 @@ from nemo_serve.ray_serve import application
 def by_process() -> dict[str, float]:
     """MiB resident per kind of process: the replica, Serve's controller and proxy, Ray's daemons."""
     out: dict[str, float] = {}
-    for line in subprocess.run(["ps", "-eo", "pid,rss,args"], capture_output=True, text=True).stdout.splitlines()[1:]:
-        pid, rss, args = line.strip().split(None, 2)
+    rows = [line.strip().split(None, 3) for line in
+            subprocess.run(["ps", "-eo", "pid,ppid,rss,args"], capture_output=True, text=True).stdout.splitlines()[1:]]  # fmt: skip
+    replicas = {pid for pid, _, _, args in rows if "ServeReplica" in args}
+    for pid, ppid, rss, args in rows:
         if int(pid) == os.getpid():
             key = "this script (Ray driver)"
         elif "ServeReplica" in args:
             key = "replica"
+        elif ppid in replicas and "spawn_main" in args:
+            key = "replica's engine core"
         elif "ProxyActor" in args:
             key = "proxy"
         elif "ServeController" in args:

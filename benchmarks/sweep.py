@@ -50,6 +50,10 @@ class Server:
         behind, so it admits by slots only)."""
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        if getattr(args, "ray", False):
+            cmd, env = _ray_command(args, nemo_path, num_slots, self.port, max_queue_delay_s), dict(os.environ)
+            self._start(cmd, env, args, log_path)
+            return
         cmd = [
             sys.executable, "-m", "nemo_serve.cli",
             "--model", str(nemo_path),
@@ -67,7 +71,9 @@ class Server:
             cmd += ["--frontends", str(args.frontends)]
         if getattr(args, "devices", None):
             cmd += ["--devices", args.devices]  # one engine core per device; --num-slots is per core
-        env = dict(os.environ)
+        self._start(cmd, dict(os.environ), args, log_path)
+
+    def _start(self, cmd: list[str], env: dict, args, log_path: Path) -> None:
         if args.threads:
             env.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
         self.command = cmd
@@ -112,6 +118,22 @@ class Server:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+
+
+def _ray_command(args, nemo_path: Path, num_slots: int, port: int, max_queue_delay_s: float) -> list[str]:
+    """One Ray Serve replica on a local Ray cluster (nemo_serve/ray_serve.py) with the settings the
+    plain server gets as flags, as NEMO_SERVE_* variables (they reach the replica through its
+    runtime env): `env NAME=value ... python -m nemo_serve.ray_serve`."""
+    settings = {
+        "MODEL": str(nemo_path), "CONTEXT_RIGHT": str(args.context_right), "DTYPE": args.dtype,
+        "DEVICE": args.device, "LOG_LEVEL": "warning", "IDLE_TIMEOUT_S": "120",
+        "MAX_QUEUE_DELAY_S": str(max_queue_delay_s), "MAX_CONNECTIONS_PER_IP": "65536",
+    }  # fmt: skip
+    if args.threads:  # the engine core's threads, as the plain server's
+        settings.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
+    assignments = [f"{k}={v}" if k.endswith("_THREADS") else f"NEMO_SERVE_{k}={v}" for k, v in settings.items()]
+    return ["env", *assignments, sys.executable, "-m", "nemo_serve.ray_serve", "--replicas", "1",
+            "--num-slots", str(num_slots), "--port", str(port)]  # fmt: skip
 
 
 def _free_port() -> int:
@@ -357,6 +379,7 @@ def _assemble(args, record, name, nemo_path, server, ready, idle, results) -> di
         "device": args.device,
         "server_threads": args.threads,
         "server_frontends": args.frontends,
+        "server_ray": bool(getattr(args, "ray", False)),
         "server_devices": args.devices,
         "server_processes": server.processes,
         "notes": args.notes,
@@ -427,6 +450,27 @@ def _plot_steps(ax, levels: list[dict], step_bench: dict | None) -> None:
     ax.legend(fontsize=8)
 
 
+def compare_ray(args) -> None:
+    """nemo-serve and a Ray Serve replica swept one after the other at the same settings."""
+    import copy
+
+    out = Path(args.out)
+    runs = {}
+    for name, ray in (("plain", False), ("ray", True)):
+        a = copy.copy(args)
+        a.ray, a.out = ray, str(out.with_suffix(f".{name}.json"))  # the server logs go beside it
+        runs[name] = sweep(a)
+        print(f"{name}: kept up at N={runs[name]['capacity']['streams_kept_up']}", file=sys.stderr, flush=True)
+    side_by_side = {name: {k: r["capacity"][k] for k in ("streams_kept_up", "partial_latency_ms_p95_at_max",
+                                                         "final_latency_ms_p95_at_max", "next_level")}
+                    for name, r in runs.items()}  # fmt: skip
+    write_json(args.out, {"benchmark": "sweep_ray_vs_plain", "command": runs["plain"]["command"],
+                          "side_by_side": side_by_side, **runs})  # fmt: skip
+    for name, c in side_by_side.items():
+        print(f"{name}: kept up at N={c['streams_kept_up']}, partial p95 {c['partial_latency_ms_p95_at_max']} ms, "
+              f"next level {c['next_level']}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="builtin:fastconformer-l", help=".nemo path, builtin:NAME, or demo")
@@ -440,6 +484,12 @@ def main() -> None:
                     help="the server's --frontends (default: the server's own default; 0: one process)")
     ap.add_argument("--devices", default=None,
                     help="the server's --devices (one engine core per device, e.g. cpu,cpu; slots are per core)")
+    ap.add_argument("--ray", action="store_true",
+                    help="serve through one Ray Serve replica on a local Ray cluster (nemo_serve/ray_serve.py) "
+                    "instead of nemo-serve itself, at the same settings")
+    ap.add_argument("--compare-ray", action="store_true",
+                    help="one run, two sweeps at the same settings: nemo-serve, then one Ray Serve replica; "
+                    "the JSON holds both and their kept-up streams side by side")
     ap.add_argument("--procs", type=int, default=1, help="load generator processes (for large N)")
     ap.add_argument("--item-seconds", default="10,20", help="length range of the synthetic test items")
     ap.add_argument("--duration", type=float, default=60.0)
@@ -453,6 +503,9 @@ def main() -> None:
     ap.add_argument("--notes", default=None, help="free text kept in the JSON (e.g. what else ran on the machine)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    if args.compare_ray:
+        compare_ray(args)
+        return
     result = sweep(args)
     write_json(args.out, result)
     sb = None

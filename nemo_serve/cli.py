@@ -156,30 +156,18 @@ def _serve(settings: Settings) -> int:
 
 
 def _serve_in_process(settings: Settings) -> int:
-    from .engine.loop import Engine
-    from .model import ModelLoadError, UnsupportedModeError, load_model
+    from .compose import in_process_context, load_engine
+    from .model import ModelLoadError, UnsupportedModeError
 
     try:
-        model = load_model(settings.model, context_right=settings.context_right, dtype=settings.dtype, device=settings.device)
+        engine = load_engine(settings)
     except (ModelLoadError, UnsupportedModeError, FileNotFoundError) as e:
         return _fail(str(e))
     except ValueError as e:  # unknown builtin name, bad dtype
         return _fail(str(e))
-    engine = Engine(
-        model,
-        num_slots=settings.num_slots,
-        max_batch=settings.max_batch,
-        endpoint=settings.endpoint_config,
-        kv_cache=settings.kv_cache,
-        token_confidence=settings.word_confidence,
-        phrase_limits=settings.phrase_limits,
-    )
     print(engine.summary(), flush=True)
-    engine.prepare()  # CUDA: every graph captured now, not during traffic (logs one line)
 
     from .server.app import create_app
-    from .server.context import ServerContext
-    from .server.metrics import ServerMetrics
     from .server.runner import serve
 
     grpc_socket = None
@@ -188,9 +176,7 @@ def _serve_in_process(settings: Settings) -> int:
 
         grpc_socket = bind_reuseport(settings.host, 0)  # held (not listening) until exit, as the port's claim
         settings = settings.model_copy(update={"grpc_port": grpc_socket.getsockname()[1]})
-    metrics = ServerMetrics(settings.num_slots, lambda: engine.num_free_slots, queue_delay_fn=lambda: engine.queue_delay_s)
-    engine.on_step = metrics.on_step
-    ctx = ServerContext(engine=engine, settings=settings, metrics=metrics)
+    ctx = in_process_context(engine, settings)
     print_urls(settings)
     serve(create_app(ctx), ctx, settings)
     # Everything is closed and flushed by now. Skip interpreter teardown: with NeMo (through

@@ -4,9 +4,10 @@
     ray start --head                              # on each host: ray start --address=HEAD:6379
     serve run deploy/ray_serve.yaml               # or: python -m nemo_serve.ray_serve --replicas 2
 
-Each replica is a whole one-process nemo-serve (engine on a thread, the same FastAPI app, protocol,
-auth and limits), built on the replica from NEMO_SERVE_* environment variables (the same settings
-as the flags). Ray's proxy carries each WebSocket to one replica for its life; a socket is one
+Each replica is a whole nemo-serve: the same engine-core process(es) as `nemo-serve` runs (one per
+device of the replica), with the replica itself as their one front end (the same FastAPI app,
+protocol, auth and limits), built on the replica from NEMO_SERVE_* environment variables (the same
+settings as the flags, through compose.py). Ray's proxy carries each WebSocket to one replica for its life; a socket is one
 ongoing request there, so Ray's own counters follow the open streams. Around what Ray does by
 itself (measured in issue 17: sockets beyond `max_ongoing_requests` wait in the proxy, and
 `max_queued_requests` answers 500 and refuses sockets that fit):
@@ -27,7 +28,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import signal
 import sys
+import tempfile
+import threading
 import time
 
 from ray import serve
@@ -47,31 +52,38 @@ class MostFreeSlotsRouter(FIFOMixin, RequestRouter):
 
 
 def build_app():
-    """Runs on each replica: a one-process nemo-serve from NEMO_SERVE_* (the deployment's env_vars)."""
+    """Runs on each replica: the replica starts its engine core(s) as `nemo-serve` does (the same
+    CoreSet and processes, from NEMO_SERVE_*: the deployment's env_vars), and is itself their one
+    front end: Ray's proxy hands it the sockets."""
+    from .compose import frontend_context
     from .config import Settings
-    from .engine.loop import Engine
-    from .model import load_model
+    from .core.core_set import CoreSet
     from .server.app import create_app
-    from .server.context import ServerContext
-    from .server.metrics import ServerMetrics
 
     settings = Settings.from_sources({}, os.environ)
-    device = settings.device
-    if device == "cpu" and _ray_gpu_ids():
-        device = "cuda"  # Ray sets CUDA_VISIBLE_DEVICES to this replica's GPU
-    model = load_model(settings.model, context_right=settings.context_right, dtype=settings.dtype, device=device)
-    engine = Engine(model, num_slots=settings.num_slots, max_batch=settings.max_batch,
-                    endpoint=settings.endpoint_config, kv_cache=settings.kv_cache,
-                    token_confidence=settings.word_confidence, phrase_limits=settings.phrase_limits)  # fmt: skip
-    print(engine.summary(), flush=True)
-    line = engine.prepare()  # CUDA: every graph captured now, not during traffic
-    if line:
-        print(line, flush=True)  # a replica has no logging set up for nemo_serve's loggers
-    metrics = ServerMetrics(settings.num_slots, lambda: engine.num_free_slots, queue_delay_fn=lambda: engine.queue_delay_s)
-    engine.on_step = metrics.on_step
-    ctx = ServerContext(engine=engine, settings=settings, metrics=metrics)
-    app = create_app(ctx, drain_on_shutdown=True)
-    return app
+    if settings.device == "cpu" and settings.devices is None and _ray_gpu_ids():
+        settings = settings.model_copy(update={"device": "cuda"})  # Ray sets CUDA_VISIBLE_DEVICES to this replica's GPU
+    ipc_dir = tempfile.mkdtemp(prefix="nemo-serve-replica-")
+    cores = CoreSet(settings, ipc_dir)
+    watching = threading.Event()
+
+    def stop_cores() -> None:
+        watching.set()
+        cores.stop()
+        cores.close()
+        shutil.rmtree(ipc_dir, ignore_errors=True)
+
+    try:
+        cores.start()
+    except BaseException:
+        cores.kill()
+        cores.close()
+        shutil.rmtree(ipc_dir, ignore_errors=True)
+        raise
+    print(cores.info.summary, flush=True)  # a replica has no logging set up for nemo_serve's loggers
+    threading.Thread(target=cores.watch, args=(watching,), name="engine-cores-watch", daemon=True).start()
+    ctx = frontend_context(settings, cores.info, cores.endpoints(), frontend=0)
+    return create_app(ctx, drain_on_shutdown=True, on_shutdown=stop_cores)
 
 
 def _ray_gpu_ids() -> list:
@@ -153,11 +165,13 @@ def main(argv=None) -> int:
     auto = tuple(int(x) for x in args.autoscale.split(",")) if args.autoscale else None
     serve.run(application(args.num_slots, args.replicas, env, args.gpus, args.cpus, auto), name="nemo-serve", route_prefix="/")
     print(f"nemo-serve on Ray Serve: ws://{args.host}:{args.port}/ws", flush=True)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM as Ctrl-C: replicas drain, cores stop
     try:
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
         serve.shutdown()
+        ray.shutdown()
     return 0
 
 

@@ -3,7 +3,8 @@
 Needs `pip install -e '.[ray]'` (ray[serve]), which `.ci/run` installs; skipped without it.
 Checks: streams spread over both replicas, every stream token-identical to NeMo's loop, a full
 cluster refuses a new stream at once (503 at the handshake) while a stream that fits is never
-refused, and a replica scaled down loses no final.
+refused, a replica scaled down loses no final, a replica runs the engine-core process (the same
+as `nemo-serve`), and the replicas honour every setting (--word-confidence: once dropped there).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ def cluster():
     port = free_port()
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    env = {"NEMO_SERVE_AUTH_TOKEN": TOKEN, "NEMO_SERVE_IDLE_TIMEOUT_S": "20", "NEMO_SERVE_LOG_LEVEL": "warning"}
+    env = {"NEMO_SERVE_AUTH_TOKEN": TOKEN, "NEMO_SERVE_IDLE_TIMEOUT_S": "20", "NEMO_SERVE_LOG_LEVEL": "warning",
+           "NEMO_SERVE_WORD_CONFIDENCE": "true"}  # fmt: skip
     serve.run(application(num_slots=SLOTS, replicas=2, env=env, cpus=0.5), name="nemo-serve", route_prefix="/")
     yield f"ws://127.0.0.1:{port}/ws", env
     serve.shutdown()
@@ -68,10 +70,23 @@ def test_streams_spread_tokens_identical_full_cluster_refuses_at_once(cluster, o
     for t, w in zip(transcripts, wires):
         check_well_formed(t)  # every stream that fit was served
         assert t.token_ids == oracle_tokens(oracle_model, w, 16000)
+        words = [word for f in t.finals for word in f["words"]]
+        assert words and all(0.0 <= word["confidence"] <= 1.0 for word in words)  # --word-confidence honoured
     assert refused is not None and "no free slot" in refused.reason, refused
     assert refusal_s < 3.0, refusal_s  # at once, not queued in Ray's proxy
     # Spread: four streams at once with two slots per replica were all served, so each replica
     # held two; a router that sent three to one replica would have had one refused above.
+
+
+def test_a_replica_runs_the_engine_core_process(cluster):
+    """The replica's /readyz names the process that steps the model: a child of the replica (the
+    engine core), not the replica itself, which is only its front end."""
+    import httpx
+
+    url, _ = cluster
+    body = httpx.get(url.replace("ws://", "http://").replace("/ws", "/readyz"), timeout=10, trust_env=False).json()
+    assert len(body["cores"]) == 1 and body["cores"][0]["serving"]
+    assert body["cores"][0]["pid"] != body["pid"]  # the core's process is not the replica's
 
 
 def test_scaled_down_replica_loses_no_final(cluster, oracle_model):

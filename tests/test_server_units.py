@@ -215,18 +215,22 @@ class _FakeEngine:
         if stream not in self.aborted:
             self.aborted.append(stream)
 
-    def stop(self) -> None:
+    def start(self) -> "_FakeEngine":
+        return self
+
+    def stop(self, timeout_s: float = 0.0) -> None:
         pass
+
+    def cores(self) -> list[dict]:
+        return [{"core": 0, "device": "cpu", "pid": 0, "serving": self.error is None, "free_slots": self.num_free_slots,
+                 "total_slots": self.num_slots, "open_streams": self.num_open_streams, "queue_delay_s": 0.0}]  # fmt: skip
 
 
 def _app(engine, **settings):
+    from nemo_serve.compose import server_context
     from nemo_serve.server.app import create_app
-    from nemo_serve.server.context import ServerContext
-    from nemo_serve.server.metrics import ServerMetrics
 
-    s = Settings.from_sources(settings, {})
-    ctx = ServerContext(engine=engine, settings=s, metrics=ServerMetrics(engine.num_slots, lambda: engine.num_free_slots))
-    return create_app(ctx)
+    return create_app(server_context(engine, Settings.from_sources(settings, {}), steps=False))
 
 
 def test_engine_failure_fails_open_streams_and_health():

@@ -293,17 +293,13 @@ def run_core_process(settings, ipc_dir: str, lock, conn, parent_pid: int) -> Non
     configure_logging(settings.log_level)
     import torch
 
-    from ..engine.loop import Engine
-    from ..model import ModelLoadError, UnsupportedModeError, load_model
+    from ..compose import load_engine
+    from ..model import ModelLoadError, UnsupportedModeError
     from ..server.metrics import StepMetrics
 
     torch.set_grad_enabled(False)
     try:
-        model = load_model(settings.model, context_right=settings.context_right, dtype=settings.dtype, device=settings.device)
-        engine = Engine(model, num_slots=settings.num_slots, max_batch=settings.max_batch,
-                        endpoint=settings.endpoint_config, kv_cache=settings.kv_cache,
-                        token_confidence=settings.word_confidence, phrase_limits=settings.phrase_limits)  # fmt: skip
-        engine.prepare()  # CUDA: every graph captured before "ready", not during traffic (logs one line)
+        engine = load_engine(settings)  # CUDA: every graph captured before "ready", not during traffic
     except (ModelLoadError, UnsupportedModeError, FileNotFoundError, ValueError) as e:
         conn.send(("error", str(e)))  # the supervisor prints it as the one-process server does
         sys.exit(2)

@@ -1,4 +1,4 @@
-"""A front-end process: today's FastAPI app and sessions, with an EngineClient for an engine.
+"""A front-end process: the FastAPI app and sessions, with an EngineGroup for the engine cores.
 
 Every front end binds the same port with SO_REUSEPORT; the kernel spreads new connections
 over them. A front end holds no model and imports no torch: it decodes audio, writes it into
@@ -14,8 +14,7 @@ import sys
 from dataclasses import dataclass
 
 from ..console import configure_logging
-from .client import EngineClient
-from .shared import SharedLayout, SharedSlots
+from .shared import SharedLayout
 
 log = logging.getLogger("nemo_serve.frontend")
 
@@ -48,9 +47,8 @@ def run_frontend_process(settings, info, cores: list[CoreEndpoint], frontend: in
     """Process entry (spawned by the supervisor). The connection caps are per process, so each
     front end enforces its share of --max-connections and --max-connections-per-ip (the kernel
     spreads connections evenly over the front ends' sockets)."""
+    from ..compose import frontend_context
     from ..server.app import create_app
-    from ..server.context import ServerContext
-    from ..server.metrics import ServerMetrics
     from ..server.runner import serve
 
     configure_logging(settings.log_level)
@@ -61,18 +59,7 @@ def run_frontend_process(settings, info, cores: list[CoreEndpoint], frontend: in
         # each front end refuses past its share before any audio; the core checks the whole
         "max_phrases_total": -(-settings.max_phrases_total // k),
     })  # fmt: skip
-    clients = [EngineClient(info, SharedSlots.attach(c.shm_name, c.layout, c.lock), frontend, c.ipc_dir,
-                            phrase_limits=settings.phrase_limits) for c in cores]  # fmt: skip
-    if len(clients) == 1:
-        engine = clients[0]
-    else:
-        from .group import EngineGroup
-
-        engine = EngineGroup(clients, cores, settings.max_queue_delay_s)
-    metrics = ServerMetrics(engine.num_slots, lambda: engine.num_free_slots, steps=False,
-                            cores_fn=getattr(engine, "cores", None),
-                            queue_delay_fn=lambda: engine.queue_delay_s)  # fmt: skip
-    ctx = ServerContext(engine=engine, settings=settings, metrics=metrics)
+    ctx = frontend_context(settings, info, cores, frontend)
     sock = bind_reuseport(settings.host, port)
     log.debug("front end %d (pid %d) serving on port %d", frontend, os.getpid(), port)
     serve(create_app(ctx), ctx, settings, sock=sock)

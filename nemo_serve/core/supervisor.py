@@ -1,7 +1,7 @@
 """The supervisor: the `nemo-serve` process itself when it runs several processes.
 
   1 spawn one engine core per device (--devices; one on --device by default); each loads the
-    model and reports its ModelInfo (or a load error: exit 2)
+    model and reports its ModelInfo (or a load error: exit 2)  (core_set.py, as a Ray replica)
   2 create each core's shared memory (slot table, audio rings) now that the sample rate is known
   3 spawn K front ends on one port (SO_REUSEPORT); the port is reserved here first, so
     --port 0 gives every front end the same free port. With --grpc-port each front end also
@@ -28,19 +28,15 @@ import sys
 import tempfile
 import time
 
-import zmq
-
 from ..console import print_urls
 from . import messages as m
-from .addresses import control_address
-from .engine_core import ring_layout, run_core_process
-from .frontend_process import CoreEndpoint, bind_reuseport, run_frontend_process
-from .shared import FAILED, FileLock, SharedSlots
+from .core_set import Core, CoreSet, CoreStartError
+from .frontend_process import bind_reuseport, run_frontend_process
+from .shared import FAILED
 
 log = logging.getLogger("nemo_serve.supervisor")
 
 MAX_RESTARTS_PER_MINUTE = 10
-CORE_STOP_TIMEOUT_S = 10.0
 
 
 def default_frontends(cpu_count: int | None = None) -> int:
@@ -48,29 +44,6 @@ def default_frontends(cpu_count: int | None = None) -> int:
     network work), at least one, at most eight."""
     n = cpu_count or os.cpu_count() or 1
     return max(1, min(8, (n - 1) // 2))
-
-
-class Core:
-    """One engine-core process and what the supervisor keeps of it."""
-
-    def __init__(self, index: int, device: str, ipc_dir: str) -> None:
-        self.index, self.device, self.ipc_dir = index, device, ipc_dir
-        os.makedirs(ipc_dir)
-        self.lock = FileLock(os.path.join(ipc_dir, "slots.lock"))
-        self.process: mp.Process | None = None
-        self.conn = None  # the pipe's supervisor end, during start-up
-        self.shared: SharedSlots | None = None
-        self.control = None  # zmq PUSH to the core's control socket
-        self.dead = False
-
-    @property
-    def alive(self) -> bool:
-        return not self.dead and self.process is not None and self.process.is_alive()
-
-    def endpoint(self) -> CoreEndpoint:
-        """What a front end needs to reach this core (picklable)."""
-        return CoreEndpoint(self.index, self.device, self.shared.name, self.shared.layout, self.lock, self.ipc_dir,
-                            self.process.pid)  # fmt: skip
 
 
 class Supervisor:
@@ -81,14 +54,14 @@ class Supervisor:
         self.ipc_dir = tempfile.mkdtemp(prefix="nemo-serve-")
         self.metrics_dir = os.path.join(self.ipc_dir, "metrics")
         os.makedirs(self.metrics_dir)
-        self.cores: list[Core] = []
+        self.core_set = CoreSet(settings, self.ipc_dir, interrupted=lambda: self._signals > 0)
+        self.cores: list[Core] = self.core_set.cores
         self.frontends: dict[int, mp.Process] = {}  # front-end id -> process
         self._next_id = 0
         self._deaths: list[float] = []
         self._signals = 0
         self._port_socket = None
         self._grpc_socket = None
-        self._zmq = zmq.Context()
 
     # ------------------------------------------------------------------ main
     def run(self) -> int:
@@ -110,42 +83,14 @@ class Supervisor:
 
     def _run(self) -> int:
         try:
-            devices = self.settings.device_list()
-        except ValueError as e:
-            print(f"nemo-serve: error: {e}", file=sys.stderr, flush=True)
-            return 2
-        # Start every core first: they load the model in parallel.
-        for i, device in enumerate(devices):
-            core = Core(i, device, os.path.join(self.ipc_dir, f"core{i}"))
-            core.conn, child = self.mp.Pipe()
-            core.process = self.mp.Process(
-                target=run_core_process,
-                args=(self.settings.model_copy(update={"device": device}), core.ipc_dir, core.lock, child, os.getpid()),
-                name=f"nemo-serve-core-{i}", daemon=False,
-            )  # fmt: skip
-            core.process.start()
-            self.cores.append(core)
-        info = None
-        for core in self.cores:
-            kind, core_info = self._recv(core)
-            if kind == "error":  # as the one-process server: one line, status 2
-                print(f"nemo-serve: error: {core_info}", file=sys.stderr, flush=True)
-                return 2
-            if kind != "ready":
-                log.error("engine core %d did not start (%s %s)", core.index, kind, core_info)
-                return 1
-            info = info or core_info
-            layout = ring_layout(self.settings, core_info.geometry.sample_rate)
-            core.shared = SharedSlots.create(layout, core.lock)
-            core.conn.send((core.shared.name, layout))
-        for core in self.cores:
-            kind, _ = self._recv(core)
-            if kind != "serving":
-                return 1
-            core.control = self._zmq.socket(zmq.PUSH)
-            core.control.setsockopt(zmq.LINGER, 1000)
-            core.control.connect(control_address(core.ipc_dir))
-        self.info = info
+            self.core_set.start()
+        except CoreStartError as e:
+            if e.status == 2:  # as the one-process server: one line, status 2
+                print(f"nemo-serve: error: {e}", file=sys.stderr, flush=True)
+            else:
+                log.error("%s", e)
+            return e.status
+        info = self.info = self.core_set.info
         self.port = self._reserve_port()
         if self.settings.grpc_port is not None:  # reserved the same way: --grpc-port 0 too
             self._grpc_socket = bind_reuseport(self.settings.host, self.settings.grpc_port)
@@ -161,15 +106,6 @@ class Supervisor:
         print_urls(self.settings, self.port)
         return self._watch()
 
-    def _recv(self, core: Core):
-        """The core's next report; ("died", exitcode) if it exits first."""
-        while not core.conn.poll(0.2):
-            if not core.process.is_alive():
-                return "died", core.process.exitcode
-            if self._signals:
-                return "signal", None
-        return core.conn.recv()
-
     def _reserve_port(self) -> int:
         """Bind (not listen) a SO_REUSEPORT socket: it fixes the port (for --port 0 too) and
         keeps it ours between front-end restarts; only listening sockets get connections."""
@@ -180,7 +116,7 @@ class Supervisor:
         fid, self._next_id = self._next_id, self._next_id + 1
         p = self.mp.Process(
             target=run_frontend_process,
-            args=(self.settings, self.info, [c.endpoint() for c in self.cores], fid, self.port, self.num_frontends),
+            args=(self.settings, self.info, self.core_set.endpoints(), fid, self.port, self.num_frontends),
             name=f"nemo-serve-frontend-{fid}",
             daemon=False,
         )
@@ -258,24 +194,10 @@ class Supervisor:
         self.frontends.clear()
 
     def _stop_core(self) -> None:
-        alive = [c for c in self.cores if c.alive]
-        for core in alive:
-            self._tell(core, m.Stop())
-        deadline = time.monotonic() + CORE_STOP_TIMEOUT_S
-        for core in alive:
-            core.process.join(max(0.0, deadline - time.monotonic()))
-            if core.process.is_alive():
-                core.process.kill()
+        self.core_set.stop()
 
     def _tell_core(self, msg) -> None:
-        for core in self.cores:
-            if core.alive:
-                self._tell(core, msg)
-
-    @staticmethod
-    def _tell(core: Core, msg) -> None:
-        if core.control is not None:
-            core.control.send(m.control_encoder.encode(msg))
+        self.core_set.tell(msg)
 
     def _processes(self) -> list:
         return list(self.frontends.values()) + [c.process for c in self.cores if c.process is not None]
@@ -300,13 +222,7 @@ class Supervisor:
         self._kill_all()
         for p in self._processes():
             p.join(1.0)
-        for core in self.cores:
-            if core.control is not None:
-                core.control.close(0)
-        self._zmq.term()
-        for core in self.cores:
-            if core.shared is not None:
-                core.shared.close()
+        self.core_set.close()
         for sock in (self._port_socket, self._grpc_socket):
             if sock is not None:
                 sock.close()

@@ -17,6 +17,7 @@ form the next batch (capped at max_batch). Nothing waits to fill a batch.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -144,7 +145,7 @@ class Engine:
         (ours and NeMo's decoders, with token confidence as the engine runs them), not during
         traffic, and log one line with the time and GPU memory it took; returns that line. On CPU
         a no-op (nothing to capture; the steppers are built on first use). Every server calls it
-        (cli.py, core/engine_core.py, ray_serve.py)."""
+        (compose.load_engine)."""
         dev = self.model.device
         if dev.type != "cuda":
             return None
@@ -301,6 +302,14 @@ class Engine:
         with self._admission:
             modes = list(self._admitted_ids.values())
         return {r: modes.count(r) for r in sorted(set(modes))}
+
+    def cores(self) -> list[dict]:
+        """This engine as the one core /readyz and /metrics show (engine_api.CoreStatus)."""
+        serving = self.error is None
+        return [{"core": 0, "device": str(self.model.device), "pid": os.getpid(), "serving": serving,
+                 "free_slots": self.num_free_slots if serving else 0, "total_slots": self.num_slots,
+                 "open_streams": self.num_open_streams if serving else 0,
+                 "queue_delay_s": round(self.queue_delay_s, 3) if serving else 0.0}]  # fmt: skip
 
     @property
     def loop_stream_ids(self) -> list[str]:

@@ -27,6 +27,7 @@ import contextlib
 import os
 import ipaddress
 from pathlib import Path
+from typing import Callable
 from urllib.parse import urlsplit
 
 from fastapi import FastAPI, WebSocket
@@ -46,10 +47,11 @@ STATIC_DIR = Path(__file__).parent / "static"
 SAMPLES_DIR = Path(__file__).parent.parent / "assets" / "demo" / "utterances"
 
 
-def create_app(ctx: ServerContext, drain_on_shutdown: bool = False) -> FastAPI:
+def create_app(ctx: ServerContext, drain_on_shutdown: bool = False, on_shutdown: Callable[[], None] | None = None) -> FastAPI:
     """`drain_on_shutdown`: the app's shutdown drains the open streams first (every one gets its
     final, within --drain-timeout-s): for hosts that stop the app themselves (a Ray Serve replica
-    being scaled down); our own server drains on SIGTERM before the shutdown (runner.py)."""
+    being scaled down); our own server drains on SIGTERM before the shutdown (runner.py).
+    `on_shutdown`: called last, after the engine stopped (a replica stops its engine cores)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -63,6 +65,8 @@ def create_app(ctx: ServerContext, drain_on_shutdown: bool = False) -> FastAPI:
                 await ctx.drain()
             watchdog.cancel()
             ctx.engine.stop()
+            if on_shutdown is not None:
+                on_shutdown()
 
     app = FastAPI(title="nemo-serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.ctx = ctx
@@ -100,9 +104,8 @@ def create_app(ctx: ServerContext, drain_on_shutdown: bool = False) -> FastAPI:
             "languages": sorted(ctx.model.prompt_dictionary) if ctx.model.prompt_dictionary else None,
             "auth": ctx.settings.auth_token is not None,
             "pid": os.getpid(),  # the process that answered (one of the front ends)
+            "cores": engine.cores(),  # each engine core's numbers (one with one core)
         }
-        if hasattr(engine, "cores"):  # several engine cores (--devices): each one's numbers
-            body["cores"] = engine.cores()
         return JSONResponse(body, status_code=200 if body["ready"] else 503)
 
     @app.get("/metrics")

@@ -18,7 +18,7 @@ from .metrics import ServerMetrics
 from .protocol import CLOSE_GOING_AWAY, CLOSE_SERVER_ERROR
 
 if TYPE_CHECKING:
-    from ..engine.loop import Engine
+    from ..engine_api import EngineAPI
 
 log = logging.getLogger("nemo_serve.server")
 
@@ -38,7 +38,7 @@ class Session(Protocol):
 
 @dataclass
 class ServerContext:
-    engine: "Engine"  # or a core/client.EngineClient: the same network-side API
+    engine: "EngineAPI"  # in process or the engine cores (engine_api.py)
     settings: Settings
     metrics: ServerMetrics
     sessions: set["Session"] = field(default_factory=set)  # accepted sockets not yet closed

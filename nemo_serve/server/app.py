@@ -34,7 +34,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from .auth import accepted_subprotocol, authorized, realtime_authorized
-from .context import ServerContext
+from .context import Refused, ServerContext
 from .logsafe import preview
 from .protocol import CLOSE_PROTOCOL_ERROR, CLOSE_TRY_AGAIN_LATER, ErrorMessage, close_reason
 from .nim_sessions import add_nim_session_routes
@@ -125,11 +125,10 @@ def create_app(ctx: ServerContext, drain_on_shutdown: bool = False) -> FastAPI:
             ctx.metrics.refusals.labels(reason="unauthorized").inc()
             await _refuse(ws, 401, "missing or wrong bearer token", CLOSE_PROTOCOL_ERROR)
             return
-        refusal = ctx.refusal()
-        if refusal is not None:
-            label, reason = refusal
-            ctx.metrics.refusals.labels(reason=label).inc()
-            await _refuse(ws, 503, reason, CLOSE_TRY_AGAIN_LATER)
+        try:
+            ctx.admit()  # at the handshake: a full server answers 503; the slot is taken at the first message
+        except Refused as e:
+            await _refuse(ws, 503, e.reason, CLOSE_TRY_AGAIN_LATER)
             return
         if realtime:
             await ws.accept(subprotocol=accepted_subprotocol(ws))  # NIM's client offers `realtime`

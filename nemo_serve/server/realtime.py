@@ -54,7 +54,7 @@ from ..engine.errors import NoFreeSlotError
 from ..engine.phrases import encodable_characters
 from ..engine.results import StreamResult
 from .audio import AudioDecoder
-from .context import ServerContext
+from .context import Refused, ServerContext
 from .logsafe import clean
 from .protocol import (
     CLOSE_NORMAL,
@@ -300,11 +300,10 @@ class RealtimeSession(Session):
         except RealtimeError as e:  # checked at the update already; the model has not changed
             raise ProtocolError(str(e)) from None
         self.config = ConfigMessage(sample_rate=rt.rate, encoding="pcm_s16le", language=self.language)
-        refusal = ctx.refusal()
-        if refusal is not None:
-            label, reason = refusal
-            ctx.metrics.refusals.labels(reason=label).inc()
-            self.fail(reason, code=CLOSE_TRY_AGAIN_LATER, reason_label="refused")
+        try:
+            ctx.admit()  # the session; each item takes its slot in _open_waiting
+        except Refused as e:
+            self.fail(e.reason, code=CLOSE_TRY_AGAIN_LATER, reason_label="refused")
             return
         self._opened_at = time.monotonic()
         self._set_state(ProtocolState.STREAMING)

@@ -25,10 +25,9 @@ import msgspec
 from starlette.websockets import WebSocket
 
 from ..engine.endpoint import EndpointConfig
-from ..engine.errors import NoFreeSlotError
 from ..engine.results import StreamResult
 from .audio import AudioDecoder, AudioError
-from .context import ServerContext
+from .context import Refused, ServerContext
 from .logsafe import clean
 from .outbox import Outbox, PartialTail
 from .protocol import (
@@ -57,6 +56,7 @@ from .protocol import (
     parse_query_config,
     with_defaults,
 )
+from .tokens import token_pieces
 
 log = logging.getLogger("nemo_serve.session")
 _numbers = itertools.count(1)
@@ -279,22 +279,16 @@ class Session:
         """Take a slot, or refuse: the only place a stream is admitted."""
         self.config = config
         ctx, model = self.ctx, self.ctx.model
-        refusal = ctx.refusal()
-        if refusal is None:
-            try:
-                self.stream = ctx.engine.open_stream(
-                    self._on_result, language=config.language, endpoint=self._endpoint(config),
-                    context_right=config.context_right, phrases=config.phrases, boost=config.boost,
-                )
-            except NoFreeSlotError as e:  # lost the race for the last slot since the check
-                refusal = "no_free_slot", f"no free slot ({e}); retry later"
-            except ValueError as e:  # unknown language or mode (the message lists the valid ones), bad phrases
-                self.fail(str(e), reason_label="bad_config")
-                return
-        if refusal is not None:
-            label, reason = refusal
-            ctx.metrics.refusals.labels(reason=label).inc()
-            self.fail(reason, code=CLOSE_TRY_AGAIN_LATER, reason_label="refused")
+        try:
+            self.stream = ctx.admit(
+                self._on_result, language=config.language, endpoint=self._endpoint(config),
+                context_right=config.context_right, phrases=config.phrases, boost=config.boost,
+            )
+        except Refused as e:
+            self.fail(e.reason, code=CLOSE_TRY_AGAIN_LATER, reason_label="refused")
+            return
+        except ValueError as e:  # unknown language or mode (the message lists the valid ones), bad phrases
+            self.fail(str(e), reason_label="bad_config")
             return
         rate = model.geometry.sample_rate
         self.decoder = AudioDecoder(config.encoding, config.sample_rate or rate, rate)
@@ -412,7 +406,7 @@ class Session:
                     segment=r.segment,
                     is_final=r.is_final,
                     text=r.text[text_offset:],
-                    tokens=[vocabulary[t] if t < len(vocabulary) else "" for t in ids],
+                    tokens=token_pieces(vocabulary, ids),
                     token_ids=ids,
                     timestamps=r.token_times_s[token_offset:],
                     token_offset=token_offset,

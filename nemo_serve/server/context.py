@@ -35,8 +35,9 @@ class Refused(Exception):
 
 
 class Session(Protocol):
-    """What the context asks of an open session (session.py's Session and RealtimeSession): named
-    here, so that the context need not import the sessions, which import it."""
+    """What the context asks of an open session (session.Session, riva_grpc.RivaCall,
+    file_transcription.FileTranscription): named here, so that the context need not import the
+    sessions, which import it."""
 
     def drain(self) -> None: ...
 

@@ -4,7 +4,7 @@ A commit means "everything before this is one utterance" (OpenAI's semantics): t
 stream is finished as an end of input is (the tail decoded with the same rule), and the audio
 after it goes to a fresh engine stream, so each committed item equals NeMo's loop on its own
 audio. A NIM client commits every packet and means "items so far"; its session keeps one engine
-stream (realtime.py). Owner: the event loop (realtime.RealtimeSession).
+stream (realtime.py). Owner: the event loop (realtime.RealtimeFormat).
 """
 
 from __future__ import annotations

@@ -264,8 +264,7 @@ class RealtimeFormat:
         elif key not in self.committed:  # a second commit before the item ended joins it
             self._queue(self._committed_event(key))
         if self.nim:
-            g = self.ctx.model.geometry_for(self.rt.context_right)
-            self.nim_commits.add(item.num_samples, g, self.ctx.model.feature_margin)
+            self.nim_commits.add(self.ctx.model.whole_chunks_s(self.rt.context_right, item.num_samples))
             self._end_nim_items(item)
         else:
             self._finish_item(item)

@@ -328,3 +328,23 @@ def test_client_printer_assembles_long_segment_partials_from_offsets():
     p({"type": "final", "text": "turn on the kitchen light", "start_time": 0.0})
     p({"type": "partial", "text": "and", "text_offset": 0})
     assert p.segment_text == "and"  # a new segment starts from nothing
+
+
+def test_a_commit_on_a_continuing_stream_falls_on_the_engines_chunk_grid():
+    """NIM's commits are due once the model stepped every whole chunk appended before them; the
+    engine's ModelInfo says where that is (hand-computed: 1120 ms-style first chunk of 25 frames,
+    later chunks of 32, a frame needs 240 samples past its hop's start)."""
+    from nemo_serve.engine.geometry import ChunkGeometry, ModelInfo
+
+    g = ChunkGeometry(context_left=56, context_right=3, first_frames=25, chunk_frames=32, pre_cache_frames=9,
+                      drop_frames=2, min_first_frames=1, min_later_frames=8, hop_samples=160, sample_rate=16000,
+                      subsampling=8)  # fmt: skip
+    model = ModelInfo(name="m", geometry=g, vocabulary=[], is_bpe=True, prompt_dictionary=None,
+                      default_language=None, feature_margin=240, summary="")  # fmt: skip
+    assert model.whole_chunks_s(None, 0) == 0.0
+    assert model.whole_chunks_s(3, 4079) == 0.0  # 24 frames: the first chunk is not whole yet
+    assert model.whole_chunks_s(3, 4080) == 0.25  # 25 frames
+    assert model.whole_chunks_s(3, 9199) == 0.25  # 56 frames: the second chunk lacks one
+    assert model.whole_chunks_s(3, 9200) == 0.57  # 57 frames = 25 + 32
+    with pytest.raises(ValueError):
+        model.whole_chunks_s(0, 9200)  # a mode not served

@@ -126,3 +126,16 @@ class ModelInfo:
 
     def language_index(self, language: str | None) -> int:
         return language_index(self.prompt_dictionary, self.default_language, language)
+
+    def whole_chunks_s(self, context_right: int | None, num_samples: int) -> float:
+        """Audio the engine steps of a stream's first `num_samples` model-rate samples while its
+        input stays open: every whole chunk whose feature windows have arrived (the readiness
+        rule, frames_available), in seconds as results report `audio_processed_s`; 0.0 before the
+        first chunk. Where a commit on a continuing stream falls (NIM's commits, server/realtime.py),
+        so the server never redoes the chunk arithmetic."""
+        g = self.geometry_for(context_right)
+        frames = int(frames_available(num_samples, False, g.hop_samples, self.feature_margin))
+        if frames < g.first_frames:
+            return 0.0
+        frames = g.first_frames + (frames - g.first_frames) // g.chunk_frames * g.chunk_frames
+        return round(frames * g.hop_samples / g.sample_rate, 3)

@@ -1,6 +1,6 @@
 """The FastAPI app: the streaming WebSocket, health, readiness, metrics and the browser page.
 
-  WS  /ws (and /, for sherpa-onnx clients)  one stream per socket (session.py)
+  WS  /ws (and /, for sherpa-onnx clients)  one stream per socket (session.py, ws_format.py)
   WS  /v1/realtime  OpenAI Realtime transcription, GA and beta dialects (realtime.py)
   POST /v1/audio/transcriptions  OpenAI's file transcription, through the engine (transcriptions.py)
   POST /v1/realtime/transcription_sessions  NIM's session bootstrap before /v1/realtime (nim_sessions.py)
@@ -35,12 +35,13 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from .auth import accepted_subprotocol, authorized, realtime_authorized
-from .context import ServerContext
+from .context import Refused, ServerContext
 from .logsafe import preview
 from .protocol import CLOSE_PROTOCOL_ERROR, CLOSE_TRY_AGAIN_LATER, ErrorMessage, close_reason
 from .nim_sessions import add_nim_session_routes
-from .realtime import RealtimeSession
+from .realtime import RealtimeFormat
 from .session import Session
+from .ws_format import WsFormat
 from .transcriptions import add_transcription_routes
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -128,18 +129,17 @@ def create_app(ctx: ServerContext, drain_on_shutdown: bool = False, on_shutdown:
             ctx.metrics.refusals.labels(reason="unauthorized").inc()
             await _refuse(ws, 401, "missing or wrong bearer token", CLOSE_PROTOCOL_ERROR)
             return
-        refusal = ctx.refusal()
-        if refusal is not None:
-            label, reason = refusal
-            ctx.metrics.refusals.labels(reason=label).inc()
-            await _refuse(ws, 503, reason, CLOSE_TRY_AGAIN_LATER)
+        try:
+            ctx.admit()  # at the handshake: a full server answers 503; the slot is taken at the first message
+        except Refused as e:
+            await _refuse(ws, 503, e.reason, CLOSE_TRY_AGAIN_LATER)
             return
         if realtime:
             await ws.accept(subprotocol=accepted_subprotocol(ws))  # NIM's client offers `realtime`
-            await RealtimeSession(ws, ctx).run()
+            await Session(ws, ctx, RealtimeFormat).run()
             return
         await ws.accept()
-        await Session(ws, ctx, query=ws.query_params).run()
+        await Session(ws, ctx, lambda session: WsFormat(session, ws.query_params)).run()
 
     app.add_api_websocket_route("/ws", stream)
     app.add_api_websocket_route("/", stream)  # sherpa-onnx clients connect to the root

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Protocol
 
 from ..config import Settings
+from ..engine.errors import NoFreeSlotError
 from .admission import OverloadGuard, Verdict
 from .metrics import ServerMetrics
 from .protocol import CLOSE_GOING_AWAY, CLOSE_SERVER_ERROR
@@ -25,9 +26,18 @@ log = logging.getLogger("nemo_serve.server")
 DRAIN_CLOSE_GRACE_S = 1.0  # after the drain deadline: time for the error and close 1012 frames
 
 
+class Refused(Exception):
+    """A stream not admitted: `label` for the metric, `reason` for the client (counted already)."""
+
+    def __init__(self, label: str, reason: str) -> None:
+        super().__init__(reason)
+        self.label, self.reason = label, reason
+
+
 class Session(Protocol):
-    """What the context asks of an open session (session.py's Session and RealtimeSession): named
-    here, so that the context need not import the sessions, which import it."""
+    """What the context asks of an open session (session.Session, riva_grpc.RivaCall,
+    file_transcription.FileTranscription): named here, so that the context need not import the
+    sessions, which import it."""
 
     def drain(self) -> None: ...
 
@@ -57,6 +67,23 @@ class ServerContext:
     @property
     def engine_alive(self) -> bool:
         return self.engine.error is None
+
+    def admit(self, on_result: Callable | None = None, **stream_options):
+        """The one admission call of every protocol: judge the load, then take a slot with
+        `engine.open_stream(on_result, **stream_options)` and return the engine's handle. Without
+        `on_result` it only judges (a handshake; a realtime session, whose items take their slots
+        later) and returns None. Raises Refused, counted in the refusal metric, or the engine's
+        ValueError for options it does not serve (a bad config: not a refusal)."""
+        refusal = self.refusal()
+        if refusal is None and on_result is not None:
+            try:
+                return self.engine.open_stream(on_result, **stream_options)
+            except NoFreeSlotError as e:  # lost the race for the last slot since the check
+                refusal = "no_free_slot", f"no free slot ({e}); retry later"
+        if refusal is not None:
+            self.metrics.refusals.labels(reason=refusal[0]).inc()
+            raise Refused(*refusal)
+        return None
 
     def refusal(self) -> tuple[str, str] | None:
         """(metric label, reason for the client) for a stream being admitted or refused now, else

@@ -17,9 +17,8 @@ from collections.abc import Awaitable, Callable
 
 import numpy as np
 
-from ..engine.errors import NoFreeSlotError
 from ..engine.results import StreamResult
-from .context import ServerContext
+from .context import Refused, ServerContext
 
 log = logging.getLogger("nemo_serve.transcriptions")
 
@@ -78,18 +77,10 @@ class FileTranscription:
 
     def _open(self) -> None:
         """Take a slot, or raise TranscriptionFailed(503) with /ws's reasons."""
-        ctx = self.ctx
-        refusal = ctx.refusal()
-        if refusal is None:
-            try:
-                self.stream = ctx.engine.open_stream(self._on_result, language=self.language,
-                                                     context_right=self.context_right)  # fmt: skip
-                return
-            except NoFreeSlotError as e:  # lost the race for the last slot since the check
-                refusal = "no_free_slot", f"no free slot ({e}); retry later"
-        label, reason = refusal
-        ctx.metrics.refusals.labels(reason=label).inc()
-        raise TranscriptionFailed(503, reason, "refused")
+        try:
+            self.stream = self.ctx.admit(self._on_result, language=self.language, context_right=self.context_right)
+        except Refused as e:
+            raise TranscriptionFailed(503, e.reason, "refused") from None
 
     # ------------------------------------------------------------------ engine side
     def _on_result(self, result: StreamResult) -> None:

@@ -1,8 +1,8 @@
-"""/v1/realtime: one OpenAI Realtime transcription session per socket, on the /ws machinery.
+"""/v1/realtime: one OpenAI Realtime transcription session per socket, a wire format (session.py).
 
-A `Session` (session.py) with another wire format: the same receive and send tasks, admission,
-limits, idle and duration timeouts, backpressure, bounded outbox, drain and `finally:` abort; only
-what a frame means and what a result looks like differ. Each engine stream's tokens are /ws's:
+The `Session` is /ws's: the same receive and send tasks, admission, limits, idle and duration
+timeouts, backpressure, bounded outbox, drain and `finally:` abort; this module says what a frame
+means and what a result looks like. Each engine stream's tokens are /ws's:
 the same decoder (PCM16 at 24 kHz resampled by soxr), push, finish and force_final.
 
   session.created        at once (the first append takes a slot, as /ws's first message does, so
@@ -47,25 +47,20 @@ import time
 from dataclasses import replace
 
 import numpy as np
-from starlette.websockets import WebSocket
 
 from ..engine.endpoint import EndpointConfig
 from ..engine.errors import NoFreeSlotError
 from ..engine.phrases import encodable_characters
 from ..engine.results import StreamResult
 from .audio import AudioDecoder
-from .context import ServerContext
 from .logsafe import clean
 from .protocol import (
     CLOSE_NORMAL,
     CLOSE_PROTOCOL_ERROR,
-    CLOSE_SERVER_ERROR,
     CLOSE_TRY_AGAIN_LATER,
     MAX_REASON_CHARS,
-    ConfigMessage,
     ProtocolError,
     ProtocolState,
-    close_reason,
 )
 from .realtime_items import ItemStream, NimCommits, SegmentKeys
 from . import speech_detector
@@ -84,7 +79,7 @@ from .realtime_protocol import (
     parse_client_event,
     transcription_phrases,
 )
-from .session import CLOSE_TIMEOUT_S, MAX_AHEAD_S, Session, _Close
+from .session import Session
 from .speech_detector import SpeechDetector, SpeechEvent
 from .wav_stream import WavStreamDecoder
 
@@ -100,9 +95,16 @@ SLOT_RETRY_FOR_S = 2.0
 STALL_POLL_S = 0.1
 
 
-class RealtimeSession(Session):
-    def __init__(self, ws: WebSocket, ctx: ServerContext) -> None:
-        super().__init__(ws, ctx)
+class RealtimeFormat:
+    """One /v1/realtime socket's events and its item streams (owner: the event loop)."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        ws, ctx = session.ws, session.ctx
+        self.ctx = ctx
+        self.config_error: str | None = None
+        self.language: str | None = None
+        self._loop = asyncio.get_running_loop()
         # The beta SDK says so in a header; a NIM client says so with its first update. Until
         # then, GA.
         self.dialect = "beta" if "realtime=v1" in ws.headers.get("openai-beta", "") else "ga"
@@ -114,7 +116,7 @@ class RealtimeSession(Session):
             try:
                 self.rt.context_right = ctx.model.geometry_for(int(mode)).context_right
             except ValueError as e:  # refused before any audio, as /ws's URL is
-                self._query_error = f"invalid query parameter context_right: {e}"
+                self.config_error = f"invalid query parameter context_right: {e}"
         self.nim = False  # a NIM client (input_audio_params): commits close items, one engine stream
         # Owner: the event loop (receive side, and the send task for what results announce).
         self.items: list[ItemStream] = []  # engine streams not yet done, in order
@@ -134,13 +136,13 @@ class RealtimeSession(Session):
         self._last_audio = time.monotonic()
         self._last_release = float("-inf")  # when an item of ours last finished (its slot comes back)
         self.nim_commits = NimCommits()  # a NIM client's commits on its one engine stream
-        self.outbox.put(self._session_event("created"))
+        session.outbox.put(self._session_event("created"))
 
     # ------------------------------------------------------------------ receive side
-    def _on_audio(self, data: bytes) -> None:
+    def on_bytes(self, data: bytes) -> None:
         self._nonfatal(RealtimeError("binary frames are not part of this protocol; send input_audio_buffer.append"))
 
-    def _on_text(self, text: str) -> None:
+    def on_text(self, text: str) -> None:
         try:
             ev = parse_client_event(text)
             if isinstance(ev, SessionUpdate):
@@ -161,13 +163,14 @@ class RealtimeSession(Session):
     def _queue(self, ev) -> None:
         """An event from the receive side, in order with the results; a full outbox ends the
         stream as it does for results (the client is not reading)."""
-        if not self.closing and not self.outbox.put(ev):
-            self.fail(f"client is not reading events ({len(self.outbox)} waiting)", reason_label="slow_client")
+        s = self.session
+        if not s.closing and not s.outbox.put(ev):
+            s.fail(f"client is not reading events ({len(s.outbox)} waiting)", reason_label="slow_client")
 
     def _update(self, u: SessionUpdate) -> None:
         self.dialect = u.dialect
         fixed = u.rate or u.turn_detection_set or _language(u) or u.context_right is not None or u.nim or _phrases(u)
-        if self.state is not ProtocolState.CONNECTED and fixed:
+        if self.session.state is not ProtocolState.CONNECTED and fixed:
             raise RealtimeError(
                 "audio format, language, phrases, turn_detection and context_right cannot change once audio was appended",
                 code="session_update_after_audio", event_id=u.event_id,
@@ -202,11 +205,11 @@ class RealtimeSession(Session):
         self._queue(self._session_event("updated"))
 
     def _append(self, a: Append) -> None:
-        if self.state is ProtocolState.CONNECTED:
+        if self.session.state is ProtocolState.CONNECTED:
             self._open()
-        if self.state is ProtocolState.ENDING and self.end_reason == "end":
+        if self.session.state is ProtocolState.ENDING and self.session.end_reason == "end":
             raise ProtocolError("input_audio_buffer.append after input_audio_buffer.done")
-        if self.state is not ProtocolState.STREAMING:
+        if self.session.state is not ProtocolState.STREAMING:
             return  # the server ended input (drain, duration cap); the client may not know yet
         item = self.current or self._start_item()
         if item is None:
@@ -216,7 +219,7 @@ class RealtimeSession(Session):
             self.appended_since_commit = True
             self._last_audio = time.monotonic()
         if self.num_model_samples >= self.ctx.settings.max_stream_s * self.ctx.model.geometry.sample_rate:
-            self._end_input("max_stream_duration")
+            self.session.end_input("max_stream_duration")
 
     def _feed(self, item: ItemStream, samples: np.ndarray) -> None:
         if not len(samples):
@@ -247,7 +250,7 @@ class RealtimeSession(Session):
     def _commit(self, b: BufferEvent) -> None:
         if b.kind == "clear":
             self._queue(event("input_audio_buffer.cleared"))
-        if self.state is not ProtocolState.STREAMING or not self.appended_since_commit or self.current is None:
+        if self.session.state is not ProtocolState.STREAMING or not self.appended_since_commit or self.current is None:
             if b.kind == "commit":
                 raise RealtimeError("buffer is empty: no audio was appended since the last commit",
                                     code="input_audio_buffer_commit_empty", event_id=b.event_id)  # fmt: skip
@@ -261,34 +264,30 @@ class RealtimeSession(Session):
         elif key not in self.committed:  # a second commit before the item ended joins it
             self._queue(self._committed_event(key))
         if self.nim:
-            g = self.ctx.model.geometry_for(self.rt.context_right)
-            self.nim_commits.add(item.num_samples, g, self.ctx.model.feature_margin)
+            self.nim_commits.add(self.ctx.model.whole_chunks_s(self.rt.context_right, item.num_samples))
             self._end_nim_items(item)
         else:
             self._finish_item(item)
 
     def _done(self) -> None:
-        if self.state is ProtocolState.CONNECTED:
+        if self.session.state is ProtocolState.CONNECTED:
             self._open()
-        if self.state is ProtocolState.STREAMING:
+        if self.session.state is ProtocolState.STREAMING:
             if self.current is None and not self.items:
                 self._start_item()  # nothing open or decoding: an empty item carries is_last_result
-            self._end_input("end")
-        elif self.end_reason == "end":
+            self.session.end_input("end")
+        elif self.session.end_reason == "end":
             raise ProtocolError("input_audio_buffer.done was already received")
 
-    def _end_input(self, reason: str) -> None:
+    def end_input(self) -> None:
         """End of input (done, drain, duration cap): the current item is finished, the last item
         in flight is the session's last; close 1000 once it is done."""
-        self.end_reason = reason
         if self.current is not None:
             self._finish_item(self.current)
         if self.items:
             self.items[-1].last = True
-        self._set_state(ProtocolState.ENDING)
-        self._progress.set()
-        if not self.items:
-            self.outbox.put(_Close(CLOSE_NORMAL, _end_reason(reason), error=False))
+        else:
+            self.session.close(CLOSE_NORMAL, _end_reason(self.session.end_reason))
 
     # ------------------------------------------------------------------ item streams
     def _open(self) -> None:
@@ -299,22 +298,14 @@ class RealtimeSession(Session):
             self.language = model_language(rt.language, _languages(ctx.model))
         except RealtimeError as e:  # checked at the update already; the model has not changed
             raise ProtocolError(str(e)) from None
-        self.config = ConfigMessage(sample_rate=rt.rate, encoding="pcm_s16le", language=self.language)
-        refusal = ctx.refusal()
-        if refusal is not None:
-            label, reason = refusal
-            ctx.metrics.refusals.labels(reason=label).inc()
-            self.fail(reason, code=CLOSE_TRY_AGAIN_LATER, reason_label="refused")
-            return
-        self._opened_at = time.monotonic()
-        self._set_state(ProtocolState.STREAMING)
+        self.session.open(rt.context_right)  # the session; each item takes its slot in _open_waiting
+        if self.session.state is not ProtocolState.STREAMING:
+            return  # refused: the session is failing
         rate = ctx.model.geometry.sample_rate
         td = rt.turn_detection
         if td is not None and speech_detector.available(rate):
             threshold = 0.5 if td.threshold is None else td.threshold  # OpenAI's default and silero's
             self.vad = SpeechDetector(rate, threshold, self._endpoint_rules().rule2_min_trailing_silence_s)
-        self.mode_label = str(rt.context_right)
-        ctx.metrics.stream_opened(self.mode_label)
 
     def _start_item(self) -> ItemStream | None:
         """A new engine stream for the audio from here to the next commit."""
@@ -327,7 +318,7 @@ class RealtimeSession(Session):
         self.items.append(item)
         self.current = item
         self._open_waiting()
-        return None if self.closing else item
+        return None if self.session.closing else item
 
     def _open_waiting(self) -> None:
         """Give slots to the items waiting for one, in order; none free: wait while a committed
@@ -338,14 +329,14 @@ class RealtimeSession(Session):
             boost = {"phrases": list(self.rt.phrases.phrases), "boost": self.rt.phrases.boost} if self.rt.phrases else {}
             try:
                 item.handle = self.ctx.engine.open_stream(
-                    functools.partial(self._on_item_result, item), language=self.language,
-                    endpoint=self._endpoint_rules(), context_right=self.rt.context_right, **boost,
+                    self.session.engine_callback(functools.partial(self._take_item_result, item)),
+                    language=self.language, endpoint=self._endpoint_rules(), context_right=self.rt.context_right, **boost,
                 )  # fmt: skip
             except NoFreeSlotError as e:
                 self._wait_for_slot(str(e))
                 return
             except ValueError as e:  # the server-wide phrase total (the rest was checked at the update)
-                self.fail(str(e), reason_label="bad_config")
+                self.session.fail(str(e), reason_label="bad_config")
                 return
             for samples in item.waiting:
                 self.ctx.engine.push(item.handle, samples)
@@ -360,11 +351,11 @@ class RealtimeSession(Session):
             self._loop.call_later(SLOT_RETRY_S, self._retry_slot)  # ours just finished: its slot is on its way
             return
         self.ctx.metrics.refusals.labels(reason="no_free_slot").inc()
-        self.fail(f"no free slot for the next item ({why}); retry later", code=CLOSE_TRY_AGAIN_LATER,
-                  reason_label="refused")  # fmt: skip
+        self.session.fail(f"no free slot for the next item ({why}); retry later", code=CLOSE_TRY_AGAIN_LATER,
+                          reason_label="refused")  # fmt: skip
 
     def _retry_slot(self) -> None:
-        if not self.closing and not self.client_gone:
+        if not self.session.closing and not self.session.client_gone:
             self._open_waiting()
 
     def _finish_item(self, item: ItemStream) -> None:
@@ -381,7 +372,7 @@ class RealtimeSession(Session):
 
     def _end_nim_items(self, item: ItemStream) -> None:
         """NIM: end the items whose commits the model has caught up with (engine.force_final)."""
-        if item.handle is None or self.state is not ProtocolState.STREAMING or item is not self.current:
+        if item.handle is None or self.session.state is not ProtocolState.STREAMING or item is not self.current:
             return
         if self.nim_commits.take_due(item.processed_s):
             self.ctx.engine.force_final(item.handle)
@@ -398,28 +389,16 @@ class RealtimeSession(Session):
             return replace(base, enabled=True, rule2_min_trailing_silence_s=td.silence_duration_ms / 1000).validated()
         return replace(base, enabled=True)
 
-    def _abort(self, reason: str) -> None:
+    def abort(self, reason: str) -> None:
         for item in self.items:
             if item.handle is not None:
                 self.ctx.engine.abort(item.handle, reason)  # idempotent
 
     # ------------------------------------------------------------------ results (event loop)
-    def _on_item_result(self, item: ItemStream, result: StreamResult) -> None:
-        """Engine callback, on the loop thread: hand over and return at once."""
-        try:
-            self._loop.call_soon_threadsafe(self._take_item_result, item, result)
-        except RuntimeError:  # event loop closed at shutdown
-            pass
-
     def _take_item_result(self, item: ItemStream, r: StreamResult) -> None:
-        if self.closing or self.client_gone:
-            return
-        if r.error is not None:
-            self.fail(f"engine error: {r.error}", code=CLOSE_SERVER_ERROR, reason_label="engine")
-            return
-        self.ctx.metrics.audio_seconds.inc(max(0.0, r.audio_processed_s - item.processed_s))
+        """An item stream's result, on the event loop (Session.engine_callback)."""
+        self.session.consumed(r.audio_processed_s - item.processed_s)
         item.processed_s = max(item.processed_s, r.audio_processed_s)
-        self._progress.set()
         key = self.keys.key(item, r.segment)
         if item.cleared_from is not None and r.segment >= item.cleared_from:
             self.cleared.add(key)
@@ -429,31 +408,23 @@ class RealtimeSession(Session):
         if r.done:
             item.done = True
             self.items.remove(item)
-            self._last_message = self._last_release = time.monotonic()  # the idle clock runs again from here
+            self.session.last_message = self._last_release = time.monotonic()  # the idle clock runs again from here
             self._open_waiting()
         elif self.nim:
             self._end_nim_items(item)
-        if not self.outbox.put(replace(r, segment=key)):
-            self.fail(f"client is not reading results ({len(self.outbox)} messages waiting)",
-                      reason_label="slow_client")  # fmt: skip
+        self.session.queue(replace(r, segment=key))
 
-    async def _wait_for_model(self) -> None:
-        """Stop reading while the model is more than MAX_AHEAD_S behind this session's input
-        (audio waiting for a slot counts)."""
-        while self.state is ProtocolState.STREAMING and not self.closing and self._behind_s() > MAX_AHEAD_S:
-            self._progress.clear()
-            await self._progress.wait()
-            # waiting on us is neither the client being idle nor its audio stopping
-            self._last_message = self._last_audio = time.monotonic()
+    def reading_resumed(self) -> None:
+        self._last_audio = time.monotonic()  # waiting on the model is not the client's audio stopping
 
-    def _behind_s(self) -> float:
+    def behind_s(self) -> float:
+        """Audio waiting for a slot counts."""
         rate = self.ctx.model.geometry.sample_rate
         return sum(i.num_samples / rate - i.processed_s for i in self.items)
 
     # ------------------------------------------------------------------ timeouts
-    def _receive_timeout(self) -> float | None:
-        timeout = super()._receive_timeout()
-        if self.state is not ProtocolState.STREAMING:
+    def receive_timeout(self, timeout: float | None) -> float | None:
+        if self.session.state is not ProtocolState.STREAMING:
             return timeout
         if any(i.in_flight for i in self.items):
             return min(timeout, PAUSED_IDLE_CHECK_S)
@@ -470,35 +441,29 @@ class RealtimeSession(Session):
             return None
         return self._endpoint_rules().rule2_min_trailing_silence_s
 
-    def _on_timeout(self) -> None:
-        s, now = self.ctx.settings, time.monotonic()
-        if self.state is ProtocolState.STREAMING and now < self._opened_at + s.max_stream_s:
+    def on_timeout(self, now: float) -> bool:
+        s, session = self.ctx.settings, self.session
+        if session.state is ProtocolState.STREAMING and now < session.opened_at + s.max_stream_s:
             stall_s = self._stall_s()
             if any(i.in_flight for i in self.items):
-                self._last_message = now  # committed items are decoding: not the client's silence
-                return
-            idle = now >= self._last_message + s.idle_timeout_s
+                session.last_message = now  # committed items are decoding: not the client's silence
+                return True
+            idle = now >= session.last_message + s.idle_timeout_s
             if self.current is not None and self.appended_since_commit and (
                 idle or (stall_s is not None and now >= self._last_audio + stall_s)
             ):
                 self.appended_since_commit = False
                 self._finish_item(self.current)  # what it has is finalized before any idle close
-                self._last_message = now
-                return
-        super()._on_timeout()
+                session.last_message = now
+                return True
+        return False
 
     # ------------------------------------------------------------------ send side
-    async def _send_close(self, item: _Close) -> None:
-        try:
-            async with asyncio.timeout(CLOSE_TIMEOUT_S):
-                if item.error:
-                    kind = "invalid_request_error" if item.code == CLOSE_PROTOCOL_ERROR else "server_error"
-                    await self.ws.send_text(error_event(item.reason, type_=kind, code="session_closed").model_dump_json())
-                await self.ws.close(item.code, close_reason(item.reason))
-        except TimeoutError:
-            self.drop()
+    def error_frame(self, reason: str, code: int) -> str:
+        kind = "invalid_request_error" if code == CLOSE_PROTOCOL_ERROR else "server_error"
+        return error_event(reason, type_=kind, code="session_closed").model_dump_json()
 
-    async def _send_result(self, r: StreamResult) -> bool:
+    async def send_result(self, r: StreamResult) -> bool:
         """One engine result (its `segment` is the session's, SegmentKeys); True once closed."""
         item = self.keys.key_to_stream[r.segment]
         item_id = self.segment_to_item.setdefault(r.segment, new_id("item"))
@@ -507,10 +472,10 @@ class RealtimeSession(Session):
         if not cleared and r.text.startswith(sent) and len(r.text) > len(sent):
             if self.vad is None and self.rt.turn_detection is not None and r.segment not in self.speaking and r.token_times_s:
                 self.speaking.add(r.segment)
-                await self._send(event("input_audio_buffer.speech_started", item_id=item_id,
-                                       audio_start_ms=self._speech_start_ms(item, r)))  # fmt: skip
-            await self._send(event(f"{TRANSCRIPTION}.delta", item_id=item_id, content_index=0,
-                                   delta=r.text[len(sent):]))  # fmt: skip
+                await self.session.send(event("input_audio_buffer.speech_started", item_id=item_id,
+                                              audio_start_ms=self._speech_start_ms(item, r)))  # fmt: skip
+            await self.session.send(event(f"{TRANSCRIPTION}.delta", item_id=item_id, content_index=0,
+                                          delta=r.text[len(sent):]))  # fmt: skip
             self.sent_text[r.segment] = r.text
         if r.is_final:
             await self._send_final(r, item, item_id, cleared)
@@ -518,10 +483,9 @@ class RealtimeSession(Session):
             return False
         self.keys.forget(item)
         self.num_items_sent += 1
-        if self.state is not ProtocolState.ENDING or self.num_items_sent < self.num_items:
+        if self.session.state is not ProtocolState.ENDING or self.num_items_sent < self.num_items:
             return False
-        await asyncio.wait_for(self.ws.close(CLOSE_NORMAL, _end_reason(self.end_reason or "end")),
-                               self.ctx.settings.send_timeout_s)  # fmt: skip
+        await self.session.close_socket(CLOSE_NORMAL, _end_reason(self.session.end_reason or "end"))
         return True
 
     def _speech_start_ms(self, item: ItemStream, r: StreamResult) -> int:
@@ -541,9 +505,9 @@ class RealtimeSession(Session):
         if not announced:  # the endpointer ended it, or the audio stopped: what server VAD says
             if self.vad is None and self.rt.turn_detection is not None and not last:
                 ms = int(round((item.start_s + r.audio_processed_s) * 1000))
-                await self._send(event("input_audio_buffer.speech_stopped", item_id=item_id, audio_end_ms=ms))
-            await self._send(self._committed_event(r.segment))
-        await self._send(completed_event(r, item_id, self.ctx.model.vocabulary, item.start_s, last))
+                await self.session.send(event("input_audio_buffer.speech_stopped", item_id=item_id, audio_end_ms=ms))
+            await self.session.send(self._committed_event(r.segment))
+        await self.session.send(completed_event(r, item_id, self.ctx.model.vocabulary, item.start_s, last))
 
     def _committed_event(self, segment: int):
         """input_audio_buffer.committed for `segment`'s item, chained to the item before it."""

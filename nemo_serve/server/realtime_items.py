@@ -4,7 +4,7 @@ A commit means "everything before this is one utterance" (OpenAI's semantics): t
 stream is finished as an end of input is (the tail decoded with the same rule), and the audio
 after it goes to a fresh engine stream, so each committed item equals NeMo's loop on its own
 audio. A NIM client commits every packet and means "items so far"; its session keeps one engine
-stream (realtime.py). Owner: the event loop (realtime.RealtimeSession).
+stream (realtime.py). Owner: the event loop (realtime.RealtimeFormat).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..engine.geometry import frames_available
 from .audio import AudioDecoder
 
 
@@ -74,15 +73,10 @@ class NimCommits:
         self.targets: deque[float] = deque()  # audio_processed_s that ends a pending item
         self.final_requested: int | None = None  # the segment a force_final was asked for, until its final
 
-    def add(self, num_samples: int, geometry, feature_margin: int) -> None:
-        """A commit after `num_samples` model-rate samples: it is due once the model has stepped
-        every whole chunk of them (the engine's readiness rule, engine/frontend.frames_available:
-        a chunk needs its feature windows)."""
-        g = geometry
-        frames = int(frames_available(num_samples, False, g.hop_samples, feature_margin))
-        if frames >= g.first_frames:
-            frames = g.first_frames + (frames - g.first_frames) // g.chunk_frames * g.chunk_frames
-        self.targets.append(round(frames * g.hop_samples / g.sample_rate, 3) if frames >= g.first_frames else 0.0)
+    def add(self, due_s: float) -> None:
+        """A commit, due once the model's results report `due_s` of audio processed (the engine
+        says where: ModelInfo.whole_chunks_s)."""
+        self.targets.append(due_s)
 
     def take_due(self, processed_s: float) -> bool:
         """Whether a force_final is due now. One request at a time: requests the loop has not

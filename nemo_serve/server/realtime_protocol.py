@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..engine.phrases import PhraseLimits, PhraseRequest, check_phrases
 from .logsafe import clean, preview
+from .tokens import token_pieces
 
 GA_RATE = 24000  # the only rate OpenAI's audio/pcm and beta pcm16 have
 MAX_PREVIEW = 60
@@ -341,7 +342,7 @@ def completed_event(r, item_id: str, vocabulary: list[str], item_start_s: float,
         usage={"type": "duration", "seconds": round(max(0.0, r.audio_processed_s - r.segment_start_s), 3)},
         nemo_serve={
             "segment": r.segment,
-            "tokens": [vocabulary[t] if t < len(vocabulary) else "" for t in r.token_ids],
+            "tokens": token_pieces(vocabulary, r.token_ids),
             "token_ids": r.token_ids,
             "timestamps": r.token_times_s,
             "words": [msgspec.structs.asdict(w) for w in r.words or ()],

@@ -28,11 +28,10 @@ import time
 
 import grpc
 
-from ..engine.errors import NoFreeSlotError
 from ..engine.results import StreamResult
 from .audio import AudioDecoder, AudioError
 from .connections import ConnectionLimiter
-from .context import ServerContext
+from .context import Refused, ServerContext
 from .logsafe import clean
 from .outbox import Outbox
 from .protocol import CLOSE_GOING_AWAY, CLOSE_PROTOCOL_ERROR, CLOSE_SERVER_ERROR, CLOSE_TRY_AGAIN_LATER, MAX_REASON_CHARS
@@ -121,23 +120,16 @@ class RivaCall:
         """Take a slot, or fail the call with the refusal; the only place a call is admitted."""
         self.config = config
         ctx = self.ctx
-        refusal = ctx.refusal()
-        if refusal is None:
-            try:
-                self.stream = ctx.engine.open_stream(
-                    self._on_result, language=config.language, endpoint=config.endpoint,
-                    context_right=config.context_right, phrases=config.phrases, boost=config.boost,
-                )  # fmt: skip
-            except NoFreeSlotError as e:
-                refusal = "no_free_slot", f"no free slot ({e}); retry later"
-            except ValueError as e:  # parse_config checked language and mode: these are the phrases
-                self.fail(f"speech_contexts: {e}" if config.phrases else str(e), grpc.StatusCode.INVALID_ARGUMENT,
-                          "bad_config")  # fmt: skip
-                return False
-        if refusal is not None:
-            label, reason = refusal
-            ctx.metrics.refusals.labels(reason=label).inc()
-            self.fail(reason, _STATUS_FOR_REFUSAL.get(label, grpc.StatusCode.UNAVAILABLE), "refused")
+        try:
+            self.stream = ctx.admit(self._on_result, language=config.language, endpoint=config.endpoint,
+                                    context_right=config.context_right, phrases=config.phrases,
+                                    boost=config.boost)  # fmt: skip
+        except Refused as e:
+            self.fail(e.reason, _STATUS_FOR_REFUSAL.get(e.label, grpc.StatusCode.UNAVAILABLE), "refused")
+            return False
+        except ValueError as e:  # parse_config checked language and mode: these are the phrases
+            self.fail(f"speech_contexts: {e}" if config.phrases else str(e), grpc.StatusCode.INVALID_ARGUMENT,
+                      "bad_config")  # fmt: skip
             return False
         self._opened_at = time.monotonic()
         self.mode_label = str(ctx.model.geometry_for(config.context_right).context_right)

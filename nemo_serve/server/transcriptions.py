@@ -30,7 +30,7 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 
 from . import transcript_formats as fmt
 from .auth import authorized
-from .context import ServerContext
+from .context import Refused, ServerContext
 from .file_audio import FileAudioError, FileTooLong, decode_file
 from .file_transcription import FileTranscription, TranscriptionFailed
 from .logsafe import preview
@@ -72,10 +72,10 @@ async def _transcribe(request: Request, ctx: ServerContext) -> Response:
     if not authorized(request, ctx.settings.auth_token):
         ctx.metrics.refusals.labels(reason="unauthorized").inc()
         raise RequestError(401, "missing or wrong bearer token", code="invalid_api_key")
-    refusal = ctx.refusal()
-    if refusal is not None:
-        ctx.metrics.refusals.labels(reason=refusal[0]).inc()
-        raise RequestError(503, refusal[1], code=refusal[0])
+    try:
+        ctx.admit()  # early, before the upload is read; the job takes its slot with admit() again
+    except Refused as e:
+        raise RequestError(503, e.reason, code=e.label) from None
     form = await _read_form(request, ctx.settings.max_file_bytes)
     try:
         options = _options(form, request.query_params, ctx)

@@ -31,12 +31,12 @@ import random
 import sys
 import tempfile
 import time
-import types
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from nemo_serve.engine.outputs import IterationOutput, ReleasedStream, StepStats  # noqa: E402 - torch-free
 from nemo_serve.engine.results import StreamUpdate  # noqa: E402 - torch-free
 
 SEQUENCE_MOD = 1 << 24  # float32 holds every integer below it exactly
@@ -50,8 +50,8 @@ def sequence(stream_id: str, start: int, n: int) -> np.ndarray:
 
 
 class _Stream:
-    def __init__(self, stream_id: str, on_update, check: bool) -> None:
-        self.stream_id, self.on_update, self.check = stream_id, on_update, check
+    def __init__(self, stream_id: str, slot: int, check: bool) -> None:
+        self.stream_id, self.slot, self.check = stream_id, slot, check
         self.taken = 0
         self.error: str | None = None
         self.arrived = 0.0
@@ -65,12 +65,11 @@ class SequenceEngine:
 
     def __init__(self, check: bool = True) -> None:
         self.check = check
-        self.on_release = None
-        self.queue_delay = types.SimpleNamespace(sink=None)
         self._ending: list[_Stream] = []
+        self._released: list[ReleasedStream] = []
 
-    def open_stream(self, on_update, *, stream_id: str, **_) -> _Stream:
-        return _Stream(stream_id, on_update, self.check)
+    def admit(self, *, stream_id: str, slot: int = -1, **_) -> _Stream:
+        return _Stream(stream_id, slot, self.check)
 
     def take_audio(self, s: _Stream, parts, arrived: float) -> None:
         got = parts[0].copy() if len(parts) == 1 else np.concatenate(parts)
@@ -87,17 +86,21 @@ class SequenceEngine:
         self._ending.append(s)
 
     def abort(self, s: _Stream, reason: str = "aborted") -> None:
-        self.on_release(s)
+        self._released.append(ReleasedStream(s.stream_id, s.slot))
 
     def force_final(self, s: _Stream) -> None:
         pass
 
-    def iterate(self) -> bool:
+    def iterate(self) -> IterationOutput:
         ending, self._ending = self._ending, []
-        for s in ending:
-            s.on_update(StreamUpdate(s.stream_id, 0, True, True, [], [], 0, float(s.taken), s.arrived, error=s.error))
-            self.on_release(s)
-        return bool(ending)
+        updates = tuple(
+            (s.slot, StreamUpdate(s.stream_id, 0, True, True, [], [], 0, float(s.taken), s.arrived, error=s.error))
+            for s in ending
+        )
+        released = tuple(self._released) + tuple(ReleasedStream(s.stream_id, s.slot) for s in ending)
+        self._released.clear()
+        steps = tuple(StepStats(1, 0.0, 0) for _ in ending)  # busy: the core should not sleep
+        return IterationOutput(updates, released, steps, (0.0, 0.0))
 
 
 def model_info():

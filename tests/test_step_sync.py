@@ -240,7 +240,7 @@ def _drive_core_style(eng, audios, packet, start_tick, on_tick=None, abort_at=No
                 if pos[i] >= len(audios[i]):
                     eng.finish(streams[i])
                     done.add(i)
-            return eng.iterate()
+            return eng.iterate().busy
 
         busy = on_tick(tick, work) if on_tick is not None else work()
         if len(done) == n and not busy and not eng.loop_stream_ids:

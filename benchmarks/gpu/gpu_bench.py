@@ -438,20 +438,20 @@ def syncs_per_iteration(model, engine, streams: int = 8, iterations: int = 4) ->
             for s in ss:
                 engine.take_audio(s, ((0.05 * rng.standard_normal(packet)).astype(np.float32),), time.time())
             if k < 2:  # first chunks and the first later chunk: not steady state
-                while engine.iterate():
+                while engine.iterate().busy:
                     pass
                 continue
             with warnings.catch_warnings(record=True) as w:
                 warnings.simplefilter("always")
                 torch.cuda.set_sync_debug_mode("warn")
                 try:
-                    did = engine.iterate()
+                    did = engine.iterate().busy
                 finally:
                     torch.cuda.set_sync_debug_mode("default")
             n = sum("synchroniz" in str(x.message) for x in w)
             counts.append(n)
             stepped.append(bool(did))
-            while engine.iterate():
+            while engine.iterate().busy:
                 pass
     finally:
         for s in ss:
@@ -573,7 +573,7 @@ def capacity_level(args, model, engine, stepper, n: int, audio: np.ndarray, seco
             pos[i] += packet * k
             sent[i] = due[i]
         t = time.perf_counter()
-        stepped = engine.iterate()
+        stepped = engine.iterate().busy
         busy += time.perf_counter() - t
         if pending:
             done = time.time()
@@ -590,7 +590,7 @@ def capacity_level(args, model, engine, stepper, n: int, audio: np.ndarray, seco
         engine.finish(s)
     deadline = time.time() + min(30.0, max(5.0, left(args.budget_s) - args.reserve_s))
     while engine.num_open_streams and time.time() < deadline:
-        if not engine.iterate():
+        if not engine.iterate().busy:
             time.sleep(0.001)
     a = np.asarray(lat)
     bound = 2 * period

@@ -6,7 +6,10 @@ One iteration:
     comparison over the slots), copied out of shared memory into the streams' buffers, with the
     front end's arrival time
   3 ends of input (after 2, so a stream's last packet is in before its end)
-  4 Engine.iterate(): scheduling as array operations, features, one batched step per group
+  4 Engine.iterate(): scheduling as array operations, features, one batched step per group; it
+    returns what it produced (engine/outputs.py), which this loop routes: updates to their slot's
+    front end, released streams' slots back to the slot table, step statistics to the metrics,
+    the queue delay into shared memory
   5 one results message per front end with the StreamUpdates of its streams and how far step 2
     read their rings (the front end reuses that space only then: shared.py says why)
 When nothing moved, it waits up to POLL_MS for a control message: audio arriving in a ring
@@ -16,6 +19,7 @@ waits at most that long (plus the step that is running) before the core sees it.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import sys
@@ -44,8 +48,7 @@ class EngineCore:
         self.engine = engine
         self.shared = shared
         self.ipc_dir = ipc_dir
-        engine.on_release = self._released
-        engine.queue_delay.sink = self._publish_queue_delay  # at every step's start and end
+        self.on_step = None  # metrics: (batch size, seconds, context_right) of every step
         self._zmq = zmq_context or zmq.Context.instance()
         self.control = self._zmq.socket(zmq.PULL)
         self.control.bind(control_address(ipc_dir))
@@ -77,7 +80,7 @@ class EngineCore:
                 break
             self._take_audio()
             self._apply_finishes()
-            busy = self.engine.iterate() or busy
+            busy = self._iterate_engine() or busy
             self._send_results()
             if invariants is not None:
                 invariants.record(self.check_invariants())
@@ -97,9 +100,28 @@ class EngineCore:
         busy = self._take_control()
         self._take_audio()
         self._apply_finishes()
-        busy = self.engine.iterate() or bool(busy)
+        busy = self._iterate_engine() or bool(busy)
         self._send_results()
         return busy
+
+    # ------------------------------------------------------------------ 4 the engine, its output routed
+    def _iterate_engine(self) -> bool:
+        # While the engine steps, the figure the front ends read must stand however long the step
+        # takes (a step longer than the window is not an idle engine: queue_delay.py), so its
+        # validity is open-ended until the engine returns the pair as its steps left it.
+        queue_delay = self.shared.queue_delay
+        queue_delay[:] = (self.shared.queue_delay_s(time.time()), math.inf)
+        out = self.engine.iterate()
+        queue_delay[:] = out.queue_delay
+        frontend_of, slot_of = self._frontend_of, self._slot_of
+        for _, update in out.updates:  # before the releases: a stream's final comes with its release
+            self._outgoing[int(frontend_of[slot_of[update.stream_id]])].append(update)
+        for released in out.released:
+            self._released(released)
+        if self.on_step is not None:
+            for st in out.steps:
+                self.on_step(st.batch_size, st.elapsed_s, st.context_right)
+        return out.busy
 
     def check_invariants(self) -> int:
         """Raise AccountingError unless the engine's books agree (Engine.check_accounting) and
@@ -124,9 +146,6 @@ class EngineCore:
                   f"slot {slot} serves front end {frontend}'s stream at generation {gen}; the table says owner "
                   f"{int(sh.owner[slot])} generation {int(sh.gen[slot])}")  # fmt: skip
         return rows
-
-    def _publish_queue_delay(self, pair: tuple[float, float]) -> None:
-        self.shared.queue_delay[:] = pair  # the front ends' admission reads it (SharedSlots.queue_delay_s)
 
     # ------------------------------------------------------------------ 1 control
     def _take_control(self) -> bool | None:
@@ -169,21 +188,18 @@ class EngineCore:
         if msg.frontend in self._gone:  # sent just before its front end died
             self._free_if_held(msg.slot, msg.gen)
             return
-        out = self._outgoing[msg.frontend]
         try:
-            stream = self.engine.open_stream(
-                out.append,
+            stream = self.engine.admit(
                 stream_id=msg.stream_id,
                 language_index=msg.language_index,
                 endpoint=EndpointConfig(**msg.endpoint),
-                updates=True,
                 context_right=msg.context_right,
                 phrases=msg.phrases,
                 boost=msg.boost,
             )
         except (RuntimeError, ValueError, TypeError) as e:  # a sane front end: only the server-wide phrase limit
             log.error("open refused for slot %d: %s", msg.slot, e)
-            out.append(StreamUpdate(msg.stream_id, 0, True, True, [], [], 0, 0.0, time.time(), error=str(e)))
+            self._outgoing[msg.frontend].append(StreamUpdate(msg.stream_id, 0, True, True, [], [], 0, 0.0, time.time(), error=str(e)))
             self._free_if_held(msg.slot, msg.gen)
             return
         self._slots[msg.slot] = (stream, msg.gen, msg.frontend)
@@ -221,7 +237,7 @@ class EngineCore:
                 self.shared.owner[slot] = FREE
 
     def _released(self, stream) -> None:
-        """Engine hook: the stream's engine slot is free; so is its ring."""
+        """The stream's engine slot is free (the engine said so); so is its ring."""
         slot = self._slot_of.pop(stream.stream_id)
         self._slots.pop(slot, None)
         self._active[slot] = False
@@ -310,11 +326,11 @@ def run_core_process(settings, ipc_dir: str, lock, conn, parent_pid: int) -> Non
     except Exception as e:  # noqa: BLE001 - reported to the supervisor, which prints one line
         conn.send(("error", f"{type(e).__name__}: {e}"))
         sys.exit(2)
-    engine.on_step = StepMetrics().on_step  # into PROMETHEUS_MULTIPROC_DIR, read by the front ends
     conn.send(("ready", engine.model_info))
     shm_name, layout = conn.recv()
     shared = SharedSlots.attach(shm_name, layout, lock)
     core = EngineCore(engine, shared, ipc_dir)
+    core.on_step = StepMetrics().on_step  # into PROMETHEUS_MULTIPROC_DIR, read by the front ends
     conn.send(("serving", os.getpid()))
     try:
         core.run(parent_pid)

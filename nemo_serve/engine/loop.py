@@ -1,14 +1,19 @@
 """The step loop: one thread owns the model and advances every ready stream.
 
 Network side (any thread)            loop thread
-  open_stream / push / finish   ->   1 drain the queues: opens, aborts, force-finals, and the
+  admit / push / finish         ->   1 drain the queues: opens, aborts, force-finals, and the
   abort / force_final                  streams with new audio (absorbed; nobody else is visited)
                                      2-3 scheduler.plan: readiness and grouping as array
                                        operations over slots (by mode, first | later chunks),
                                        earliest deadline first
-  on_result(StreamUpdate)       <-   4 features + one batched step per group
-                                     5 publish results, endpoints
+  IterationOutput               <-   4 features + one batched step per group
+                                     5 results and endpoints, collected
                                      6 release finished streams
+
+`iterate()` returns what it produced (engine/outputs.py) and calls nobody back: the engine core
+routes the output to its front ends; `open_stream` with a consumer, `start()` and `on_step` are
+the in-process harness around it (tests, --selftest, the one-process server), which hands each
+update to its stream's consumer.
 
 Nobody configures a batch size: the streams that became ready while the previous step ran
 form the next batch (capped at max_batch). Nothing waits to fill a batch.
@@ -34,6 +39,7 @@ from .endpoint import EndpointConfig
 from .frontend import FeatureExtractor
 from .scheduler import Group, Scheduler
 from .errors import NoFreeSlotError
+from .outputs import IterationOutput, ReleasedStream, StepStats
 from .geometry import ModelInfo
 from .invariants import check, from_env as invariant_log
 from .queue_delay import QueueDelay
@@ -86,8 +92,7 @@ class Engine:
         self.num_slots = num_slots
         self.max_batch = max_batch or num_slots
         self.endpoint = endpoint
-        self.on_step = on_step  # metrics hook: (batch size, seconds, the group's context_right)
-        self.on_release: Callable[[Stream], None] | None = None  # after a stream's slot is freed
+        self.on_step = on_step  # harness metrics hook: (batch size, seconds, the group's context_right)
         self.encoder = make_encoder(model, kv_cache=kv_cache)  # loop thread only
         self.pool = SlotPool(model, num_slots, self.encoder.channel_shape)  # loop thread only
         self.token_confidence = token_confidence
@@ -114,6 +119,13 @@ class Engine:
         self._streams: dict[str, Stream] = {}  # stream_id -> Stream; loop thread only
         self._slot_streams: list[Stream | None] = [None] * num_slots  # slot -> Stream; loop thread only
         self._to_release: list[Stream] = []  # streams done since the last release; loop thread only
+        # What the current iteration produced (plan() may publish forced finals too); loop thread only.
+        self._updates: list[tuple[int, StreamUpdate]] = []  # (slot, update)
+        self._released: list[ReleasedStream] = []
+        self._steps: list[StepStats] = []
+        # In-process harness: stream id -> its consumer, from open_stream until its release is
+        # delivered (an id stays taken until then, so a reused id never gets another's results).
+        self._consumers: dict[str, Callable[[StreamUpdate], None]] = {}
         # From any thread to the loop: streams to open, streams with a request (abort, force
         # final), streams with new audio or end of input. Queues, so the loop visits only them.
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -174,10 +186,30 @@ class Engine:
         on_result: Callable[[StreamResult], None] | Callable[[StreamUpdate], None],
         *,
         stream_id: str | None = None,
+        updates: bool = False,
+        **admission,
+    ) -> Stream:
+        """In-process harness: `admit` a stream whose results `iterate()` hands to `on_result`
+        (on the thread that iterates), each as a `StreamResult` (text and the segment's tokens,
+        assembled here) or, if `updates`, each raw `StreamUpdate`."""
+        if not updates:
+            on_result = _assembling(on_result, self.detok, self.geometry.encoder_frame_s)
+        stream_id = stream_id or uuid.uuid4().hex
+        if self._consumers.setdefault(stream_id, on_result) is not on_result:  # atomic under the GIL
+            raise ValueError(f"stream id {stream_id!r} is already open")
+        try:
+            return self.admit(stream_id=stream_id, **admission)
+        except BaseException:
+            del self._consumers[stream_id]
+            raise
+
+    def admit(
+        self,
+        *,
+        stream_id: str | None = None,
         language: str | None = None,
         language_index: int | None = None,
         endpoint: EndpointConfig | None = None,
-        updates: bool = False,
         context_right: int | None = None,
         phrases: list[str] | None = None,
         boost: float | None = None,
@@ -185,15 +217,10 @@ class Engine:
         """Admit a stream or raise NoFreeSlotError / ValueError (bad language, a chunk mode
         `context_right` the engine does not serve: the message lists those it does, or bad
         `phrases` / `boost`: engine/biasing.py, over a limit or not spelled by the tokenizer).
-
-        `on_result` is called on the loop thread with a `StreamResult` (text and the segment's
-        tokens, assembled here), or with each raw `StreamUpdate` if `updates` (the engine core
-        ships those to the front ends, which assemble)."""
+        Its results come out of `iterate()`. Any thread."""
         lang = self.model.language_index(language) if language_index is None else language_index
         mode = self.model.geometry_for(context_right).context_right
         request = self.check_phrases(phrases, boost)
-        if not updates:
-            on_result = _assembling(on_result, self.detok, self.geometry.encoder_frame_s)
         stream_id = stream_id or uuid.uuid4().hex
         with self._admission:
             if stream_id in self._admitted_ids:
@@ -209,7 +236,6 @@ class Engine:
             self._admitted_ids[stream_id] = mode
         stream = Stream(
             stream_id=stream_id,
-            on_result=on_result,
             language_index=lang,
             endpoint_config=endpoint or self.endpoint,
             frame_s=self.geometry.encoder_frame_s,
@@ -355,7 +381,7 @@ class Engine:
         invariants = invariant_log("engine")  # tests: NEMO_SERVE_CHECK_INVARIANTS (engine/invariants.py)
         try:
             while not self._stop.is_set():
-                busy = self.iterate()
+                busy = self.iterate().busy
                 if invariants is not None:
                     invariants.record(self.check_accounting())
                 if not busy:
@@ -366,13 +392,32 @@ class Engine:
             self.error = e
 
     # ------------------------------------------------------------------ one iteration
-    def iterate(self) -> bool:
-        """One pass of the loop; True if any stream advanced (so the caller should not sleep)."""
+    def iterate(self) -> IterationOutput:
+        """One pass of the loop: what it produced (`.busy`: a stream advanced, so the caller
+        should not sleep). Streams opened in-process get their updates here, in order."""
         groups = self._schedule()  # 1, 2, 3
         for group in groups:  # 4, 5
             self._step(group)
         self._release_finished()  # 6
-        return bool(groups)
+        out = IterationOutput(tuple(self._updates), tuple(self._released), tuple(self._steps), self.queue_delay.published)
+        self._updates.clear()
+        self._released.clear()
+        self._steps.clear()
+        self._deliver(out)
+        return out
+
+    def _deliver(self, out: IterationOutput) -> None:
+        """In-process harness: each update to its stream's consumer, the steps to `on_step`."""
+        consumers = self._consumers
+        for _, update in out.updates:
+            consumer = consumers.get(update.stream_id)
+            if consumer is not None:
+                consumer(update)
+        for released in out.released:
+            consumers.pop(released.stream_id, None)
+        if self.on_step is not None:
+            for st in out.steps:
+                self.on_step(st.batch_size, st.elapsed_s, st.context_right)
 
     def plan(self) -> list[list[Chunk]]:
         """The encoder calls `iterate()` runs next, in order: one list of chunks per batched call.
@@ -433,8 +478,7 @@ class Engine:
                 # its slot, next iteration. Consumed now, an abort would leave it holding the slot.
                 not_taken_in.append(stream)
             elif stream.abort_reason is not None:
-                stream.on_result = _discard
-                self._mark_done(stream)
+                self._mark_done(stream)  # nothing more is published for it
             elif stream.take_force_final() and stream.phase is Phase.ACTIVE:
                 self._publish_final(stream, [], [], time.time(), done=False)
         for stream in not_taken_in:
@@ -485,8 +529,7 @@ class Engine:
         per_mode = self.stats.by_mode.setdefault(group.context_right, [0, 0])
         per_mode[0] += 1
         per_mode[1] += len(slots)
-        if self.on_step is not None:
-            self.on_step(len(slots), elapsed, group.context_right)
+        self._steps.append(StepStats(len(slots), elapsed, group.context_right))
         next_frames = (group.t0 + group.widths).tolist()
         confs = result.token_confidences or [None] * len(streams)
         longest_delay = 0.0
@@ -518,12 +561,12 @@ class Engine:
         elif s.endpoint.is_endpoint(decoded):
             self._publish_final(s, ids, frames, arrival, done=False, conf=conf)
         else:
-            s.on_result(s.update(ids, frames, False, arrival, self.hop_s, confidences=conf))
+            self._updates.append((s.slot, s.update(ids, frames, False, arrival, self.hop_s, confidences=conf)))
         return arrival
 
     def _publish_final(self, s: Stream, ids: list[int], frames: list[int], arrival: float, done: bool,
                        conf: list[float] | None = None) -> None:  # fmt: skip
-        s.on_result(s.update(ids, frames, True, arrival, self.hop_s, done=done, confidences=conf))
+        self._updates.append((s.slot, s.update(ids, frames, True, arrival, self.hop_s, done=done, confidences=conf)))
         s.final_sent = done
         s.close_segment()
 
@@ -542,13 +585,8 @@ class Engine:
                 self._num_admitted -= 1
                 self._num_phrases -= len(s.phrases.phrases) if s.phrases else 0
                 self._admitted_ids.pop(s.stream_id, None)
-            if self.on_release is not None:
-                self.on_release(s)
+            self._released.append(ReleasedStream(s.stream_id, s.slot))
         assert self.pool.num_free + self.pool.num_used == self.pool.num_slots
-
-
-def _discard(_: StreamUpdate) -> None:
-    pass
 
 
 def _assembling(on_result: Callable[[StreamResult], None], detok: Detokenizer, frame_s: float):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import enum
 import threading
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
@@ -28,7 +27,6 @@ class Phase(enum.Enum):
 @dataclass
 class Stream:
     stream_id: str
-    on_result: Callable[[StreamUpdate], None]
     language_index: int
     endpoint_config: EndpointConfig
     frame_s: float

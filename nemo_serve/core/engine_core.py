@@ -45,6 +45,8 @@ _NO_SLOTS = np.zeros(0, dtype=np.int64)
 
 class EngineCore:
     def __init__(self, engine, shared: SharedSlots, ipc_dir: str, zmq_context: zmq.Context | None = None) -> None:
+        if engine.num_slots != shared.num_slots:  # one slot table: a front end's slot is the cache row
+            raise ValueError(f"the engine has {engine.num_slots} slots, the shared table {shared.num_slots}")
         self.engine = engine
         self.shared = shared
         self.ipc_dir = ipc_dir
@@ -52,11 +54,10 @@ class EngineCore:
         self._zmq = zmq_context or zmq.Context.instance()
         self.control = self._zmq.socket(zmq.PULL)
         self.control.bind(control_address(ipc_dir))
-        self._slots: dict[int, tuple] = {}  # slot -> (Stream, generation, front end)
-        self._slot_of: dict[str, int] = {}  # stream id -> slot
-        self._active = np.zeros(shared.num_slots, dtype=bool)  # slots with an open stream
-        # Ring positions (shared.py: they travel in messages). This thread's own; the generation and
-        # front end repeat _slots' for the array operations over every Wrote and every iteration.
+        # A front end's slot is the stream's slot in the engine (cache row, scheduler row): which
+        # stream holds it is the engine's slot table (engine.slots), nowhere here. The core's own
+        # per-slot facts: the generation and front end of the stream it opened there, and the ring
+        # positions (shared.py: they travel in messages).
         self._gen = np.zeros(shared.num_slots, dtype=np.int64)
         self._frontend_of = np.full(shared.num_slots, -1, dtype=np.int64)
         self._write_end = np.zeros(shared.num_slots, dtype=np.int64)  # samples the front end says it wrote
@@ -113,11 +114,11 @@ class EngineCore:
         queue_delay[:] = (self.shared.queue_delay_s(time.time()), math.inf)
         out = self.engine.iterate()
         queue_delay[:] = out.queue_delay
-        frontend_of, slot_of = self._frontend_of, self._slot_of
-        for _, update in out.updates:  # before the releases: a stream's final comes with its release
-            self._outgoing[int(frontend_of[slot_of[update.stream_id]])].append(update)
-        for released in out.released:
-            self._released(released)
+        frontend_of = self._frontend_of
+        for slot, update in out.updates:
+            self._outgoing[int(frontend_of[slot])].append(update)
+        if out.released:  # the engine gave these slots back; so are their rings
+            self.shared.free([r.slot for r in out.released])
         if self.on_step is not None:
             for st in out.steps:
                 self.on_step(st.batch_size, st.elapsed_s, st.context_right)
@@ -125,26 +126,20 @@ class EngineCore:
 
     def check_invariants(self) -> int:
         """Raise AccountingError unless the engine's books agree (Engine.check_accounting) and
-        match the core's: every stream the engine holds is one this core serves on a shared slot
-        that its front end owns in the slot table at the stream's generation, and no other.
-        Front ends only ever take free slots, and only this thread frees them, so the slots
-        checked here cannot change under it. Returns the streams holding a cache row. Between
-        iterations."""
+        match the shared slot table: every slot the engine holds a stream on is owned there by
+        the front end that opened the stream, at its generation. Front ends only ever take free
+        slots, and only this thread frees them, so the slots checked here cannot change under it.
+        Returns the streams holding a cache row. Between iterations."""
         rows = self.engine.check_accounting(exact=True)
-        sh, slots = self.shared, self._slots
-        active = set(np.flatnonzero(self._active).tolist())
-        check(len(slots) == len(self._slot_of) == rows and active == set(slots),
-              f"{rows} streams hold cache rows, the core serves {len(slots)} slots ({len(self._slot_of)} ids, "
-              f"{len(active)} rings read)")  # fmt: skip
+        sh = self.shared
+        held = np.flatnonzero(self.engine.slots.held)
         owned = int(np.count_nonzero(sh.owner != FREE))
-        check(rows <= owned <= sh.num_slots, f"{rows} streams served, {owned} of {sh.num_slots} shared slots owned")
-        held = set(self.engine.loop_stream_ids)
-        for slot, (stream, gen, frontend) in slots.items():
-            check(self._slot_of.get(stream.stream_id) == slot and stream.stream_id in held,
-                  f"slot {slot}: stream {stream.stream_id} not held by the engine under that slot")  # fmt: skip
-            check(int(sh.owner[slot]) == frontend and int(sh.gen[slot]) == gen,
-                  f"slot {slot} serves front end {frontend}'s stream at generation {gen}; the table says owner "
-                  f"{int(sh.owner[slot])} generation {int(sh.gen[slot])}")  # fmt: skip
+        check(len(held) == rows and rows <= owned <= sh.num_slots,
+              f"{rows} streams hold cache rows, {len(held)} engine slots held, {owned} of {sh.num_slots} shared slots owned")  # fmt: skip
+        wrong = held[(sh.owner[held] != self._frontend_of[held]) | (sh.gen[held] != self._gen[held])]
+        for slot in wrong.tolist():
+            check(False, f"slot {slot} serves front end {int(self._frontend_of[slot])}'s stream at generation "
+                         f"{int(self._gen[slot])}; the table says owner {int(sh.owner[slot])} generation {int(sh.gen[slot])}")  # fmt: skip
         return rows
 
     # ------------------------------------------------------------------ 1 control
@@ -173,10 +168,9 @@ class EngineCore:
         elif isinstance(msg, m.FrontendGone):
             self._frontend_gone(msg.frontend)
         else:
-            entry = self._slots.get(msg.slot)
-            if entry is None or entry[1] != msg.gen:
+            stream = self._stream_at(msg.slot, msg.gen)
+            if stream is None:
                 return  # the stream already ended (its slot may have a new one): nothing to do
-            stream = entry[0]
             if isinstance(msg, m.Finish):
                 self._finishes.append(stream)
             elif isinstance(msg, m.ForceFinal):
@@ -189,7 +183,8 @@ class EngineCore:
             self._free_if_held(msg.slot, msg.gen)
             return
         try:
-            stream = self.engine.admit(
+            self.engine.admit(
+                slot=msg.slot,
                 stream_id=msg.stream_id,
                 language_index=msg.language_index,
                 endpoint=EndpointConfig(**msg.endpoint),
@@ -202,9 +197,6 @@ class EngineCore:
             self._outgoing[msg.frontend].append(StreamUpdate(msg.stream_id, 0, True, True, [], [], 0, 0.0, time.time(), error=str(e)))
             self._free_if_held(msg.slot, msg.gen)
             return
-        self._slots[msg.slot] = (stream, msg.gen, msg.frontend)
-        self._slot_of[stream.stream_id] = msg.slot
-        self._active[msg.slot] = True
         self._gen[msg.slot], self._frontend_of[msg.slot] = msg.gen, msg.frontend
         self._write_end[msg.slot] = self._read_end[msg.slot] = 0
         if msg.frontend not in self._results:
@@ -216,13 +208,12 @@ class EngineCore:
 
     def _frontend_gone(self, frontend: int) -> None:
         self._gone.add(frontend)
-        n = 0
-        for stream, _, fe in list(self._slots.values()):
-            if fe == frontend:
-                self.engine.abort(stream, "front end died")
-                n += 1
-        held = np.flatnonzero(self.shared.owner == frontend)
-        orphans = [int(s) for s in held if int(s) not in self._slots]  # allocated, never opened
+        served = self.engine.slots.held & (self._frontend_of == frontend)
+        for slot in np.flatnonzero(served).tolist():
+            self.engine.abort(self.engine.slots.stream_at(slot), "front end died")
+        n = int(served.sum())
+        owned = np.flatnonzero(self.shared.owner == frontend)
+        orphans = [int(s) for s in owned if not served[s]]  # allocated, never opened
         if orphans:
             self.shared.free(orphans)
         sock = self._results.pop(frontend, None)
@@ -236,12 +227,11 @@ class EngineCore:
             if self.shared.gen[slot] == gen and self.shared.owner[slot] != FREE:
                 self.shared.owner[slot] = FREE
 
-    def _released(self, stream) -> None:
-        """The stream's engine slot is free (the engine said so); so is its ring."""
-        slot = self._slot_of.pop(stream.stream_id)
-        self._slots.pop(slot, None)
-        self._active[slot] = False
-        self.shared.free([slot])
+    def _stream_at(self, slot: int, gen: int):
+        """The stream this core opened on `slot` at generation `gen`, if it is still open."""
+        if not 0 <= slot < len(self._gen) or self._gen[slot] != gen:
+            return None
+        return self.engine.slots.stream_at(slot)
 
     def _wrote(self, msg: m.Wrote) -> None:
         """A front end's new ring ends; received after it wrote the samples (shared.py)."""
@@ -252,14 +242,14 @@ class EngineCore:
             log.error("malformed Wrote message dropped (%d slots)", len(slots))
             return
         # A stream that ended meanwhile (its slot closed, or reused: another generation) is skipped.
-        live = self._active[slots] & (self._gen[slots] == gens)
+        live = self.engine.slots.held[slots] & (self._gen[slots] == gens)
         slots = slots[live]
         self._write_end[slots] = ends[live]
         self._arrival[slots] = arrivals[live]
 
     # ------------------------------------------------------------------ 2-3 audio
     def _take_audio(self) -> None:
-        active = np.flatnonzero(self._active)
+        active = np.flatnonzero(self.engine.slots.held)
         if active.size == 0:
             return
         ends = self._write_end[active]
@@ -268,9 +258,10 @@ class EngineCore:
         if slots.size == 0:
             return
         starts, arrivals = self._read_end[slots].tolist(), self._arrival[slots].tolist()
+        stream_at = self.engine.slots.stream_at
         for slot, start, end, arrived in zip(slots.tolist(), starts, ends.tolist(), arrivals):
             # One copy, ring -> the stream's buffer; step 5 then tells the front end the space is free.
-            self.engine.take_audio(self._slots[slot][0], self.shared.views(slot, start, end), arrived)
+            self.engine.take_audio(stream_at(slot), self.shared.views(slot, start, end), arrived)
         self._read_end[slots] = ends
         self._read_slots.append(slots)
 

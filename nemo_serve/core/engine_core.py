@@ -114,9 +114,11 @@ class EngineCore:
         queue_delay[:] = (self.shared.queue_delay_s(time.time()), math.inf)
         out = self.engine.iterate()
         queue_delay[:] = out.queue_delay
-        frontend_of = self._frontend_of
-        for slot, update in out.updates:
-            self._outgoing[int(frontend_of[slot])].append(update)
+        if out.updates:
+            slots, updates = zip(*out.updates)
+            outgoing = self._outgoing
+            for frontend, update in zip(self._frontend_of[list(slots)].tolist(), updates):  # one gather, not one per update
+                outgoing[frontend].append(update)
         if out.released:  # the engine gave these slots back; so are their rings
             self.shared.free([r.slot for r in out.released])
         if self.on_step is not None:

@@ -38,7 +38,6 @@ from .encoder import make_encoder
 from .endpoint import EndpointConfig
 from .frontend import FeatureExtractor
 from .scheduler import Group, Scheduler
-from .errors import NoFreeSlotError
 from .outputs import IterationOutput, ReleasedStream, StepStats
 from .geometry import ModelInfo
 from .invariants import check, from_env as invariant_log
@@ -402,12 +401,13 @@ class Engine:
     def _deliver(self, out: IterationOutput) -> None:
         """In-process harness: each update to its stream's consumer, the steps to `on_step`."""
         consumers = self._consumers
-        for _, update in out.updates:
-            consumer = consumers.get(update.stream_id)
-            if consumer is not None:
-                consumer(update)
-        for released in out.released:
-            consumers.pop(released.stream_id, None)
+        if consumers:  # none when an engine core drives it (it admits, and routes the output itself)
+            for _, update in out.updates:
+                consumer = consumers.get(update.stream_id)
+                if consumer is not None:
+                    consumer(update)
+            for released in out.released:
+                consumers.pop(released.stream_id, None)
         if self.on_step is not None:
             for st in out.steps:
                 self.on_step(st.batch_size, st.elapsed_s, st.context_right)

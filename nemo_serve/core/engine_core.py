@@ -260,10 +260,10 @@ class EngineCore:
         if slots.size == 0:
             return
         starts, arrivals = self._read_end[slots].tolist(), self._arrival[slots].tolist()
-        stream_at = self.engine.slots.stream_at
+        stream_at = self.engine.slots.by_slot
         for slot, start, end, arrived in zip(slots.tolist(), starts, ends.tolist(), arrivals):
             # One copy, ring -> the stream's buffer; step 5 then tells the front end the space is free.
-            self.engine.take_audio(stream_at(slot), self.shared.views(slot, start, end), arrived)
+            self.engine.take_audio(stream_at[slot], self.shared.views(slot, start, end), arrived)
         self._read_end[slots] = ends
         self._read_slots.append(slots)
 

@@ -504,7 +504,8 @@ class Engine:
         wall_start = time.time()
         self.queue_delay.begin_step(wall_start)
         slots = group.slots.tolist()
-        streams = [self.slots.stream_at(slot) for slot in slots]
+        by_slot = self.slots.by_slot
+        streams = [by_slot[slot] for slot in slots]
         widths = group.widths.tolist()
         # Rows as numpy: the stepper stages them (pinned, non-blocking) and gathers the rows'
         # languages on the device (languages None); the step's one wait is its results copy.

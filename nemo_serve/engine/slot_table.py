@@ -37,6 +37,11 @@ class SlotTable:
     def stream_at(self, slot: int):
         return self._streams[slot]
 
+    @property
+    def by_slot(self) -> list:
+        """slot -> Stream or None, read-only: for loops over many slots (no call per slot)."""
+        return self._streams
+
     def holds(self, stream_id: str) -> bool:
         return stream_id in self._slot_of
 

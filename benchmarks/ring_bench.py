@@ -100,15 +100,14 @@ class SequenceEngine:
     def iterate(self) -> IterationOutput:
         ending, self._ending = self._ending, []
         updates = tuple(
-            (s.slot, StreamUpdate(s.stream_id, 0, True, True, [], [], 0, float(s.taken), s.arrived, error=s.error))
-            for s in ending
+            StreamUpdate(s.stream_id, 0, True, True, [], [], 0, float(s.taken), s.arrived, error=s.error) for s in ending
         )
         for s in ending:
             self.slots.give_back(s)
         released = tuple(self._released) + tuple(ReleasedStream(s.stream_id, s.slot) for s in ending)
         self._released.clear()
         steps = tuple(StepStats(1, 0.0, 0) for _ in ending)  # busy: the core should not sleep
-        return IterationOutput(updates, released, steps, (0.0, 0.0))
+        return IterationOutput(updates, tuple(s.slot for s in ending), released, steps, (0.0, 0.0))
 
 
 def model_info():

@@ -115,16 +115,23 @@ class EngineCore:
         out = self.engine.iterate()
         queue_delay[:] = out.queue_delay
         if out.updates:
-            slots, updates = zip(*out.updates)
-            outgoing = self._outgoing
-            for frontend, update in zip(self._frontend_of[list(slots)].tolist(), updates):  # one gather, not one per update
-                outgoing[frontend].append(update)
+            self._route(out.updates, self._frontend_of[np.array(out.update_slots, dtype=np.int64)])
         if out.released:  # the engine gave these slots back; so are their rings
             self.shared.free([r.slot for r in out.released])
         if self.on_step is not None:
             for st in out.steps:
                 self.on_step(st.batch_size, st.elapsed_s, st.context_right)
         return out.busy
+
+    def _route(self, updates: tuple, frontends: np.ndarray) -> None:
+        """Each update to its front end's outgoing list, in order: a front end's updates are one
+        list slice when they all go there (the usual case), else picked with one mask each."""
+        outgoing = self._outgoing
+        if (frontends == frontends[0]).all():
+            outgoing[int(frontends[0])].extend(updates)
+            return
+        for frontend in np.unique(frontends).tolist():
+            outgoing[frontend].extend(updates[i] for i in np.flatnonzero(frontends == frontend).tolist())
 
     def check_invariants(self) -> int:
         """Raise AccountingError unless the engine's books agree (Engine.check_accounting) and

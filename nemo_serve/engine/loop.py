@@ -120,7 +120,8 @@ class Engine:
         self.slots = SlotTable(num_slots)  # changed under _admission (admit, release)
         self._to_release: list[Stream] = []  # streams done since the last release; loop thread only
         # What the current iteration produced (plan() may publish forced finals too); loop thread only.
-        self._updates: list[tuple[int, StreamUpdate]] = []  # (slot, update)
+        self._updates: list[StreamUpdate] = []
+        self._update_slots: list[int] = []  # each update's slot
         self._released: list[ReleasedStream] = []
         self._steps: list[StepStats] = []
         # In-process harness: stream id -> its consumer, from open_stream until its release is
@@ -391,8 +392,10 @@ class Engine:
         for group in groups:  # 4, 5
             self._step(group)
         self._release_finished()  # 6
-        out = IterationOutput(tuple(self._updates), tuple(self._released), tuple(self._steps), self.queue_delay.published)
+        out = IterationOutput(tuple(self._updates), tuple(self._update_slots), tuple(self._released), tuple(self._steps),
+                              self.queue_delay.published)  # fmt: skip
         self._updates.clear()
+        self._update_slots.clear()
         self._released.clear()
         self._steps.clear()
         self._deliver(out)
@@ -402,7 +405,7 @@ class Engine:
         """In-process harness: each update to its stream's consumer, the steps to `on_step`."""
         consumers = self._consumers
         if consumers:  # none when an engine core drives it (it admits, and routes the output itself)
-            for _, update in out.updates:
+            for update in out.updates:
                 consumer = consumers.get(update.stream_id)
                 if consumer is not None:
                     consumer(update)
@@ -552,13 +555,15 @@ class Engine:
         elif s.endpoint.is_endpoint(decoded):
             self._publish_final(s, ids, frames, arrival, done=False, conf=conf)
         else:
-            self._updates.append((s.slot, s.update(ids, frames, False, arrival, next_frame * self.hop_s, confidences=conf)))
+            self._updates.append(s.update(ids, frames, False, arrival, next_frame * self.hop_s, confidences=conf))
+            self._update_slots.append(s.slot)
         return arrival
 
     def _publish_final(self, s: Stream, ids: list[int], frames: list[int], arrival: float, done: bool,
                        conf: list[float] | None = None) -> None:  # fmt: skip
         processed_s = int(self.scheduler.next_frame[s.slot]) * self.hop_s  # the scheduler's: stepped already
-        self._updates.append((s.slot, s.update(ids, frames, True, arrival, processed_s, done=done, confidences=conf)))
+        self._updates.append(s.update(ids, frames, True, arrival, processed_s, done=done, confidences=conf))
+        self._update_slots.append(s.slot)
         s.final_sent = done
         s.close_segment()
 

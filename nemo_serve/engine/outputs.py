@@ -32,7 +32,8 @@ class ReleasedStream:
 
 @dataclass(frozen=True)
 class IterationOutput:
-    updates: tuple[StreamUpdate, ...]  # in the order produced; a stream's final before its release
+    updates: tuple[StreamUpdate, ...]  # in the order produced
+    update_slots: tuple[int, ...]  # the slot of each update's stream (what the core routes by)
     released: tuple[ReleasedStream, ...]
     steps: tuple[StepStats, ...]
     queue_delay: tuple[float, float]  # (seconds behind real time, valid until): engine/queue_delay.py
@@ -42,5 +43,3 @@ class IterationOutput:
         """A stream advanced: the caller should iterate again without sleeping."""
         return bool(self.steps)
 
-
-IDLE_DELAY = (0.0, 0.0)

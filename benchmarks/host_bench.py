@@ -196,10 +196,10 @@ def measure_core(model, num_streams: int, seconds: float, tokens_per_frame: floa
             slots.append((slot, gen))
             control.send(m.control_encoder.encode(m.Open(slot, gen, 0, f"s{i}", 0, {})))
         deadline = time.time() + 60
-        while len(core._slots) < num_streams:  # the opens travel through ZMQ
+        while core.engine.num_open_streams < num_streams:  # the opens travel through ZMQ
             core.iterate_once()
             if time.time() > deadline:
-                raise RuntimeError(f"only {len(core._slots)} of {num_streams} streams opened")
+                raise RuntimeError(f"only {core.engine.num_open_streams} of {num_streams} streams opened")
         audio = (np.random.default_rng(0).standard_normal(first_samples + chunk_samples) * 0.01).astype(np.float32)
         written = np.zeros(num_streams, np.int64)
 

@@ -102,7 +102,7 @@ def main(argv=None) -> None:
         b, g = args.batch, model.geometry
         pool = SlotPool(model, b, encoder.channel_shape)
         for i in range(b):
-            pool.allocate(f"s{i}")
+            pool.open_row(i)
         step = encoder.step
 
         def encoder_step(*a, **k):

@@ -59,7 +59,7 @@ def run_engine(model, audios: list[np.ndarray], kv_cache: bool = True, boosted: 
         while True:
             before = eng.stats.stream_steps
             t0 = clock()
-            progressed = eng.iterate()
+            progressed = eng.iterate().busy
             dt = since(t0)
             if not progressed:
                 break

@@ -85,7 +85,7 @@ def transcribe(model, audios: list[np.ndarray], phrases: list[str] | None, boost
                             phrases=phrases, boost=boost if phrases else None)  # fmt: skip
         eng.push(s, a)
         eng.finish(s)
-    while eng.iterate():
+    while eng.iterate().busy:
         pass
     eng.iterate()
     return [" ".join(" ".join(t).split()) for t in texts]

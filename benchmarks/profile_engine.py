@@ -90,7 +90,7 @@ def profile_engine(model, audios, torch_profile: bool, cprofile: bool = False, k
                     if py_prof is not None:
                         py_prof.enable()
                     t0, w0 = time.process_time(), time.perf_counter()
-                    progressed = eng.iterate()
+                    progressed = eng.iterate().busy
                     dt, dw = time.process_time() - t0, time.perf_counter() - w0
                     if py_prof is not None:
                         py_prof.disable()

@@ -31,13 +31,14 @@ import random
 import sys
 import tempfile
 import time
-import types
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from nemo_serve.engine.outputs import IterationOutput, ReleasedStream, StepStats  # noqa: E402 - torch-free
 from nemo_serve.engine.results import StreamUpdate  # noqa: E402 - torch-free
+from nemo_serve.engine.slot_table import SlotTable  # noqa: E402 - torch-free
 
 SEQUENCE_MOD = 1 << 24  # float32 holds every integer below it exactly
 
@@ -50,8 +51,8 @@ def sequence(stream_id: str, start: int, n: int) -> np.ndarray:
 
 
 class _Stream:
-    def __init__(self, stream_id: str, on_update, check: bool) -> None:
-        self.stream_id, self.on_update, self.check = stream_id, on_update, check
+    def __init__(self, stream_id: str, slot: int, check: bool) -> None:
+        self.stream_id, self.slot, self.check = stream_id, slot, check
         self.taken = 0
         self.error: str | None = None
         self.arrived = 0.0
@@ -63,14 +64,17 @@ class SequenceEngine:
     stream's sequence; a stream's last update reports how many samples it took and the first
     mismatch."""
 
-    def __init__(self, check: bool = True) -> None:
+    def __init__(self, num_slots: int, check: bool = True) -> None:
         self.check = check
-        self.on_release = None
-        self.queue_delay = types.SimpleNamespace(sink=None)
+        self.num_slots = num_slots
+        self.slots = SlotTable(num_slots)
         self._ending: list[_Stream] = []
+        self._released: list[ReleasedStream] = []
 
-    def open_stream(self, on_update, *, stream_id: str, **_) -> _Stream:
-        return _Stream(stream_id, on_update, self.check)
+    def admit(self, *, stream_id: str, slot: int, **_) -> _Stream:
+        stream = _Stream(stream_id, slot, self.check)
+        self.slots.take(stream, slot)
+        return stream
 
     def take_audio(self, s: _Stream, parts, arrived: float) -> None:
         got = parts[0].copy() if len(parts) == 1 else np.concatenate(parts)
@@ -87,17 +91,23 @@ class SequenceEngine:
         self._ending.append(s)
 
     def abort(self, s: _Stream, reason: str = "aborted") -> None:
-        self.on_release(s)
+        self.slots.give_back(s)
+        self._released.append(ReleasedStream(s.stream_id, s.slot))
 
     def force_final(self, s: _Stream) -> None:
         pass
 
-    def iterate(self) -> bool:
+    def iterate(self) -> IterationOutput:
         ending, self._ending = self._ending, []
+        updates = tuple(
+            StreamUpdate(s.stream_id, 0, True, True, [], [], 0, float(s.taken), s.arrived, error=s.error) for s in ending
+        )
         for s in ending:
-            s.on_update(StreamUpdate(s.stream_id, 0, True, True, [], [], 0, float(s.taken), s.arrived, error=s.error))
-            self.on_release(s)
-        return bool(ending)
+            self.slots.give_back(s)
+        released = tuple(self._released) + tuple(ReleasedStream(s.stream_id, s.slot) for s in ending)
+        self._released.clear()
+        steps = tuple(StepStats(1, 0.0, 0) for _ in ending)  # busy: the core should not sleep
+        return IterationOutput(updates, tuple(s.slot for s in ending), released, steps, (0.0, 0.0))
 
 
 def model_info():
@@ -116,7 +126,7 @@ def _core_process(ipc_dir: str, shm_name: str, layout, lock, conn) -> None:
     from nemo_serve.core.shared import SharedSlots
 
     shared = SharedSlots.attach(shm_name, layout, lock)
-    core = EngineCore(SequenceEngine(check=True), shared, ipc_dir)
+    core = EngineCore(SequenceEngine(shared.num_slots, check=True), shared, ipc_dir)
     conn.send("serving")
     t0 = time.process_time()
     core.run(os.getppid())
@@ -257,7 +267,7 @@ def _cost_messages(num_streams: int, per_tick: int, rounds: int, packet: np.ndar
 
     shared = SharedSlots.create(SharedLayout(num_streams, 4 * len(packet)), FileLock(f"{ipc_dir}/slots.lock"))
     core_ctx, fe_ctx = zmq.Context(), zmq.Context()
-    core = EngineCore(SequenceEngine(check=False), shared, ipc_dir, core_ctx)
+    core = EngineCore(SequenceEngine(shared.num_slots, check=False), shared, ipc_dir, core_ctx)
     client = EngineClient(model_info(), shared, 0, ipc_dir)
     results = fe_ctx.socket(zmq.PULL)  # the client's own sockets, synchronous here
     results.bind(results_address(ipc_dir, 0))
@@ -267,7 +277,7 @@ def _cost_messages(num_streams: int, per_tick: int, rounds: int, packet: np.ndar
     client._loop = tick
     try:
         handles = [client.open_stream(lambda r: None, stream_id=f"cost-{i}") for i in range(num_streams)]
-        while len(core._slots) < num_streams:
+        while core.engine.slots.num_used < num_streams:
             core.control.poll(1000)
             core.iterate_once()
         cpu = core_cpu = 0.0
@@ -308,8 +318,8 @@ def _cost_plain_stores(num_streams: int, per_tick: int, rounds: int, packet: np.
         write_pos, read_pos = (np.ndarray(n, np.int64, shm.buf, n * size * 4 + 8 * n * i) for i in (0, 1))
         arrival = np.ndarray(n, np.float64, shm.buf, n * size * 4 + 16 * n)
         write_pos[:], read_pos[:] = 0, 0
-        engine = SequenceEngine(check=False)
-        streams = [engine.open_stream(None, stream_id=f"cost-{i}") for i in range(n)]
+        engine = SequenceEngine(n, check=False)
+        streams = [engine.admit(stream_id=f"cost-{i}", slot=i) for i in range(n)]
         active = np.ones(n, bool)
 
         def write(slot: int, samples: np.ndarray, now: float) -> None:

@@ -92,8 +92,8 @@ def assert_engine_empty(engine: Engine) -> None:
     """No slot or stream left behind."""
     engine.iterate()
     assert engine.num_open_streams == 0
-    assert engine.pool.num_free == engine.pool.num_slots
-    assert not engine.pool.stream_to_slot
+    assert engine.slots.num_free == engine.num_slots and not engine.slots.held.any()
+    assert not engine.scheduler.active.any() and not engine.pool.boosted.any()
     assert not engine.loop_stream_ids
 
 

@@ -96,7 +96,7 @@ def test_padded_rows_touch_only_the_scratch_slot():
     eng = _bucketed_engine(m, 6, 4)
     pool, g = eng.pool, m.geometry
     for i in range(3):
-        pool.allocate(f"s{i}")
+        pool.open_row(i)
     before = [t.clone() for t in pool._slot_tensors()]
     scratch_len = int(pool.cache_last_channel_len[pool.scratch])
     feats = torch.randn(3, m.num_mels, g.first_frames)
@@ -116,13 +116,13 @@ def test_freed_slots_are_reset_in_one_batch_before_the_next_step():
     eng = helpers.new_engine(m, 4)
     pool, g = eng.pool, m.geometry
     for i in range(3):
-        pool.allocate(f"s{i}")
+        pool.open_row(i)
     feats = torch.randn(3, m.num_mels, g.first_frames)
     with torch.inference_mode():
         run_step(m, eng.encoder, pool, StepBatch(np.array([0, 1, 2]), feats, [g.first_frames] * 3, True, None))
     assert (pool.cache_last_channel_len[:3] > 0).all()
-    pool.free("s0")
-    pool.free("s2")
+    pool.close_row(0)
+    pool.close_row(2)
     assert pool._to_reset == [0, 2] and pool.cache_last_channel_len[0] > 0
     with torch.inference_mode():
         run_step(m, eng.encoder, pool, StepBatch(np.array([1]), feats[:1, :, :], [g.first_frames], True, None))
@@ -134,9 +134,10 @@ def test_freed_slots_are_reset_in_one_batch_before_the_next_step():
 def test_reallocated_slot_keeps_its_new_language_across_the_deferred_reset():
     m = helpers.model("builtin:tiny-prompt", 3)
     pool = SlotPool(m, 2)
-    a = pool.allocate("a", language_index=5)
-    pool.free("a")
-    assert pool.allocate("b", language_index=7) == a  # the freed slot comes back first
+    a = 0
+    pool.open_row(a, language_index=5)
+    pool.close_row(a)
+    pool.open_row(a, language_index=7)  # taken again before the deferred reset
     pool.flush()
     assert int(pool.languages[a]) == 7
 

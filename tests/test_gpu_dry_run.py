@@ -173,8 +173,9 @@ def test_decoder_capture_failure_falls_back_mode_by_mode():
     sa.cuda = True  # the fallback chain is the CUDA path's; this computer stands in for NeMo's per bucket
     sa.computer = lambda bucket: flaky
     g = m.geometry
-    ra = np.array([pa.allocate("x"), pa.allocate("y")])
-    rb = np.array([pb.allocate("x"), pb.allocate("y")])
+    ra = rb = np.array([0, 1])
+    for pool in (pa, pb):
+        pool.open_row(0), pool.open_row(1)
     gen = torch.Generator().manual_seed(0)
     for first in (True, False, False):
         w = g.first_frames if first else g.chunk_frames

@@ -15,8 +15,8 @@ def m():
     return helpers.model("builtin:tiny-char", 3)
 
 
-def open_with(engine, samples: int, finish: bool = False):
-    s = engine.open_stream(lambda r: None)
+def open_with(engine, samples: int, finish: bool = False, on_result=lambda r: None):
+    s = engine.open_stream(on_result)
     engine.push(s, np.zeros(samples, np.float32) + 0.01)
     if finish:
         engine.finish(s)
@@ -41,7 +41,7 @@ def test_first_chunks_never_share_a_call_with_later_chunks(m):
     # iterate() runs that plan: two calls, one stream each
     steps = []
     eng.on_step = lambda batch, _s, _mode: steps.append(batch)
-    assert eng.iterate() and steps == [1, 1]
+    assert eng.iterate().busy and steps == [1, 1]
 
 
 def test_not_ready_until_next_chunk_features_exist(m):
@@ -52,7 +52,7 @@ def test_not_ready_until_next_chunk_features_exist(m):
     need = (g.first_frames - 1) * hop + 2 * hop
     s = open_with(eng, need - 1)
     assert eng.plan() == []
-    assert not eng.iterate() and eng.stats.steps == 0
+    assert not eng.iterate().busy and eng.stats.steps == 0
     eng.push(s, np.zeros(1, np.float32))
     assert ids(eng.plan()) == [[s.stream_id]]
 
@@ -73,9 +73,8 @@ def test_tail_shorter_than_sampling_frames_is_dropped_like_nemo(m):
     g = m.geometry
     eng = helpers.new_engine(m, num_slots=2)
     # first chunk + 5 frames in total (floor(L/hop) + 1 frames): NeMo's loop never encodes a 5-frame tail.
-    s = open_with(eng, g.hop_samples * (g.first_frames + 4), finish=True)
     results = []
-    s.on_result = results.append
+    open_with(eng, g.hop_samples * (g.first_frames + 4), finish=True, on_result=results.append)
     eng.iterate()
     assert eng.plan() == []
     eng.iterate()

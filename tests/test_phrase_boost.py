@@ -133,10 +133,11 @@ def test_a_reused_slot_and_the_scratch_row_carry_no_tree(model):
     from nemo_serve.engine.slots import SlotPool
 
     pool = SlotPool(model, 2)
-    a = pool.allocate("a", 0, biasing_id=3, biasing_state=7)
+    a = 0
+    pool.open_row(a, 0, biasing_id=3, biasing_state=7)
     assert pool.boosted[a] and pool.biasing_ids[a] == 3 and pool.biasing_states[a] == 7
-    pool.free("a")
-    assert pool.allocate("b") == a  # before any flush
+    pool.close_row(a)
+    pool.open_row(a)  # before any flush
     pool.flush()
     assert not pool.boosted[a] and pool.biasing_ids[a] == -1
     assert pool.biasing_ids[pool.scratch] == -1 and not pool.any_boosted(np.arange(pool.num_slots + 1))

@@ -35,13 +35,16 @@ def test_windowed_maximum_matches_a_brute_force_scan():
 def test_a_step_longer_than_the_window_does_not_read_as_idle():
     q = QueueDelay(window_s=2.0)
     seen = []
-    q.sink = seen.append
     q.record(3.0, 100.0)
+    seen.append(q.published)
     q.begin_step(101.0)  # a 10 s step starts
+    seen.append(q.published)
     assert q.value(105.0) == 3.0 and q.value(110.9) == 3.0  # not 0 at 102 s: the engine is busy, not idle
     q.record(9.0, 111.0)
+    seen.append(q.published)
     assert q.value(111.0) == 9.0 and q.value(113.1) == 0.0
     q.begin_step(120.0)  # idle for longer than the window before this step: nothing stands
+    seen.append(q.published)
     assert q.value(121.0) == 0.0
     assert seen == [(3.0, 102.0), (3.0, math.inf), (9.0, 113.0), (0.0, math.inf)]
 

@@ -1,8 +1,10 @@
-"""Slot pool: allocate, free, exhaust, zero on reuse, gather/scatter round trip."""
+"""Slot table (which stream holds which slot) and slot pool (zero on reuse, gather/scatter round trip)."""
+
 
 import pytest
 import torch
 
+from nemo_serve.engine.slot_table import SlotTable
 from nemo_serve.engine.slots import EncoderCache, NoFreeSlotError, SlotPool
 
 from . import helpers
@@ -13,31 +15,43 @@ def m():
     return helpers.model("builtin:tiny-char", 3)
 
 
-def test_allocate_until_exhausted_then_refuse(m):
-    pool = SlotPool(m, 3)
-    slots = [pool.allocate(f"s{i}") for i in range(3)]
-    assert sorted(slots) == [0, 1, 2]
-    assert pool.num_free == 0
+class _Stream:
+    def __init__(self, stream_id: str) -> None:
+        self.stream_id, self.slot = stream_id, None
+
+
+def test_take_until_exhausted_then_refuse():
+    table = SlotTable(3)
+    streams = [_Stream(f"s{i}") for i in range(3)]
+    assert [table.take(s) for s in streams] == [0, 1, 2]  # lowest free first
+    assert table.num_free == 0 and table.held.all() and table.stream_at(1) is streams[1]
     with pytest.raises(NoFreeSlotError):
-        pool.allocate("s3")
-    pool.free("s1")
-    assert pool.allocate("s4") == slots[1]
-    assert pool.num_free + pool.num_used == pool.num_slots
+        table.take(_Stream("s3"))
+    table.give_back(streams[1])
+    s4 = _Stream("s4")
+    assert table.take(s4) == 1 and s4.slot == 1
+    assert table.num_free + table.num_used == table.num_slots and not table.problems()
 
 
-def test_free_is_idempotent_and_duplicate_ids_rejected(m):
-    pool = SlotPool(m, 2)
-    pool.allocate("a")
-    with pytest.raises(ValueError):
-        pool.allocate("a")
-    pool.free("a")
-    pool.free("a")
-    assert pool.num_free == 2
+def test_a_given_slot_must_be_free_and_duplicate_ids_rejected():
+    table = SlotTable(3)
+    a = _Stream("a")
+    assert table.take(a, 2) == 2  # the engine core's: the slot its front end was given
+    with pytest.raises(ValueError, match="already open"):
+        table.take(_Stream("a"))
+    with pytest.raises(ValueError, match="not free"):
+        table.take(_Stream("b"), 2)
+    assert table.take(_Stream("c")) == 0  # the lowest of those still free
+    table.give_back(a)
+    assert table.num_free == 2 and not table.held[2] and table.stream_at(2) is None and not table.problems()
+    table._free.append(0)  # a held slot on the free list: the next admission would share it
+    assert table.problems()
 
 
 def test_freed_row_is_reset_and_neighbours_untouched(m):
     pool = SlotPool(m, 3)
-    a, b = pool.allocate("a"), pool.allocate("b")
+    a, b = 0, 1
+    pool.open_row(a), pool.open_row(b)
     rows = torch.tensor([a, b])
     enc = pool.gather_encoder(rows)
     filled = EncoderCache(
@@ -54,7 +68,7 @@ def test_freed_row_is_reset_and_neighbours_untouched(m):
     assert torch.equal(again.cache_last_channel, filled.cache_last_channel)
     assert torch.equal(again.cache_last_time, filled.cache_last_time)
     assert pool.gather_decoder(rows).decoded_lengths.tolist() == [11, 12]
-    pool.free("a")
+    pool.close_row(a)
     assert pool.cache_last_channel[:, a].abs().sum() > 0  # the reset waits for the next step or gather
     pool.flush()  # ... and comes in one batch, without waiting for the device
     assert pool.cache_last_channel[:, a].abs().sum() == 0

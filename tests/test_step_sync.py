@@ -169,8 +169,8 @@ def test_run_step_waits_for_the_device_exactly_once(spec, rows_as):
     eng = helpers.new_engine(m, 8)
     pool, g = eng.pool, m.geometry
     for i in range(6):
-        pool.allocate(f"s{i}", language_index=i % 2)
-    pool.free("s5")  # a freed row: its reset is part of the next step, sync-free
+        pool.open_row(i, language_index=i % 2)
+    pool.close_row(5)  # a freed row: its reset is part of the next step, sync-free
     torch.manual_seed(0)
     with torch.inference_mode():
         # warm the stepper and the encoder's lazy caches, outside the count
@@ -240,7 +240,7 @@ def _drive_core_style(eng, audios, packet, start_tick, on_tick=None, abort_at=No
                 if pos[i] >= len(audios[i]):
                     eng.finish(streams[i])
                     done.add(i)
-            return eng.iterate()
+            return eng.iterate().busy
 
         busy = on_tick(tick, work) if on_tick is not None else work()
         if len(done) == n and not busy and not eng.loop_stream_ids:

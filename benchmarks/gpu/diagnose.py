@@ -59,7 +59,8 @@ def variant(dtype: str, device: str) -> dict:
     try:
         st.prepare([2])
         where = "steps"
-        rows = np.array([pool.allocate("a"), pool.allocate("b")])
+        rows = np.array([0, 1])
+        pool.open_row(0), pool.open_row(1)
         g = model.geometry
         gen = torch.Generator().manual_seed(0)
         for k in range(4):

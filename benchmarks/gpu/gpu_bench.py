@@ -163,7 +163,8 @@ def _one_bucket(args) -> dict:
     stepper.prepare([2])
     prepare_s = time.time() - t
     g = model.geometry
-    rows = np.array([pool.allocate("a"), pool.allocate("b")])
+    rows = np.array([0, 1])
+    pool.open_row(0), pool.open_row(1)
     tokens = 0
     for first in (True, False):
         w = g.first_frames if first else g.chunk_frames
@@ -245,8 +246,9 @@ class EmissionProbe:
         from nemo_serve.engine.step import StepBatch
 
         g = self.model.geometry
-        ids = [f"p{i}" for i in range(self.rows)]
-        rows = np.array([self.pool.allocate(s) for s in ids])
+        rows = np.arange(self.rows)
+        for row in rows.tolist():
+            self.pool.open_row(row)
         emitted = frames = 0
         with torch.inference_mode():
             self.stepper.run(StepBatch(rows, self.first, [g.first_frames] * self.rows, True, None))
@@ -254,8 +256,8 @@ class EmissionProbe:
                 r = self.stepper.run(StepBatch(rows, feats, [g.chunk_frames] * self.rows, False, None))
                 emitted += sum(len(set(f)) for f in r.token_frames)
                 frames += self.rows * g.encoder_frames
-        for s in ids:
-            self.pool.free(s)
+        for row in rows.tolist():
+            self.pool.close_row(row)
         return emitted / max(frames, 1)
 
 
@@ -390,9 +392,9 @@ def graph_vs_eager(args, model, engine, stepper, steps: int = 4) -> dict:
     out = {"batches": sizes, "steps": steps, "identical": True, "tokens": 0, "first_difference": None,
            "max_abs_cache_diff": 0.0}  # fmt: skip
     for n in sizes:
-        ids = [f"val{i}" for i in range(n)]
-        rows_a = np.array([engine.pool.allocate(s) for s in ids])
-        rows_b = np.array([eager_pool.allocate(s) for s in ids])
+        rows_a = rows_b = np.arange(n)  # no stream open: the rows are the benchmark's
+        for row in range(n):
+            engine.pool.open_row(row), eager_pool.open_row(row)
         try:
             for k in range(steps):
                 first = k == 0
@@ -411,9 +413,8 @@ def graph_vs_eager(args, model, engine, stepper, steps: int = 4) -> dict:
                 d = (x.float() - y.float()).abs().max().item() if x.numel() else 0.0
                 out["max_abs_cache_diff"] = max(out["max_abs_cache_diff"], d)
         finally:
-            for s in ids:
-                engine.pool.free(s)
-                eager_pool.free(s)
+            for row in range(n):
+                engine.pool.close_row(row), eager_pool.close_row(row)
     out["eager_report"] = {k: v for k, v in eager.report().items() if k in ("decoder_modes", "decoder_failures")}
     del eager, eager_pool
     return out
@@ -438,20 +439,20 @@ def syncs_per_iteration(model, engine, streams: int = 8, iterations: int = 4) ->
             for s in ss:
                 engine.take_audio(s, ((0.05 * rng.standard_normal(packet)).astype(np.float32),), time.time())
             if k < 2:  # first chunks and the first later chunk: not steady state
-                while engine.iterate():
+                while engine.iterate().busy:
                     pass
                 continue
             with warnings.catch_warnings(record=True) as w:
                 warnings.simplefilter("always")
                 torch.cuda.set_sync_debug_mode("warn")
                 try:
-                    did = engine.iterate()
+                    did = engine.iterate().busy
                 finally:
                     torch.cuda.set_sync_debug_mode("default")
             n = sum("synchroniz" in str(x.message) for x in w)
             counts.append(n)
             stepped.append(bool(did))
-            while engine.iterate():
+            while engine.iterate().busy:
                 pass
     finally:
         for s in ss:
@@ -468,9 +469,9 @@ def step_sweep(args, model, engine, stepper, res: Results) -> None:
 
     g, pool, encoder = model.geometry, engine.pool, engine.encoder
     batches = [b for b in args.batches if b <= pool.num_slots]
-    ids = [f"bench{i}" for i in range(max(batches))]
-    for sid in ids:
-        pool.allocate(sid)
+    ids = range(max(batches))  # rows: no stream is open
+    for row in ids:
+        pool.open_row(row)
     gen = torch.Generator().manual_seed(1)
     try:
         for b in batches:
@@ -500,8 +501,8 @@ def step_sweep(args, model, engine, stepper, res: Results) -> None:
                       realtime_streams_bound=int(b * g.chunk_ms / ms))  # fmt: skip
     finally:
         stepper.gpu_times = None
-        for sid in ids:
-            pool.free(sid)
+        for row in ids:
+            pool.close_row(row)
 
 
 def _gpu_ms(stepper) -> float | None:
@@ -573,7 +574,7 @@ def capacity_level(args, model, engine, stepper, n: int, audio: np.ndarray, seco
             pos[i] += packet * k
             sent[i] = due[i]
         t = time.perf_counter()
-        stepped = engine.iterate()
+        stepped = engine.iterate().busy
         busy += time.perf_counter() - t
         if pending:
             done = time.time()
@@ -590,7 +591,7 @@ def capacity_level(args, model, engine, stepper, n: int, audio: np.ndarray, seco
         engine.finish(s)
     deadline = time.time() + min(30.0, max(5.0, left(args.budget_s) - args.reserve_s))
     while engine.num_open_streams and time.time() < deadline:
-        if not engine.iterate():
+        if not engine.iterate().busy:
             time.sleep(0.001)
     a = np.asarray(lat)
     bound = 2 * period

@@ -107,7 +107,7 @@ with torch.no_grad():
     g = model.geometry
     pool = SlotPool(model, 2, enc.channel_shape)
     for i in range(2):
-        pool.allocate(f"s{i}")
+        pool.open_row(i)
     feats = torch.randn(2, model.num_mels, g.first_frames)
     run_step(model, enc, pool, StepBatch(np.arange(2), feats, [g.first_frames] * 2, True, None))
 print(f"builtin:tiny-prompt built (construct/served, fp32, CPU) and stepped: ok ({time.time() - t:.1f} s)")

@@ -6,7 +6,10 @@ One iteration:
     comparison over the slots), copied out of shared memory into the streams' buffers, with the
     front end's arrival time
   3 ends of input (after 2, so a stream's last packet is in before its end)
-  4 Engine.iterate(): scheduling as array operations, features, one batched step per group
+  4 Engine.iterate(): scheduling as array operations, features, one batched step per group; it
+    returns what it produced (engine/outputs.py), which this loop routes: updates to their slot's
+    front end, released streams' slots back to the slot table, step statistics to the metrics,
+    the queue delay into shared memory
   5 one results message per front end with the StreamUpdates of its streams and how far step 2
     read their rings (the front end reuses that space only then: shared.py says why)
 When nothing moved, it waits up to POLL_MS for a control message: audio arriving in a ring
@@ -16,6 +19,7 @@ waits at most that long (plus the step that is running) before the core sees it.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import sys
@@ -41,19 +45,19 @@ _NO_SLOTS = np.zeros(0, dtype=np.int64)
 
 class EngineCore:
     def __init__(self, engine, shared: SharedSlots, ipc_dir: str, zmq_context: zmq.Context | None = None) -> None:
+        if engine.num_slots != shared.num_slots:  # one slot table: a front end's slot is the cache row
+            raise ValueError(f"the engine has {engine.num_slots} slots, the shared table {shared.num_slots}")
         self.engine = engine
         self.shared = shared
         self.ipc_dir = ipc_dir
-        engine.on_release = self._released
-        engine.queue_delay.sink = self._publish_queue_delay  # at every step's start and end
+        self.on_step = None  # metrics: (batch size, seconds, context_right) of every step
         self._zmq = zmq_context or zmq.Context.instance()
         self.control = self._zmq.socket(zmq.PULL)
         self.control.bind(control_address(ipc_dir))
-        self._slots: dict[int, tuple] = {}  # slot -> (Stream, generation, front end)
-        self._slot_of: dict[str, int] = {}  # stream id -> slot
-        self._active = np.zeros(shared.num_slots, dtype=bool)  # slots with an open stream
-        # Ring positions (shared.py: they travel in messages). This thread's own; the generation and
-        # front end repeat _slots' for the array operations over every Wrote and every iteration.
+        # A front end's slot is the stream's slot in the engine (cache row, scheduler row): which
+        # stream holds it is the engine's slot table (engine.slots), nowhere here. The core's own
+        # per-slot facts: the generation and front end of the stream it opened there, and the ring
+        # positions (shared.py: they travel in messages).
         self._gen = np.zeros(shared.num_slots, dtype=np.int64)
         self._frontend_of = np.full(shared.num_slots, -1, dtype=np.int64)
         self._write_end = np.zeros(shared.num_slots, dtype=np.int64)  # samples the front end says it wrote
@@ -77,7 +81,7 @@ class EngineCore:
                 break
             self._take_audio()
             self._apply_finishes()
-            busy = self.engine.iterate() or busy
+            busy = self._iterate_engine() or busy
             self._send_results()
             if invariants is not None:
                 invariants.record(self.check_invariants())
@@ -97,36 +101,55 @@ class EngineCore:
         busy = self._take_control()
         self._take_audio()
         self._apply_finishes()
-        busy = self.engine.iterate() or bool(busy)
+        busy = self._iterate_engine() or bool(busy)
         self._send_results()
         return busy
 
+    # ------------------------------------------------------------------ 4 the engine, its output routed
+    def _iterate_engine(self) -> bool:
+        # While the engine steps, the figure the front ends read must stand however long the step
+        # takes (a step longer than the window is not an idle engine: queue_delay.py), so its
+        # validity is open-ended until the engine returns the pair as its steps left it.
+        queue_delay = self.shared.queue_delay
+        queue_delay[:] = (self.shared.queue_delay_s(time.time()), math.inf)
+        out = self.engine.iterate()
+        queue_delay[:] = out.queue_delay
+        if out.updates:
+            self._route(out.updates, self._frontend_of[np.array(out.update_slots, dtype=np.int64)])
+        if out.released:  # the engine gave these slots back; so are their rings
+            self.shared.free([r.slot for r in out.released])
+        if self.on_step is not None:
+            for st in out.steps:
+                self.on_step(st.batch_size, st.elapsed_s, st.context_right)
+        return out.busy
+
+    def _route(self, updates: tuple, frontends: np.ndarray) -> None:
+        """Each update to its front end's outgoing list, in order: a front end's updates are one
+        list slice when they all go there (the usual case), else picked with one mask each."""
+        outgoing = self._outgoing
+        if (frontends == frontends[0]).all():
+            outgoing[int(frontends[0])].extend(updates)
+            return
+        for frontend in np.unique(frontends).tolist():
+            outgoing[frontend].extend(updates[i] for i in np.flatnonzero(frontends == frontend).tolist())
+
     def check_invariants(self) -> int:
         """Raise AccountingError unless the engine's books agree (Engine.check_accounting) and
-        match the core's: every stream the engine holds is one this core serves on a shared slot
-        that its front end owns in the slot table at the stream's generation, and no other.
-        Front ends only ever take free slots, and only this thread frees them, so the slots
-        checked here cannot change under it. Returns the streams holding a cache row. Between
-        iterations."""
+        match the shared slot table: every slot the engine holds a stream on is owned there by
+        the front end that opened the stream, at its generation. Front ends only ever take free
+        slots, and only this thread frees them, so the slots checked here cannot change under it.
+        Returns the streams holding a cache row. Between iterations."""
         rows = self.engine.check_accounting(exact=True)
-        sh, slots = self.shared, self._slots
-        active = set(np.flatnonzero(self._active).tolist())
-        check(len(slots) == len(self._slot_of) == rows and active == set(slots),
-              f"{rows} streams hold cache rows, the core serves {len(slots)} slots ({len(self._slot_of)} ids, "
-              f"{len(active)} rings read)")  # fmt: skip
+        sh = self.shared
+        held = np.flatnonzero(self.engine.slots.held)
         owned = int(np.count_nonzero(sh.owner != FREE))
-        check(rows <= owned <= sh.num_slots, f"{rows} streams served, {owned} of {sh.num_slots} shared slots owned")
-        held = set(self.engine.loop_stream_ids)
-        for slot, (stream, gen, frontend) in slots.items():
-            check(self._slot_of.get(stream.stream_id) == slot and stream.stream_id in held,
-                  f"slot {slot}: stream {stream.stream_id} not held by the engine under that slot")  # fmt: skip
-            check(int(sh.owner[slot]) == frontend and int(sh.gen[slot]) == gen,
-                  f"slot {slot} serves front end {frontend}'s stream at generation {gen}; the table says owner "
-                  f"{int(sh.owner[slot])} generation {int(sh.gen[slot])}")  # fmt: skip
+        check(len(held) == rows and rows <= owned <= sh.num_slots,
+              f"{rows} streams hold cache rows, {len(held)} engine slots held, {owned} of {sh.num_slots} shared slots owned")  # fmt: skip
+        wrong = held[(sh.owner[held] != self._frontend_of[held]) | (sh.gen[held] != self._gen[held])]
+        for slot in wrong.tolist():
+            check(False, f"slot {slot} serves front end {int(self._frontend_of[slot])}'s stream at generation "
+                         f"{int(self._gen[slot])}; the table says owner {int(sh.owner[slot])} generation {int(sh.gen[slot])}")  # fmt: skip
         return rows
-
-    def _publish_queue_delay(self, pair: tuple[float, float]) -> None:
-        self.shared.queue_delay[:] = pair  # the front ends' admission reads it (SharedSlots.queue_delay_s)
 
     # ------------------------------------------------------------------ 1 control
     def _take_control(self) -> bool | None:
@@ -154,10 +177,9 @@ class EngineCore:
         elif isinstance(msg, m.FrontendGone):
             self._frontend_gone(msg.frontend)
         else:
-            entry = self._slots.get(msg.slot)
-            if entry is None or entry[1] != msg.gen:
+            stream = self._stream_at(msg.slot, msg.gen)
+            if stream is None:
                 return  # the stream already ended (its slot may have a new one): nothing to do
-            stream = entry[0]
             if isinstance(msg, m.Finish):
                 self._finishes.append(stream)
             elif isinstance(msg, m.ForceFinal):
@@ -169,26 +191,21 @@ class EngineCore:
         if msg.frontend in self._gone:  # sent just before its front end died
             self._free_if_held(msg.slot, msg.gen)
             return
-        out = self._outgoing[msg.frontend]
         try:
-            stream = self.engine.open_stream(
-                out.append,
+            self.engine.admit(
+                slot=msg.slot,
                 stream_id=msg.stream_id,
                 language_index=msg.language_index,
                 endpoint=EndpointConfig(**msg.endpoint),
-                updates=True,
                 context_right=msg.context_right,
                 phrases=msg.phrases,
                 boost=msg.boost,
             )
         except (RuntimeError, ValueError, TypeError) as e:  # a sane front end: only the server-wide phrase limit
             log.error("open refused for slot %d: %s", msg.slot, e)
-            out.append(StreamUpdate(msg.stream_id, 0, True, True, [], [], 0, 0.0, time.time(), error=str(e)))
+            self._outgoing[msg.frontend].append(StreamUpdate(msg.stream_id, 0, True, True, [], [], 0, 0.0, time.time(), error=str(e)))
             self._free_if_held(msg.slot, msg.gen)
             return
-        self._slots[msg.slot] = (stream, msg.gen, msg.frontend)
-        self._slot_of[stream.stream_id] = msg.slot
-        self._active[msg.slot] = True
         self._gen[msg.slot], self._frontend_of[msg.slot] = msg.gen, msg.frontend
         self._write_end[msg.slot] = self._read_end[msg.slot] = 0
         if msg.frontend not in self._results:
@@ -200,13 +217,12 @@ class EngineCore:
 
     def _frontend_gone(self, frontend: int) -> None:
         self._gone.add(frontend)
-        n = 0
-        for stream, _, fe in list(self._slots.values()):
-            if fe == frontend:
-                self.engine.abort(stream, "front end died")
-                n += 1
-        held = np.flatnonzero(self.shared.owner == frontend)
-        orphans = [int(s) for s in held if int(s) not in self._slots]  # allocated, never opened
+        served = self.engine.slots.held & (self._frontend_of == frontend)
+        for slot in np.flatnonzero(served).tolist():
+            self.engine.abort(self.engine.slots.stream_at(slot), "front end died")
+        n = int(served.sum())
+        owned = np.flatnonzero(self.shared.owner == frontend)
+        orphans = [int(s) for s in owned if not served[s]]  # allocated, never opened
         if orphans:
             self.shared.free(orphans)
         sock = self._results.pop(frontend, None)
@@ -220,12 +236,11 @@ class EngineCore:
             if self.shared.gen[slot] == gen and self.shared.owner[slot] != FREE:
                 self.shared.owner[slot] = FREE
 
-    def _released(self, stream) -> None:
-        """Engine hook: the stream's engine slot is free; so is its ring."""
-        slot = self._slot_of.pop(stream.stream_id)
-        self._slots.pop(slot, None)
-        self._active[slot] = False
-        self.shared.free([slot])
+    def _stream_at(self, slot: int, gen: int):
+        """The stream this core opened on `slot` at generation `gen`, if it is still open."""
+        if not 0 <= slot < len(self._gen) or self._gen[slot] != gen:
+            return None
+        return self.engine.slots.stream_at(slot)
 
     def _wrote(self, msg: m.Wrote) -> None:
         """A front end's new ring ends; received after it wrote the samples (shared.py)."""
@@ -236,14 +251,14 @@ class EngineCore:
             log.error("malformed Wrote message dropped (%d slots)", len(slots))
             return
         # A stream that ended meanwhile (its slot closed, or reused: another generation) is skipped.
-        live = self._active[slots] & (self._gen[slots] == gens)
+        live = self.engine.slots.held[slots] & (self._gen[slots] == gens)
         slots = slots[live]
         self._write_end[slots] = ends[live]
         self._arrival[slots] = arrivals[live]
 
     # ------------------------------------------------------------------ 2-3 audio
     def _take_audio(self) -> None:
-        active = np.flatnonzero(self._active)
+        active = np.flatnonzero(self.engine.slots.held)
         if active.size == 0:
             return
         ends = self._write_end[active]
@@ -252,9 +267,10 @@ class EngineCore:
         if slots.size == 0:
             return
         starts, arrivals = self._read_end[slots].tolist(), self._arrival[slots].tolist()
+        stream_at = self.engine.slots.by_slot
         for slot, start, end, arrived in zip(slots.tolist(), starts, ends.tolist(), arrivals):
             # One copy, ring -> the stream's buffer; step 5 then tells the front end the space is free.
-            self.engine.take_audio(self._slots[slot][0], self.shared.views(slot, start, end), arrived)
+            self.engine.take_audio(stream_at[slot], self.shared.views(slot, start, end), arrived)
         self._read_end[slots] = ends
         self._read_slots.append(slots)
 
@@ -306,11 +322,11 @@ def run_core_process(settings, ipc_dir: str, lock, conn, parent_pid: int) -> Non
     except Exception as e:  # noqa: BLE001 - reported to the supervisor, which prints one line
         conn.send(("error", f"{type(e).__name__}: {e}"))
         sys.exit(2)
-    engine.on_step = StepMetrics().on_step  # into PROMETHEUS_MULTIPROC_DIR, read by the front ends
     conn.send(("ready", engine.model_info))
     shm_name, layout = conn.recv()
     shared = SharedSlots.attach(shm_name, layout, lock)
     core = EngineCore(engine, shared, ipc_dir)
+    core.on_step = StepMetrics().on_step  # into PROMETHEUS_MULTIPROC_DIR, read by the front ends
     conn.send(("serving", os.getpid()))
     try:
         core.run(parent_pid)

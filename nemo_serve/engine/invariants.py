@@ -3,9 +3,11 @@
 Set NEMO_SERVE_CHECK_INVARIANTS to a directory and every step loop (the engine core's, or the
 one-process server's loop thread) checks after each iteration that its books agree:
 
-  streams the loop holds = cache rows held (SlotPool) = engine slots in use = scheduler slots
-  active <= streams admitted <= num_slots, and in an engine core also = shared-memory slots the
-  core serves (each owned in the slot table by its front end, at its generation)
+  the slot table (engine/slot_table.py) partitions the num_slots slots between the admitted
+  streams and the free list, each stream under its own slot and id; the streams taken in are
+  exactly the scheduler's active slots; the boosted cache rows are those of streams with phrases;
+  and in an engine core every slot the engine holds is owned in the shared-memory slot table by
+  the front end that opened its stream, at its generation
 
 (engine/loop.py Engine.check_accounting, core/engine_core.py EngineCore.check_invariants). Any
 drift raises AccountingError on the loop, which fails the engine loudly (an engine core exits

@@ -1,14 +1,19 @@
 """The step loop: one thread owns the model and advances every ready stream.
 
 Network side (any thread)            loop thread
-  open_stream / push / finish   ->   1 drain the queues: opens, aborts, force-finals, and the
+  admit / push / finish         ->   1 drain the queues: opens, aborts, force-finals, and the
   abort / force_final                  streams with new audio (absorbed; nobody else is visited)
                                      2-3 scheduler.plan: readiness and grouping as array
                                        operations over slots (by mode, first | later chunks),
                                        earliest deadline first
-  on_result(StreamUpdate)       <-   4 features + one batched step per group
-                                     5 publish results, endpoints
+  IterationOutput               <-   4 features + one batched step per group
+                                     5 results and endpoints, collected
                                      6 release finished streams
+
+`iterate()` returns what it produced (engine/outputs.py) and calls nobody back: the engine core
+routes the output to its front ends; `open_stream` with a consumer, `start()` and `on_step` are
+the in-process harness around it (tests, --selftest, the one-process server), which hands each
+update to its stream's consumer.
 
 Nobody configures a batch size: the streams that became ready while the previous step ran
 form the next batch (capped at max_batch). Nothing waits to fill a batch.
@@ -34,10 +39,11 @@ from .encoder import make_encoder
 from .endpoint import EndpointConfig
 from .frontend import FeatureExtractor
 from .scheduler import Group, Scheduler
-from .errors import NoFreeSlotError
+from .outputs import IterationOutput, ReleasedStream, StepStats
 from .geometry import ModelInfo
 from .invariants import check, from_env as invariant_log
 from .queue_delay import QueueDelay
+from .slot_table import SlotTable
 from .slots import SlotPool
 from .step import StepBatch, prepare_step, run_step
 from .results import Detokenizer, ResultAssembler, StreamResult, StreamUpdate
@@ -87,8 +93,7 @@ class Engine:
         self.num_slots = num_slots
         self.max_batch = max_batch or num_slots
         self.endpoint = endpoint
-        self.on_step = on_step  # metrics hook: (batch size, seconds, the group's context_right)
-        self.on_release: Callable[[Stream], None] | None = None  # after a stream's slot is freed
+        self.on_step = on_step  # harness metrics hook: (batch size, seconds, the group's context_right)
         self.encoder = make_encoder(model, kv_cache=kv_cache)  # loop thread only
         self.pool = SlotPool(model, num_slots, self.encoder.channel_shape)  # loop thread only
         self.token_confidence = token_confidence
@@ -112,17 +117,23 @@ class Engine:
         self.stats = EngineStats()
         self.queue_delay = QueueDelay()  # recorded on the loop thread, read by admission (any thread)
         self.scheduler = Scheduler(self.geometry, num_slots, self.max_batch, self.features.margin)  # loop thread only
-        self._streams: dict[str, Stream] = {}  # stream_id -> Stream; loop thread only
-        self._slot_streams: list[Stream | None] = [None] * num_slots  # slot -> Stream; loop thread only
+        # Which stream holds each slot (its cache row and scheduler row): the one record of it.
+        self.slots = SlotTable(num_slots)  # changed under _admission (admit, release)
         self._to_release: list[Stream] = []  # streams done since the last release; loop thread only
+        # What the current iteration produced (plan() may publish forced finals too); loop thread only.
+        self._updates: list[StreamUpdate] = []
+        self._update_slots: list[int] = []  # each update's slot
+        self._released: list[ReleasedStream] = []
+        self._steps: list[StepStats] = []
+        # In-process harness: stream id -> its consumer, from open_stream until its release is
+        # delivered (an id stays taken until then, so a reused id never gets another's results).
+        self._consumers: dict[str, Callable[[StreamUpdate], None]] = {}
         # From any thread to the loop: streams to open, streams with a request (abort, force
         # final), streams with new audio or end of input. Queues, so the loop visits only them.
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._requests: queue.SimpleQueue = queue.SimpleQueue()
         self._dirty: queue.SimpleQueue = queue.SimpleQueue()
         self._admission = threading.Lock()
-        self._num_admitted = 0  # streams holding or about to hold a slot (guarded by _admission)
-        self._admitted_ids: dict[str, int] = {}  # their stream ids -> chunk mode (guarded by _admission)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -175,48 +186,58 @@ class Engine:
         on_result: Callable[[StreamResult], None] | Callable[[StreamUpdate], None],
         *,
         stream_id: str | None = None,
+        updates: bool = False,
+        **admission,
+    ) -> Stream:
+        """In-process harness: `admit` a stream whose results `iterate()` hands to `on_result`
+        (on the thread that iterates), each as a `StreamResult` (text and the segment's tokens,
+        assembled here) or, if `updates`, each raw `StreamUpdate`."""
+        if not updates:
+            on_result = _assembling(on_result, self.detok, self.geometry.encoder_frame_s)
+        stream_id = stream_id or uuid.uuid4().hex
+        if self._consumers.setdefault(stream_id, on_result) is not on_result:  # atomic under the GIL
+            raise ValueError(f"stream id {stream_id!r} is already open")
+        try:
+            return self.admit(stream_id=stream_id, **admission)
+        except BaseException:
+            del self._consumers[stream_id]
+            raise
+
+    def admit(
+        self,
+        *,
+        stream_id: str | None = None,
         language: str | None = None,
         language_index: int | None = None,
         endpoint: EndpointConfig | None = None,
-        updates: bool = False,
         context_right: int | None = None,
         phrases: list[str] | None = None,
         boost: float | None = None,
+        slot: int | None = None,
     ) -> Stream:
         """Admit a stream or raise NoFreeSlotError / ValueError (bad language, a chunk mode
         `context_right` the engine does not serve: the message lists those it does, or bad
         `phrases` / `boost`: engine/biasing.py, over a limit or not spelled by the tokenizer).
-
-        `on_result` is called on the loop thread with a `StreamResult` (text and the segment's
-        tokens, assembled here), or with each raw `StreamUpdate` if `updates` (the engine core
-        ships those to the front ends, which assemble)."""
+        `slot`: the one it must hold (the engine core's: the ring its front end was given; it
+        must be free), else the lowest free one. Its results come out of `iterate()`. Any thread."""
         lang = self.model.language_index(language) if language_index is None else language_index
         mode = self.model.geometry_for(context_right).context_right
         request = self.check_phrases(phrases, boost)
-        if not updates:
-            on_result = _assembling(on_result, self.detok, self.geometry.encoder_frame_s)
-        stream_id = stream_id or uuid.uuid4().hex
-        with self._admission:
-            if stream_id in self._admitted_ids:
-                raise ValueError(f"stream id {stream_id!r} is already open")
-            if self._num_admitted >= self.num_slots:
-                raise NoFreeSlotError(f"all {self.num_slots} slots are in use")
-            total = self._num_phrases + len(request.phrases)
-            if request and total > self.phrase_limits.max_phrases_total:
-                raise ValueError(f"the server holds {self._num_phrases} boosted phrases; "
-                                 f"at most {self.phrase_limits.max_phrases_total} in all")  # fmt: skip
-            self._num_phrases = total
-            self._num_admitted += 1
-            self._admitted_ids[stream_id] = mode
         stream = Stream(
-            stream_id=stream_id,
-            on_result=on_result,
+            stream_id=stream_id or uuid.uuid4().hex,
             language_index=lang,
             endpoint_config=endpoint or self.endpoint,
             frame_s=self.geometry.encoder_frame_s,
             context_right=mode,
             phrases=request,
         )
+        with self._admission:
+            total = self._num_phrases + len(request.phrases)
+            if request and total > self.phrase_limits.max_phrases_total:
+                raise ValueError(f"the server holds {self._num_phrases} boosted phrases; "
+                                 f"at most {self.phrase_limits.max_phrases_total} in all")  # fmt: skip
+            self.slots.take(stream, slot)
+            self._num_phrases = total
         self._inbox.put(stream)
         self._wake.set()
         return stream
@@ -285,12 +306,12 @@ class Engine:
     @property
     def num_free_slots(self) -> int:
         with self._admission:
-            return self.num_slots - self._num_admitted
+            return self.slots.num_free
 
     @property
     def num_open_streams(self) -> int:
         with self._admission:
-            return self._num_admitted
+            return self.slots.num_used
 
     @property
     def queue_delay_s(self) -> float:
@@ -300,7 +321,7 @@ class Engine:
     def open_by_mode(self) -> dict[int, int]:
         """Streams admitted, by chunk mode (right context)."""
         with self._admission:
-            modes = list(self._admitted_ids.values())
+            modes = [s.context_right for s in self.slots.streams()]
         return {r: modes.count(r) for r in sorted(set(modes))}
 
     def cores(self) -> list[dict]:
@@ -315,33 +336,31 @@ class Engine:
     def loop_stream_ids(self) -> list[str]:
         """Ids of the streams the step loop holds: taken in from the inbox, not yet released.
         Loop thread only (or an engine that is not started and driven with `iterate()`)."""
-        return list(self._streams)
+        return [s.stream_id for s in self.slots.streams() if s.phase is Phase.ACTIVE]
 
     def check_accounting(self, exact: bool = False) -> int:
-        """Raise AccountingError unless the books agree (engine/invariants.py): the streams the
-        loop holds, the cache rows held, the engine slots in use and the scheduler's active slots
-        are the same streams, no more than those admitted, which are at most `num_slots`.
-        `exact`: also no stream admitted but not yet taken in (the engine core: it opens streams
-        and iterates on one thread). Returns the streams holding a cache row. Between iterations,
-        on the loop thread."""
+        """Raise AccountingError unless the books agree (engine/invariants.py): the slot table
+        partitions the slots between streams and the free list, each stream under its own slot
+        and id; the streams taken in (their cache rows open) are exactly the scheduler's active
+        slots; each boosted cache row is a boosted stream's. `exact`: also no stream admitted
+        but not yet taken in (the engine core: it opens streams and iterates on one thread).
+        Returns the streams holding a cache row. Between iterations, on the loop thread."""
         with self._admission:
-            admitted, ids = self._num_admitted, set(self._admitted_ids)
-        streams, pool = self._streams, self.pool
-        rows = len(streams)
-        in_use = [s for s in self._slot_streams if s is not None]
-        check(len(pool.stream_to_slot) == rows, f"{len(pool.stream_to_slot)} cache rows held, {rows} streams")
-        check(len(in_use) == rows, f"{len(in_use)} engine slots in use, {rows} streams")
-        check(int(self.scheduler.active.sum()) == rows, f"{int(self.scheduler.active.sum())} scheduler slots active, {rows} streams")
-        check(pool.num_free + pool.num_used == pool.num_slots and len(set(pool._free)) == pool.num_free,
-              f"pool free list {pool._free} with {pool.num_used} rows used of {pool.num_slots}")  # fmt: skip
-        check(len(ids) == admitted, f"{admitted} streams admitted, {len(ids)} admitted ids")
-        check(rows <= admitted <= self.num_slots, f"{rows} streams held, {admitted} admitted, {self.num_slots} slots")
-        check(not exact or admitted == rows, f"{admitted} streams admitted, {rows} taken in")
-        for sid, s in streams.items():
-            check(s.phase is Phase.ACTIVE and sid in ids, f"stream {sid} held in phase {s.phase.value}, admitted: {sid in ids}")
-            check(pool.stream_to_slot.get(sid) == s.slot and self._slot_streams[s.slot] is s,
-                  f"stream {sid} has slot {s.slot}, the pool says {pool.stream_to_slot.get(sid)}")  # fmt: skip
-        return rows
+            problems, streams = self.slots.problems(), self.slots.streams()
+        for problem in problems:
+            check(False, problem)
+        taken_in = {s.slot for s in streams if s.phase is Phase.ACTIVE}
+        pending = [s.stream_id for s in streams if s.phase is Phase.PENDING]
+        done = [s.stream_id for s in streams if s.phase is Phase.DONE]
+        active = set(np.flatnonzero(self.scheduler.active).tolist())
+        check(not done, f"streams {done} done but still holding their slots between iterations")
+        check(active == taken_in, f"{len(active)} scheduler slots active, {len(taken_in)} streams taken in "
+                                  f"(slots {sorted(active ^ taken_in)} differ)")  # fmt: skip
+        check(not exact or not pending, f"{len(streams)} streams admitted, {len(taken_in)} taken in")
+        boosted = set(np.flatnonzero(self.pool.boosted[: self.num_slots]).tolist())
+        want = {s.slot for s in streams if s.phase is Phase.ACTIVE and s.biasing_id != NO_BIASING}
+        check(boosted == want, f"cache rows {sorted(boosted)} boosted, streams with phrases on {sorted(want)}")
+        return len(taken_in)
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -364,7 +383,7 @@ class Engine:
         invariants = invariant_log("engine")  # tests: NEMO_SERVE_CHECK_INVARIANTS (engine/invariants.py)
         try:
             while not self._stop.is_set():
-                busy = self.iterate()
+                busy = self.iterate().busy
                 if invariants is not None:
                     invariants.record(self.check_accounting())
                 if not busy:
@@ -375,13 +394,35 @@ class Engine:
             self.error = e
 
     # ------------------------------------------------------------------ one iteration
-    def iterate(self) -> bool:
-        """One pass of the loop; True if any stream advanced (so the caller should not sleep)."""
+    def iterate(self) -> IterationOutput:
+        """One pass of the loop: what it produced (`.busy`: a stream advanced, so the caller
+        should not sleep). Streams opened in-process get their updates here, in order."""
         groups = self._schedule()  # 1, 2, 3
         for group in groups:  # 4, 5
             self._step(group)
         self._release_finished()  # 6
-        return bool(groups)
+        out = IterationOutput(tuple(self._updates), tuple(self._update_slots), tuple(self._released), tuple(self._steps),
+                              self.queue_delay.published)  # fmt: skip
+        self._updates.clear()
+        self._update_slots.clear()
+        self._released.clear()
+        self._steps.clear()
+        self._deliver(out)
+        return out
+
+    def _deliver(self, out: IterationOutput) -> None:
+        """In-process harness: each update to its stream's consumer, the steps to `on_step`."""
+        consumers = self._consumers
+        if consumers:  # none when an engine core drives it (it admits, and routes the output itself)
+            for update in out.updates:
+                consumer = consumers.get(update.stream_id)
+                if consumer is not None:
+                    consumer(update)
+            for released in out.released:
+                consumers.pop(released.stream_id, None)
+        if self.on_step is not None:
+            for st in out.steps:
+                self.on_step(st.batch_size, st.elapsed_s, st.context_right)
 
     def plan(self) -> list[list[Chunk]]:
         """The encoder calls `iterate()` runs next, in order: one list of chunks per batched call.
@@ -395,7 +436,7 @@ class Engine:
         """
         return [
             [
-                Chunk(self._slot_streams[slot].stream_id, t0, width, g.is_first, last)
+                Chunk(self.slots.stream_at(slot).stream_id, t0, width, g.is_first, last)
                 for slot, t0, width, last in zip(g.slots.tolist(), g.t0.tolist(), g.widths.tolist(), g.is_last.tolist())
             ]
             for g in self._schedule()
@@ -405,7 +446,7 @@ class Engine:
         self._drain_queues()  # 1
         groups, done = self.scheduler.plan(time.time())  # 2, 3
         for slot in done.tolist():  # input ended on a tail NeMo's loop would not encode
-            self._mark_done(self._slot_streams[slot])
+            self._mark_done(self.slots.stream_at(slot))
         if groups and groups[-1].context_right != groups[0].context_right:
             # Several modes ready: step only the earliest-due mode, then plan again. A long-chunk
             # step cannot be interrupted, so running every mode's groups back to back would make
@@ -425,10 +466,8 @@ class Engine:
             stream.biasing_id, tree_state = NO_BIASING, 0
             if stream.phrases:  # checked at open: the tree builds
                 stream.biasing_id, tree_state = self._biasing().acquire(stream.phrases)
-            stream.slot = self.pool.allocate(stream.stream_id, stream.language_index, stream.biasing_id, tree_state)
+            self.pool.open_row(stream.slot, stream.language_index, stream.biasing_id, tree_state)
             stream.phase = Phase.ACTIVE
-            self._streams[stream.stream_id] = stream
-            self._slot_streams[stream.slot] = stream
             self.scheduler.admit(stream.slot, self.model.geometries[stream.context_right])
             self._dirty.put(stream)  # audio pushed before admission
         not_taken_in: list[Stream] = []
@@ -442,8 +481,7 @@ class Engine:
                 # its slot, next iteration. Consumed now, an abort would leave it holding the slot.
                 not_taken_in.append(stream)
             elif stream.abort_reason is not None:
-                stream.on_result = _discard
-                self._mark_done(stream)
+                self._mark_done(stream)  # nothing more is published for it
             elif stream.take_force_final() and stream.phase is Phase.ACTIVE:
                 self._publish_final(stream, [], [], time.time(), done=False)
         for stream in not_taken_in:
@@ -478,7 +516,8 @@ class Engine:
         wall_start = time.time()
         self.queue_delay.begin_step(wall_start)
         slots = group.slots.tolist()
-        streams = [self._slot_streams[slot] for slot in slots]
+        by_slot = self.slots.by_slot
+        streams = [by_slot[slot] for slot in slots]
         widths = group.widths.tolist()
         # Rows as numpy: the stepper stages them (pinned, non-blocking) and gathers the rows'
         # languages on the device (languages None); the step's one wait is its results copy.
@@ -494,8 +533,7 @@ class Engine:
         per_mode = self.stats.by_mode.setdefault(group.context_right, [0, 0])
         per_mode[0] += 1
         per_mode[1] += len(slots)
-        if self.on_step is not None:
-            self.on_step(len(slots), elapsed, group.context_right)
+        self._steps.append(StepStats(len(slots), elapsed, group.context_right))
         next_frames = (group.t0 + group.widths).tolist()
         confs = result.token_confidences or [None] * len(streams)
         longest_delay = 0.0
@@ -513,7 +551,6 @@ class Engine:
     def _advance(self, s: Stream, next_frame: int, is_last: bool, ids: list[int], frames: list[int], decoded: int,
                  conf: list[float] | None = None) -> float:  # fmt: skip
         """Take one stepped chunk's results; returns the arrival time of the last sample it needed."""
-        s.next_frame = next_frame
         s.decoded_frames = decoded
         s.add_tokens(frames)
         audio = s.audio
@@ -527,12 +564,15 @@ class Engine:
         elif s.endpoint.is_endpoint(decoded):
             self._publish_final(s, ids, frames, arrival, done=False, conf=conf)
         else:
-            s.on_result(s.update(ids, frames, False, arrival, self.hop_s, confidences=conf))
+            self._updates.append(s.update(ids, frames, False, arrival, next_frame * self.hop_s, confidences=conf))
+            self._update_slots.append(s.slot)
         return arrival
 
     def _publish_final(self, s: Stream, ids: list[int], frames: list[int], arrival: float, done: bool,
                        conf: list[float] | None = None) -> None:  # fmt: skip
-        s.on_result(s.update(ids, frames, True, arrival, self.hop_s, done=done, confidences=conf))
+        processed_s = int(self.scheduler.next_frame[s.slot]) * self.hop_s  # the scheduler's: stepped already
+        self._updates.append(s.update(ids, frames, True, arrival, processed_s, done=done, confidences=conf))
+        self._update_slots.append(s.slot)
         s.final_sent = done
         s.close_segment()
 
@@ -542,22 +582,13 @@ class Engine:
             if s.abort_reason is None and not s.final_sent:
                 # Input ended on a tail too short to encode: the consumer is still owed its final.
                 self._publish_final(s, [], [], s.audio.finish_time or time.time(), done=True)
-            self.pool.free(s.stream_id)
+            self.pool.close_row(s.slot)
             if s.biasing_id != NO_BIASING:
                 self.pool.biasing.release(s.biasing_id)
-            self._slot_streams[s.slot] = None
-            del self._streams[s.stream_id]
             with self._admission:
-                self._num_admitted -= 1
+                self.slots.give_back(s)
                 self._num_phrases -= len(s.phrases.phrases) if s.phrases else 0
-                self._admitted_ids.pop(s.stream_id, None)
-            if self.on_release is not None:
-                self.on_release(s)
-        assert self.pool.num_free + self.pool.num_used == self.pool.num_slots
-
-
-def _discard(_: StreamUpdate) -> None:
-    pass
+            self._released.append(ReleasedStream(s.stream_id, s.slot))
 
 
 def _assembling(on_result: Callable[[StreamResult], None], detok: Detokenizer, frame_s: float):

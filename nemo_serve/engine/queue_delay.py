@@ -14,15 +14,14 @@ The reported figure is the longest delay of the steps in the last `window_s` sec
 maximum over a monotonic queue: O(1) per step), and 0 once no step has run for that long (an idle
 engine is not behind). While a step runs the figure stands however long it takes: a step longer
 than the window must not read as an idle engine. The loop thread records; any thread (the
-admission check) reads, and `sink`, if set, gets every published pair at once (the engine core
-copies it into shared memory for the front ends).
+admission check) reads; `Engine.iterate()` returns the pair as it stood after its steps (the engine
+core copies it into shared memory for the front ends).
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Callable
 
 
 class QueueDelay:
@@ -32,12 +31,11 @@ class QueueDelay:
         # (value, valid until): replaced as one tuple, so a reader on another thread sees a pair
         # that belongs together (the engine core copies it into shared memory as is).
         self.published: tuple[float, float] = (0.0, 0.0)
-        self.sink: Callable[[tuple[float, float]], None] | None = None
 
     def begin_step(self, now: float) -> None:
         """Loop thread, before a step: what the window holds stands until the step ends."""
         self._expire(now)
-        self._publish((self._steps[0][1] if self._steps else 0.0, math.inf))
+        self.published = (self._steps[0][1] if self._steps else 0.0, math.inf)
 
     def record(self, delay_s: float, now: float) -> None:
         """Loop thread, after a step: the largest delay among its chunks."""
@@ -46,17 +44,12 @@ class QueueDelay:
             steps.pop()  # never the maximum again: this step's delay is as long and outlives it
         steps.append((now, delay_s))
         self._expire(now)
-        self._publish((steps[0][1], now + self.window_s))
+        self.published = (steps[0][1], now + self.window_s)
 
     def _expire(self, now: float) -> None:
         horizon = now - self.window_s
         while self._steps and self._steps[0][0] < horizon:
             self._steps.popleft()
-
-    def _publish(self, pair: tuple[float, float]) -> None:
-        self.published = pair
-        if self.sink is not None:
-            self.sink(pair)
 
     def value(self, now: float) -> float:
         """The largest delay in the window (seconds); 0 when no step has run within it."""

@@ -4,7 +4,8 @@ One row (slot) per stream in fixed tensors, allocated once at start-up, plus one
 (`pool.scratch`, index `num_slots`) that padded rows of a bucketed step point at: its state is
 garbage and its results are discarded. A step gathers the rows of its streams with
 `index_select`, runs the model on the dense batch, and writes the new state back with
-`index_copy_`. Only the step loop thread touches this object.
+`index_copy_`. Which stream holds which row is the slot table's (engine/slot_table.py); the pool
+only opens a row for a stream and resets it afterwards. Only the step loop thread touches it.
 
 Nothing here waits for the device. A freed row is queued and reset with the other rows freed since
 the last step, in one batch, when the next step (or gather) calls `flush()`; the row indices reach
@@ -27,8 +28,7 @@ from nemo.collections.asr.parts.submodules.transducer_decoding.label_looping_bas
 
 from ..nemo_private import decoder_state_after_sos
 from .buckets import max_step_rows
-
-from .errors import NoFreeSlotError  # noqa: F401 - raised here, importable without torch
+from .errors import NoFreeSlotError  # noqa: F401 - importable here, as it always was
 
 
 def _size(n: int) -> str:
@@ -43,7 +43,7 @@ class EncoderCache:
 
 
 class SlotPool:
-    """Owns the cache tensors, the free list and the stream-to-slot map."""
+    """Owns the cache tensors, one row per slot (engine/slot_table.py says which stream holds it)."""
 
     def __init__(
         self,
@@ -92,8 +92,6 @@ class SlotPool:
         self._channel_buf = torch.empty(
             n_layers * self.max_step_rows * self.cache_last_channel[0, 0].numel(), device=dev, dtype=dtype
         )
-        self._free: list[int] = list(range(num_slots - 1, -1, -1))  # stack: lowest slot first
-        self.stream_to_slot: dict[str, int] = {}  # stream_id -> slot
         # Freed rows waiting for their reset (flush): host staging (pinned on CUDA) -> device.
         self._to_reset: list[int] = []
         pin = dev.type == "cuda"
@@ -147,15 +145,7 @@ class SlotPool:
             line += " before activations"
         return line
 
-    # -- allocation -------------------------------------------------------------------------------
-    @property
-    def num_free(self) -> int:
-        return len(self._free)
-
-    @property
-    def num_used(self) -> int:
-        return len(self.stream_to_slot)
-
+    # -- rows -------------------------------------------------------------------------------------
     @property
     def num_boosted(self) -> int:
         return int(self.boosted.sum())
@@ -166,31 +156,20 @@ class SlotPool:
             return bool(self.boosted[rows].any())
         return bool(self.boosted.any())
 
-    def allocate(self, stream_id: str, language_index: int = 0, biasing_id: int = -1, biasing_state: int = 0) -> int:
-        if stream_id in self.stream_to_slot:
-            raise ValueError(f"stream {stream_id!r} already holds a slot")
-        if not self._free:
-            raise NoFreeSlotError(f"all {self.num_slots} slots are in use")
-        slot = self._free.pop()
-        self.stream_to_slot[stream_id] = slot
+    def open_row(self, slot: int, language_index: int = 0, biasing_id: int = -1, biasing_state: int = 0) -> None:
+        """A new stream's row (fresh state: reset when its previous stream's was closed)."""
         self.languages[slot].fill_(language_index)  # a device-side fill: no host->device copy
         # Set on every allocation, like the language: a row freed and taken again before the next
         # flush would otherwise keep its previous stream's tree.
         self.biasing_ids[slot].fill_(biasing_id)
         self.biasing_states[slot].fill_(biasing_state)
         self.boosted[slot] = biasing_id >= 0
-        return slot
 
-    def free(self, stream_id: str) -> None:
-        """Release the stream's slot; its row is reset at the next `flush()` (before any step or
-        gather reads it), with every other row freed meanwhile. A second call is a no-op."""
-        slot = self.stream_to_slot.pop(stream_id, None)
-        if slot is None:
-            return
+    def close_row(self, slot: int) -> None:
+        """The row's stream is gone: the row is reset at the next `flush()` (before any step or
+        gather reads it), with every other row closed meanwhile."""
         self._to_reset.append(slot)
-        self._free.append(slot)
         self.boosted[slot] = False
-        assert self.num_free + self.num_used == self.num_slots
 
     def flush(self) -> None:
         """Reset the rows freed since the last flush: one batch, no wait for the device."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 import enum
 import threading
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
@@ -20,7 +19,7 @@ from .results import Detokenizer, ResultAssembler, StreamResult, StreamUpdate  #
 
 
 class Phase(enum.Enum):
-    PENDING = "pending"  # waiting for the loop to give it a slot
+    PENDING = "pending"  # admitted (its slot held), not yet taken in by the loop (no cache row open)
     ACTIVE = "active"
     DONE = "done"
 
@@ -28,7 +27,6 @@ class Phase(enum.Enum):
 @dataclass
 class Stream:
     stream_id: str
-    on_result: Callable[[StreamUpdate], None]
     language_index: int
     endpoint_config: EndpointConfig
     frame_s: float
@@ -37,9 +35,8 @@ class Stream:
     audio: AudioBuffer = field(default_factory=AudioBuffer)
     # --- loop-thread state ---
     phase: Phase = Phase.PENDING
-    slot: int | None = None
+    slot: int | None = None  # set at admission (engine/slot_table.py)
     biasing_id: int = -1  # its tree's id in the decoder's multi-model (-1: none)
-    next_frame: int = 0  # first feature frame of the next chunk
     segment: int = 0
     decoded_frames: int = 0
     due: float = float("-inf")  # when its last stepped chunk was due (engine/queue_delay.py)
@@ -80,8 +77,9 @@ class Stream:
     def add_tokens(self, frames: list[int]) -> None:
         self.endpoint.on_tokens(frames)
 
-    def update(self, new_ids: list[int], new_frames: list[int], is_final: bool, arrival: float, hop_s: float,
+    def update(self, new_ids: list[int], new_frames: list[int], is_final: bool, arrival: float, processed_s: float,
                done: bool = False, confidences: list[float] | None = None) -> StreamUpdate:  # fmt: skip
+        """`processed_s`: audio the model has consumed (the scheduler's chunk position)."""
         return StreamUpdate(
             stream_id=self.stream_id,
             segment=self.segment,
@@ -90,7 +88,7 @@ class Stream:
             new_token_ids=new_ids,
             new_token_frames=new_frames,
             segment_start_frame=self.endpoint.segment_start_frame,
-            audio_processed_s=round(self.next_frame * hop_s, 3),
+            audio_processed_s=round(processed_s, 3),
             audio_arrival_time=arrival,
             new_token_confidences=confidences,
         )

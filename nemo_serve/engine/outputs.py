@@ -1,0 +1,45 @@
+"""What one `Engine.iterate()` produced: the engine's only way out.
+
+The engine calls nobody back. Whoever drives `iterate()` routes what it returns: the engine
+core ships the updates to the front ends, frees the released streams' shared slots and
+publishes the queue delay (core/engine_core.py); the in-process harness hands each update to
+its stream's consumer and the step statistics to the metrics hook (engine/loop.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .results import StreamUpdate
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """One batched step: its rows, how long it took, the chunk mode its rows share."""
+
+    batch_size: int
+    elapsed_s: float
+    context_right: int | None
+
+
+@dataclass(frozen=True)
+class ReleasedStream:
+    """A stream whose slot (cache row) is free again: nothing more comes for it."""
+
+    stream_id: str
+    slot: int
+
+
+@dataclass(frozen=True)
+class IterationOutput:
+    updates: tuple[StreamUpdate, ...]  # in the order produced
+    update_slots: tuple[int, ...]  # the slot of each update's stream (what the core routes by)
+    released: tuple[ReleasedStream, ...]
+    steps: tuple[StepStats, ...]
+    queue_delay: tuple[float, float]  # (seconds behind real time, valid until): engine/queue_delay.py
+
+    @property
+    def busy(self) -> bool:
+        """A stream advanced: the caller should iterate again without sleeping."""
+        return bool(self.steps)
+

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..engine.results import StreamResult
 from .context import Refused, ServerContext
+from .handover import hand_over
 
 log = logging.getLogger("nemo_serve.transcriptions")
 
@@ -85,10 +86,7 @@ class FileTranscription:
     # ------------------------------------------------------------------ engine side
     def _on_result(self, result: StreamResult) -> None:
         """Engine callback (loop thread, or the front end's event loop): hand over at once."""
-        try:
-            self._loop.call_soon_threadsafe(self._take_result, result)
-        except RuntimeError:  # event loop closed at shutdown
-            pass
+        hand_over(self._loop, self._take_result, result)
 
     def _take_result(self, r: StreamResult) -> None:
         if self._done.done():

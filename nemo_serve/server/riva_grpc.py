@@ -32,6 +32,7 @@ from ..engine.results import StreamResult
 from .audio import AudioDecoder, AudioError
 from .connections import ConnectionLimiter
 from .context import Refused, ServerContext
+from .handover import hand_over
 from .logsafe import clean
 from .outbox import Outbox
 from .protocol import CLOSE_GOING_AWAY, CLOSE_PROTOCOL_ERROR, CLOSE_SERVER_ERROR, CLOSE_TRY_AGAIN_LATER, MAX_REASON_CHARS
@@ -190,10 +191,7 @@ class RivaCall:
     # ------------------------------------------------------------------ results
     def _on_result(self, result: StreamResult) -> None:
         """Engine callback (its loop thread, or the front end's event loop): hand over at once."""
-        try:
-            self._loop.call_soon_threadsafe(self._take_result, result)
-        except RuntimeError:  # event loop closed at shutdown
-            pass
+        hand_over(self._loop, self._take_result, result)
 
     def _take_result(self, r: StreamResult) -> None:
         if self.closing:

@@ -42,6 +42,7 @@ from starlette.websockets import WebSocket
 from ..engine.results import StreamResult
 from .audio import AudioError
 from .context import Refused, ServerContext
+from .handover import hand_over
 from .logsafe import clean
 from .outbox import Outbox
 from .protocol import (
@@ -228,10 +229,7 @@ class Session:
         (which fails the stream)."""
 
         def on_result(result: StreamResult) -> None:
-            try:
-                self._loop.call_soon_threadsafe(self._take, take, result)
-            except RuntimeError:  # event loop closed at shutdown: nobody is listening any more
-                pass
+            hand_over(self._loop, self._take, take, result)
 
         return on_result
 

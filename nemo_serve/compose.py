@@ -1,8 +1,9 @@
 """The composition root: settings in, engine and server out. Every way nemo-serve runs builds
 them here, so a setting reaches the engine the same way everywhere:
 
-  cli.py --frontends 0, --selftest    in_process_context (the engine on a thread, one process)
+  cli.py --frontends 0                in_process_context (the engine on a thread, one process)
   core/engine_core.py                 load_engine (the engine an engine-core process drives)
+  tests, --selftest, benchmarks       in_process_engine (the engine behind engine/harness.py)
   core/frontend_process.py            frontend_context (the group of engine cores a front end talks to)
   ray_serve.py                        frontend_context, on cores the replica starts (core/core_set.py)
 
@@ -20,11 +21,13 @@ from .server.metrics import ServerMetrics
 
 if TYPE_CHECKING:
     from .engine.geometry import ModelInfo
+    from .engine.harness import LocalEngine
     from .engine.loop import Engine
 
 
 def engine_for(model, settings: Settings) -> "Engine":
-    """The in-process engine for a loaded model, with every engine setting from `settings`."""
+    """The engine for a loaded model, with every engine setting from `settings`: single-threaded,
+    for its owner to drive (an engine core, or the in-process harness)."""
     from .engine.loop import Engine
 
     return Engine(
@@ -51,6 +54,13 @@ def load_engine(settings: Settings, device: str | None = None) -> "Engine":
     return engine
 
 
+def in_process_engine(model, settings: Settings) -> "LocalEngine":
+    """engine_for's engine behind the in-process EngineAPI (engine/harness.py)."""
+    from .engine.harness import LocalEngine
+
+    return LocalEngine(engine_for(model, settings))
+
+
 def server_context(engine: EngineAPI, settings: Settings, steps: bool) -> ServerContext:
     """What every socket shares. `steps`: this process runs the model steps (their histograms are
     observed here); a front end's come from the cores (PROMETHEUS_MULTIPROC_DIR)."""
@@ -60,8 +70,11 @@ def server_context(engine: EngineAPI, settings: Settings, steps: bool) -> Server
 
 
 def in_process_context(engine: "Engine", settings: Settings) -> ServerContext:
-    ctx = server_context(engine, settings, steps=True)
-    engine.on_step = ctx.metrics.on_step
+    from .engine.harness import LocalEngine
+
+    local = LocalEngine(engine)
+    ctx = server_context(local, settings, steps=True)
+    local.on_step = ctx.metrics.on_step
     return ctx
 
 

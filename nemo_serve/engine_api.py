@@ -1,9 +1,9 @@
 """The engine interface the server is written against: declared here, implemented twice.
 
-  engine/loop.py Engine     in process: the step loop on a thread (tests, --selftest, --frontends 0)
-  core/group.py EngineGroup  the engine-core processes (one or several, one per device), reached
-                             through shared memory and a control channel; a group of one core
-                             when there is one core, so no caller asks which kind it holds
+  engine/harness.py LocalEngine  in process: the Engine on a thread (tests, --selftest, --frontends 0)
+  core/group.py EngineGroup      the engine-core processes (one or several, one per device), reached
+                                 through shared memory and a control channel; a group of one core
+                                 when there is one core, so no caller asks which kind it holds
 
 compose.py picks one. Server code (server/*, the front ends) uses only these members and never
 tests for others (no hasattr): a member added here must exist in both, and

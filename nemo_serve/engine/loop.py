@@ -279,9 +279,9 @@ class Engine:
 
     def abort(self, stream: Stream, reason: str = "aborted") -> None:
         """Release the stream now: nothing more is published for it; its release is in the next
-        `iterate()`'s output. Idempotent."""
+        `iterate()`'s output. Idempotent. `reason`: for the debug log."""
         if self.slots.holds(stream):
-            stream.abort_reason = reason
+            log.debug("stream %s aborted: %s", stream.stream_id, reason)
             self._release(stream)
 
     # ------------------------------------------------------------------ what the engine holds

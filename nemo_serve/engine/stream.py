@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from .endpoint import EndpointConfig, EndpointDetector
 from .frontend import AudioBuffer
 from .results import Detokenizer, ResultAssembler, StreamResult, StreamUpdate  # noqa: F401 - re-exported
@@ -31,7 +29,6 @@ class Stream:
     decoded_frames: int = 0
     due: float = float("-inf")  # when its last stepped chunk was due (engine/queue_delay.py)
     endpoint: EndpointDetector | None = None
-    abort_reason: str | None = None  # why it was aborted (None: it ended with its final)
 
     def __post_init__(self) -> None:
         self.endpoint = EndpointDetector(self.endpoint_config, self.frame_s)

@@ -261,7 +261,8 @@ def test_front_ends_share_each_cores_guard(server_args):
                 polls.append((time.monotonic(), body["pid"], status, _core_caps(body), body["recovering_cap"]))
 
             held, seen = [], []  # streams held open; (status, body, outcome) per attempt
-            while sum(isinstance(o, ServerRefused) for _, _, o in seen) < 4:
+            # until 4 were refused and both front ends hold some (the kernel picks the front end)
+            while sum(isinstance(o, ServerRefused) for *_, o in seen) < 4 or 0 in streams_per_frontend(srv).values():
                 status, body = await _readyz(srv)
                 outcome = await _open(srv)
                 seen.append((status, body, outcome))

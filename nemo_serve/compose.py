@@ -35,6 +35,7 @@ def engine_for(model, settings: Settings) -> "Engine":
         kv_cache=settings.kv_cache,
         token_confidence=settings.word_confidence,
         phrase_limits=settings.phrase_limits,
+        max_queue_delay_s=settings.max_queue_delay_s,
     )
 
 
@@ -73,8 +74,9 @@ def frontend_engine(settings: Settings, info: "ModelInfo", cores: list, frontend
     from .core.shared import SharedSlots
 
     clients = [EngineClient(info, SharedSlots.attach(c.shm_name, c.layout, c.lock), frontend, c.ipc_dir,
-                            phrase_limits=settings.phrase_limits) for c in cores]  # fmt: skip
-    return EngineGroup(clients, cores, settings.max_queue_delay_s)
+                            phrase_limits=settings.phrase_limits, max_queue_delay_s=settings.max_queue_delay_s)
+               for c in cores]  # fmt: skip
+    return EngineGroup(clients, cores)
 
 
 def frontend_context(settings: Settings, info: "ModelInfo", cores: list, frontend: int) -> ServerContext:

@@ -48,6 +48,7 @@ from .slots import SlotPool
 from .step import StepBatch, prepare_step, run_step
 from .results import Detokenizer, ResultAssembler, StreamResult, StreamUpdate
 from .stream import Phase, Stream
+from ..server.admission import OverloadGuard, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,7 @@ class Engine:
         kv_cache: bool = True,
         token_confidence: bool = False,
         phrase_limits: PhraseLimits = PhraseLimits(),
+        max_queue_delay_s: float = 0.0,
     ) -> None:
         """`kv_cache`: cache projected keys/values (engine/encoder.py) where the architecture
         allows; False runs NeMo's own layer code (caches layer inputs). `token_confidence`: each
@@ -116,6 +118,9 @@ class Engine:
         )
         self.stats = EngineStats()
         self.queue_delay = QueueDelay()  # recorded on the loop thread, read by admission (any thread)
+        # In process the overload guard keeps its state in memory; an engine core's front ends
+        # keep theirs in the core's shared block (core/client.py) and never ask this one.
+        self.overload_guard = OverloadGuard(max_queue_delay_s, num_slots)
         self.scheduler = Scheduler(self.geometry, num_slots, self.max_batch, self.features.margin)  # loop thread only
         # Which stream holds each slot (its cache row and scheduler row): the one record of it.
         self.slots = SlotTable(num_slots)  # changed under _admission (admit, release)
@@ -324,13 +329,18 @@ class Engine:
             modes = [s.context_right for s in self.slots.streams()]
         return {r: modes.count(r) for r in sorted(set(modes))}
 
+    def overload(self, decide: bool = False) -> Verdict:
+        """The overload guard on this engine's numbers (engine_api.py)."""
+        return self.overload_guard.judge(self.queue_delay_s, self.num_open_streams, time.time(), decide)
+
     def cores(self) -> list[dict]:
         """This engine as the one core /readyz and /metrics show (engine_api.CoreStatus)."""
         serving = self.error is None
         return [{"core": 0, "device": str(self.model.device), "pid": os.getpid(), "serving": serving,
                  "free_slots": self.num_free_slots if serving else 0, "total_slots": self.num_slots,
                  "open_streams": self.num_open_streams if serving else 0,
-                 "queue_delay_s": round(self.queue_delay_s, 3) if serving else 0.0}]  # fmt: skip
+                 "queue_delay_s": round(self.queue_delay_s, 3) if serving else 0.0,
+                 "recovering_cap": self.overload().cap if serving else None}]  # fmt: skip
 
     @property
     def loop_stream_ids(self) -> list[str]:

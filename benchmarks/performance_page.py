@@ -37,7 +37,7 @@ STEP_TARGETS = {"sherpa": 1.2, "pipeline": 1.5}  # engine over peer at B=32
 HOST_TARGET_US = 10.0  # host CPU per stream-step
 FRONTEND_TARGET_US, TWO_FRONTENDS_TARGET = 50.0, 1.8
 CPU_SWEEPS = ("sweep_demo_r3_mp_cpu_fp32.json", "sweep_demo_r13_mp_cpu_fp32.json",
-              "sweep_demo_r13_devices_cpu_cpu_cpu_fp32.json")  # the headline's CPU rows
+              "sweep_demo_r13_devices_cpu_cpu_fp32.json")  # the headline's CPU rows
 STEP_FILES = ("step_fastconformer-l_r1_cpu_fp32.json", "step_fastconformer-l_r13_cpu_fp32.json",
               "step_demo_r3_cpu_fp32.json", "step_demo_r13_cpu_fp32.json")
 PEERS = (("engine", "engine"), ("engine-nemo", "engine on NeMo's layers"), ("pipeline", "NeMo pipeline"),
@@ -137,16 +137,19 @@ def table_headline() -> str:
         rows.append(f"| one NVIDIA H200 (engine core only) | Nemotron 3.5 ASR 0.6B architecture, bf16 | {chunk_ms} ms "
                     f"| **{kept:,}** (goal {GPU_GOALS[chunk_ms]:,}) | {_f(best and best['lateness_p95_ms'], 0, ' ms')} "
                     f"| {GPU_RUN['date']}, {GPU_RUN['commit']} |")
+    joined = {files[0]: (files, d) for files, d in sweep_groups()}  # a run's `_top` levels with it
+    files = [GPU_RUN["file"]]
     for name in CPU_SWEEPS:
-        d = read(name)
-        best, _ = judge(d)
+        names, d = joined[name]
+        files += names
+        best, behind = judge(d)
+        more = "" if behind or not best else " (the highest level run)"
         info = run_info(d)
         cores = len(str(d.get("server_devices") or "cpu").split(","))
         server = f"{cores} engine cores" if cores > 1 else "1 engine core"
         rows.append(f"| {info['cpu_count']}-core {info['cpu'].replace('(R)', '').replace(' Processor', '')} VM, {server} + {d.get('server_frontends')} front end "
-                    f"| {model_label(d)}, fp32 | {d['chunk_ms']:.0f} ms | **{best['streams'] if best else 0}** "
+                    f"| {model_label(d)}, fp32 | {d['chunk_ms']:.0f} ms | **{best['streams'] if best else 0}**{more} "
                     f"| {_f(best and best['partial_latency_ms']['p95'], 0, ' ms')} (partials, WebSocket) | {info['date']}, {info['commit']} |")
-    files = [GPU_RUN["file"], *CPU_SWEEPS]
     return "\n".join(rows) + "\n\nFrom `benchmarks/results/`: " + ", ".join(f"`{f}`" for f in files)
 
 
@@ -226,7 +229,7 @@ def _server(d: dict) -> str:
     if d.get("server_frontends"):
         cores = len(devices.split(",")) if devices else 1
         return f"{cores} engine core{'s' if cores > 1 else ''} + {d['server_frontends']} front end"
-    return "one process"
+    return "one process (`--frontends 0`, since removed)"
 
 
 def sweep_groups() -> list[tuple[list[str], dict]]:

@@ -58,7 +58,7 @@ def in_process_engine(model, settings: Settings) -> "LocalEngine":
     """engine_for's engine behind the in-process EngineAPI (engine/harness.py)."""
     from .engine.harness import LocalEngine
 
-    return LocalEngine(engine_for(model, settings))
+    return LocalEngine(engine_for(model, settings), max_queue_delay_s=settings.max_queue_delay_s)
 
 
 def server_context(engine: EngineAPI, settings: Settings, steps: bool) -> ServerContext:
@@ -72,7 +72,7 @@ def server_context(engine: EngineAPI, settings: Settings, steps: bool) -> Server
 def in_process_context(engine: "Engine", settings: Settings) -> ServerContext:
     from .engine.harness import LocalEngine
 
-    local = LocalEngine(engine)
+    local = LocalEngine(engine, max_queue_delay_s=settings.max_queue_delay_s)
     ctx = server_context(local, settings, steps=True)
     local.on_step = ctx.metrics.on_step
     return ctx
@@ -86,8 +86,9 @@ def frontend_engine(settings: Settings, info: "ModelInfo", cores: list, frontend
     from .core.shared import SharedSlots
 
     clients = [EngineClient(info, SharedSlots.attach(c.shm_name, c.layout, c.lock), frontend, c.ipc_dir,
-                            phrase_limits=settings.phrase_limits) for c in cores]  # fmt: skip
-    return EngineGroup(clients, cores, settings.max_queue_delay_s)
+                            phrase_limits=settings.phrase_limits, max_queue_delay_s=settings.max_queue_delay_s)
+               for c in cores]  # fmt: skip
+    return EngineGroup(clients, cores)
 
 
 def frontend_context(settings: Settings, info: "ModelInfo", cores: list, frontend: int) -> ServerContext:

@@ -101,9 +101,10 @@ def assert_engine_empty(engine: LocalEngine | Engine) -> None:
     assert not engine.loop_stream_ids and engine.check_accounting() == 0
 
 
-def new_engine(m, num_slots: int = 8, endpoint: EndpointConfig | None = None, **kw) -> LocalEngine:
+def new_engine(m, num_slots: int = 8, endpoint: EndpointConfig | None = None, max_queue_delay_s: float = 0.0,
+               **kw) -> LocalEngine:  # fmt: skip
     """The in-process engine (engine/harness.py): open_stream, push, iterate on this thread."""
-    return LocalEngine(bare_engine(m, num_slots, endpoint, **kw))
+    return LocalEngine(bare_engine(m, num_slots, endpoint, **kw), max_queue_delay_s=max_queue_delay_s)
 
 
 def bare_engine(m, num_slots: int = 8, endpoint: EndpointConfig | None = None, **kw) -> Engine:

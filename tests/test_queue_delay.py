@@ -49,10 +49,10 @@ def test_a_step_longer_than_the_window_does_not_read_as_idle():
     assert seen == [(3.0, 102.0), (3.0, math.inf), (9.0, 113.0), (0.0, math.inf)]
 
 
-def _engine_after(audio: np.ndarray, age_s: float, context_right: int = 0):
+def _engine_after(audio: np.ndarray, age_s: float, context_right: int = 0, max_queue_delay_s: float = 0.0):
     """The demo model at `context_right`, one stream given all of `audio` at once, stamped as having
     arrived `age_s` ago, stepped to its end. Returns the engine and the result latency of the last chunk."""
-    engine = helpers.new_engine(helpers.model(None, context_right), 2)
+    engine = helpers.new_engine(helpers.model(None, context_right), 2, max_queue_delay_s=max_queue_delay_s)
     results = []
     stream = engine.open_stream(results.append)
     arrived = time.time() - age_s
@@ -119,38 +119,74 @@ def test_real_time_stream_on_an_engine_that_keeps_up_or_runs_at_half_speed(monke
 
 
 class _Core:
-    """What EngineGroup reads of an EngineClient when it places a stream."""
+    """What EngineGroup reads of an EngineClient when it places a stream: free slots, the delay,
+    and the core's own overload guard judging them."""
 
-    def __init__(self, name: str, free: int, delay: float) -> None:
+    def __init__(self, name: str, free: int, delay: float, limit: float = 2.0) -> None:
+        from nemo_serve.server.admission import OverloadGuard
+
         self.name, self.num_free_slots, self.queue_delay_s, self.num_slots = name, free, delay, 4
         self.error, self.model_info = None, None
+        self.guard = OverloadGuard(limit, self.num_slots)
         self.opened = 0
+
+    @property
+    def num_open_streams(self) -> int:
+        return self.num_slots - self.num_free_slots
+
+    def overload(self, decide: bool = False):
+        return self.guard.judge(self.queue_delay_s, self.num_open_streams, time.time(), decide)
 
     def open_stream(self, on_result, **kw):
         self.opened += 1
+        self.num_free_slots -= 1
         return type("H", (), {})()
 
 
-def _group(*cores, limit: float):
+def _group(*cores):
     from nemo_serve.core.group import EngineGroup
 
-    return EngineGroup(list(cores), [None] * len(cores), max_queue_delay_s=limit)
+    return EngineGroup(list(cores), [None] * len(cores))
 
 
-def test_group_passes_over_a_core_that_is_behind():
-    behind, keeping_up = _Core("a", free=3, delay=4.0), _Core("b", free=1, delay=0.1)
-    group = _group(behind, keeping_up, limit=2.0)
+def test_group_admits_on_a_core_whose_guard_admits():
+    from nemo_serve.server.admission import Verdict
+
+    behind, keeping_up = _Core("a", free=3, delay=4.0), _Core("b", free=2, delay=0.1)
+    group = _group(behind, keeping_up)
     assert group.queue_delay_s == 0.1  # where a new stream would go
+    assert group.overload(decide=True).refusal is None  # b admits: the group does
+    assert behind.guard.cap == 1.0 and keeping_up.guard.cap is None  # a, asked first, refused: its cap is set
     group.open_stream(lambda r: None)
-    assert (behind.opened, keeping_up.opened) == (0, 1)  # fewer free slots, but keeping up
+    assert (behind.opened, keeping_up.opened) == (0, 1)  # fewer free slots, but its guard admits
     keeping_up.num_free_slots = 0  # full: the core that is behind is all that is left
     assert group.queue_delay_s == 4.0
-    group.open_stream(lambda r: None)
+    verdict = group.overload()
+    assert "4.00 s behind" in verdict.refusal and verdict.behind and verdict.cap == 1 + 4  # b counts its slots
+    group.open_stream(lambda r: None)  # a stream no guard judges (a realtime session's next item)
     assert behind.opened == 1
     # Off (0): free slots alone decide.
-    behind2, other = _Core("a", free=3, delay=40.0), _Core("b", free=1, delay=0.0)
-    _group(behind2, other, limit=0.0).open_stream(lambda r: None)
+    behind2, other = _Core("a", free=3, delay=40.0, limit=0.0), _Core("b", free=1, delay=0.0, limit=0.0)
+    assert _group(behind2, other).overload(decide=True) == Verdict(None, False, None)
+    _group(behind2, other).open_stream(lambda r: None)
     assert (behind2.opened, other.opened) == (1, 0)
+
+
+def test_group_refuses_only_when_no_core_with_room_admits():
+    """Each core's guard judges its own numbers; a decision asks the cores with room, most free
+    slots first, and stops at the first that admits: the cores after it are only read."""
+    from nemo_serve.server.admission import GuardState
+
+    capped, full = _Core("a", free=3, delay=0.0), _Core("b", free=0, delay=0.0)
+    capped.guard.store.save_guard(GuardState(cap=1.0, last=time.time()))  # recovering, with 1 open
+    refusal = _group(capped, full).overload(decide=True).refusal
+    assert "admitting up to 1 open streams for now (1 open)" in refusal
+    assert full.guard.store.load_guard() == GuardState()  # no slot to give: not asked
+    roomy, before = _Core("c", free=3, delay=0.0), capped.guard.store.load_guard()
+    verdict = _group(roomy, capped).overload(decide=True)  # c first in line (ties: the first core)
+    assert verdict.refusal is None and roomy.guard.store.load_guard().last is not None
+    assert capped.guard.store.load_guard() == before  # after a core admitted: only read
+    assert verdict.cap == 4 + 1 and not verdict.behind  # c counts its slots, a its cap
 
 
 def test_group_tries_the_next_core_when_another_front_end_took_the_last_slot():
@@ -165,11 +201,11 @@ def test_group_tries_the_next_core_when_another_front_end_took_the_last_slot():
             raise NoFreeSlotError("all 2 slots are in use")
 
     raced, other = Raced("a", free=2, delay=0.0), _Core("b", free=1, delay=0.0)
-    group = _group(raced, other, limit=0.0)
+    group = _group(raced, other)
     group.open_stream(lambda r: None)
     assert other.opened == 1
     with pytest.raises(NoFreeSlotError):  # and when every core is full, the group refuses
-        _group(Raced("a", free=2, delay=0.0), _Core("b", free=0, delay=0.0), limit=0.0).open_stream(lambda r: None)
+        _group(Raced("a", free=2, delay=0.0), _Core("b", free=0, delay=0.0)).open_stream(lambda r: None)
 
 
 @pytest.mark.parametrize("limit, refused", [(2.0, True), (0.0, False), (10.0, False)])
@@ -180,7 +216,7 @@ def test_admission_refuses_while_the_engine_is_behind(limit, refused):
     from nemo_serve.server.context import ServerContext
     from nemo_serve.server.metrics import ServerMetrics
 
-    engine, _ = _engine_after(helpers.utterances(1, seed=1)[0], 5.0, context_right=13)
+    engine, _ = _engine_after(helpers.utterances(1, seed=1)[0], 5.0, context_right=13, max_queue_delay_s=limit)
     settings = Settings.from_sources({"max_queue_delay_s": limit}, {})
     metrics = ServerMetrics(engine.num_slots, lambda: engine.num_free_slots, queue_delay_fn=lambda: engine.queue_delay_s)
     ctx = ServerContext(engine=engine, settings=settings, metrics=metrics)

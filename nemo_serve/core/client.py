@@ -8,6 +8,9 @@ samples: shared.py). The core's
 StreamUpdates come back on one socket; a task on the event loop assembles each into the
 StreamResult the session expects (text and detokenisation happen here, not in the core).
 
+The core's overload guard (server/admission.py) keeps its state in the core's shared block, so
+every front end judges new streams by the same cap; its decisions take the slot table's lock.
+
 Everything runs on the front end's event loop thread: no locks besides the slot table's.
 """
 
@@ -29,6 +32,7 @@ from ..engine.endpoint import EndpointConfig
 from ..engine.geometry import ModelInfo
 from ..engine.phrases import PhraseLimits, check_phrases, encodable_characters
 from ..engine.results import Detokenizer, ResultAssembler, StreamResult, StreamUpdate
+from ..server.admission import OverloadGuard, Verdict
 from . import messages as m
 from .addresses import control_address, results_address
 from .shared import FAILED, SERVING, STOPPED, SharedSlots
@@ -61,7 +65,7 @@ class StreamHandle:
 
 class EngineClient:
     def __init__(self, info: ModelInfo, shared: SharedSlots, frontend: int, ipc_dir: str, max_batch: int | None = None,
-                 phrase_limits: PhraseLimits = PhraseLimits()) -> None:  # fmt: skip
+                 phrase_limits: PhraseLimits = PhraseLimits(), max_queue_delay_s: float = 0.0) -> None:  # fmt: skip
         self.model_info = info
         self.phrase_limits = phrase_limits
         self.encodable = encodable_characters(info.vocabulary)
@@ -69,6 +73,8 @@ class EngineClient:
         self.frontend = frontend
         self.ipc_dir = ipc_dir
         self.num_slots = shared.num_slots
+        # State in the shared block: every front end of this core sees each decision.
+        self.guard = OverloadGuard(max_queue_delay_s, self.num_slots, store=shared, lock=shared.lock)
         self.detok = Detokenizer(info.vocabulary, info.is_bpe)
         self.frame_s = info.geometry.encoder_frame_s
         self._streams: dict[str, StreamHandle] = {}
@@ -227,6 +233,11 @@ class EngineClient:
     def open_by_mode(self) -> dict[int, int]:
         """Slots held, by chunk mode, across every front end."""
         return self.shared.open_by_mode()
+
+    def overload(self, decide: bool = False) -> Verdict:
+        """This core's overload guard on its own numbers; `decide`: for a stream being admitted or
+        refused now (moves the guard, for every front end), else reads only (/readyz)."""
+        return self.guard.judge(self.queue_delay_s, self.num_open_streams, time.time(), decide)
 
     # ------------------------------------------------------------------ internals
     def _send(self, msg) -> None:

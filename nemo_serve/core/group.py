@@ -1,12 +1,13 @@
 """EngineGroup: several engine cores (one per device) behind one front end, as one engine.
 
 Sessions see the EngineClient API (open_stream, push, finish, force_final, abort, free slots,
-error). A new stream goes to the live core with the most free slots (every core serves every
-mode from one slot pool, so free slots are the measure for any mode), passing over cores that
-are behind (their queue delay over `max_queue_delay_s`) while another has room; its handle remembers the
-core, and every later call for it goes there. A core that dies fails only its own streams (each
-gets an error result); the group stays alive, and admits, while any core serves. Event loop
-thread only, as EngineClient.
+error). A new stream goes to a live core whose overload guard admits it (server/admission.py;
+each core judges its own delay and open streams, its state shared by every front end), the one
+with the most free slots first (every core serves every mode from one slot pool, so free slots
+are the measure for any mode); the group refuses for overload only when no live core with a free
+slot admits. Its handle remembers the core, and every later call for it goes there. A core that
+dies fails only its own streams (each gets an error result); the group stays alive, and admits,
+while any core serves. Event loop thread only, as EngineClient.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import asyncio
 import logging
 
 from ..engine.errors import NoFreeSlotError
+from ..server.admission import Verdict
 from .client import EngineClient, EngineFailed, StreamHandle
 
 log = logging.getLogger("nemo_serve.frontend")
@@ -23,9 +25,8 @@ WATCH_PERIOD_S = 0.5
 
 
 class EngineGroup:
-    def __init__(self, clients: list[EngineClient], endpoints, max_queue_delay_s: float = 0.0) -> None:
+    def __init__(self, clients: list[EngineClient], endpoints) -> None:
         self.clients = clients
-        self.max_queue_delay_s = max_queue_delay_s  # a core this far behind takes no new stream; 0: off
         self.endpoints = endpoints  # core/frontend_process.CoreEndpoint per client: index, device, pid
         self.model_info = clients[0].model_info
         self._failed: set[int] = set()  # cores whose streams were failed
@@ -75,7 +76,9 @@ class EngineGroup:
 
     # ------------------------------------------------------------------ network-side API
     def open_stream(self, on_result, **kw) -> StreamHandle:
-        """On the live core with the most free slots; NoFreeSlotError if none has one.
+        """On a live core whose guard admits a new stream, the most free slots first; on any with a
+        free slot when none admits (a stream the guard does not judge: a realtime session's next
+        item, admitted with its session); NoFreeSlotError if none has one.
 
         The counts are a snapshot: another front end can take a core's last slot between this read
         and the allocation, so a core that refuses is followed by the next one with a free slot (a
@@ -83,12 +86,10 @@ class EngineGroup:
         live = self._live()
         if not live:
             raise NoFreeSlotError("no engine core is serving")
-        limit = self.max_queue_delay_s
-        keeping_up = [c for c in live if c.num_free_slots > 0 and (not limit or c.queue_delay_s <= limit)]
-        # most free slots first; ties: the first core (sorted is stable)
-        for core in sorted(keeping_up or live, key=lambda c: -c.num_free_slots):
-            if core.num_free_slots <= 0:
-                break
+        # admitting cores first, then most free slots; ties: the first core (sorted is stable)
+        with_room = sorted((c for c in live if c.num_free_slots > 0),
+                           key=lambda c: (c.overload().refusal is not None, -c.num_free_slots))  # fmt: skip
+        for core in with_room:
             try:
                 h = core.open_stream(on_result, **kw)
             except NoFreeSlotError:
@@ -96,6 +97,24 @@ class EngineGroup:
             h.engine = core
             return h
         raise NoFreeSlotError(f"all {self.num_slots} slots of {len(live)} engine cores are in use")
+
+    def overload(self, decide: bool = False) -> Verdict:
+        """Whether a new stream is refused for overload: only when no live core with a free slot
+        admits it (a full server is refused for its slots, not here). `decide`: the cores are asked
+        in open_stream's order, most free slots first, each deciding under its lock until one
+        admits; the rest are only read. The verdict's cap: the sum of the cores' (a core without
+        one counts its slots), None when no core has one; per core: `cores()`."""
+        ranked = sorted(((c.num_free_slots, c) for c in self._live()), key=lambda fc: -fc[0])  # open_stream's order
+        refusal, admitted, verdicts = None, False, []
+        for free, core in ranked:
+            asked = free > 0 and not admitted  # a core that would take the stream now
+            v = core.overload(decide and asked)
+            verdicts.append(v)
+            if asked:
+                admitted, refusal = v.refusal is None, refusal or v.refusal
+        caps = [(v.cap, core.num_slots) for v, (_, core) in zip(verdicts, ranked)]
+        cap = None if all(c is None for c, _ in caps) else sum(n if c is None else c for c, n in caps)
+        return Verdict(None if admitted else refusal, any(v.behind for v in verdicts), cap)
 
     def push(self, h: StreamHandle, samples, arrived: float | None = None) -> None:
         h.engine.push(h, samples, arrived)
@@ -137,6 +156,7 @@ class EngineGroup:
             {"core": e.index, "device": e.device, "pid": e.pid, "serving": c.error is None,
              "free_slots": c.num_free_slots if c.error is None else 0, "total_slots": c.num_slots,
              "open_streams": c.num_open_streams if c.error is None else 0,
-             "queue_delay_s": round(c.queue_delay_s, 3) if c.error is None else 0.0}
+             "queue_delay_s": round(c.queue_delay_s, 3) if c.error is None else 0.0,
+             "recovering_cap": c.overload().cap if c.error is None else None}
             for c, e in zip(self.clients, self.endpoints)
         ]  # fmt: skip

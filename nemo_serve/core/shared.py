@@ -6,6 +6,9 @@ One block, created by the supervisor, attached by every process:
   heartbeat  float64[1]     core's time.time() at its last loop iteration
   queue_delay float64[2]    how far behind real time the engine recently was, and until when that
                             holds (engine/queue_delay.py): what admission reads for overload
+  guard      float64[3]     the core's overload guard (server/admission.py), shared by its front
+                            ends: recovering cap (NaN: none), over the limit (0/1), time of the
+                            last decision (NaN: none); read and written under `lock` only
   owner      int32[S]       front end holding the slot (-1: free); changed under `lock` only
   mode       int32[S]       the holder's chunk mode (right context), for /readyz
   gen        int64[S]       bumped at every allocation: control messages carry it, so a late
@@ -32,9 +35,9 @@ rejected: a sequence counter checked after the copy needs the same barriers arou
 numpy cannot issue; an atomics library adds a compiled dependency and a call per slot per
 iteration where the message is one per event-loop tick (cost: benchmarks/ring_bench.py).
 
-The slot table (owner, gen, mode) changes under `lock`, an flock whose kernel lock orders it as
-well; a slot freed by the core is reused by a front end only through that lock, so the core's
-last reads of a ring happen before the next stream's writes. `state`, `heartbeat` and
+The slot table (owner, gen, mode) and the guard change under `lock`, an flock whose kernel lock
+orders them as well; a slot freed by the core is reused by a front end only through that lock, so
+the core's last reads of a ring happen before the next stream's writes. `state`, `heartbeat` and
 `queue_delay` are single values read for monitoring; they publish nothing else.
 """
 
@@ -48,6 +51,7 @@ from multiprocessing import shared_memory
 import numpy as np
 
 from ..engine.errors import NoFreeSlotError
+from ..server.admission import GuardState
 
 STARTING, SERVING, STOPPED, FAILED = 0, 1, 2, 3
 FREE = -1
@@ -64,6 +68,7 @@ class SharedLayout:
             ("state", np.int64, (4,)),
             ("heartbeat", np.float64, (1,)),
             ("queue_delay", np.float64, (2,)),
+            ("guard", np.float64, (3,)),  # cap, over, last decision: server/admission.py GuardState
             ("owner", np.int32, (s,)),
             ("mode", np.int32, (s,)),  # the holder's chunk mode (right context), for /readyz
             ("gen", np.int64, (s,)),
@@ -123,6 +128,7 @@ class SharedSlots:
         self = cls(shm, layout, lock, owner_of_block=True)
         self.state[:] = 0
         self.queue_delay[:] = 0.0
+        self.save_guard(GuardState())
         self.owner[:] = FREE
         self.gen[:] = 0
         return self
@@ -149,6 +155,15 @@ class SharedSlots:
         """How far behind real time the core recently was; 0 once it has not stepped for a while."""
         value, valid_until = self.queue_delay.tolist()
         return value if now <= valid_until else 0.0
+
+    # -- overload guard (admission.OverloadGuard's store; the caller holds `lock`) ------------------
+    def load_guard(self) -> GuardState:
+        cap, over, last = self.guard.tolist()
+        return GuardState(None if np.isnan(cap) else cap, bool(over), None if np.isnan(last) else last)
+
+    def save_guard(self, state: GuardState) -> None:
+        self.guard[:] = (np.nan if state.cap is None else state.cap, float(state.over),
+                         np.nan if state.last is None else state.last)  # fmt: skip
 
     # -- slot table -------------------------------------------------------------------------------
     @property

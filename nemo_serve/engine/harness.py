@@ -39,6 +39,7 @@ from .loop import Chunk, Engine
 from .outputs import IterationOutput
 from .results import ResultAssembler, StreamResult, StreamUpdate
 from .stream import Stream
+from ..server.admission import OverloadGuard, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +62,14 @@ class LocalEngine:
     """engine_api.EngineAPI in this process (module docstring). Driven by its own thread after
     `start()`, or by `iterate()` / `plan()` calls on one thread (the tests)."""
 
-    def __init__(self, engine: Engine, on_step: Callable[[int, float, int | None], None] | None = None) -> None:
+    def __init__(self, engine: Engine, on_step: Callable[[int, float, int | None], None] | None = None,
+                 max_queue_delay_s: float = 0.0) -> None:  # fmt: skip
         self.engine = engine
         self.model_info = engine.model_info
         self.on_step = on_step  # metrics hook: (batch size, seconds, the group's context_right) per step
+        # Admission's overload guard on this engine's numbers, its state in memory (an engine core's
+        # lives in its shared block, core/client.py): a front-end fact, so here, not in the Engine.
+        self.overload_guard = OverloadGuard(max_queue_delay_s, engine.num_slots)
         self._lock = threading.Lock()  # guards the allocation below (callers' threads, the loop thread)
         self._free = list(range(engine.num_slots))  # heap: lowest slot first
         self._by_slot: list[LocalStream | None] = [None] * engine.num_slots  # until its release is delivered
@@ -270,13 +275,18 @@ class LocalEngine:
             modes = [h.context_right for h in self._by_id.values()]
         return {r: modes.count(r) for r in sorted(set(modes))}
 
+    def overload(self, decide: bool = False) -> Verdict:
+        """The overload guard on this engine's numbers (engine_api.py)."""
+        return self.overload_guard.judge(self.queue_delay_s, self.num_open_streams, time.time(), decide)
+
     def cores(self) -> list[dict]:
         """This engine as the one core /readyz and /metrics show (engine_api.CoreStatus)."""
         serving = self.error is None
         return [{"core": 0, "device": str(self.engine.model.device), "pid": os.getpid(), "serving": serving,
                  "free_slots": self.num_free_slots if serving else 0, "total_slots": self.num_slots,
                  "open_streams": self.num_open_streams if serving else 0,
-                 "queue_delay_s": round(self.queue_delay_s, 3) if serving else 0.0}]  # fmt: skip
+                 "queue_delay_s": round(self.queue_delay_s, 3) if serving else 0.0,
+                 "recovering_cap": self.overload().cap if serving else None}]  # fmt: skip
 
     @property
     def stats(self):

@@ -21,7 +21,6 @@ stream costs a row reset instead of an allocation.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -30,9 +29,6 @@ from nemo.collections.asr.parts.submodules.transducer_decoding.label_looping_bas
 from ..nemo_private import decoder_state_after_sos
 from .buckets import max_step_rows
 from .errors import NoFreeSlotError  # noqa: F401 - importable here, as it always was
-
-if TYPE_CHECKING:
-    from .step import Stepper
 
 
 def _size(n: int) -> str:
@@ -105,7 +101,7 @@ class SlotPool:
         # The steppers that run steps over these rows, one per chunk mode, built on first use by
         # engine/step.py `stepper_for`: their staging buffers are sized for this pool and their
         # CUDA graphs hold its tensors' addresses, so they belong to the pool and die with it.
-        self.steppers: dict[int, "Stepper"] = {}  # context_right -> Stepper
+        self.steppers: dict = {}  # context_right -> step.Stepper (not imported: step.py imports this module)
 
     @property
     def cache_bytes_per_stream(self) -> int:

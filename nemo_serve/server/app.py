@@ -96,7 +96,9 @@ def create_app(ctx: ServerContext, drain_on_shutdown: bool = False, on_shutdown:
             "draining": ctx.draining,
             "queue_delay_s": round(engine.queue_delay_s, 3),
             "overloaded": verdict.overloaded,
-            "recovering_cap": verdict.cap,  # most open streams admitted while recovering; null: the slots
+            # most open streams admitted while recovering (several cores: the sum, a core without a cap
+            # counting its slots; each core's under `cores`); null: the slots
+            "recovering_cap": verdict.cap,
             "model": ctx.model.name,
             "sample_rate": ctx.model.geometry.sample_rate,
             "chunk_ms": ctx.model.geometry.chunk_ms,  # the default mode's

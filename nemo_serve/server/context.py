@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Protocol
 
 from ..config import Settings
 from ..engine.errors import NoFreeSlotError
-from .admission import OverloadGuard, Verdict
+from .admission import Verdict
 from .metrics import ServerMetrics
 from .protocol import CLOSE_GOING_AWAY, CLOSE_SERVER_ERROR
 
@@ -54,10 +53,6 @@ class ServerContext:
     sessions: set["Session"] = field(default_factory=set)  # accepted sockets not yet closed
     draining: bool = False
     _idle: asyncio.Event = field(default_factory=asyncio.Event)
-    _guard: OverloadGuard = field(init=False)
-
-    def __post_init__(self) -> None:
-        self._guard = OverloadGuard(self.settings.max_queue_delay_s, self.engine.num_slots)
 
     @property
     def model(self):
@@ -87,23 +82,20 @@ class ServerContext:
 
     def refusal(self) -> tuple[str, str] | None:
         """(metric label, reason for the client) for a stream being admitted or refused now, else
-        None. The admission decision: it moves the overload guard (admission.py), so only the
-        handshake and the slot taking call it; /readyz asks `readiness()`."""
-        return self._judge(lambda: self._guard.decide(*self._load()))
+        None. The admission decision: it moves the engine's overload guards (admission.py: one per
+        engine core, shared by every front end), so only the handshake and the slot taking call
+        it; /readyz asks `readiness()`."""
+        return self._judge(lambda: self.engine.overload(decide=True).refusal)
 
     def readiness(self) -> tuple[tuple[str, str] | None, Verdict]:
         """What `refusal()` would answer now, and the overload verdict; reads only."""
-        verdict = self._guard.verdict(*self._load())
+        verdict = self.engine.overload()
         return self._judge(lambda: verdict.refusal), verdict
 
     @property
     def overloaded(self) -> bool:
         """The engine is behind real time, or recovering from it (admission.py); reads only."""
-        return self._guard.verdict(*self._load()).overloaded
-
-    def _load(self) -> tuple[float, int, float]:
-        """What the overload guard judges by: (queue delay s, open streams, now)."""
-        return self.engine.queue_delay_s, self.engine.num_open_streams, time.time()
+        return self.engine.overload().overloaded
 
     def _judge(self, overload_refusal: Callable[[], str | None]) -> tuple[str, str] | None:
         if self.draining:

@@ -1,4 +1,4 @@
-"""The supervisor: the `nemo-serve` process itself when it runs several processes.
+"""The supervisor: the `nemo-serve` process itself, which starts and watches every other one.
 
   1 spawn one engine core per device (--devices; one on --device by default); each loads the
     model and reports its ModelInfo (or a load error: exit 2)  (core_set.py, as a Ray replica)
@@ -85,7 +85,7 @@ class Supervisor:
         try:
             self.core_set.start()
         except CoreStartError as e:
-            if e.status == 2:  # as the one-process server: one line, status 2
+            if e.status == 2:  # as a bad flag: one line, status 2
                 print(f"nemo-serve: error: {e}", file=sys.stderr, flush=True)
             else:
                 log.error("%s", e)

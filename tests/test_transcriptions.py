@@ -234,8 +234,11 @@ def test_prompt_language_and_a_drain_that_lets_a_file_finish():
         while srv.readyz()["open_streams"] < 1:  # the file holds its slot: decoding has begun
             assert time.monotonic() < deadline and post.is_alive(), "the file never took a slot"
             time.sleep(0.01)
-        srv.proc.send_signal(signal.SIGTERM)
-        time.sleep(0.3)
+        srv.proc.send_signal(signal.SIGTERM)  # to the supervisor, which passes it on to the front ends
+        deadline = time.monotonic() + 10
+        while not srv.readyz()["draining"]:
+            assert time.monotonic() < deadline, "the front end never started draining"
+            time.sleep(0.05)
         refused = httpx.post(f"{srv.http_url}/v1/audio/transcriptions", headers=srv.auth_headers,
                              files={"file": ("a.wav", path.read_bytes())}, timeout=30, trust_env=False)  # fmt: skip
         assert post.is_alive(), "the long file finished before the drain could be seen: make it longer"

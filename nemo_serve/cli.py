@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = Settings.from_sources(flags)
     except SettingsError as e:
         return _fail(str(e))
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, nemo=args.selftest is not None)  # serving: NeMo loads in the cores only
     if args.selftest is not None:
         return _selftest(args, settings)
     return _serve(settings)

@@ -1,10 +1,10 @@
 """The composition root: settings in, engine and server out. Every way nemo-serve runs builds
 them here, so a setting reaches the engine the same way everywhere:
 
-  cli.py --frontends 0, --selftest    in_process_context (the engine on a thread, one process)
   core/engine_core.py                 load_engine (the engine an engine-core process drives)
   core/frontend_process.py            frontend_context (the group of engine cores a front end talks to)
   ray_serve.py                        frontend_context, on cores the replica starts (core/core_set.py)
+  tests                               engine_for (the in-process engine, a harness), server_context
 
 Torch is imported only by the functions that build an engine (a front end never calls them).
 """
@@ -52,18 +52,12 @@ def load_engine(settings: Settings, device: str | None = None) -> "Engine":
     return engine
 
 
-def server_context(engine: EngineAPI, settings: Settings, steps: bool) -> ServerContext:
-    """What every socket shares. `steps`: this process runs the model steps (their histograms are
-    observed here); a front end's come from the cores (PROMETHEUS_MULTIPROC_DIR)."""
-    metrics = ServerMetrics(engine.num_slots, lambda: engine.num_free_slots, steps=steps, cores_fn=engine.cores,
+def server_context(engine: EngineAPI, settings: Settings) -> ServerContext:
+    """What every socket shares. The step histograms are not here: the engine cores observe them
+    (PROMETHEUS_MULTIPROC_DIR)."""
+    metrics = ServerMetrics(engine.num_slots, lambda: engine.num_free_slots, cores_fn=engine.cores,
                             queue_delay_fn=lambda: engine.queue_delay_s)  # fmt: skip
     return ServerContext(engine=engine, settings=settings, metrics=metrics)
-
-
-def in_process_context(engine: "Engine", settings: Settings) -> ServerContext:
-    ctx = server_context(engine, settings, steps=True)
-    engine.on_step = ctx.metrics.on_step
-    return ctx
 
 
 def frontend_engine(settings: Settings, info: "ModelInfo", cores: list, frontend: int) -> EngineAPI:
@@ -80,4 +74,4 @@ def frontend_engine(settings: Settings, info: "ModelInfo", cores: list, frontend
 
 
 def frontend_context(settings: Settings, info: "ModelInfo", cores: list, frontend: int) -> ServerContext:
-    return server_context(frontend_engine(settings, info, cores, frontend), settings, steps=False)
+    return server_context(frontend_engine(settings, info, cores, frontend), settings)

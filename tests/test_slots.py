@@ -4,8 +4,9 @@
 import pytest
 import torch
 
+from nemo_serve.engine.errors import NoFreeSlotError
 from nemo_serve.engine.slot_table import SlotTable
-from nemo_serve.engine.slots import EncoderCache, NoFreeSlotError, SlotPool
+from nemo_serve.engine.slots import EncoderCache, SlotPool
 
 from . import helpers
 

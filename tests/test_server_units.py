@@ -206,6 +206,11 @@ class _FakeEngine:
 
     queue_delay_s = 0.0  # never behind
 
+    def overload(self, decide: bool = False):
+        from nemo_serve.server.admission import Verdict
+
+        return Verdict(None, False, None)  # never behind
+
     def open_stream(self, on_result, *, stream_id=None, language=None, endpoint=None, context_right=None, phrases=None,
                     boost=None):
         from nemo_serve.engine.errors import NoFreeSlotError

@@ -6,8 +6,8 @@
 
 At each level N, a fraction (--fraction) of the N real-time streams asks for the first mode (80 ms
 chunks at 0) and the rest for the second (1120 ms at 13), two ways, one after the other:
-  mixed: one `nemo-serve --context-right 0,13` process, every stream choosing its mode in its config;
-  split: two processes, `--context-right 0` and `--context-right 13`, each serving its share,
+  mixed: one `nemo-serve --context-right 0,13` server, every stream choosing its mode in its config;
+  split: two servers, `--context-right 0` and `--context-right 13`, each serving its share,
          started side by side on the same cores (what an operator does today: load the model twice).
 Per mode it reports what benchmarks/sweep.py reports per level (partial and final latency
 percentiles, drift, token identity with NeMo's loop at that mode) and whether that mode keeps up
@@ -112,7 +112,7 @@ def plot(data: dict, path: Path) -> None:
             pts = [(lv["streams"], lv["modes"][str(r)]["partial_latency_ms"]["p95"]) for lv in data["levels"]
                    if lv["way"] == way and str(r) in lv["modes"]]
             if pts:
-                ax.plot(*zip(*pts), style, label=f"{way} ({'one process' if way == 'mixed' else 'two processes'})")
+                ax.plot(*zip(*pts), style, label=f"{way} ({'one server' if way == 'mixed' else 'two servers'})")
         ax.axhline(2 * 80 * (r + 1), color="grey", lw=0.8, ls=":", label="keep-up bound (2 chunks)")
         ax.set_title(f"{80 * (r + 1)} ms streams (context_right {r})")
         ax.set_xlabel(f"total streams ({int(100 * data['fraction'])}% at {80 * (data['modes'][0] + 1)} ms)")

@@ -481,7 +481,7 @@ def main() -> None:
     ap.add_argument("--levels", default="1,2,4,8,12,16,24,32,48,64", help="comma-separated N, or 'auto' (see --step-bench)")
     ap.add_argument("--level-fractions", default="0.5,0.8,1.0,1.25", help="with --levels auto: fractions of the predicted capacity")
     ap.add_argument("--frontends", type=int, default=None,
-                    help="the server's --frontends (default: the server's own default; 0: one process)")
+                    help="the server's --frontends, at least 1 (default: the server's own default)")
     ap.add_argument("--devices", default=None,
                     help="the server's --devices (one engine core per device, e.g. cpu,cpu; slots are per core)")
     ap.add_argument("--ray", action="store_true",

@@ -1,4 +1,4 @@
-"""`nemo-serve`: load the model, print its summary, serve until SIGTERM (or run --selftest N).
+"""`nemo-serve`: start the engine core(s) and the front ends, serve until SIGTERM (or run --selftest N).
 
 Every flag also reads NEMO_SERVE_<NAME> from the environment (config.py). Errors in flags or
 in loading the model print one line and exit with status 2, without a traceback.
@@ -7,12 +7,10 @@ in loading the model print one line and exit with status 2, without a traceback.
 from __future__ import annotations
 
 import argparse
-import logging
-import os
 import sys
 
 from .config import Settings, SettingsError
-from .console import configure_logging, print_urls
+from .console import configure_logging
 
 EXIT_USAGE = 2
 
@@ -40,8 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--num-slots", type=int, help="streams served at once (default 16)")
     m.add_argument("--max-batch", type=int, help="most streams in one model step (default: num-slots)")
     m.add_argument("--frontends", type=int,
-                   help="WebSocket front-end processes around one engine-core process; 0 = one process "
-                   "for everything (default: from the CPU count, (cores - 1) // 2, 1 to 8)")
+                   help="WebSocket front-end processes around the engine-core process, at least 1 "
+                   "(default: from the CPU count, (cores - 1) // 2, 1 to 8)")
     m.add_argument("--audio-ring-s", type=float,
                    help="shared-memory audio buffer per slot between front ends and core, in s (2)")
     m.add_argument("--no-kv-cache", dest="kv_cache", action="store_const", const=False,
@@ -112,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = Settings.from_sources(flags)
     except SettingsError as e:
         return _fail(str(e))
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, nemo=args.selftest is not None)  # serving: NeMo loads in the cores only
     if args.selftest is not None:
         return _selftest(args, settings)
     return _serve(settings)
@@ -140,6 +138,8 @@ def _selftest(args, settings: Settings) -> int:
 
 
 def _serve(settings: Settings) -> int:
+    """The supervisor, its engine-core process(es) and front ends (core/supervisor.py). This
+    process imports no NeMo: a plain exit is quick."""
     from .core.supervisor import default_frontends, run_server
 
     if settings.grpc_port is not None:  # one line now, not a front end failing at start-up
@@ -149,43 +149,7 @@ def _serve(settings: Settings) -> int:
             load()
         except RivaProtosMissing as e:
             return _fail(str(e))
-    frontends = default_frontends() if settings.frontends is None else settings.frontends
-    if frontends > 0:
-        return run_server(settings, frontends)  # this process imports no NeMo: a plain exit is quick
-    return _serve_in_process(settings)
-
-
-def _serve_in_process(settings: Settings) -> int:
-    from .compose import in_process_context, load_engine
-    from .model import ModelLoadError, UnsupportedModeError
-
-    try:
-        engine = load_engine(settings)
-    except (ModelLoadError, UnsupportedModeError, FileNotFoundError) as e:
-        return _fail(str(e))
-    except ValueError as e:  # unknown builtin name, bad dtype
-        return _fail(str(e))
-    print(engine.summary(), flush=True)
-
-    from .server.app import create_app
-    from .server.runner import serve
-
-    grpc_socket = None
-    if settings.grpc_port == 0:  # a free port, known before the address lines (the supervisor does the same)
-        from .core.frontend_process import bind_reuseport
-
-        grpc_socket = bind_reuseport(settings.host, 0)  # held (not listening) until exit, as the port's claim
-        settings = settings.model_copy(update={"grpc_port": grpc_socket.getsockname()[1]})
-    ctx = in_process_context(engine, settings)
-    print_urls(settings)
-    serve(create_app(ctx), ctx, settings)
-    # Everything is closed and flushed by now. Skip interpreter teardown: with NeMo (through
-    # lightning) imported it takes 5-10 s of C-level finalisation, which eats into an
-    # orchestrator's grace period after the drain already used its share.
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    return run_server(settings, default_frontends() if settings.frontends is None else settings.frontends)
 
 
 if __name__ == "__main__":

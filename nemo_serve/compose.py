@@ -1,11 +1,10 @@
 """The composition root: settings in, engine and server out. Every way nemo-serve runs builds
 them here, so a setting reaches the engine the same way everywhere:
 
-  cli.py --frontends 0                in_process_context (the engine on a thread, one process)
   core/engine_core.py                 load_engine (the engine an engine-core process drives)
-  tests, --selftest, benchmarks       in_process_engine (the engine behind engine/harness.py)
   core/frontend_process.py            frontend_context (the group of engine cores a front end talks to)
   ray_serve.py                        frontend_context, on cores the replica starts (core/core_set.py)
+  tests, --selftest, benchmarks       in_process_engine (the engine behind engine/harness.py), server_context
 
 Torch is imported only by the functions that build an engine (a front end never calls them).
 """
@@ -61,21 +60,12 @@ def in_process_engine(model, settings: Settings) -> "LocalEngine":
     return LocalEngine(engine_for(model, settings), max_queue_delay_s=settings.max_queue_delay_s)
 
 
-def server_context(engine: EngineAPI, settings: Settings, steps: bool) -> ServerContext:
-    """What every socket shares. `steps`: this process runs the model steps (their histograms are
-    observed here); a front end's come from the cores (PROMETHEUS_MULTIPROC_DIR)."""
-    metrics = ServerMetrics(engine.num_slots, lambda: engine.num_free_slots, steps=steps, cores_fn=engine.cores,
+def server_context(engine: EngineAPI, settings: Settings) -> ServerContext:
+    """What every socket shares. The step histograms are not here: the engine cores observe them
+    (PROMETHEUS_MULTIPROC_DIR)."""
+    metrics = ServerMetrics(engine.num_slots, lambda: engine.num_free_slots, cores_fn=engine.cores,
                             queue_delay_fn=lambda: engine.queue_delay_s)  # fmt: skip
     return ServerContext(engine=engine, settings=settings, metrics=metrics)
-
-
-def in_process_context(engine: "Engine", settings: Settings) -> ServerContext:
-    from .engine.harness import LocalEngine
-
-    local = LocalEngine(engine, max_queue_delay_s=settings.max_queue_delay_s)
-    ctx = server_context(local, settings, steps=True)
-    local.on_step = ctx.metrics.on_step
-    return ctx
 
 
 def frontend_engine(settings: Settings, info: "ModelInfo", cores: list, frontend: int) -> EngineAPI:
@@ -92,4 +82,4 @@ def frontend_engine(settings: Settings, info: "ModelInfo", cores: list, frontend
 
 
 def frontend_context(settings: Settings, info: "ModelInfo", cores: list, frontend: int) -> ServerContext:
-    return server_context(frontend_engine(settings, info, cores, frontend), settings, steps=False)
+    return server_context(frontend_engine(settings, info, cores, frontend), settings)

@@ -43,9 +43,9 @@ class Settings(BaseModel):
     num_slots: Annotated[int, Field(ge=1, le=65536)] = 16
     max_batch: Annotated[int, Field(ge=1, le=65536)] | None = None  # None: num_slots
     kv_cache: bool = True  # cache projected keys/values (engine/encoder.py); False: NeMo's layer code
-    # Front-end processes around one engine-core process (nemo_serve/core); 0: one process for
-    # everything; None: core/supervisor.default_frontends() from the CPU count.
-    frontends: Annotated[int, Field(ge=0, le=64)] | None = None
+    # Front-end processes around the engine-core process(es) (nemo_serve/core); None:
+    # core/supervisor.default_frontends() from the CPU count.
+    frontends: Annotated[int, Field(ge=1, le=64)] | None = None
     audio_ring_s: Annotated[float, Field(ge=0.25, le=60)] = 2.0  # shared-memory audio per slot
     # A confidence per word in finals, from the decoder's own scores (engine/step.py); off by
     # default: it adds a softmax per emitted label to every step (benchmarks/confidence_bench.py).
@@ -102,6 +102,15 @@ class Settings(BaseModel):
         modes = parse_modes(v if isinstance(v, (int, list, tuple)) else str(v))
         return "all" if modes == "all" else ",".join(map(str, modes))
 
+    @field_validator("frontends", mode="before")
+    @classmethod
+    def _frontends(cls, v):
+        # Before the range check, so that 0 (a user asking for one process) hears what to run instead.
+        if v is not None and str(v).strip() == "0":
+            raise ValueError("0 is not a serving mode: the engine always runs in an engine-core process "
+                             "behind front ends; use --frontends 1 for the fewest processes")
+        return v
+
     @field_validator("ssl_certfile", "ssl_keyfile")
     @classmethod
     def _tls_file(cls, p: Path | None) -> Path | None:
@@ -128,8 +137,6 @@ class Settings(BaseModel):
         if self.grpc_port is not None and self.grpc_port == self.port and self.port != 0:
             # both are SO_REUSEPORT sockets: the kernel would hand HTTP clients to gRPC and back
             raise ValueError(f"--grpc-port {self.grpc_port} is --port's too; give it a port of its own")
-        if self.devices is not None and self.frontends == 0:
-            raise ValueError("--devices runs one engine core per device behind front-end processes: it needs --frontends >= 1")
         return self
 
     def device_list(self) -> list[str]:

@@ -28,13 +28,15 @@ def print_urls(s: Settings, port: int | None = None) -> None:
         )
 
 
-def configure_logging(level: str) -> None:
-    # Our loggers at the chosen level; everyone else's (NeMo's telemetry, lightning, ...) only
-    # from WARNING: at start-up an operator needs the summary line, not import chatter.
+def configure_logging(level: str, nemo: bool = True) -> None:
+    """Our loggers at the chosen level; everyone else's (NeMo's telemetry, lightning, ...) only
+    from WARNING: at start-up an operator needs the summary line, not import chatter. `nemo`:
+    this process loads NeMo (the engine core, --selftest), whose own logger is quieted here; it
+    takes importing NeMo and torch, which the supervisor and the front ends never need."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("nemo_serve").setLevel(level.upper())
     logging.getLogger("nv_one_logger").setLevel(logging.ERROR)  # NeMo's telemetry: "no exporters"
-    if level != "debug":
+    if nemo and level != "debug":
         try:
             from nemo.utils import logging as nemo_logging
 

@@ -1,13 +1,13 @@
 """The engine interface the server is written against: declared here, implemented twice.
 
-  engine/harness.py LocalEngine  in process: the Engine on a thread (tests, --selftest, --frontends 0)
+  engine/harness.py LocalEngine  in process: the Engine on a thread (a harness: tests, --selftest, benchmarks)
   core/group.py EngineGroup      the engine-core processes (one or several, one per device), reached
                                  through shared memory and a control channel; a group of one core
                                  when there is one core, so no caller asks which kind it holds
 
-compose.py picks one. Server code (server/*, the front ends) uses only these members and never
-tests for others (no hasattr): a member added here must exist in both, and
-tests/test_engine_api.py checks that it does. Torch-free, as every front end is.
+Servers run the group (compose.py); the in-process engine stands in for it in tests. Server code
+(server/*, the front ends) uses only these members and never tests for others (no hasattr): a
+member added here must exist in both, and tests/test_engine_api.py checks that it does. Torch-free, as every front end is.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ class EngineAPI(Protocol):
     """Streams in, results out. Called from the server's event loop thread only.
 
     A stream's handle is what `open_stream` returned; it is opaque to the caller. Results reach
-    `on_result` (on the event loop for the engine cores, on the step loop thread in process: the
-    sessions hand them to their loop with call_soon_threadsafe either way)."""
+    `on_result` (on the event loop for the engine cores, on the step loop thread in the in-process
+    harness: the sessions hand them to their loop with call_soon_threadsafe either way)."""
 
     model_info: ModelInfo  # what the network side knows of the model: geometry, vocabulary, modes
 

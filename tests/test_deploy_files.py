@@ -171,12 +171,12 @@ def test_kubernetes_command_gpu_and_shared_memory():
     assert settings.frontends is not None
     assert settings.frontends <= default_frontends(int(k8s_cpus(c["resources"]["requests"]["cpu"])))
 
-    if settings.frontends > 0:  # front ends and core share the audio rings through /dev/shm
-        (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == "/dev/shm"]
-        (vol,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
-        assert vol["emptyDir"]["medium"] == "Memory"
-        need = ring_layout(settings, SAMPLE_RATE).nbytes
-        assert k8s_bytes(vol["emptyDir"]["sizeLimit"]) >= need, f"/dev/shm smaller than the rings' {need} bytes"
+    # front ends and core share the audio rings through /dev/shm
+    (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == "/dev/shm"]
+    (vol,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert vol["emptyDir"]["medium"] == "Memory"
+    need = ring_layout(settings, SAMPLE_RATE).nbytes
+    assert k8s_bytes(vol["emptyDir"]["sizeLimit"]) >= need, f"/dev/shm smaller than the rings' {need} bytes"
 
 
 def test_kubernetes_probes_and_drain():

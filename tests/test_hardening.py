@@ -188,7 +188,8 @@ def test_drain_sends_1012_and_exits_on_time_with_stalled_clients():
     + ~6 s. Two such clients: one starts reading just after the deadline and gets the
     documented error and 1012; the other never does and is dropped; the process exits 0."""
     env = {"NEMO_SERVE_PING_INTERVAL_S": "0", "NEMO_SERVE_SEND_TIMEOUT_S": "60"}
-    with start_server("--num-slots", "2", "--drain-timeout-s", "2", "--log-level", "info", "--frontends", "0", env=env) as srv:
+    # A server of its own, since SIGTERM ends it; to the supervisor only, which passes it on to its front end.
+    with start_server("--num-slots", "2", "--drain-timeout-s", "2", "--log-level", "info", "--frontends", "1", env=env) as srv:
 
         async def scenario():
             from websockets.exceptions import ConnectionClosed
@@ -490,7 +491,7 @@ def test_same_origin_needs_a_loopback_host_on_a_loopback_server():
 
 
 def _result(segment: int, ids: list[int], is_final: bool = False):
-    from nemo_serve.engine.stream import StreamResult
+    from nemo_serve.engine.results import StreamResult
 
     text = "".join(chr(ord("a") + i % 26) for i in ids)
     return StreamResult("s", text, segment, is_final, [], ids, [0.0] * len(ids), 0.0, 0.0, 0.0, done=False)

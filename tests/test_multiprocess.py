@@ -183,6 +183,18 @@ def test_streams_over_two_frontends_match_oracle(two_frontends, oracle_model):
     srv.assert_no_leak()
 
 
+def test_only_the_engine_core_loads_torch(two_frontends):
+    """NeMo and torch load in the engine core alone: the supervisor and the front ends stay small,
+    start without them and exit without their seconds of teardown."""
+
+    def torch_mapped(pid: int) -> bool:
+        return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+
+    srv = two_frontends
+    assert torch_mapped(core_pid(srv))  # the check sees torch where it is
+    assert [torch_mapped(pid) for pid in [srv.proc.pid, *frontend_pids(srv)]] == [False] * 3
+
+
 def test_full_server_refuses_at_the_handshake_on_every_frontend(two_frontends):
     from websockets.asyncio.client import connect
     from websockets.exceptions import InvalidStatus

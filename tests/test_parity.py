@@ -101,7 +101,7 @@ def test_prompt_model_refuses_unknown_language():
 
 
 def test_no_free_slot_raises_and_leaks_nothing():
-    from nemo_serve.engine.slots import NoFreeSlotError
+    from nemo_serve.engine.errors import NoFreeSlotError
 
     m = helpers.model(None, DEFAULT_MODES[0])
     eng = helpers.new_engine(m, 1)

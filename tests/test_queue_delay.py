@@ -210,8 +210,8 @@ def test_group_tries_the_next_core_when_another_front_end_took_the_last_slot():
 
 @pytest.mark.parametrize("limit, refused", [(2.0, True), (0.0, False), (10.0, False)])
 def test_admission_refuses_while_the_engine_is_behind(limit, refused):
-    """The in-process server's admission (ServerContext.refusal, used at the handshake and when the
-    slot is taken) on a real engine whose last step ran audio that had waited 5 s."""
+    """The server's admission (ServerContext.refusal, used at the handshake and when the slot is
+    taken) on a real in-process engine whose last step ran audio that had waited 5 s."""
     from nemo_serve.config import Settings
     from nemo_serve.server.context import ServerContext
     from nemo_serve.server.metrics import ServerMetrics

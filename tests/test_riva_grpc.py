@@ -9,7 +9,6 @@ same samples.
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import threading
 import time
@@ -349,13 +348,13 @@ def check_calls_per_address_limit(service, wav: Path, limit: int) -> None:
             t.join(20)
 
 
-def test_tls_calls_per_address_and_drain_in_one_process():
-    """Over TLS with the server's certificate; --max-connections-per-ip bounds calls; SIGTERM
+def test_tls_calls_per_address_and_drain():
+    """A server of its own (SIGTERM ends it), over TLS with the server's certificate;
+    --max-connections-per-ip bounds calls (one front end: its share is the whole limit); SIGTERM
     mid-stream: the call still gets its final, and a call that starts during the drain is refused
     with UNAVAILABLE."""
     grpc_port = free_port()
-    # --frontends 0: the one-process server (the module's server runs front-end processes)
-    with start_server("--grpc-port", str(grpc_port), "--num-slots", "3", "--drain-timeout-s", "20", "--frontends", "0",
+    with start_server("--grpc-port", str(grpc_port), "--num-slots", "3", "--drain-timeout-s", "20", "--frontends", "1",
                       "--max-connections-per-ip", "2", tls=True) as s:  # fmt: skip
         if s.cafile is None:
             pytest.skip("no openssl to make a certificate")
@@ -383,7 +382,7 @@ def test_tls_calls_per_address_and_drain_in_one_process():
         t.start()
         started.wait(10)
         time.sleep(0.5)
-        os.killpg(s.proc.pid, signal.SIGTERM)
+        s.proc.send_signal(signal.SIGTERM)  # the supervisor, as systemd sends it: it drains each front end
         time.sleep(0.5)
         with pytest.raises(grpc.RpcError) as e:
             stream(service, wav)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -144,6 +146,22 @@ def test_cli_errors_are_one_line_exit_2(capsys, monkeypatch):
     assert "--port" in err[0] and "not found" in err[1]
 
 
+def test_frontends_0_exits_2_naming_what_to_use_instead():
+    """The engine always runs in an engine-core process behind front ends: `nemo-serve --frontends
+    0` (or NEMO_SERVE_FRONTENDS=0) is one line on stderr that names --frontends 1, and exit 2,
+    before any model is loaded."""
+    out = subprocess.run([sys.executable, "-m", "nemo_serve.cli", "--frontends", "0", "--port", "0"],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1, out.stderr[-2000:]
+    assert lines[0].startswith("nemo-serve: error: --frontends") and "use --frontends 1" in lines[0], lines[0]
+    with pytest.raises(SettingsError, match="NEMO_SERVE_FRONTENDS.*use --frontends 1"):
+        Settings.from_sources({}, {"NEMO_SERVE_FRONTENDS": "0"})
+    with pytest.raises(SettingsError, match="--frontends.*greater than or equal to 1"):
+        Settings.from_sources({"frontends": -1}, {})
+    assert Settings.from_sources({"frontends": 1}, {}).frontends == 1
+
+
 # ----------------------------------------------------------------------------- app, in process
 
 
@@ -188,6 +206,11 @@ class _FakeEngine:
 
     queue_delay_s = 0.0  # never behind
 
+    def overload(self, decide: bool = False):
+        from nemo_serve.server.admission import Verdict
+
+        return Verdict(None, False, None)  # never behind
+
     def open_stream(self, on_result, *, stream_id=None, language=None, endpoint=None, context_right=None, phrases=None,
                     boost=None):
         from nemo_serve.engine.errors import NoFreeSlotError
@@ -230,7 +253,7 @@ def _app(engine, **settings):
     from nemo_serve.compose import server_context
     from nemo_serve.server.app import create_app
 
-    return create_app(server_context(engine, Settings.from_sources(settings, {}), steps=False))
+    return create_app(server_context(engine, Settings.from_sources(settings, {})))
 
 
 def test_engine_failure_fails_open_streams_and_health():
@@ -279,7 +302,7 @@ def test_drain_refuses_new_streams_until_open_ones_have_their_finals():
     /readyz says draining; the final then arrives with `done` reason "draining" and the drain ends."""
     from starlette.testclient import TestClient, WebSocketDenialResponse
 
-    from nemo_serve.engine.stream import StreamResult
+    from nemo_serve.engine.results import StreamResult
 
     engine = _FakeEngine(num_slots=2)
     app = _app(engine)

@@ -13,7 +13,7 @@ the slots; /readyz and /metrics agree with the engine at the held and the idle m
 few seconds of churn, where every stream that got `ready` must end in `done` (this part alone, with
 the checks off, caught a slot table freed at end of input instead of at release). Run on
 the issue's server (one front end), on two front ends over two engine cores (--devices cpu,cpu),
-and on the one-process server.
+and on two front ends over one core.
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ PACKET = 1600  # 100 ms at 16 kHz
 SERVERS = {
     "one-frontend": ((), 1),  # the issue's server
     "two-frontends-two-cores": (("--devices", "cpu,cpu", "--frontends", "2"), 2),
-    "one-process": (("--frontends", "0"), 1),
+    "two-frontends-one-core": (("--frontends", "2"), 1),  # two front ends racing for one slot table
 }
 
 

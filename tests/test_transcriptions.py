@@ -193,9 +193,8 @@ def test_full_server_answers_503_with_the_ws_reason_and_counts_it(server):
     assert server.metric('nemo_serve_file_transcriptions_total{status="200"}') == ok_before + 1
 
 
-def test_in_process_engine_prompt_language_and_a_drain_that_lets_a_file_finish():
-    """A server of its own (SIGTERM ends it): the engine in the server's process (--frontends 0)
-    and a multilingual prompt model. `language` chooses the prompt: a file's tokens are /ws's in
+def test_prompt_language_and_a_drain_that_lets_a_file_finish():
+    """A server of its own (SIGTERM ends it) on a multilingual prompt model. `language` chooses the prompt: a file's tokens are /ws's in
     that language (`de` maps to the model's one German code). A SIGTERM while a long file decodes
     lets it finish, as a drain lets a stream finish: 200 with its whole transcript, then exit 0;
     before that, a client that gives up on a long file stops its decoding."""
@@ -204,7 +203,7 @@ def test_in_process_engine_prompt_language_and_a_drain_that_lets_a_file_finish()
     long_pcm = np.concatenate([pcm16(p)[0] for p in UTTERANCES] * 2)  # about 150 s
     long_wav = io.BytesIO()
     soundfile.write(long_wav, long_pcm, 16000, format="WAV", subtype="PCM_16")
-    with start_server("--frontends", "0", "--num-slots", "2", "--context-right", "13,0", "--drain-timeout-s", "120",
+    with start_server("--num-slots", "2", "--context-right", "13,0", "--drain-timeout-s", "120",
                       model=PROMPT_TEST_MODEL) as srv:  # fmt: skip
         german = asyncio.run(ws_tokens(srv, pcm, rate, language="de-DE"))[0]
         french = asyncio.run(ws_tokens(srv, pcm, rate, language="fr-FR"))[0]
@@ -235,8 +234,11 @@ def test_in_process_engine_prompt_language_and_a_drain_that_lets_a_file_finish()
         while srv.readyz()["open_streams"] < 1:  # the file holds its slot: decoding has begun
             assert time.monotonic() < deadline and post.is_alive(), "the file never took a slot"
             time.sleep(0.01)
-        srv.proc.send_signal(signal.SIGTERM)
-        time.sleep(0.3)
+        srv.proc.send_signal(signal.SIGTERM)  # to the supervisor, which passes it on to the front ends
+        deadline = time.monotonic() + 10
+        while not srv.readyz()["draining"]:
+            assert time.monotonic() < deadline, "the front end never started draining"
+            time.sleep(0.05)
         refused = httpx.post(f"{srv.http_url}/v1/audio/transcriptions", headers=srv.auth_headers,
                              files={"file": ("a.wav", path.read_bytes())}, timeout=30, trust_env=False)  # fmt: skip
         assert post.is_alive(), "the long file finished before the drain could be seen: make it longer"

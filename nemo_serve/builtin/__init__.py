@@ -26,7 +26,9 @@ only when asked for a built-in.
 
 from __future__ import annotations
 
-from .spec import BUILTIN_NAMES, builtin_spec, is_builtin  # noqa: F401 - the package's API
+from .spec import BUILTIN_NAMES, builtin_spec, is_builtin
+
+__all__ = ["BUILTIN_NAMES", "build_builtin", "builtin_spec", "is_builtin"]  # the package's API
 
 
 def build_builtin(name: str, seed: int = 0):

@@ -51,7 +51,7 @@ def run_frontend_process(settings, info, cores: list[CoreEndpoint], frontend: in
     from ..server.app import create_app
     from ..server.runner import serve
 
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, nemo=False)
     k = num_frontends
     settings = settings.model_copy(update={
         "max_connections": max(1, -(-settings.max_connections // k)),

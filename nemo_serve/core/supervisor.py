@@ -1,4 +1,4 @@
-"""The supervisor: the `nemo-serve` process itself when it runs several processes.
+"""The supervisor: the `nemo-serve` process itself, which starts and watches every other one.
 
   1 spawn one engine core per device (--devices; one on --device by default); each loads the
     model and reports its ModelInfo (or a load error: exit 2)  (core_set.py, as a Ray replica)
@@ -60,6 +60,11 @@ class Supervisor:
         self._next_id = 0
         self._deaths: list[float] = []
         self._signals = 0
+        # A signal writes a byte here (signal.set_wakeup_fd), so the watch loop wakes at once and
+        # the front ends start their drain when the supervisor got SIGTERM, not up to a poll later.
+        self._wakeup_r, self._wakeup_w = os.pipe()
+        for fd in (self._wakeup_r, self._wakeup_w):
+            os.set_blocking(fd, False)
         self._port_socket = None
         self._grpc_socket = None
 
@@ -68,6 +73,7 @@ class Supervisor:
         previous = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = self.metrics_dir  # inherited by every child
         handlers = signal.signal(signal.SIGTERM, self._on_signal), signal.signal(signal.SIGINT, self._on_signal)
+        wakeup_fd = signal.set_wakeup_fd(self._wakeup_w)
         try:
             return self._run()
         finally:
@@ -78,14 +84,17 @@ class Supervisor:
                 os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
             else:
                 os.environ["PROMETHEUS_MULTIPROC_DIR"] = previous
+            signal.set_wakeup_fd(wakeup_fd)
             signal.signal(signal.SIGTERM, handlers[0])
             signal.signal(signal.SIGINT, handlers[1])
+            os.close(self._wakeup_r)
+            os.close(self._wakeup_w)
 
     def _run(self) -> int:
         try:
             self.core_set.start()
         except CoreStartError as e:
-            if e.status == 2:  # as the one-process server: one line, status 2
+            if e.status == 2:  # as a bad flag: one line, status 2
                 print(f"nemo-serve: error: {e}", file=sys.stderr, flush=True)
             else:
                 log.error("%s", e)
@@ -138,7 +147,8 @@ class Supervisor:
                 return 1
             alive = [c for c in self.cores if not c.dead]
             sentinels = [c.process.sentinel for c in alive] + [p.sentinel for p in self.frontends.values()]
-            multiprocessing.connection.wait(sentinels, timeout=0.5)
+            if self._wakeup_r in multiprocessing.connection.wait(sentinels + [self._wakeup_r], timeout=0.5):
+                _read_all(self._wakeup_r)
             for core in alive:
                 if not core.process.is_alive():
                     self._core_died(core)
@@ -227,6 +237,14 @@ class Supervisor:
             if sock is not None:
                 sock.close()
         shutil.rmtree(self.ipc_dir, ignore_errors=True)
+
+
+def _read_all(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
 
 
 def _signal(p: mp.Process, sig: int) -> None:

@@ -1,7 +1,7 @@
 """Slot accounting invariants, checked at every loop iteration when the tests ask for it.
 
 Set NEMO_SERVE_CHECK_INVARIANTS to a directory and every step loop (the engine core's, or the
-one-process server's loop thread) checks after each iteration that its books agree:
+in-process harness's loop thread) checks after each iteration that its books agree:
 
   the slot table (engine/slot_table.py, the one record of which streams are open) holds each open
   stream under its own slot and id; each open slot's scheduler row is in its stream's chunk mode;
@@ -12,8 +12,8 @@ one-process server's loop thread) checks after each iteration that its books agr
 
 (engine/loop.py Engine.check_accounting, core/engine_core.py EngineCore.check_invariants,
 engine/harness.py LocalEngine.check_accounting). Any drift raises AccountingError on the loop,
-which fails the engine loudly (an engine core exits FAILED; the one-process loop sets
-LocalEngine.error and the server's watchdog fails every stream).
+which fails the engine loudly (an engine core exits FAILED; the in-process harness's loop sets
+LocalEngine.error, and a server around it fails every stream).
 Each loop also appends, whenever it changes, the number of streams holding a cache row to
 DIR/<name>-<pid>.tsv ("unix time<TAB>rows"): tests read the engine side's count from there.
 

@@ -3,8 +3,8 @@ reads (`StreamResult`, the segment so far), and the assembler that turns one int
 
 The engine emits updates: new token ids and their encoder frames, flags and times. Text and the
 segment's token list are built by the consumer's `ResultAssembler`, on the consumer's side: in
-a front-end process when the engine core runs in its own process, so the core never
-detokenises, and in the engine's own thread in the in-process mode. Importable without torch.
+a front-end process, so the engine core never detokenises (in the in-process harness: the
+engine's own thread). Importable without torch.
 """
 
 from __future__ import annotations

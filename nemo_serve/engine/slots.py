@@ -28,7 +28,6 @@ from nemo.collections.asr.parts.submodules.transducer_decoding.label_looping_bas
 
 from ..nemo_private import decoder_state_after_sos
 from .buckets import max_step_rows
-from .errors import NoFreeSlotError  # noqa: F401 - importable here, as it always was
 
 
 def _size(n: int) -> str:

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 from .endpoint import EndpointConfig, EndpointDetector
 from .frontend import AudioBuffer
-from .results import Detokenizer, ResultAssembler, StreamResult, StreamUpdate  # noqa: F401 - re-exported
+from .phrases import PhraseRequest
+from .results import StreamUpdate
 
 
 @dataclass
@@ -21,7 +22,7 @@ class Stream:
     endpoint_config: EndpointConfig
     frame_s: float
     context_right: int | None = None  # the stream's chunk mode (None: the served default)
-    phrases: "PhraseRequest | None" = None  # phrase boosting (engine/biasing.py); None or empty: none
+    phrases: PhraseRequest | None = None  # phrase boosting (engine/biasing.py); None or empty: none
     audio: AudioBuffer = field(default_factory=AudioBuffer)
     slot: int | None = None  # set at admission (engine/slot_table.py)
     biasing_id: int = -1  # its tree's id in the decoder's multi-model (-1: none)

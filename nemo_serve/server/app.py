@@ -4,8 +4,8 @@
   WS  /v1/realtime  OpenAI Realtime transcription, GA and beta dialects (realtime.py)
   POST /v1/audio/transcriptions  OpenAI's file transcription, through the engine (transcriptions.py)
   POST /v1/realtime/transcription_sessions  NIM's session bootstrap before /v1/realtime (nim_sessions.py)
-  GET /healthz   200 while the step loop is alive
-  GET /readyz    200 with free and total slots; 503 when full, draining or the loop is dead
+  GET /healthz   200 while an engine core serves
+  GET /readyz    200 with free and total slots; 503 when full, draining or no engine core serves
   GET /metrics   Prometheus text format
   GET /          the browser page (static/)
   GET /samples/  the bundled utterances and their manifest, for the page's "Try a sample"

@@ -1,7 +1,7 @@
 """What every socket shares: the engine, the settings, the metrics, the set of open sessions.
 
 Owner: the event loop. Sessions add and remove themselves; drain and the engine watchdog walk
-the set. Nothing here is touched by the step loop thread.
+the set. Nothing here is touched by another thread.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class Session(Protocol):
 
 @dataclass
 class ServerContext:
-    engine: "EngineAPI"  # in process or the engine cores (engine_api.py)
+    engine: "EngineAPI"  # the engine cores (engine_api.py; in tests, the in-process engine)
     settings: Settings
     metrics: ServerMetrics
     sessions: set["Session"] = field(default_factory=set)  # accepted sockets not yet closed
@@ -143,9 +143,10 @@ class ServerContext:
                 pass
 
     async def watch_engine(self, period_s: float = 0.5) -> None:
-        """If the step loop dies, every open stream gets an error instead of hanging forever."""
+        """If the engine fails (no engine core left), every open stream gets an error instead of
+        hanging forever."""
         while self.engine_alive:
             await asyncio.sleep(period_s)
-        log.error("step loop failed: %r; failing %d open streams", self.engine.error, len(self.sessions))
+        log.error("engine failed: %r; failing %d open streams", self.engine.error, len(self.sessions))
         for s in list(self.sessions):
             s.fail(f"engine failed: {type(self.engine.error).__name__}", CLOSE_SERVER_ERROR, "engine")

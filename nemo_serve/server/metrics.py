@@ -2,8 +2,9 @@
 
 Each metric moves at one lifecycle point: open/close of a stream (session), open/close of a
 TCP connection and refusals over the connection caps (connections.py), refusal at the
-handshake or at slot acquisition (app / session), every step (the engine's on_step hook, on
-the loop thread: prometheus-client is thread-safe), every result sent (session).
+handshake or at slot acquisition (app / session), every step (StepMetrics, in the engine-core
+process; a front end's /metrics reads them from PROMETHEUS_MULTIPROC_DIR), every result sent
+(session).
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ def multiprocess_dir() -> str | None:
 
 
 class StepMetrics:
-    """Per-step metrics, observed where the step loop runs (this process or the engine core), by chunk
-    mode (`context_right`): a step runs the streams of one mode."""
+    """Per-step metrics, observed where the step loop runs (the engine core), by chunk mode
+    (`context_right`): a step runs the streams of one mode."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = registry if registry is not None else CollectorRegistry()
@@ -94,9 +95,8 @@ class _SlotGauges:
 class ServerMetrics:
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, num_slots: int, free_slots_fn, steps: bool = True, cores_fn=None, queue_delay_fn=None) -> None:
-        """`steps`: this process runs the step loop (False in a front end: the core observes them).
-        `cores_fn`: each engine core's numbers (EngineGroup.cores), for per-core gauges.
+    def __init__(self, num_slots: int, free_slots_fn, cores_fn=None, queue_delay_fn=None) -> None:
+        """`cores_fn`: each engine core's numbers (EngineGroup.cores), for per-core gauges.
         `queue_delay_fn`: the engine's queue delay in seconds (engine/queue_delay.py)."""
         self.multiprocess = multiprocess_dir() is not None
         r = self.registry = CollectorRegistry()
@@ -121,7 +121,6 @@ class ServerMetrics:
             self.refusals.labels(reason=reason)
         self.connections = Gauge("nemo_serve_connections", "Open TCP connections (HTTP and WebSocket)", registry=r,
                                  multiprocess_mode="livesum")  # fmt: skip
-        self.steps = StepMetrics(r) if steps else None
         self.audio_seconds = Counter("nemo_serve_audio_seconds", "Seconds of audio consumed by the model", registry=r)
         self.partial_latency = Histogram(
             "nemo_serve_partial_latency_seconds",
@@ -137,10 +136,6 @@ class ServerMetrics:
             buckets=_LATENCY_BUCKETS_S,
             registry=r,
         )
-
-    def on_step(self, batch_size: int, seconds: float, context_right: int | None = None) -> None:
-        """Engine hook, called on the loop thread after every step."""
-        self.steps.on_step(batch_size, seconds, context_right)
 
     def stream_opened(self, mode: str) -> None:
         self.open_streams.inc()

@@ -13,6 +13,9 @@ lifecycle.
                       SpeechRecognitionResult per segment the endpointer closed
   GetRivaSpeechRecognitionConfig  the model, its served modes (as model names) and languages
 
+A call's admission, failure and engine results follow lifecycle.py, as a WebSocket session's do;
+its ending item is a gRPC status instead of an error frame and a close.
+
 Errors end only their call: a bad request with INVALID_ARGUMENT, a refusal with
 RESOURCE_EXHAUSTED (no free slot, overloaded) or UNAVAILABLE (draining, engine failed), a missing
 or wrong token with UNAUTHENTICATED, each with the same reason /ws gives.
@@ -32,10 +35,8 @@ from ..engine.results import StreamResult
 from .audio import AudioDecoder, AudioError
 from .connections import ConnectionLimiter
 from .context import Refused, ServerContext
-from .handover import hand_over
-from .logsafe import clean
-from .outbox import Outbox
-from .protocol import CLOSE_GOING_AWAY, CLOSE_PROTOCOL_ERROR, CLOSE_SERVER_ERROR, CLOSE_TRY_AGAIN_LATER, MAX_REASON_CHARS
+from .lifecycle import StreamLifecycle
+from .protocol import CLOSE_GOING_AWAY, CLOSE_PROTOCOL_ERROR, CLOSE_SERVER_ERROR, CLOSE_TRY_AGAIN_LATER
 from .riva_mapping import (
     LeadingWav,
     RivaConfig,
@@ -65,26 +66,22 @@ class _Failure:
         self.status, self.reason = status, reason
 
 
-class RivaCall:
+class RivaCall(StreamLifecycle):
     """One Recognize or StreamingRecognize call, as ServerContext sees a session (drain, fail,
-    drop). Owner: the event loop; the engine's results cross over with call_soon_threadsafe."""
+    drop). Owner: the event loop."""
 
     def __init__(self, ctx: ServerContext, context: grpc.aio.ServicerContext) -> None:
-        self.ctx, self.context = ctx, context
-        self.number = next(_numbers)
-        self.outbox = Outbox()  # StreamResult | _Failure; partials of one segment coalesce
+        number = next(_numbers)
+        super().__init__(ctx, f"riva{number}", log)  # outbox: StreamResult | _Failure; partials coalesce
+        self.context = context
+        self.number = number
         self.config: RivaConfig | None = None
         self.stream = None  # the engine's handle once admitted
-        self.mode_label = str(ctx.model.geometry.context_right)
         self.wav = LeadingWav()
         self.decoder: AudioDecoder | None = None  # made when the input rate is known (WAV header)
         self.input_ended = False
-        self.closing = False
-        self._loop = asyncio.get_running_loop()
         self._task = asyncio.current_task()
-        self._opened_at = 0.0
         self._audio_processed_s = 0.0
-        self._progress = asyncio.Event()  # the model consumed more audio, or the call ends
 
     # ------------------------------------------------------------------ session interface
     def drain(self) -> None:
@@ -97,22 +94,18 @@ class RivaCall:
             except (RivaRequestError, AudioError) as e:  # the audio ended inside its WAV header
                 self.fail(str(e), grpc.StatusCode.INVALID_ARGUMENT, "bad_audio")
 
-    def fail(self, reason: str, code=CLOSE_PROTOCOL_ERROR, reason_label: str = "protocol") -> None:
-        """End the call with a status (a grpc.StatusCode or a WebSocket close code). Idempotent."""
-        if self.closing:
-            return
-        self.closing = True
-        self._abort(reason)
-        self._progress.set()
-        self.ctx.metrics.stream_errors.labels(reason=reason_label).inc()
+    def abort_streams(self, reason: str) -> None:
+        if self.stream is not None:
+            self.ctx.engine.abort(self.stream, reason)  # idempotent; a no-op once the stream is done
+
+    def ending_item(self, reason: str, code) -> _Failure:
+        """The call's status: `code` is a grpc.StatusCode or a WebSocket close code."""
         status = code if isinstance(code, grpc.StatusCode) else _STATUS_FOR_CLOSE.get(code, grpc.StatusCode.INTERNAL)
-        reason = clean(reason, MAX_REASON_CHARS)
-        log.info("riva%d error (%s): %s", self.number, reason_label, reason)
-        self.outbox.put_first(_Failure(status, reason))
+        return _Failure(status, reason)
 
     def drop(self) -> None:
         """The drain's last resort: a client that does not take its status. Cancel the handler."""
-        self._abort("connection dropped")
+        self.abort_streams("connection dropped")
         if self._task is not None:
             self._task.cancel()
 
@@ -120,11 +113,10 @@ class RivaCall:
     def open(self, config: RivaConfig) -> bool:
         """Take a slot, or fail the call with the refusal; the only place a call is admitted."""
         self.config = config
-        ctx = self.ctx
         try:
-            self.stream = ctx.admit(self._on_result, language=config.language, endpoint=config.endpoint,
-                                    context_right=config.context_right, phrases=config.phrases,
-                                    boost=config.boost)  # fmt: skip
+            self.stream = self.admit(self.engine_callback(self._take_result), config.context_right,
+                                     language=config.language, endpoint=config.endpoint, phrases=config.phrases,
+                                     boost=config.boost)  # fmt: skip
         except Refused as e:
             self.fail(e.reason, _STATUS_FOR_REFUSAL.get(e.label, grpc.StatusCode.UNAVAILABLE), "refused")
             return False
@@ -132,9 +124,6 @@ class RivaCall:
             self.fail(f"speech_contexts: {e}" if config.phrases else str(e), grpc.StatusCode.INVALID_ARGUMENT,
                       "bad_config")  # fmt: skip
             return False
-        self._opened_at = time.monotonic()
-        self.mode_label = str(ctx.model.geometry_for(config.context_right).context_right)
-        ctx.metrics.stream_opened(self.mode_label)
         return True
 
     def push(self, data: bytes) -> None:
@@ -186,19 +175,12 @@ class RivaCall:
 
     def seconds_left(self) -> float:
         """Until --max-stream-s of wall time since admission (the audio cap is in _push_pcm)."""
-        return max(0.0, self._opened_at + self.ctx.settings.max_stream_s - time.monotonic())
+        return max(0.0, self.opened_at + self.ctx.settings.max_stream_s - time.monotonic())
 
     # ------------------------------------------------------------------ results
-    def _on_result(self, result: StreamResult) -> None:
-        """Engine callback (its loop thread, or the front end's event loop): hand over at once."""
-        hand_over(self._loop, self._take_result, result)
-
     def _take_result(self, r: StreamResult) -> None:
-        if self.closing:
-            return
-        if r.error is not None:
-            self.fail(f"engine error: {r.error}", grpc.StatusCode.INTERNAL, "engine")
-            return
+        """An engine result on the event loop (lifecycle.py has dropped it after a failure, and
+        failed the call on an engine error)."""
         self.ctx.metrics.audio_seconds.inc(max(0.0, r.audio_processed_s - self._audio_processed_s))
         self._audio_processed_s = max(self._audio_processed_s, r.audio_processed_s)
         self._progress.set()
@@ -222,15 +204,10 @@ class RivaCall:
 
     def close(self) -> None:
         """The handler's `finally:` whatever ended the call: the slot comes back, metrics settle."""
-        self._abort("call ended")
-        if self.stream is not None:
-            self.ctx.metrics.stream_closed(self.mode_label)
-            self.stream = None
+        self.abort_streams("call ended")
+        self.settle()
+        self.stream = None
         self.closing = True
-
-    def _abort(self, reason: str) -> None:
-        if self.stream is not None:
-            self.ctx.engine.abort(self.stream, reason)  # idempotent; a no-op once the stream is done
 
 
 class RivaSpeechRecognition:

@@ -1,10 +1,10 @@
-"""Run the app under uvicorn, with a graceful drain on SIGTERM / Ctrl-C.
+"""Run a front end's app under uvicorn, with a graceful drain on SIGTERM.
 
 uvicorn's own shutdown closes every open WebSocket at once with code 1012, which would throw
-away the final result of every stream in flight. So the first SIGTERM or SIGINT starts our
-drain instead (stop admitting, end each stream's input, wait for the finals, bounded by
---drain-timeout-s) and only then lets uvicorn shut down. A second signal falls through to
-uvicorn: immediate shutdown, as an operator pressing Ctrl-C twice expects.
+away the final result of every stream in flight. So the first SIGTERM (the supervisor passes on
+its own SIGTERM or Ctrl-C) starts our drain instead (stop admitting, end each stream's input,
+wait for the finals, bounded by --drain-timeout-s) and only then lets uvicorn shut down. A
+second SIGTERM falls through to uvicorn: immediate shutdown.
 
 With --grpc-port, the Riva gRPC server (riva_grpc.py) runs on the same event loop: started
 after the app's lifespan (the engine is up), drained with the WebSocket streams (its calls are
@@ -17,6 +17,7 @@ import asyncio
 import logging
 import resource
 import signal
+import socket
 import sys
 
 import uvicorn
@@ -34,13 +35,9 @@ RIVA_STOP_GRACE_S = 1.0
 
 
 class DrainingServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, ctx: ServerContext, ignore_sigint: bool = False) -> None:
-        """`ignore_sigint`: a front-end process, whose supervisor turns Ctrl-C into one SIGTERM
-        (the terminal sends SIGINT to the whole process group: counting it too would make the
-        first Ctrl-C a "second signal" and skip the drain)."""
+    def __init__(self, config: uvicorn.Config, ctx: ServerContext) -> None:
         super().__init__(config)
         self.ctx = ctx
-        self.ignore_sigint = ignore_sigint
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain_task: asyncio.Task | None = None
         self._grpc = None  # grpc.aio.Server with --grpc-port
@@ -70,7 +67,10 @@ class DrainingServer(uvicorn.Server):
         await super().shutdown(sockets)
 
     def handle_exit(self, sig: int, frame) -> None:
-        if self.ignore_sigint and sig == signal.SIGINT:
+        # A front end's supervisor turns Ctrl-C into one SIGTERM (the terminal sends SIGINT to the
+        # whole process group: counting it too would make the first Ctrl-C a "second signal" and
+        # skip the drain).
+        if sig == signal.SIGINT:
             return
         if self._drain_task is None and self._loop is not None and self.started and not self.should_exit:
             log.info("received %s: draining (send it again to quit at once)", signal.Signals(sig).name)
@@ -90,9 +90,9 @@ class DrainingServer(uvicorn.Server):
             self.should_exit = True
 
 
-def serve(app, ctx: ServerContext, settings: Settings, sock=None) -> None:
-    """`sock`: a bound socket to serve on (a front-end process's SO_REUSEPORT socket); None
-    binds --host/--port."""
+def serve(app, ctx: ServerContext, settings: Settings, sock: socket.socket) -> None:
+    """Serve a front-end process's app on `sock`, its bound SO_REUSEPORT socket (the supervisor
+    owns --host/--port)."""
     soft_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     max_total = max_connections_for(settings.max_connections, None if soft_limit == resource.RLIM_INFINITY else soft_limit)
     if max_total < settings.max_connections:
@@ -118,5 +118,4 @@ def serve(app, ctx: ServerContext, settings: Settings, sock=None) -> None:
     )
     # After uvicorn.Config, which has just (re)configured uvicorn's handlers.
     logsafe.install(secrets=(settings.auth_token,) if settings.auth_token else ())
-    server = DrainingServer(config, ctx, ignore_sigint=sock is not None)
-    server.run(sockets=[sock] if sock is not None else None)
+    DrainingServer(config, ctx).run(sockets=[sock])

@@ -6,7 +6,8 @@ means and what a result looks like is the socket's wire format.
                        admission (`open`: the one call, ServerContext.admit), idle and duration
                        timeouts, backpressure, the bounded outbox, drain, the error and close
                        frames, and in `finally:` the abort of every engine stream, so a slot is
-                       never leaked whatever way the socket ends.
+                       never leaked whatever way the socket ends. Admission, failure and the
+                       engine's results follow lifecycle.py, as a Riva gRPC call's do.
   WireFormat (below)   one module per protocol: parses a client frame and acts through the
                        session's public methods (open, end_input, queue, fail), owns its engine
                        streams, and renders the results the send task takes from the outbox.
@@ -15,14 +16,13 @@ means and what a result looks like is the socket's wire format.
 A new WebSocket protocol is one wire-format module and a route in app.py. Riva gRPC
 (riva_grpc.py + riva_mapping.py) and file transcription (file_transcription.py +
 transcript_formats.py) have transports of their own (a gRPC call, an HTTP request); they share
-the admission call, the outbox and tokens.py.
+the admission call, the outbox and tokens.py, and a gRPC call this lifecycle (lifecycle.py).
 
   receive task: frames -> wire.on_text / on_bytes -> engine.push / finish (never writes)
   send task:    outbox (messages, engine results, Close) -> frames -> close (the only writer)
 
-The engine calls back on its loop thread; `engine_callback` moves a result into the event loop
-with `call_soon_threadsafe`, where it waits in the outbox (outbox.py: bounded, partials
-coalesced). Nothing here blocks the loop thread. Every write has a deadline: --send-timeout-s for
+`engine_callback` (lifecycle.py) moves an engine result into the event loop, where it waits in
+the outbox (outbox.py: bounded, partials coalesced). Every write has a deadline: --send-timeout-s for
 results, then CLOSE_TIMEOUT_S for the error and close frames; a client that cannot take those
 either is dropped (TCP), so a client that stops reading frees its slot in bounded time.
 """
@@ -42,15 +42,11 @@ from starlette.websockets import WebSocket
 from ..engine.results import StreamResult
 from .audio import AudioError
 from .context import Refused, ServerContext
-from .handover import hand_over
-from .logsafe import clean
-from .outbox import Outbox
+from .lifecycle import StreamLifecycle
 from .protocol import (
-    CLOSE_PROTOCOL_ERROR,
     CLOSE_SERVER_ERROR,
     CLOSE_TOO_BIG,
     CLOSE_TRY_AGAIN_LATER,
-    MAX_REASON_CHARS,
     ProtocolError,
     ProtocolState,
     check_transition,
@@ -115,21 +111,15 @@ class WireFormat(Protocol):
         """Render and send one engine result from the outbox; True once the socket is closed."""
 
 
-class Session:
+class Session(StreamLifecycle):
     def __init__(self, ws: WebSocket, ctx: ServerContext, make_wire: Callable[["Session"], WireFormat]) -> None:
+        number = next(_numbers)
+        super().__init__(ctx, f"ws{number}", log)  # outbox: rendered messages | StreamResult | Close
         self.ws = ws
-        self.ctx = ctx
-        self.number = next(_numbers)  # for task names and logs
+        self.number = number  # for task names and logs
         self.state = ProtocolState.CONNECTED
-        self.outbox = Outbox()  # rendered messages | StreamResult | Close
-        self.mode_label = str(ctx.model.geometry.context_right)  # the stream's chunk mode, for metrics
         self.end_reason: str | None = None  # why input ended: "end", "draining", "max_stream_duration"
-        self.closing = False  # a Close is queued: ignore everything else
-        self.client_gone = False
         self.last_message = time.monotonic()  # the idle clock
-        self.opened_at = 0.0  # the duration clock
-        self._loop = asyncio.get_running_loop()
-        self._progress = asyncio.Event()  # set when the model consumed more audio, or the stream ends
         self.wire = make_wire(self)
 
     # ------------------------------------------------------------------ lifecycle
@@ -147,12 +137,11 @@ class Session:
             if not send.done() and not self.client_gone:
                 await send  # flush the results still owed, the error if any, then close
         finally:
-            self.wire.abort("connection closed")
+            self.abort_streams("connection closed")
             for task in (recv, send):
                 task.cancel()
             await asyncio.gather(recv, send, return_exceptions=True)
-            if self.state is ProtocolState.STREAMING or self.state is ProtocolState.ENDING:
-                self.ctx.metrics.stream_closed(self.mode_label)
+            self.settle()
             if self.state is not ProtocolState.CLOSED:
                 self._set_state(ProtocolState.CLOSED)
             self.ctx.remove(self)
@@ -164,17 +153,14 @@ class Session:
         whose engine streams open later). Refused: 1013; options the engine does not serve:
         1008; either way the session stays CONNECTED, which is what callers check."""
         try:
-            handle = self.ctx.admit(on_result, context_right=context_right, **stream_options)
+            handle = self.admit(on_result, context_right, **stream_options)
         except Refused as e:
             self.fail(e.reason, code=CLOSE_TRY_AGAIN_LATER, reason_label="refused")
             return None
         except ValueError as e:  # unknown language or mode (the message lists the valid ones), bad phrases
             self.fail(str(e), reason_label="bad_config")
             return None
-        self.opened_at = time.monotonic()
         self._set_state(ProtocolState.STREAMING)
-        self.mode_label = str(self.ctx.model.geometry_for(context_right).context_right)
-        self.ctx.metrics.stream_opened(self.mode_label)
         return handle
 
     def end_input(self, reason: str) -> None:
@@ -192,18 +178,12 @@ class Session:
         elif self.state is ProtocolState.STREAMING:
             self.end_input("draining")
 
-    def fail(self, reason: str, code: int = CLOSE_PROTOCOL_ERROR, reason_label: str = "protocol") -> None:
-        """Abort the stream (its slot comes back between steps), tell the client why, close.
-        Idempotent. The close jumps the outbox queue: results still waiting are dropped."""
-        if self.closing or self.client_gone:
-            return
-        self.closing = True
-        self._progress.set()
+    def abort_streams(self, reason: str) -> None:
         self.wire.abort(reason)
-        self.ctx.metrics.stream_errors.labels(reason=reason_label).inc()
-        reason = clean(reason, MAX_REASON_CHARS)
-        log.info("ws%d error (%s): %s", self.number, reason_label, reason)
-        self.outbox.put_first(Close(code, reason, error=True))
+
+    def ending_item(self, reason: str, code: int) -> Close:
+        """After a failure: the wire format's error frame, then the close."""
+        return Close(code, reason, error=True)
 
     def close(self, code: int, reason: str) -> None:
         """Close normally once what is queued before it was sent."""
@@ -223,24 +203,6 @@ class Session:
         self.state = check_transition(self.state, new)
 
     # ------------------------------------------------------------------ engine results
-    def engine_callback(self, take: Callable[[StreamResult], None]) -> Callable[[StreamResult], None]:
-        """An engine result callback: on the loop thread it hands the result over and returns at
-        once; on the event loop, `take` gets it unless the session is closing or it is an error
-        (which fails the stream)."""
-
-        def on_result(result: StreamResult) -> None:
-            hand_over(self._loop, self._take, take, result)
-
-        return on_result
-
-    def _take(self, take: Callable[[StreamResult], None], r: StreamResult) -> None:
-        if self.closing or self.client_gone:
-            return
-        if r.error is not None:
-            self.fail(f"engine error: {r.error}", code=CLOSE_SERVER_ERROR, reason_label="engine")
-            return
-        take(r)
-
     def consumed(self, seconds: float) -> None:
         """The model consumed `seconds` more of this socket's audio (counted whether or not the
         client reads, so backpressure never waits on the client)."""

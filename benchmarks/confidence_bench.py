@@ -39,6 +39,7 @@ from benchmarks.common import run_record, write_json  # noqa: E402
 
 def engine_part(args) -> list[dict]:
     from nemo_serve.engine.endpoint import EndpointConfig
+    from nemo_serve.engine.harness import LocalEngine
     from nemo_serve.engine.loop import Engine
     from nemo_serve.model import load_model
     from nemo_serve.selftest import BUNDLED_MANIFEST, load_utterances
@@ -55,8 +56,8 @@ def engine_part(args) -> list[dict]:
                 engines, results, steps = {}, {}, {}
                 for conf in (False, True):
                     steps[conf] = []
-                    engines[conf] = Engine(model, num_slots=b, endpoint=EndpointConfig.off(), token_confidence=conf,
-                                           on_step=lambda *_, c=conf: steps[c].append(1))  # fmt: skip
+                    engines[conf] = LocalEngine(Engine(model, num_slots=b, endpoint=EndpointConfig.off(), token_confidence=conf),
+                                                on_step=lambda *_, c=conf: steps[c].append(1))  # fmt: skip
                     results[conf] = [[] for _ in range(b)]
                     streams = [engines[conf].open_stream(results[conf][i].append) for i in range(b)]
                     engines[conf].iterate()

@@ -3,8 +3,7 @@
     python benchmarks/host_bench.py --streams 1000,4000,16000 --context-right 0,13 \
         --out benchmarks/results/host_core_cpu.json
 
-What one stream-step costs the loop thread besides the model: draining the inbox, absorbing audio,
-readiness, grouping, assembling feature input, building the step batch, turning the step's tokens
+What one stream-step costs the loop thread besides the model: taking the audio in, readiness, grouping, assembling feature input, building the step batch, turning the step's tokens
 into results (text, endpointing) and handing them to the consumer. The model's own work is stubbed:
 the preprocessor returns a zero tensor of the right shape, and the step returns one token per
 three encoder frames without touching the slots, through the same host-side result handling as
@@ -78,10 +77,11 @@ def measure(model, num_streams: int, seconds: float, tokens_per_frame: float, re
     iterations come every few milliseconds, when only some streams have a new chunk."""
     from nemo_serve.engine import loop
     from nemo_serve.engine.endpoint import EndpointConfig
+    from nemo_serve.engine.harness import LocalEngine
 
     g = model.geometry
-    engine = loop.Engine(model, num_slots=num_streams, max_batch=num_streams, endpoint=EndpointConfig())
-    engine.features.pre = _StubPreprocessor(model.num_mels, g.hop_samples)
+    engine = LocalEngine(loop.Engine(model, num_slots=num_streams, max_batch=num_streams, endpoint=EndpointConfig()))
+    engine.engine.features.pre = _StubPreprocessor(model.num_mels, g.hop_samples)
     real_step, loop.run_step = loop.run_step, _stub_step(tokens_per_frame, num_streams)
     try:
         streams = [engine.open_stream(lambda r: None) for _ in range(num_streams)]

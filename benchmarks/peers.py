@@ -36,10 +36,11 @@ def loaded_engine(model, audios: list[np.ndarray], on_result, kv_cache: bool = T
     then steps all B streams at once. on_result(i, result) receives stream i's results. The
     first `boosted` streams boost BENCH_PHRASES (engine/biasing.py)."""
     from nemo_serve.engine.endpoint import EndpointConfig
+    from nemo_serve.engine.harness import LocalEngine
     from nemo_serve.engine.loop import Engine
 
     b = len(audios)
-    eng = Engine(model, num_slots=b, max_batch=b, endpoint=EndpointConfig.off(), kv_cache=kv_cache)
+    eng = LocalEngine(Engine(model, num_slots=b, max_batch=b, endpoint=EndpointConfig.off(), kv_cache=kv_cache))
     for i, a in enumerate(audios):
         stream = eng.open_stream(partial(on_result, i), phrases=BENCH_PHRASES if i < boosted else None)
         eng.push(stream, a)

@@ -76,10 +76,11 @@ def negative_set() -> list[dict]:
 def transcribe(model, audios: list[np.ndarray], phrases: list[str] | None, boost: float) -> list[str]:
     """All utterances as streams of one engine, stepped together; each stream boosts `phrases`."""
     from nemo_serve.engine.endpoint import EndpointConfig
+    from nemo_serve.engine.harness import LocalEngine
     from nemo_serve.engine.loop import Engine
 
     texts: list[list[str]] = [[] for _ in audios]
-    eng = Engine(model, num_slots=len(audios), endpoint=EndpointConfig.off())
+    eng = LocalEngine(Engine(model, num_slots=len(audios), endpoint=EndpointConfig.off()))
     for i, a in enumerate(audios):
         s = eng.open_stream(lambda r, i=i: texts[i].append(r.text) if r.is_final else None,
                             phrases=phrases, boost=boost if phrases else None)  # fmt: skip

@@ -4,7 +4,7 @@ them here, so a setting reaches the engine the same way everywhere:
   core/engine_core.py                 load_engine (the engine an engine-core process drives)
   core/frontend_process.py            frontend_context (the group of engine cores a front end talks to)
   ray_serve.py                        frontend_context, on cores the replica starts (core/core_set.py)
-  tests                               engine_for (the in-process engine, a harness), server_context
+  tests, --selftest, benchmarks       in_process_engine (the engine behind engine/harness.py), server_context
 
 Torch is imported only by the functions that build an engine (a front end never calls them).
 """
@@ -20,11 +20,13 @@ from .server.metrics import ServerMetrics
 
 if TYPE_CHECKING:
     from .engine.geometry import ModelInfo
+    from .engine.harness import LocalEngine
     from .engine.loop import Engine
 
 
 def engine_for(model, settings: Settings) -> "Engine":
-    """The in-process engine for a loaded model, with every engine setting from `settings`."""
+    """The engine for a loaded model, with every engine setting from `settings`: single-threaded,
+    for its owner to drive (an engine core, or the in-process harness)."""
     from .engine.loop import Engine
 
     return Engine(
@@ -35,7 +37,6 @@ def engine_for(model, settings: Settings) -> "Engine":
         kv_cache=settings.kv_cache,
         token_confidence=settings.word_confidence,
         phrase_limits=settings.phrase_limits,
-        max_queue_delay_s=settings.max_queue_delay_s,
     )
 
 
@@ -50,6 +51,13 @@ def load_engine(settings: Settings, device: str | None = None) -> "Engine":
     engine = engine_for(model, settings)
     engine.prepare()  # CUDA: every graph captured now, not during traffic (logs one line)
     return engine
+
+
+def in_process_engine(model, settings: Settings) -> "LocalEngine":
+    """engine_for's engine behind the in-process EngineAPI (engine/harness.py)."""
+    from .engine.harness import LocalEngine
+
+    return LocalEngine(engine_for(model, settings), max_queue_delay_s=settings.max_queue_delay_s)
 
 
 def server_context(engine: EngineAPI, settings: Settings) -> ServerContext:

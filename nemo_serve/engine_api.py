@@ -1,13 +1,13 @@
 """The engine interface the server is written against: declared here, implemented twice.
 
-  engine/loop.py Engine     in process: the step loop on a thread (a harness: tests, --selftest, benchmarks)
-  core/group.py EngineGroup  the engine-core processes (one or several, one per device), reached
-                             through shared memory and a control channel; a group of one core
-                             when there is one core, so no caller asks which kind it holds
+  engine/harness.py LocalEngine  in process: the Engine on a thread (a harness: tests, --selftest, benchmarks)
+  core/group.py EngineGroup      the engine-core processes (one or several, one per device), reached
+                                 through shared memory and a control channel; a group of one core
+                                 when there is one core, so no caller asks which kind it holds
 
-Servers run the group (compose.py); the in-process engine stands in for it in tests. Server code (server/*, the front ends) uses only these members and never
-tests for others (no hasattr): a member added here must exist in both, and
-tests/test_engine_api.py checks that it does. Torch-free, as every front end is.
+Servers run the group (compose.py); the in-process engine stands in for it in tests. Server code
+(server/*, the front ends) uses only these members and never tests for others (no hasattr): a
+member added here must exist in both, and tests/test_engine_api.py checks that it does. Torch-free, as every front end is.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ import numpy as np
 
 from .audio_io import audio_path, load_manifest, read_audio
 from .engine.endpoint import EndpointConfig
+from .engine.harness import LocalEngine
 from .engine.loop import Engine
 from .model import ServedModel, load_model
 from .oracle import oracle_transcribe
@@ -111,13 +112,15 @@ def run_engine(
     results: list[list] = [[] for _ in utts]
     done = [threading.Event() for _ in utts]
     batch_sizes: list[int] = []
-    engine = Engine(
-        model,
-        num_slots=num_slots,
-        max_batch=max_batch,
-        endpoint=EndpointConfig(),  # endpointing on: segments must not change tokens
+    engine = LocalEngine(
+        Engine(
+            model,
+            num_slots=num_slots,
+            max_batch=max_batch,
+            endpoint=EndpointConfig(),  # endpointing on: segments must not change tokens
+            kv_cache=kv_cache,
+        ),
         on_step=lambda b, _s, _mode: batch_sizes.append(b),
-        kv_cache=kv_cache,
     )
     print(engine.summary(), file=out, flush=True)
     engine.start()

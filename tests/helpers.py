@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from nemo_serve.engine.endpoint import EndpointConfig
+from nemo_serve.engine.harness import LocalEngine
 from nemo_serve.engine.loop import Engine
 from nemo_serve.model import load_model
 from nemo_serve.selftest import BUNDLED_MANIFEST, load_utterances, synthetic_utterances
@@ -38,7 +39,7 @@ class Driven:
 
 
 def drive(
-    engine: Engine,
+    engine: LocalEngine,
     audios: list[np.ndarray],
     *,
     packet: int | list[int] = 1600,
@@ -88,14 +89,24 @@ def drive(
     raise AssertionError("streams did not finish")
 
 
-def assert_engine_empty(engine: Engine) -> None:
-    """No slot or stream left behind."""
+def assert_engine_empty(engine: LocalEngine | Engine) -> None:
+    """No slot or stream left behind (in the harness and in its Engine)."""
     engine.iterate()
     assert engine.num_open_streams == 0
-    assert engine.slots.num_free == engine.num_slots and not engine.slots.held.any()
-    assert not engine.scheduler.active.any() and not engine.pool.boosted.any()
-    assert not engine.loop_stream_ids
+    if isinstance(engine, LocalEngine):
+        assert engine.num_free_slots == engine.num_slots and engine.open_by_mode() == {}
+        engine = engine.engine
+    assert engine.num_open_streams == 0 and engine.slots.num_free == engine.num_slots
+    assert not engine.slots.held.any() and not engine.pool.boosted.any()
+    assert not engine.loop_stream_ids and engine.check_accounting() == 0
 
 
-def new_engine(m, num_slots: int = 8, endpoint: EndpointConfig | None = None, **kw) -> Engine:
+def new_engine(m, num_slots: int = 8, endpoint: EndpointConfig | None = None, max_queue_delay_s: float = 0.0,
+               **kw) -> LocalEngine:  # fmt: skip
+    """The in-process engine (engine/harness.py): open_stream, push, iterate on this thread."""
+    return LocalEngine(bare_engine(m, num_slots, endpoint, **kw), max_queue_delay_s=max_queue_delay_s)
+
+
+def bare_engine(m, num_slots: int = 8, endpoint: EndpointConfig | None = None, **kw) -> Engine:
+    """The Engine alone, as an engine core drives it: admit(slot=...), take_audio, iterate."""
     return Engine(m, num_slots=num_slots, endpoint=endpoint or EndpointConfig.off(), **kw)

@@ -49,7 +49,7 @@ def test_gather_buffer_is_sized_once_and_not_grown():
 
 def _bucketed_engine(m, num_slots, max_rows):
     eng = helpers.new_engine(m, num_slots)
-    eng.pool = SlotPool(m, num_slots, eng.encoder.channel_shape, max_rows=max_rows)
+    eng.engine.pool = SlotPool(m, num_slots, eng.engine.encoder.channel_shape, max_rows=max_rows)
     return eng
 
 
@@ -68,7 +68,7 @@ def test_buckets_padding_and_splits_match_oracle_every_mode_fp32(context_right):
         driven = helpers.drive(eng, audios, packet=packet, start_tick=start)
         for i in range(len(audios)):
             assert driven.tokens(i) == refs[i], (packet, i)
-        st = stepper_for(m, eng.encoder, eng.pool)
+        st = stepper_for(m, eng.engine.encoder, eng.engine.pool)
         assert st.sizes == [1, 2, 4, 5]
         if start == [0] * 7:
             assert st.parts > eng.stats.steps  # steps were split
@@ -87,21 +87,21 @@ def test_power_of_two_padding_matches_oracle_prompt_model():
     driven = helpers.drive(eng, audios, packet=[4000, 1280], start_tick=[0, 0, 0, 1, 2, 2], languages=languages)
     for i, (a, lang) in enumerate(zip(audios, languages)):
         assert driven.tokens(i) == oracle_transcribe(m, a, language=lang).token_ids, (i, lang)
-    assert stepper_for(m, eng.encoder, eng.pool).padded_rows > 0
+    assert stepper_for(m, eng.engine.encoder, eng.engine.pool).padded_rows > 0
     helpers.assert_engine_empty(eng)
 
 
 def test_padded_rows_touch_only_the_scratch_slot():
     m = helpers.model(None, 3)
     eng = _bucketed_engine(m, 6, 4)
-    pool, g = eng.pool, m.geometry
+    pool, g = eng.engine.pool, m.geometry
     for i in range(3):
         pool.open_row(i)
     before = [t.clone() for t in pool._slot_tensors()]
     scratch_len = int(pool.cache_last_channel_len[pool.scratch])
     feats = torch.randn(3, m.num_mels, g.first_frames)
     with torch.inference_mode():
-        r = run_step(m, eng.encoder, pool, StepBatch(np.array([0, 1, 2]), feats, [g.first_frames] * 3, True, None))
+        r = run_step(m, eng.engine.encoder, pool, StepBatch(np.array([0, 1, 2]), feats, [g.first_frames] * 3, True, None))
     assert len(r.token_ids) == 3  # the padded fourth row's results are not returned
     for i, t in enumerate(pool._slot_tensors()):
         axis = 1 if t.dim() >= 2 and t.shape[0] != pool.num_slots + 1 else 0
@@ -114,18 +114,18 @@ def test_padded_rows_touch_only_the_scratch_slot():
 def test_freed_slots_are_reset_in_one_batch_before_the_next_step():
     m = helpers.model(None, 3)
     eng = helpers.new_engine(m, 4)
-    pool, g = eng.pool, m.geometry
+    pool, g = eng.engine.pool, m.geometry
     for i in range(3):
         pool.open_row(i)
     feats = torch.randn(3, m.num_mels, g.first_frames)
     with torch.inference_mode():
-        run_step(m, eng.encoder, pool, StepBatch(np.array([0, 1, 2]), feats, [g.first_frames] * 3, True, None))
+        run_step(m, eng.engine.encoder, pool, StepBatch(np.array([0, 1, 2]), feats, [g.first_frames] * 3, True, None))
     assert (pool.cache_last_channel_len[:3] > 0).all()
     pool.close_row(0)
     pool.close_row(2)
     assert pool._to_reset == [0, 2] and pool.cache_last_channel_len[0] > 0
     with torch.inference_mode():
-        run_step(m, eng.encoder, pool, StepBatch(np.array([1]), feats[:1, :, :], [g.first_frames], True, None))
+        run_step(m, eng.engine.encoder, pool, StepBatch(np.array([1]), feats[:1, :, :], [g.first_frames], True, None))
     assert pool._to_reset == []
     assert pool.cache_last_channel_len[0] == 0 and pool.cache_last_channel_len[2] == 0
     assert pool.decoded_lengths[0] == 0 and pool.labels[2] == m.blank_id

@@ -123,7 +123,7 @@ def test_engine_without_kv_cache_runs_nemo_layers_and_agrees():
     runs = {}
     for kv in (True, False):
         engine = helpers.new_engine(m, 3, kv_cache=kv)
-        assert engine.encoder.kind == ("kv" if kv else "nemo")
+        assert engine.engine.encoder.kind == ("kv" if kv else "nemo")
         driven = helpers.drive(engine, audios, packet=2400, start_tick=[0, 1, 4])
         runs[kv] = [driven.tokens(i) for i in range(3)]
     assert runs[True] == runs[False]

@@ -44,7 +44,7 @@ def missing_members(impl: object) -> list[str]:
 
 @pytest.fixture(scope="module")
 def engine():
-    return compose.engine_for(helpers.model(None, None), Settings.from_sources({"num_slots": 2}, {}))
+    return compose.in_process_engine(helpers.model(None, None), Settings.from_sources({"num_slots": 2}, {}))
 
 
 @pytest.fixture

@@ -17,12 +17,10 @@ def pre(request):
 def incremental(pre, x: np.ndarray, packet: int, neighbour: bool) -> torch.Tensor:
     fe = FeatureExtractor(pre, hop=160, n_fft=512, device=torch.device("cpu"))
     other = AudioBuffer()  # a batch neighbour: batching must not change a stream's features
-    other.push(np.full(40000, 0.01, np.float32))
-    other.absorb()
+    other.extend((np.full(40000, 0.01, np.float32),), 0.0)
     a, t, frames = AudioBuffer(), 0, []
     for s in range(0, len(x), packet):
-        a.push(x[s : s + packet])
-        a.absorb()
+        a.extend((x[s : s + packet],), 0.0)
         avail = fe.frames_available(a)
         if avail > t:
             if neighbour:
@@ -32,7 +30,6 @@ def incremental(pre, x: np.ndarray, packet: int, neighbour: bool) -> torch.Tenso
             t = avail
         a.discard_before(fe.first_sample_needed(t))
     a.finish()
-    a.absorb()
     avail = fe.frames_available(a)
     if avail > t:
         frames.append(fe.compute([a], [t], avail - t)[0])
@@ -89,35 +86,24 @@ def test_tolerance_catches_a_one_sample_misalignment(pre):
 def test_frames_wait_for_two_hop_margin(pre):
     fe = FeatureExtractor(pre, hop=160, n_fft=512, device=torch.device("cpu"))
     a = AudioBuffer()
-    a.push(np.zeros(319, np.float32))
-    a.absorb()
+    a.extend((np.zeros(319, np.float32),), 0.0)
     assert fe.frames_available(a) == 0
-    a.push(np.zeros(1, np.float32))
-    a.absorb()
+    a.extend((np.zeros(1, np.float32),), 0.0)
     assert fe.frames_available(a) == 1  # frame 0 reads samples up to 319
     a.finish()
-    a.absorb()
     assert fe.frames_available(a) == 320 // 160 + 1
 
 
-def test_push_after_finish_is_refused():
-    a = AudioBuffer()
-    a.finish()
-    with pytest.raises(RuntimeError):
-        a.push(np.zeros(10, np.float32))
-
-
-def test_loop_side_extend_equals_push_and_absorb():
-    """The engine core copies wrapped ring halves straight into the buffer (`extend`); the samples,
-    the arrival bookkeeping and what a chunk reads must be those of push + absorb."""
+def test_samples_in_pieces_equal_samples_in_one():
+    """The engine core copies wrapped ring halves straight into the buffer; the samples, the
+    arrival bookkeeping and what a chunk reads must be those of the same packets in one piece."""
     rng = np.random.default_rng(1)
     packets = [rng.standard_normal(n).astype(np.float32) for n in (1600, 0, 37, 20000, 5)]
     pushed, extended = AudioBuffer(), AudioBuffer()
     for i, p in enumerate(packets):
-        pushed.push(p, arrived=float(i))
+        pushed.extend((p,), float(i))
         cut = len(p) // 3
         extended.extend((p[:cut], p[cut:]), float(i))
-    pushed.absorb()
     assert extended.num_samples == pushed.num_samples == sum(map(len, packets))
     a, b = np.empty(30000, np.float32), np.empty(30000, np.float32)
     pushed.copy_segment(-100, a)

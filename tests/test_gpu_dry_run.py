@@ -143,7 +143,7 @@ def test_decoder_capture_failure_falls_back_mode_by_mode():
     from . import helpers
 
     m = helpers.model("builtin:tiny-prompt", 3)
-    enc = helpers.new_engine(m, 4).encoder
+    enc = helpers.bare_engine(m, 4).encoder
     base = m.decoding_computer
     modes = type(base).CudaGraphsMode
 

@@ -491,7 +491,7 @@ def test_same_origin_needs_a_loopback_host_on_a_loopback_server():
 
 
 def _result(segment: int, ids: list[int], is_final: bool = False):
-    from nemo_serve.engine.stream import StreamResult
+    from nemo_serve.engine.results import StreamResult
 
     text = "".join(chr(ord("a") + i % 26) for i in ids)
     return StreamResult("s", text, segment, is_final, [], ids, [0.0] * len(ids), 0.0, 0.0, 0.0, done=False)

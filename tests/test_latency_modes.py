@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 
 from nemo_serve.config import Settings, SettingsError
-from nemo_serve.engine.scheduler import Scheduler
 from nemo_serve.model import UnsupportedModeError, load_model
 from nemo_serve.oracle import oracle_transcribe
 
 from . import helpers
+from .test_scheduler import SchedulerAlone
 
 
 @pytest.fixture(scope="module")
@@ -59,12 +59,12 @@ class _G:
         self.chunk_ms = 80.0 * (r + 1)
 
 
-def _ready_first_chunk(s: Scheduler, slot: int, g: _G) -> None:
+def _ready_first_chunk(s: SchedulerAlone, slot: int, g: _G) -> None:
     s.set_audio(slot, (g.first_frames - 1) * 160 + 400, False)  # just enough for the first chunk
 
 
 def test_modes_never_share_a_call_and_the_short_chunks_go_first():
-    s = Scheduler(_G(13), num_slots=6, max_batch=6, margin_samples=400)
+    s = SchedulerAlone(_G(13), num_slots=6, max_batch=6, margin_samples=400)
     modes = [13, 0, 13, 3, 0, 13]
     for slot, r in enumerate(modes):
         s.admit(slot, _G(r))
@@ -79,7 +79,7 @@ def test_a_burst_of_long_chunks_does_not_starve_the_short_ones():
     """40 streams at 1120 ms became ready a second before 4 streams at 80 ms; 8 rows per plan.
     Earliest deadline first: the 80 ms chunks (due 80 ms after ready) go in the first plan, ahead of
     the 1120 ms chunks that have waited longer but are due later."""
-    s = Scheduler(_G(13), num_slots=44, max_batch=8, margin_samples=400)
+    s = SchedulerAlone(_G(13), num_slots=44, max_batch=8, margin_samples=400)
     for slot in range(40):
         s.admit(slot, _G(13))
         _ready_first_chunk(s, slot, _G(13))
@@ -92,7 +92,7 @@ def test_a_burst_of_long_chunks_does_not_starve_the_short_ones():
     assert [len(g) for g in groups] == [4, 4]  # and the remaining rows to the oldest long chunks
     assert groups[1].slots.tolist() == [0, 1, 2, 3]
     # A long chunk past its deadline goes before a short one that is not.
-    s2 = Scheduler(_G(13), num_slots=2, max_batch=1, margin_samples=400)
+    s2 = SchedulerAlone(_G(13), num_slots=2, max_batch=1, margin_samples=400)
     s2.admit(0, _G(13))
     _ready_first_chunk(s2, 0, _G(13))
     s2.plan(now=0.0)
@@ -162,8 +162,8 @@ def test_a_mode_not_served_is_refused_at_open_with_the_valid_list():
 
 
 def test_one_pool_for_every_mode_is_sized_for_the_largest(all_modes):
-    one = helpers.new_engine(helpers.model(None, 0), 2)
-    mixed = helpers.new_engine(all_modes, 2)
+    one = helpers.bare_engine(helpers.model(None, 0), 2)
+    mixed = helpers.bare_engine(all_modes, 2)
     alone = mixed.encoder.cache_bytes_for(0, mixed.pool.cache_bytes_per_stream)
     assert alone == one.pool.cache_bytes_per_stream  # what an 80 ms-only pool holds, computed right
     assert mixed.pool.cache_bytes_per_stream > alone
@@ -171,7 +171,7 @@ def test_one_pool_for_every_mode_is_sized_for_the_largest(all_modes):
     for r, g in all_modes.geometries.items():
         assert f"{g.chunk_ms:.0f} ms" in mixed.summary()
     assert np.isclose(
-        mixed.pool.cache_bytes_per_stream, helpers.new_engine(helpers.model(None, 13), 2).pool.cache_bytes_per_stream
+        mixed.pool.cache_bytes_per_stream, helpers.bare_engine(helpers.model(None, 13), 2).pool.cache_bytes_per_stream
     )
 
 

@@ -50,24 +50,23 @@ def test_ring_keeps_order_across_the_wrap(shared):
     assert [len(v) for v in shared.views(slot, 25, 35)] == [5, 5]  # across the end: two views, no copy
 
 
-def test_audio_taken_before_admission_is_copied_out_of_the_ring():
-    """The core hands a new stream's first audio to the engine in the iteration that opens it,
-    before the engine admits it, then consumes that ring space: the front end may write the next
-    samples over it at once. The engine queued a view of the ring, so a stream whose ring was full
-    before the core saw its Open (the first stream of a fresh server under load) decoded
-    overwritten audio and got other tokens (test_sherpa_compat's configless stream, on one clean-clone
-    CI run; here once in 30 fresh servers beside two CPU hogs). Only the one-part view was kept:
-    two parts were always concatenated."""
-    eng = helpers.new_engine(helpers.model(TEST_MODEL), num_slots=1)
+def test_audio_taken_in_is_copied_out_of_the_ring():
+    """The core hands a stream's audio to the engine as views of its ring, then consumes that ring
+    space: the front end may write the next samples over it at once, so the engine must have
+    copied them when take_audio returns. (An engine that queued a view decoded overwritten audio
+    and got other tokens: test_sherpa_compat's configless stream, on one clean-clone CI run.) The
+    core admits a stream in the same iteration as, and before, its first audio (Open is a control
+    message, step 1), so the audio always finds the stream open."""
+    eng = helpers.bare_engine(helpers.model(TEST_MODEL), num_slots=1)
     audio = helpers.utterances(1, seed=8)[0][:24000]
     ring = audio.copy()
-    s = eng.open_stream(lambda update: None, updates=True)
-    eng.take_audio(s, (ring[:16000],), arrived=1.0)  # not admitted yet: queued
+    s = eng.admit(slot=0, stream_id="s")
+    eng.take_audio(s, (ring[:16000],), arrived=1.0)
     eng.take_audio(s, (ring[16000:20000], ring[20000:]), arrived=1.0)  # a wrapped ring: two parts
     ring[:] = -0.5  # the front end refills the consumed space
-    eng.iterate()  # admits the stream and absorbs what was queued
+    eng.iterate()
     ring[:] = audio
-    eng.take_audio(s, (ring[:8000],), arrived=2.0)  # admitted: straight into the stream's buffer
+    eng.take_audio(s, (ring[:8000],), arrived=2.0)
     ring[:] = -0.5
     got = np.zeros(32000, np.float32)
     s.audio.copy_segment(0, got)

@@ -172,26 +172,35 @@ def test_duplicate_stream_id_is_refused_at_admission():
     eng.open_stream(lambda r: None, stream_id="caller-chosen")  # free again once released
 
 
-def test_audio_pushed_while_the_loop_absorbs_is_not_lost():
-    """The network side may push (and finish) while the loop is absorbing that very stream. Those
-    packets must be taken in a later iteration; the loop once dropped them and the stream hung."""
+def test_audio_after_end_of_input_is_refused_at_once():
+    m = helpers.model(None, DEFAULT_MODES[0])
+    eng = helpers.new_engine(m, 1)
+    s = eng.open_stream(lambda r: None)
+    eng.finish(s)
+    with pytest.raises(RuntimeError, match="after end of input"):
+        eng.push(s, np.zeros(10, np.float32))
+    helpers.assert_engine_empty(eng)
+
+
+def test_audio_pushed_while_the_loop_takes_audio_in_is_not_lost():
+    """The network side may push (and finish) while the loop is taking that very stream's audio in.
+    Those calls must be applied too, in order; the loop once dropped such packets and the stream hung."""
     m = helpers.model(None, DEFAULT_MODES[0])
     audio = helpers.utterances(1, seed=3)[0]
     eng = helpers.new_engine(m, 2)
     results = []
-    s = eng.open_stream(results.append)
     cut = len(audio) // 2
+    take_audio = eng._take_audio
+
+    def take_then_more_arrives(h, samples, arrived):
+        take_audio(h, samples, arrived)
+        if not h.finished:  # once: the rest lands mid-drain
+            eng.push(h, audio[cut:])
+            eng.finish(h)
+
+    eng._take_audio = take_then_more_arrives
+    s = eng.open_stream(results.append)
     eng.push(s, audio[:cut])
-    absorb = s.audio.absorb
-
-    def absorb_then_more_arrives():
-        changed = absorb()
-        if s.audio.num_samples == cut and not s.audio.finished:  # once: the rest lands mid-drain
-            eng.push(s, audio[cut:])
-            eng.finish(s)
-        return changed
-
-    s.audio.absorb = absorb_then_more_arrives
     for _ in range(200):
         eng.iterate()
         if results and results[-1].done:

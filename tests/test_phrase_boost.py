@@ -55,7 +55,7 @@ def test_boosted_and_plain_streams_in_one_batch_match_nemo(model, audios, mode):
             changed += want != _oracle(model, audio, mode)
     assert changed >= 2, "the phrases should change most boosted transcripts"
     helpers.assert_engine_empty(engine)
-    assert engine.pool.biasing.num_active == 0  # every tree left the decoder with its streams
+    assert engine.engine.pool.biasing.num_active == 0  # every tree left the decoder with its streams
 
 
 def test_plain_streams_unchanged_while_others_are_boosted(model, audios):
@@ -66,7 +66,7 @@ def test_plain_streams_unchanged_while_others_are_boosted(model, audios):
     engine = helpers.new_engine(model)
     mixed = plain + [audios[i] for i, _, _ in BOOSTED]
     out = helpers.drive(engine, mixed, modes=[13] * 6, phrases=[None] * 3 + [(p, b) for _, p, b in BOOSTED])
-    assert engine.pool.biasing is not None and engine.pool.biasing.trees_built == 3
+    assert engine.engine.pool.biasing is not None and engine.engine.pool.biasing.trees_built == 3
     for k in range(3):
         assert out.tokens(k) == alone.tokens(k)
 
@@ -76,7 +76,7 @@ def test_one_tree_per_list_shared_and_removed_with_its_last_stream(model, audios
     same = (["nine fifty"], 3.0)
     out = helpers.drive(engine, [audios[0]] * 3, start_tick=[0, 2, 4], modes=[13] * 3,
                         phrases=[same, same, (["nine fifty"], 2.0)])  # fmt: skip
-    reg = engine.pool.biasing
+    reg = engine.engine.pool.biasing
     assert reg.trees_built == 2  # (phrases, boost) is the key: two lists, three streams
     assert out.tokens(0) == out.tokens(1) == _oracle(model, audios[0], 13, ["nine fifty"], 3.0)
     # NeMo keeps the id range (has_models stays true); no tree is active and no state is held

@@ -81,7 +81,7 @@ def test_audio_that_waited_counts_and_a_fast_client_does_not():
     assert engine.queue_delay_s < lateness / 5, (engine.queue_delay_s, lateness)
     # Nothing stepped for a whole window (2 s): 0 again.
     assert engine.queue_delay_s > 0.0
-    time.sleep(max(0.0, engine.queue_delay.published[1] - time.time()) + 0.01)
+    time.sleep(max(0.0, engine.engine.queue_delay.published[1] - time.time()) + 0.01)
     assert engine.queue_delay_s == 0.0
 
 

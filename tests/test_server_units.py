@@ -302,7 +302,7 @@ def test_drain_refuses_new_streams_until_open_ones_have_their_finals():
     /readyz says draining; the final then arrives with `done` reason "draining" and the drain ends."""
     from starlette.testclient import TestClient, WebSocketDenialResponse
 
-    from nemo_serve.engine.stream import StreamResult
+    from nemo_serve.engine.results import StreamResult
 
     engine = _FakeEngine(num_slots=2)
     app = _app(engine)

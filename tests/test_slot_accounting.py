@@ -1,8 +1,8 @@
 """Admission holds to --num-slots after load (issue 39), and the engine's books agree at every iteration.
 
-Unit tests: Engine.check_accounting and EngineCore.check_invariants (engine/invariants.py) pass on
-an engine at work and raise on each kind of drift; an abort that races a stream's admission frees
-its slot.
+Unit tests: Engine.check_accounting, the in-process harness's and EngineCore.check_invariants
+(engine/invariants.py) pass on an engine at work and raise on each kind of drift; an abort that
+races a stream's admission frees its slot.
 
 End to end, the issue's sequence through the real server with NEMO_SERVE_CHECK_INVARIANTS set
 (every engine loop checks its books after each iteration, and logs the streams holding a cache
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import queue
 import shutil
 import tempfile
 import time
@@ -56,7 +55,7 @@ def _open_with_audio(eng, n_samples: int = 16000):
 def test_engine_books_agree_at_work_and_any_drift_raises(tiny):
     eng = helpers.new_engine(tiny, num_slots=2)
     a, b = _open_with_audio(eng), _open_with_audio(eng)
-    assert eng.check_accounting() == 0  # admitted, not taken in yet: allowed unless exact
+    assert eng.check_accounting() == 0  # allocated here, the opens still queued: allowed unless exact
     with pytest.raises(AccountingError, match="2 streams admitted, 0 taken in"):
         eng.check_accounting(exact=True)
     eng.iterate()
@@ -65,47 +64,63 @@ def test_engine_books_agree_at_work_and_any_drift_raises(tiny):
     for _ in range(5):
         eng.iterate()
     assert eng.check_accounting(exact=True) == 1
-    # The issue's symptom: a free slot reported while every row is taken, so a third stream would
-    # be admitted on a two-slot engine (here: a held slot back on the free list).
-    eng.slots._free.append(b.slot)
-    with pytest.raises(AccountingError, match="do not partition"):
+    core = eng.engine
+    # A held slot no longer marked held (the scheduler would stop planning it).
+    core.slots.held[b.slot] = False
+    with pytest.raises(AccountingError, match="marked held"):
         eng.check_accounting()
-    eng.slots._free.remove(b.slot)
-    eng.scheduler.release(b.slot)  # a stream no longer scheduled behind the engine's back
-    with pytest.raises(AccountingError, match="0 scheduler slots active, 1 streams taken in"):
+    core.slots.held[b.slot] = True
+    # A cache row boosted for a stream that has no phrases.
+    core.pool.boosted[b.slot] = True
+    with pytest.raises(AccountingError, match="boosted"):
         eng.check_accounting()
-
-
-def test_abort_that_races_admission_frees_the_slot(tiny):
-    """A stream opened and aborted by a network thread while the loop is between taking in new
-    streams and applying requests: the abort must still end it once it has its slot (it held the
-    slot forever: the request was consumed while the stream was still pending)."""
-    eng = helpers.new_engine(tiny, num_slots=2)
-    inbox, raced = eng._inbox, []
-
-    class OpenAndAbortAfterTheInboxIsTaken:
-        def put(self, item):
-            inbox.put(item)
-
-        def get_nowait(self):
-            try:
-                return inbox.get_nowait()
-            except queue.Empty:
-                if not raced:  # the network thread runs here, once
-                    raced.append(eng.open_stream(lambda update: None, updates=True))
-                    eng.abort(raced[0], "client gone")
-                raise
-
-    eng._inbox = OpenAndAbortAfterTheInboxIsTaken()
-    for _ in range(3):
-        eng.iterate()
+    core.pool.boosted[b.slot] = False
+    # A scheduler row left in another chunk mode (a reused slot whose row was not opened again).
+    core.scheduler.mode[b.slot] += 1
+    with pytest.raises(AccountingError, match="scheduler row of another chunk mode"):
         eng.check_accounting()
-    assert raced and eng.num_open_streams == 0 and eng.num_free_slots == 2
+    core.scheduler.mode[b.slot] -= 1
+    # The Engine holding a stream on a slot the harness has not allocated to it.
+    b.slot = 1 - b.slot
+    with pytest.raises(AccountingError, match="allocated here to None"):
+        eng.check_accounting()
+    b.slot = 1 - b.slot
+    eng.abort(b)
     helpers.assert_engine_empty(eng)
 
 
-def test_core_books_match_the_slot_table_and_any_drift_raises(tiny):
+def test_an_abort_right_behind_its_open_frees_the_slot(tiny):
+    """A client gone while its stream is being admitted: the open and the abort reach the loop in
+    the order they were made (one queue), so the abort ends the stream once it has its slot, in the
+    same iteration; a stream opened and aborted by another thread while the loop applies calls
+    too (an abort consumed before its stream was admitted once held the slot forever)."""
     eng = helpers.new_engine(tiny, num_slots=2)
+    s = eng.open_stream(lambda update: None, updates=True)
+    eng.abort(s, "client gone")
+    eng.abort(s, "twice")  # idempotent
+    eng.iterate()
+    assert eng.num_open_streams == 0 and eng.num_free_slots == 2
+    eng.check_accounting(exact=True)
+    raced = []
+    admit = eng._admit
+
+    def admit_while_another_thread_opens_and_aborts(h, *args):
+        admit(h, *args)
+        if not raced:  # the network thread runs here, once
+            raced.append(eng.open_stream(lambda update: None, updates=True))
+            eng.abort(raced[0], "client gone")
+
+    eng._admit = admit_while_another_thread_opens_and_aborts
+    first = _open_with_audio(eng)
+    eng.iterate()
+    assert raced and eng.num_open_streams == 1 and eng.loop_stream_ids == [first.stream_id]
+    eng.abort(first)
+    helpers.assert_engine_empty(eng)
+    assert eng.num_free_slots == 2
+
+
+def test_core_books_match_the_slot_table_and_any_drift_raises(tiny):
+    eng = helpers.bare_engine(tiny, num_slots=2)
     ipc_dir = tempfile.mkdtemp(prefix="ns-acct-")  # short: an ipc:// path has a length limit
     shared = SharedSlots.create(SharedLayout(num_slots=2, ring_samples=16000), FileLock(f"{ipc_dir}/lock"))
     core = EngineCore(eng, shared, ipc_dir)

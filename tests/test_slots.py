@@ -4,7 +4,6 @@
 import pytest
 import torch
 
-from nemo_serve.engine.errors import NoFreeSlotError
 from nemo_serve.engine.slot_table import SlotTable
 from nemo_serve.engine.slots import EncoderCache, SlotPool
 
@@ -21,31 +20,36 @@ class _Stream:
         self.stream_id, self.slot = stream_id, None
 
 
-def test_take_until_exhausted_then_refuse():
+def test_given_slots_are_taken_and_given_back():
+    """The caller picks the slot (an engine core: the one its front end was given; the in-process
+    harness: its lowest free one); the table records who holds it and whether a stream is open."""
     table = SlotTable(3)
     streams = [_Stream(f"s{i}") for i in range(3)]
-    assert [table.take(s) for s in streams] == [0, 1, 2]  # lowest free first
-    assert table.num_free == 0 and table.held.all() and table.stream_at(1) is streams[1]
-    with pytest.raises(NoFreeSlotError):
-        table.take(_Stream("s3"))
+    for slot, s in zip((2, 0, 1), streams):
+        table.take(s, slot)
+    assert [s.slot for s in streams] == [2, 0, 1]
+    assert table.num_free == 0 and table.held.all() and table.stream_at(0) is streams[1] and table.holds(streams[1])
     table.give_back(streams[1])
+    assert table.num_free == 1 and not table.held[0] and not table.holds(streams[1])
     s4 = _Stream("s4")
-    assert table.take(s4) == 1 and s4.slot == 1
+    table.take(s4, 0)
+    assert table.holds(s4) and not table.holds(streams[1])  # its old slot holds another stream now
     assert table.num_free + table.num_used == table.num_slots and not table.problems()
 
 
 def test_a_given_slot_must_be_free_and_duplicate_ids_rejected():
     table = SlotTable(3)
     a = _Stream("a")
-    assert table.take(a, 2) == 2  # the engine core's: the slot its front end was given
+    table.take(a, 2)
     with pytest.raises(ValueError, match="already open"):
-        table.take(_Stream("a"))
+        table.take(_Stream("a"), 0)
     with pytest.raises(ValueError, match="not free"):
         table.take(_Stream("b"), 2)
-    assert table.take(_Stream("c")) == 0  # the lowest of those still free
+    with pytest.raises(ValueError, match="not free"):
+        table.take(_Stream("b"), 3)  # no such slot
     table.give_back(a)
-    assert table.num_free == 2 and not table.held[2] and table.stream_at(2) is None and not table.problems()
-    table._free.append(0)  # a held slot on the free list: the next admission would share it
+    assert table.num_free == 3 and not table.held[2] and table.stream_at(2) is None and not table.problems()
+    table.held[1] = True  # marked held with no stream: the scheduler would plan it
     assert table.problems()
 
 

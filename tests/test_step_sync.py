@@ -166,7 +166,7 @@ def _counter(m, eng, extra_device=()):
 @pytest.mark.parametrize("spec", [None, "builtin:tiny-prompt"])
 def test_run_step_waits_for_the_device_exactly_once(spec, rows_as):
     m = helpers.model(spec, 3)
-    eng = helpers.new_engine(m, 8)
+    eng = helpers.bare_engine(m, 8)
     pool, g = eng.pool, m.geometry
     for i in range(6):
         pool.open_row(i, language_index=i % 2)
@@ -195,7 +195,7 @@ def test_run_step_waits_for_the_device_exactly_once(spec, rows_as):
 def test_the_counter_sees_each_kind_of_wait():
     """The count above can fail: each kind of wait, done on purpose, is seen."""
     m = helpers.model(None, 3)
-    eng = helpers.new_engine(m, 2)
+    eng = helpers.bare_engine(m, 2)
     pool = eng.pool
     counter = _counter(m, eng)
     with counter:
@@ -216,9 +216,10 @@ def test_the_counter_sees_each_kind_of_wait():
 
 
 def _drive_core_style(eng, audios, packet, start_tick, on_tick=None, abort_at=None):
-    """As core/engine_core.py drives the engine: streams opened with updates=True, each tick one
+    """As core/engine_core.py drives the engine: streams admitted on their slots, each tick one
     packet per stream handed over with take_audio (in two pieces, as a wrapped ring gives them),
-    ends of input after the audio, then one iterate(). `on_tick(tick)` wraps the tick's work."""
+    ends of input after the audio, then one iterate() whose updates are routed by slot.
+    `on_tick(tick)` wraps the tick's work."""
     n = len(audios)
     updates = [[] for _ in range(n)]
     streams, pos, done = {}, [0] * n, set()
@@ -226,7 +227,7 @@ def _drive_core_style(eng, audios, packet, start_tick, on_tick=None, abort_at=No
         def work():
             for i in range(n):
                 if tick == start_tick[i]:
-                    streams[i] = eng.open_stream(updates[i].append, updates=True)
+                    streams[i] = eng.admit(slot=i, stream_id=f"s{i}")
                 if i not in streams or i in done:
                     continue
                 if abort_at is not None and abort_at == (i, tick):
@@ -240,7 +241,10 @@ def _drive_core_style(eng, audios, packet, start_tick, on_tick=None, abort_at=No
                 if pos[i] >= len(audios[i]):
                     eng.finish(streams[i])
                     done.add(i)
-            return eng.iterate().busy
+            out = eng.iterate()
+            for update, slot in zip(out.updates, out.update_slots):
+                updates[slot].append(update)
+            return out.busy
 
         busy = on_tick(tick, work) if on_tick is not None else work()
         if len(done) == n and not busy and not eng.loop_stream_ids:
@@ -250,13 +254,13 @@ def _drive_core_style(eng, audios, packet, start_tick, on_tick=None, abort_at=No
 
 @pytest.mark.parametrize("spec", [None, "builtin:tiny-prompt"])
 def test_engine_iteration_waits_for_the_device_once_per_step(spec):
-    """The engine's whole iteration as the engine core drives it (take_audio, finish, iterate with
-    updates=True): scheduler, features (samples and lengths), rows, languages, the step and the
+    """The engine's whole iteration as the engine core drives it (admit, take_audio, finish,
+    iterate): scheduler, features (samples and lengths), rows, languages, the step and the
     results wait for the device once per device step, the step's packed-results copy. Covered:
     first chunks, later chunks, a first-chunk and a later-chunk group in one iteration, groups of
     unequal widths (final short chunks beside full ones), an abort, and freed slots reset."""
     m = helpers.model(spec, 3)
-    eng = helpers.new_engine(m, 8, token_confidence=True)
+    eng = helpers.bare_engine(m, 8, token_confidence=True)
     g = m.geometry
     # Lengths that end on different phases of a chunk; audio arrives faster than it is stepped, so
     # a stream's short final chunk shares a group with the full chunks of the others.
@@ -310,9 +314,9 @@ def test_engine_prepare_is_a_no_op_on_cpu(monkeypatch):
     from nemo_serve.engine import loop
 
     m = helpers.model(None, 3)
-    eng = helpers.new_engine(m, 4, token_confidence=True)
+    eng = helpers.bare_engine(m, 4, token_confidence=True)
     assert eng.prepare() is None
-    assert "_steppers" not in eng.pool.__dict__  # nothing built on CPU
+    assert not eng.pool.steppers  # nothing built on CPU
     calls = []
 
     def fake_prepare_step(model, encoder, pool, confidence=False):

@@ -431,8 +431,7 @@ def syncs_per_iteration(model, engine, streams: int = 8, iterations: int = 4) ->
     g = model.geometry
     packet = int(round(g.chunk_ms / 1000 * g.sample_rate))
     rng = np.random.default_rng(3)
-    ss = [engine.open_stream(lambda u: None, updates=True) for _ in range(streams)]
-    engine.iterate()  # takes them in
+    ss = [engine.admit(slot=i, stream_id=f"sync-{i}") for i in range(streams)]  # as the core admits them
     counts, stepped = [], []
     try:
         for k in range(2 + iterations):
@@ -545,12 +544,10 @@ def capacity_level(args, model, engine, stepper, n: int, audio: np.ndarray, seco
     lat: list[float] = []
     pending: list[float] = []  # arrival times of this iteration's updates, delivered when it returns
     warm_until = time.time() + min(args.warmup_s, seconds / 3) + period
-    on_update = lambda u: pending.append(u.audio_arrival_time)  # noqa: E731 - on this thread, in iterate()
 
     rng = np.random.default_rng(n)
     offsets = np.sort(rng.uniform(0, period, n))
-    streams = [engine.open_stream(on_update, updates=True) for _ in range(n)]
-    engine.iterate()  # takes them in (slots allocated)
+    streams = [engine.admit(slot=i, stream_id=f"capacity-{i}") for i in range(n)]  # as the core admits them
     start = time.time() + 0.2
     end = start + seconds
     sent = np.zeros(n, np.int64)
@@ -574,8 +571,10 @@ def capacity_level(args, model, engine, stepper, n: int, audio: np.ndarray, seco
             pos[i] += packet * k
             sent[i] = due[i]
         t = time.perf_counter()
-        stepped = engine.iterate().busy
+        out = engine.iterate()
         busy += time.perf_counter() - t
+        stepped = out.busy
+        pending.extend(u.audio_arrival_time for u in out.updates)
         if pending:
             done = time.time()
             if done > warm_until:

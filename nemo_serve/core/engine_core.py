@@ -139,7 +139,7 @@ class EngineCore:
         the front end that opened the stream, at its generation. Front ends only ever take free
         slots, and only this thread frees them, so the slots checked here cannot change under it.
         Returns the streams holding a cache row. Between iterations."""
-        rows = self.engine.check_accounting(exact=True)
+        rows = self.engine.check_accounting()
         sh = self.shared
         held = np.flatnonzero(self.engine.slots.held)
         owned = int(np.count_nonzero(sh.owner != FREE))

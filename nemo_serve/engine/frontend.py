@@ -25,7 +25,6 @@ to 2.9 log-mel) and NeMo 3.0's one-hop look-back bufferer (differs at chunk edge
 from __future__ import annotations
 
 import math
-import threading
 import time
 from bisect import bisect_left
 
@@ -36,57 +35,30 @@ from .geometry import frames_available  # noqa: F401 - the readiness rule, re-ex
 
 
 class AudioBuffer:
-    """One stream's raw samples. `push` runs on the network side; everything else on the loop thread.
-
-    Pushed packets land in a small locked list; the loop moves them into a contiguous array
-    (`absorb`), so the network side never waits for the model and never copies big arrays.
-    """
+    """One stream's raw samples, owned by the engine's loop thread (no lock: whoever takes audio
+    from the network hands it to that thread first, engine/harness.py or core/engine_core.py)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._inbox: list[tuple[np.ndarray, float]] = []  # (samples, arrival time)
-        self._finished = False
-        self.finish_time: float | None = None  # server time of end of input
-        # Loop-thread state: samples [offset, offset + len(view)) are held in _data[:_used].
+        # Samples [offset, offset + _used) are held in _data[:_used].
         self._data = np.zeros(16000, dtype=np.float32)
         self._used = 0
         self.offset = 0  # global index of _data[0]
-        self.num_samples = 0  # samples absorbed so far (global end)
-        self.finished = False  # end of input absorbed
-        # (global sample end, arrival time) per absorbed packet, for latency accounting.
+        self.num_samples = 0  # samples taken in so far (global end)
+        self.finished = False  # end of input
+        self.finish_time: float | None = None  # server time of end of input
+        # (global sample end, arrival time) per packet taken in, for latency accounting.
         self._arrival_ends: list[int] = []
         self._arrival_times: list[float] = []
 
-    # -- network side -------------------------------------------------------------------------
-    def push(self, samples: np.ndarray, arrived: float | None = None) -> None:
-        """`arrived`: when the samples reached the server (default now)."""
-        with self._lock:
-            if self._finished:
-                raise RuntimeError("audio pushed after end of input")
-            self._inbox.append((samples, time.time() if arrived is None else arrived))
-
-    def finish(self) -> None:
-        with self._lock:
-            if not self._finished:
-                self._finished = True
-                self.finish_time = time.time()
-
-    # -- loop side ----------------------------------------------------------------------------
-    def absorb(self) -> bool:
-        """Move pushed packets into the contiguous buffer; True if anything changed."""
-        with self._lock:
-            packets, self._inbox = self._inbox, []
-            finished = self._finished
-        changed = bool(packets) or (finished and not self.finished)
-        for samples, arrived in packets:
-            self.extend((samples,), arrived)
-        self.finished = finished
-        return changed
+    def finish(self, at: float | None = None) -> None:
+        """End of input; `at`: when it reached the server (default now). Idempotent."""
+        if not self.finished:
+            self.finished = True
+            self.finish_time = time.time() if at is None else at
 
     def extend(self, parts: tuple[np.ndarray, ...], arrived: float) -> None:
-        """Loop side: append samples (given as consecutive pieces, e.g. the two halves of a
-        wrapped ring) straight into the buffer, one copy. The engine core uses this instead of
-        `push` + `absorb`: it runs on the loop thread and needs neither the lock nor the inbox."""
+        """Append samples (given as consecutive pieces, e.g. the two halves of a wrapped ring)
+        straight into the buffer, one copy; `arrived`: when they reached the server."""
         n = len(parts[0]) if len(parts) == 1 else sum(map(len, parts))
         if n == 0:
             return

@@ -3,15 +3,17 @@
 Set NEMO_SERVE_CHECK_INVARIANTS to a directory and every step loop (the engine core's, or the
 in-process harness's loop thread) checks after each iteration that its books agree:
 
-  the slot table (engine/slot_table.py) partitions the num_slots slots between the admitted
-  streams and the free list, each stream under its own slot and id; the streams taken in are
-  exactly the scheduler's active slots; the boosted cache rows are those of streams with phrases;
-  and in an engine core every slot the engine holds is owned in the shared-memory slot table by
-  the front end that opened its stream, at its generation
+  the slot table (engine/slot_table.py, the one record of which streams are open) holds each open
+  stream under its own slot and id; each open slot's scheduler row is in its stream's chunk mode;
+  the boosted cache rows are those of streams with phrases and the phrase count is theirs; and
+  every slot the engine holds is allocated by whoever drives it to that stream: in an engine core,
+  owned in the shared-memory slot table by the front end that opened it, at its generation; in
+  process, allocated by the harness to that stream id
 
-(engine/loop.py Engine.check_accounting, core/engine_core.py EngineCore.check_invariants). Any
-drift raises AccountingError on the loop, which fails the engine loudly (an engine core exits
-FAILED; the in-process harness's loop sets Engine.error, and a server around it fails every stream).
+(engine/loop.py Engine.check_accounting, core/engine_core.py EngineCore.check_invariants,
+engine/harness.py LocalEngine.check_accounting). Any drift raises AccountingError on the loop,
+which fails the engine loudly (an engine core exits FAILED; the in-process harness's loop sets
+LocalEngine.error, and a server around it fails every stream).
 Each loop also appends, whenever it changes, the number of streams holding a cache row to
 DIR/<name>-<pid>.tsv ("unix time<TAB>rows"): tests read the engine side's count from there.
 

@@ -1,19 +1,22 @@
-"""The step loop: one thread owns the model and advances every ready stream.
+"""The engine: one owner of the model, its slots and its streams, driven by one thread.
 
-Network side (any thread)            loop thread
-  admit / push / finish         ->   1 drain the queues: opens, aborts, force-finals, and the
-  abort / force_final                  streams with new audio (absorbed; nobody else is visited)
-                                     2-3 scheduler.plan: readiness and grouping as array
-                                       operations over slots (by mode, first | later chunks),
+  admit / take_audio / finish      act at once: a stream's slot, cache row and scheduler row
+  force_final / abort                open together; audio goes into its buffer and the scheduler;
+                                     a forced final or an abort is published and released now
+  iterate()                      ->  1 scheduler.plan: readiness and grouping as array operations
+                                       over the open slots (by mode, first | later chunks),
                                        earliest deadline first
-  IterationOutput               <-   4 features + one batched step per group
-                                     5 results and endpoints, collected
-                                     6 release finished streams
+                                     2 features + one batched step per group
+                                     3 results and endpoints; finished streams released
+                                   <-  IterationOutput: everything produced since the last one
 
-`iterate()` returns what it produced (engine/outputs.py) and calls nobody back: the engine core
-routes the output to its front ends; `open_stream` with a consumer, `start()` and `on_step` are
-the in-process harness around it (tests, --selftest, the one-process server), which hands each
-update to its stream's consumer.
+Every method is for the thread that owns the engine: the engine core's loop (core/engine_core.py),
+or the in-process harness's thread (engine/harness.py), which hands it the calls other threads
+make. So there are no locks, queues or wake-ups here, and a stream is never half admitted or half
+released between two calls: whether it is open is the slot table's alone (engine/slot_table.py).
+
+`iterate()` returns what it produced (engine/outputs.py) and calls nobody back: whoever drives it
+routes the updates, frees the released slots on its side and records the step statistics.
 
 Nobody configures a batch size: the streams that became ready while the previous step ran
 form the next batch (capped at max_batch). Nothing waits to fill a batch.
@@ -22,13 +25,9 @@ form the next batch (capped at max_batch). Nothing waits to fill a batch.
 from __future__ import annotations
 
 import logging
-import os
-import queue
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import torch
@@ -41,14 +40,13 @@ from .frontend import FeatureExtractor
 from .scheduler import Group, Scheduler
 from .outputs import IterationOutput, ReleasedStream, StepStats
 from .geometry import ModelInfo
-from .invariants import check, from_env as invariant_log
+from .invariants import check
 from .queue_delay import QueueDelay
 from .slot_table import SlotTable
 from .slots import SlotPool
 from .step import StepBatch, prepare_step, run_step
-from .results import Detokenizer, ResultAssembler, StreamResult, StreamUpdate
-from .stream import Phase, Stream
-from ..server.admission import OverloadGuard, Verdict
+from .results import Detokenizer, StreamUpdate
+from .stream import Stream
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +70,17 @@ class EngineStats:
     by_mode: dict = field(default_factory=dict)  # context_right -> [steps, stream_steps]
 
 
+@dataclass(frozen=True)
+class StreamOptions:
+    """A stream's options, checked (`Engine.check_options`): what admission builds it from."""
+
+    language_index: int
+    context_right: int  # the chunk mode, resolved (a served one)
+    phrases: PhraseRequest
+
+
 class Engine:
-    """Streams in, results out. All model work happens on the loop thread started by `start()`."""
+    """Streams in, results out, on the thread that owns it (module docstring)."""
 
     def __init__(
         self,
@@ -81,11 +88,9 @@ class Engine:
         num_slots: int = 64,
         max_batch: int | None = None,
         endpoint: EndpointConfig = EndpointConfig(),
-        on_step: Callable[[int, float, int], None] | None = None,
         kv_cache: bool = True,
         token_confidence: bool = False,
         phrase_limits: PhraseLimits = PhraseLimits(),
-        max_queue_delay_s: float = 0.0,
     ) -> None:
         """`kv_cache`: cache projected keys/values (engine/encoder.py) where the architecture
         allows; False runs NeMo's own layer code (caches layer inputs). `token_confidence`: each
@@ -95,13 +100,12 @@ class Engine:
         self.num_slots = num_slots
         self.max_batch = max_batch or num_slots
         self.endpoint = endpoint
-        self.on_step = on_step  # harness metrics hook: (batch size, seconds, the group's context_right)
-        self.encoder = make_encoder(model, kv_cache=kv_cache)  # loop thread only
-        self.pool = SlotPool(model, num_slots, self.encoder.channel_shape)  # loop thread only
+        self.encoder = make_encoder(model, kv_cache=kv_cache)
+        self.pool = SlotPool(model, num_slots, self.encoder.channel_shape)
         self.token_confidence = token_confidence
         self.phrase_limits = phrase_limits
         self.encodable = encodable_characters(model.vocabulary)
-        self._num_phrases = 0  # phrases of the admitted streams (guarded by _admission)
+        self._num_phrases = 0  # boosted phrases of the open streams (--max-phrases-total)
         self.features = FeatureExtractor.for_model(model)
         self.detok = Detokenizer(model.vocabulary, model.is_bpe)
         self.hop_s = self.geometry.hop_samples / self.geometry.sample_rate
@@ -117,32 +121,17 @@ class Engine:
             summary=self.summary(),
         )
         self.stats = EngineStats()
-        self.queue_delay = QueueDelay()  # recorded on the loop thread, read by admission (any thread)
-        # In process the overload guard keeps its state in memory; an engine core's front ends
-        # keep theirs in the core's shared block (core/client.py) and never ask this one.
-        self.overload_guard = OverloadGuard(max_queue_delay_s, num_slots)
-        self.scheduler = Scheduler(self.geometry, num_slots, self.max_batch, self.features.margin)  # loop thread only
-        # Which stream holds each slot (its cache row and scheduler row): the one record of it.
-        self.slots = SlotTable(num_slots)  # changed under _admission (admit, release)
-        self._to_release: list[Stream] = []  # streams done since the last release; loop thread only
-        # What the current iteration produced (plan() may publish forced finals too); loop thread only.
+        self.queue_delay = QueueDelay()  # recorded here; the in-process harness reads it from any thread
+        self.scheduler = Scheduler(self.geometry, num_slots, self.max_batch, self.features.margin)
+        # Which stream holds each slot, hence which streams are open: the one record of it.
+        self.slots = SlotTable(num_slots)
+        # What was produced since the last iterate() returned (admission errors aside, every call
+        # that publishes or releases adds here): the next IterationOutput.
         self._updates: list[StreamUpdate] = []
         self._update_slots: list[int] = []  # each update's slot
         self._released: list[ReleasedStream] = []
         self._steps: list[StepStats] = []
-        # In-process harness: stream id -> its consumer, from open_stream until its release is
-        # delivered (an id stays taken until then, so a reused id never gets another's results).
-        self._consumers: dict[str, Callable[[StreamUpdate], None]] = {}
-        # From any thread to the loop: streams to open, streams with a request (abort, force
-        # final), streams with new audio or end of input. Queues, so the loop visits only them.
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._requests: queue.SimpleQueue = queue.SimpleQueue()
-        self._dirty: queue.SimpleQueue = queue.SimpleQueue()
-        self._admission = threading.Lock()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.error: BaseException | None = None
+
 
     def summary(self) -> str:
         layout = "keys/values cached" if self.encoder.kind == "kv" else "NeMo layer inputs cached"
@@ -185,71 +174,26 @@ class Engine:
         log.info(line)
         return line
 
-    # ------------------------------------------------------------------ network-side API
-    def open_stream(
-        self,
-        on_result: Callable[[StreamResult], None] | Callable[[StreamUpdate], None],
-        *,
-        stream_id: str | None = None,
-        updates: bool = False,
-        **admission,
-    ) -> Stream:
-        """In-process harness: `admit` a stream whose results `iterate()` hands to `on_result`
-        (on the thread that iterates), each as a `StreamResult` (text and the segment's tokens,
-        assembled here) or, if `updates`, each raw `StreamUpdate`."""
-        if not updates:
-            on_result = _assembling(on_result, self.detok, self.geometry.encoder_frame_s)
-        stream_id = stream_id or uuid.uuid4().hex
-        if self._consumers.setdefault(stream_id, on_result) is not on_result:  # atomic under the GIL
-            raise ValueError(f"stream id {stream_id!r} is already open")
-        try:
-            return self.admit(stream_id=stream_id, **admission)
-        except BaseException:
-            del self._consumers[stream_id]
-            raise
-
-    def admit(
+    # ------------------------------------------------------------------ streams in
+    def check_options(
         self,
         *,
-        stream_id: str | None = None,
         language: str | None = None,
         language_index: int | None = None,
-        endpoint: EndpointConfig | None = None,
         context_right: int | None = None,
         phrases: list[str] | None = None,
         boost: float | None = None,
-        slot: int | None = None,
-    ) -> Stream:
-        """Admit a stream or raise NoFreeSlotError / ValueError (bad language, a chunk mode
-        `context_right` the engine does not serve: the message lists those it does, or bad
-        `phrases` / `boost`: engine/biasing.py, over a limit or not spelled by the tokenizer).
-        `slot`: the one it must hold (the engine core's: the ring its front end was given; it
-        must be free), else the lowest free one. Its results come out of `iterate()`. Any thread."""
+    ) -> StreamOptions:
+        """A stream's options checked, or ValueError: a bad language, a chunk mode `context_right`
+        the engine does not serve (the message lists those it does), bad `phrases` / `boost`
+        (over a limit, or not spelled by the tokenizer). Pure: reads only the model and the
+        limits, so any thread may call it (the harness does, in the caller's thread)."""
         lang = self.model.language_index(language) if language_index is None else language_index
         mode = self.model.geometry_for(context_right).context_right
-        request = self.check_phrases(phrases, boost)
-        stream = Stream(
-            stream_id=stream_id or uuid.uuid4().hex,
-            language_index=lang,
-            endpoint_config=endpoint or self.endpoint,
-            frame_s=self.geometry.encoder_frame_s,
-            context_right=mode,
-            phrases=request,
-        )
-        with self._admission:
-            total = self._num_phrases + len(request.phrases)
-            if request and total > self.phrase_limits.max_phrases_total:
-                raise ValueError(f"the server holds {self._num_phrases} boosted phrases; "
-                                 f"at most {self.phrase_limits.max_phrases_total} in all")  # fmt: skip
-            self.slots.take(stream, slot)
-            self._num_phrases = total
-        self._inbox.put(stream)
-        self._wake.set()
-        return stream
+        return StreamOptions(lang, mode, self.check_phrases(phrases, boost))
 
     def check_phrases(self, phrases: list[str] | None, boost: float | None) -> PhraseRequest:
-        """The stream's phrases checked against the limits and the tokenizer (no <unk>): the
-        tokenizer is pure host code, so the caller's thread may run it."""
+        """The stream's phrases checked against the limits and the tokenizer (no <unk>)."""
         request = check_phrases(phrases, boost, self.phrase_limits, self.encodable, self.model.is_bpe)
         tokenizer = getattr(self.model.nemo, "tokenizer", None)
         unk = getattr(tokenizer, "unk_id", None)
@@ -258,6 +202,52 @@ class Engine:
                 raise ValueError(f"phrase {phrase!r} has characters the model cannot spell")
         return request
 
+    def phrase_total_error(self, held: int, request: PhraseRequest) -> str | None:
+        """Why `request` would take the open streams' phrases (`held` of them) over the server's
+        limit, or None."""
+        if request and held + len(request.phrases) > self.phrase_limits.max_phrases_total:
+            return f"the server holds {held} boosted phrases; at most {self.phrase_limits.max_phrases_total} in all"
+        return None
+
+    def admit(
+        self,
+        *,
+        slot: int,
+        stream_id: str | None = None,
+        language: str | None = None,
+        language_index: int | None = None,
+        endpoint: EndpointConfig | None = None,
+        context_right: int | None = None,
+        phrases: list[str] | None = None,
+        boost: float | None = None,
+    ) -> Stream:
+        """Open a stream on `slot` (free: the caller allocated it, as a front end does in shared
+        memory): the slot, its cache row and its scheduler row at once. ValueError as
+        `check_options`, for the server's phrase total, a stream id already open or a slot that
+        is not free. Its results come out of `iterate()`."""
+        options = self.check_options(language=language, language_index=language_index, context_right=context_right,
+                                     phrases=phrases, boost=boost)  # fmt: skip
+        request = options.phrases
+        error = self.phrase_total_error(self._num_phrases, request)
+        if error is not None:
+            raise ValueError(error)
+        stream = Stream(
+            stream_id=stream_id or uuid.uuid4().hex,
+            language_index=options.language_index,
+            endpoint_config=endpoint or self.endpoint,
+            frame_s=self.geometry.encoder_frame_s,
+            context_right=options.context_right,
+            phrases=request,
+        )
+        self.slots.take(stream, slot)
+        tree_state = 0
+        if request:  # checked above: the tree builds
+            stream.biasing_id, tree_state = self._biasing().acquire(request)
+        self.pool.open_row(slot, stream.language_index, stream.biasing_id, tree_state)
+        self.scheduler.admit(slot, self.model.geometries[stream.context_right])
+        self._num_phrases += len(request.phrases)
+        return stream
+
     def _biasing(self) -> BiasingRegistry:
         """The registry, made with the first boosted stream (its multi-model holds device memory)."""
         if self.pool.biasing is None:
@@ -265,185 +255,102 @@ class Engine:
             self.pool.biasing = BiasingRegistry(self.model.nemo.tokenizer, blank, self.model.device)
         return self.pool.biasing
 
-    def push(self, stream: Stream, samples: np.ndarray, arrived: float | None = None) -> None:
-        """`arrived`: server time the samples came in (default now). The engine keeps a reference
-        to `samples` (no copy) until the loop absorbs them: the caller must not write to them."""
-        stream.push(np.asarray(samples, dtype=np.float32).reshape(-1), arrived)
-        self._dirty.put(stream)
-        self._wake_loop()
-
     def take_audio(self, stream: Stream, parts: tuple[np.ndarray, ...], arrived: float) -> None:
-        """`push` for a caller on the loop thread (the engine core, which drives `iterate()`
-        itself): float32 samples in one or two pieces go straight into the stream's buffer and
-        the scheduler, without the lock, queue and wake-up a network thread needs. `arrived` is
-        the front end's time, so latency counts the wait in the audio ring. A stream the loop has
-        not taken in yet goes the queued way (its buffer is absorbed when it gets its slot), as a
-        copy: the caller reuses `parts` (ring space) as soon as this returns."""
-        if stream.phase is not Phase.ACTIVE:
-            self.push(stream, np.concatenate(parts), arrived)  # always a new array, even of one part
-            return
+        """Float32 samples, in one or two pieces (a wrapped ring), into an open stream's buffer
+        (one copy: the caller may reuse `parts` once this returns) and the scheduler. `arrived`:
+        when they reached the server, so latency counts any wait before the engine got them."""
         audio = stream.audio
         audio.extend(parts, arrived)
         self.scheduler.set_audio(stream.slot, audio.num_samples, audio.finished)
 
-    def _wake_loop(self) -> None:
-        # Event.set takes a lock and notifies even when the event is set already; a set event
-        # means the loop has not cleared it yet and will iterate (and see this input) after it does.
-        if not self._wake.is_set():
-            self._wake.set()
-
-    def finish(self, stream: Stream) -> None:
-        stream.audio.finish()
-        self._dirty.put(stream)
-        self._wake_loop()
+    def finish(self, stream: Stream, at: float | None = None) -> None:
+        """End of input; `at`: when it reached the server (default now). Its final comes out of a
+        later `iterate()`. A stream no longer open is left alone."""
+        if self.slots.holds(stream):
+            audio = stream.audio
+            audio.finish(at)
+            self.scheduler.set_audio(stream.slot, audio.num_samples, audio.finished)
 
     def force_final(self, stream: Stream) -> None:
-        stream.request_force_final()
-        self._requests.put(stream)
-        self._wake.set()
+        """Close the stream's segment now: a final with what it has, in the next `iterate()`'s
+        output; decoding goes on. A stream no longer open is left alone."""
+        if self.slots.holds(stream):
+            self._publish_final(stream, [], [], time.time(), done=False)
 
     def abort(self, stream: Stream, reason: str = "aborted") -> None:
-        """Drop the stream between steps; no further results are delivered. Idempotent."""
-        stream.request_abort(reason)
-        self._requests.put(stream)
-        self._wake.set()
+        """Release the stream now: nothing more is published for it; its release is in the next
+        `iterate()`'s output. Idempotent. `reason`: for the debug log."""
+        if self.slots.holds(stream):
+            log.debug("stream %s aborted: %s", stream.stream_id, reason)
+            self._release(stream)
 
+    # ------------------------------------------------------------------ what the engine holds
     @property
     def num_free_slots(self) -> int:
-        with self._admission:
-            return self.slots.num_free
+        return self.slots.num_free
 
     @property
     def num_open_streams(self) -> int:
-        with self._admission:
-            return self.slots.num_used
+        return self.slots.num_used
 
     @property
     def queue_delay_s(self) -> float:
-        """How far behind real time the step loop was in the last seconds (queue_delay.py)."""
+        """How far behind real time the engine was in the last seconds (queue_delay.py)."""
         return self.queue_delay.value(time.time())
 
     def open_by_mode(self) -> dict[int, int]:
-        """Streams admitted, by chunk mode (right context)."""
-        with self._admission:
-            modes = [s.context_right for s in self.slots.streams()]
+        """Open streams, by chunk mode (right context)."""
+        modes = [s.context_right for s in self.slots.streams()]
         return {r: modes.count(r) for r in sorted(set(modes))}
-
-    def overload(self, decide: bool = False) -> Verdict:
-        """The overload guard on this engine's numbers (engine_api.py)."""
-        return self.overload_guard.judge(self.queue_delay_s, self.num_open_streams, time.time(), decide)
-
-    def cores(self) -> list[dict]:
-        """This engine as the one core /readyz and /metrics show (engine_api.CoreStatus)."""
-        serving = self.error is None
-        return [{"core": 0, "device": str(self.model.device), "pid": os.getpid(), "serving": serving,
-                 "free_slots": self.num_free_slots if serving else 0, "total_slots": self.num_slots,
-                 "open_streams": self.num_open_streams if serving else 0,
-                 "queue_delay_s": round(self.queue_delay_s, 3) if serving else 0.0,
-                 "recovering_cap": self.overload().cap if serving else None}]  # fmt: skip
 
     @property
     def loop_stream_ids(self) -> list[str]:
-        """Ids of the streams the step loop holds: taken in from the inbox, not yet released.
-        Loop thread only (or an engine that is not started and driven with `iterate()`)."""
-        return [s.stream_id for s in self.slots.streams() if s.phase is Phase.ACTIVE]
+        """Ids of the open streams."""
+        return [s.stream_id for s in self.slots.streams()]
 
-    def check_accounting(self, exact: bool = False) -> int:
-        """Raise AccountingError unless the books agree (engine/invariants.py): the slot table
-        partitions the slots between streams and the free list, each stream under its own slot
-        and id; the streams taken in (their cache rows open) are exactly the scheduler's active
-        slots; each boosted cache row is a boosted stream's. `exact`: also no stream admitted
-        but not yet taken in (the engine core: it opens streams and iterates on one thread).
-        Returns the streams holding a cache row. Between iterations, on the loop thread."""
-        with self._admission:
-            problems, streams = self.slots.problems(), self.slots.streams()
-        for problem in problems:
+    def check_accounting(self) -> int:
+        """Raise AccountingError unless the books that remain agree (engine/invariants.py): the
+        slot table (each open stream under its own slot and id, the held mask the same slots), the
+        scheduler row of each open slot in its stream's chunk mode, the boosted cache rows exactly
+        the open streams' with phrases, and the phrase count their phrases. Returns the open
+        streams (each holds a cache row). Between calls, on the owning thread."""
+        for problem in self.slots.problems():
             check(False, problem)
-        taken_in = {s.slot for s in streams if s.phase is Phase.ACTIVE}
-        pending = [s.stream_id for s in streams if s.phase is Phase.PENDING]
-        done = [s.stream_id for s in streams if s.phase is Phase.DONE]
-        active = set(np.flatnonzero(self.scheduler.active).tolist())
-        check(not done, f"streams {done} done but still holding their slots between iterations")
-        check(active == taken_in, f"{len(active)} scheduler slots active, {len(taken_in)} streams taken in "
-                                  f"(slots {sorted(active ^ taken_in)} differ)")  # fmt: skip
-        check(not exact or not pending, f"{len(streams)} streams admitted, {len(taken_in)} taken in")
+        streams = self.slots.streams()
+        slots = [s.slot for s in streams]
+        modes = self.scheduler.mode[slots].tolist()
+        wrong = [s.stream_id for s, mode in zip(streams, modes) if mode != s.context_right]
+        check(not wrong, f"streams {wrong} have a scheduler row of another chunk mode")
         boosted = set(np.flatnonzero(self.pool.boosted[: self.num_slots]).tolist())
-        want = {s.slot for s in streams if s.phase is Phase.ACTIVE and s.biasing_id != NO_BIASING}
+        want = {s.slot for s in streams if s.biasing_id != NO_BIASING}
         check(boosted == want, f"cache rows {sorted(boosted)} boosted, streams with phrases on {sorted(want)}")
-        return len(taken_in)
-
-    # ------------------------------------------------------------------ lifecycle
-    @property
-    def started(self) -> bool:
-        return self._thread is not None
-
-    def start(self) -> "Engine":
-        self._thread = threading.Thread(target=self._run, name="nemo-serve-step-loop", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-
-    def _run(self) -> None:
-        torch.set_grad_enabled(False)
-        invariants = invariant_log("engine")  # tests: NEMO_SERVE_CHECK_INVARIANTS (engine/invariants.py)
-        try:
-            while not self._stop.is_set():
-                busy = self.iterate().busy
-                if invariants is not None:
-                    invariants.record(self.check_accounting())
-                if not busy:
-                    self._wake.wait(0.05)
-                    self._wake.clear()
-        except BaseException as e:  # noqa: BLE001 - a dead loop must be visible to the server
-            log.exception("step loop crashed")
-            self.error = e
+        phrases = sum(len(s.phrases.phrases) for s in streams if s.phrases)
+        check(phrases == self._num_phrases, f"{self._num_phrases} boosted phrases counted, the open streams hold {phrases}")
+        return len(streams)
 
     # ------------------------------------------------------------------ one iteration
     def iterate(self) -> IterationOutput:
-        """One pass of the loop: what it produced (`.busy`: a stream advanced, so the caller
-        should not sleep). Streams opened in-process get their updates here, in order."""
-        groups = self._schedule()  # 1, 2, 3
-        for group in groups:  # 4, 5
-            self._step(group)
-        self._release_finished()  # 6
+        """One pass: plan, step each group, publish; returns everything produced since the last
+        call (`.busy`: a stream advanced, so the caller should not sleep)."""
+        for group in self._schedule():  # 1
+            self._step(group)  # 2, 3
         out = IterationOutput(tuple(self._updates), tuple(self._update_slots), tuple(self._released), tuple(self._steps),
                               self.queue_delay.published)  # fmt: skip
         self._updates.clear()
         self._update_slots.clear()
         self._released.clear()
         self._steps.clear()
-        self._deliver(out)
         return out
-
-    def _deliver(self, out: IterationOutput) -> None:
-        """In-process harness: each update to its stream's consumer, the steps to `on_step`."""
-        consumers = self._consumers
-        if consumers:  # none when an engine core drives it (it admits, and routes the output itself)
-            for update in out.updates:
-                consumer = consumers.get(update.stream_id)
-                if consumer is not None:
-                    consumer(update)
-            for released in out.released:
-                consumers.pop(released.stream_id, None)
-        if self.on_step is not None:
-            for st in out.steps:
-                self.on_step(st.batch_size, st.elapsed_s, st.context_right)
 
     def plan(self) -> list[list[Chunk]]:
         """The encoder calls `iterate()` runs next, in order: one list of chunks per batched call.
 
-        Takes in newly opened streams, applies aborts and forced finals, absorbs audio (steps 1-2)
-        and groups the ready streams (step 3) exactly as `iterate()` does: modes, and first chunks
-        and later chunks, never share a call; earliest deadline first, at most `max_batch` chunks,
-        and with several modes ready only the earliest-due mode's calls. Runs no model (a forced final, which needs none, is published here); a second call before
-        `iterate()` returns the same plan unless input arrived in between. Loop thread only (or
-        an engine that is not started and driven with `iterate()`).
-        """
+        Groups the ready streams exactly as `iterate()` does: modes, and first chunks and later
+        chunks, never share a call; earliest deadline first, at most `max_batch` chunks, and with
+        several modes ready only the earliest-due mode's calls. Runs no model (a stream whose input
+        ended on a tail too short to encode gets its final and is released here, as `iterate()`
+        would); a second call before `iterate()` returns the same plan unless input arrived in
+        between."""
         return [
             [
                 Chunk(self.slots.stream_at(slot).stream_id, t0, width, g.is_first, last)
@@ -453,10 +360,11 @@ class Engine:
         ]
 
     def _schedule(self) -> list[Group]:
-        self._drain_queues()  # 1
-        groups, done = self.scheduler.plan(time.time())  # 2, 3
-        for slot in done.tolist():  # input ended on a tail NeMo's loop would not encode
-            self._mark_done(self.slots.stream_at(slot))
+        groups, done = self.scheduler.plan(time.time(), self.slots.held)
+        for slot in done.tolist():  # input ended on a tail NeMo's loop would not encode: owed its final
+            s = self.slots.stream_at(slot)
+            self._publish_final(s, [], [], s.audio.finish_time or time.time(), done=True)
+            self._release(s)
         if groups and groups[-1].context_right != groups[0].context_right:
             # Several modes ready: step only the earliest-due mode, then plan again. A long-chunk
             # step cannot be interrupted, so running every mode's groups back to back would make
@@ -466,56 +374,6 @@ class Engine:
             # earliest due.
             groups = [g for g in groups if g.context_right == groups[0].context_right]
         return groups
-
-    def _drain_queues(self) -> None:
-        while True:
-            try:
-                stream = self._inbox.get_nowait()
-            except queue.Empty:
-                break
-            stream.biasing_id, tree_state = NO_BIASING, 0
-            if stream.phrases:  # checked at open: the tree builds
-                stream.biasing_id, tree_state = self._biasing().acquire(stream.phrases)
-            self.pool.open_row(stream.slot, stream.language_index, stream.biasing_id, tree_state)
-            stream.phase = Phase.ACTIVE
-            self.scheduler.admit(stream.slot, self.model.geometries[stream.context_right])
-            self._dirty.put(stream)  # audio pushed before admission
-        not_taken_in: list[Stream] = []
-        while True:
-            try:
-                stream = self._requests.get_nowait()
-            except queue.Empty:
-                break
-            if stream.phase is Phase.PENDING:
-                # Opened after the inbox was taken above (another thread): its request waits for
-                # its slot, next iteration. Consumed now, an abort would leave it holding the slot.
-                not_taken_in.append(stream)
-            elif stream.abort_reason is not None:
-                self._mark_done(stream)  # nothing more is published for it
-            elif stream.take_force_final() and stream.phase is Phase.ACTIVE:
-                self._publish_final(stream, [], [], time.time(), done=False)
-        for stream in not_taken_in:
-            self._requests.put(stream)
-        # Take the queued entries first, then absorb each stream once. Deduplicating while still
-        # taking entries would drop a packet pushed after that stream's absorb (it hung a stream).
-        dirty: dict[int, Stream] = {}
-        while True:
-            try:
-                stream = self._dirty.get_nowait()
-            except queue.Empty:
-                break
-            if stream.phase is Phase.ACTIVE:
-                dirty[stream.slot] = stream
-        for slot, stream in dirty.items():
-            audio = stream.audio
-            audio.absorb()
-            self.scheduler.set_audio(slot, audio.num_samples, audio.finished)
-
-    def _mark_done(self, stream: Stream) -> None:
-        if stream.phase is Phase.ACTIVE:
-            stream.phase = Phase.DONE
-            self.scheduler.release(stream.slot)
-            self._to_release.append(stream)
 
     def _features(self, streams: list[Stream], group: Group) -> torch.Tensor:
         """[B, F, W] new frames for the group; final short chunks are computed apart and padded."""
@@ -570,7 +428,7 @@ class Engine:
         if is_last:
             arrival = max(arrival, audio.finish_time or arrival)
             self._publish_final(s, ids, frames, arrival, done=True, conf=conf)
-            self._mark_done(s)
+            self._release(s)
         elif s.endpoint.is_endpoint(decoded):
             self._publish_final(s, ids, frames, arrival, done=False, conf=conf)
         else:
@@ -583,24 +441,14 @@ class Engine:
         processed_s = int(self.scheduler.next_frame[s.slot]) * self.hop_s  # the scheduler's: stepped already
         self._updates.append(s.update(ids, frames, True, arrival, processed_s, done=done, confidences=conf))
         self._update_slots.append(s.slot)
-        s.final_sent = done
         s.close_segment()
 
-    def _release_finished(self) -> None:
-        done, self._to_release = self._to_release, []
-        for s in done:
-            if s.abort_reason is None and not s.final_sent:
-                # Input ended on a tail too short to encode: the consumer is still owed its final.
-                self._publish_final(s, [], [], s.audio.finish_time or time.time(), done=True)
-            self.pool.close_row(s.slot)
-            if s.biasing_id != NO_BIASING:
-                self.pool.biasing.release(s.biasing_id)
-            with self._admission:
-                self.slots.give_back(s)
-                self._num_phrases -= len(s.phrases.phrases) if s.phrases else 0
-            self._released.append(ReleasedStream(s.stream_id, s.slot))
-
-
-def _assembling(on_result: Callable[[StreamResult], None], detok: Detokenizer, frame_s: float):
-    assemble = ResultAssembler(detok, frame_s)
-    return lambda update: on_result(assemble(update))
+    def _release(self, s: Stream) -> None:
+        """Close the stream's cache row and give its slot back (its scheduler row is ignored from
+        now on: the slot is no longer held); the release is in the next output."""
+        self.pool.close_row(s.slot)
+        if s.biasing_id != NO_BIASING:
+            self.pool.biasing.release(s.biasing_id)
+        self.slots.give_back(s)
+        self._num_phrases -= len(s.phrases.phrases) if s.phrases else 0
+        self._released.append(ReleasedStream(s.stream_id, s.slot))

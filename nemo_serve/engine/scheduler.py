@@ -1,10 +1,12 @@
 """Which slots step next, and in which batched calls: array operations over per-slot state.
 
-The loop thread tells the scheduler what it learns (a slot admitted, audio absorbed, a chunk
-stepped, a slot released) and asks it for a plan. Readiness, the chunk each ready slot steps next,
-oldest-first order and grouping are numpy operations over all active slots: no Python pass over
-every stream each iteration, so an iteration costs Python work only for the streams that changed
-or step.
+The loop thread tells the scheduler what it learns (a slot admitted, audio taken in, a chunk
+stepped) and asks it for a plan over the slots that hold an open stream: that mask is the slot
+table's (engine/slot_table.py, the one record of which streams are open), passed to `plan`, so a
+released slot needs no word here and its row is reset when the slot is admitted again. Readiness,
+the chunk each ready slot steps next, oldest-first order and grouping are numpy operations over the
+open slots: no Python pass over every stream each iteration, so an iteration costs Python work only
+for the streams that changed or step.
 
 The rules are NeMo's loop's (see step.py for why calls cannot mix them):
 - each stream has its own chunk mode (right context); streams of different modes never share a call;
@@ -48,14 +50,14 @@ class Group:
 
 
 class Scheduler:
-    """Per-slot chunk positions and audio levels; plans the next batched calls. Loop thread only."""
+    """Per-slot chunk positions and audio levels; plans the next batched calls. Loop thread only.
+    A slot's row means something from `admit` until the slot is given back (then it is ignored)."""
 
     def __init__(self, geometry, num_slots: int, max_batch: int, margin_samples: int) -> None:
         self.g = geometry  # the default mode's; a slot may be admitted with another mode's
         self.max_batch = max_batch
         self.hop = geometry.hop_samples
         self.margin = margin_samples  # samples past a frame's centre that its window reads
-        self.active = np.zeros(num_slots, bool)
         self.first_done = np.zeros(num_slots, bool)
         self.next_frame = np.zeros(num_slots, np.int64)  # first feature frame of the next chunk
         self.num_samples = np.zeros(num_slots, np.int64)  # samples absorbed
@@ -81,7 +83,6 @@ class Scheduler:
         self.min_first[slot] = g.min_first_frames
         self.min_later[slot] = g.min_later_frames
         self.period_s[slot] = g.chunk_ms / 1000.0
-        self.active[slot] = True
         self.first_done[slot] = False
         self.next_frame[slot] = 0
         self.num_samples[slot] = 0
@@ -101,18 +102,16 @@ class Scheduler:
         self.first_done[s] = True
         self.ready_since[s] = math.inf
 
-    def release(self, slot: int) -> None:
-        self.active[slot] = False
-
     def frames_available(self, slots: np.ndarray) -> np.ndarray:
         """Feature frames whose every input sample has arrived (all of them once input ended;
         NeMo's buffer then holds floor(L / hop) + 1 frames, the last one masked)."""
         return frames_available(self.num_samples[slots], self.finished[slots], self.hop, self.margin)
 
     # ------------------------------------------------------------------ the plan
-    def plan(self, now: float) -> tuple[list[Group], np.ndarray]:
-        """(groups to step in order, slots whose input ended with nothing left to encode)."""
-        act = np.flatnonzero(self.active)
+    def plan(self, now: float, held: np.ndarray) -> tuple[list[Group], np.ndarray]:
+        """(groups to step in order, slots whose input ended with nothing left to encode), over
+        the slots `held` marks ([S] bool: the slot table's)."""
+        act = np.flatnonzero(held)
         if act.size == 0:
             return [], act
         avail = self.frames_available(act)

@@ -97,6 +97,10 @@ class SlotPool:
         self._reset_host = torch.empty(rows, dtype=torch.long, pin_memory=pin)
         self._reset_dev = torch.empty(rows, dtype=torch.long, device=dev)
         self._reset_event = None  # CUDA: the last reset copy; the host buffer is reused after it
+        # The steppers that run steps over these rows, one per chunk mode, built on first use by
+        # engine/step.py `stepper_for`: their staging buffers are sized for this pool and their
+        # CUDA graphs hold its tensors' addresses, so they belong to the pool and die with it.
+        self.steppers: dict = {}  # context_right -> step.Stepper (not imported: step.py imports this module)
 
     @property
     def cache_bytes_per_stream(self) -> int:

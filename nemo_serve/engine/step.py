@@ -112,8 +112,8 @@ def aten_rnn(device: torch.device, dtype: torch.dtype):
 
 class Stepper:
     """The bucketed step of one (model, encoder, pool, chunk mode): its buckets, staging and device
-    buffers, per-bucket decoders and (CUDA) graphs. Created once per pool and mode by `stepper_for`;
-    the steppers of all modes share the pool (one slot serves any mode)."""
+    buffers, per-bucket decoders and (CUDA) graphs. Created once per pool and mode by `stepper_for`
+    and kept in `pool.steppers`; the steppers of all modes share the pool (one slot serves any mode)."""
 
     def __init__(self, model, encoder, pool: SlotPool, graphs: bool | None = None, context_right: int | None = None) -> None:
         g = model.geometry_for(context_right)
@@ -494,12 +494,11 @@ def confidence_computer(base):
 
 
 def stepper_for(model, encoder, pool: SlotPool, context_right: int | None = None) -> Stepper:
-    """The pool's stepper for one mode (None: the default), created on first use."""
+    """The pool's stepper for one mode (None: the default), created on first use (`pool.steppers`)."""
     mode = model.geometry_for(context_right).context_right
-    steppers = pool.__dict__.setdefault("_steppers", {})
-    s = steppers.get(mode)
+    s = pool.steppers.get(mode)
     if s is None or s.encoder is not encoder or s.model is not model:
-        s = steppers[mode] = Stepper(model, encoder, pool, context_right=mode)
+        s = pool.steppers[mode] = Stepper(model, encoder, pool, context_right=mode)
     return s
 
 

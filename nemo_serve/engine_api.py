@@ -19,7 +19,7 @@ import numpy as np
 from .engine.endpoint import EndpointConfig
 from .engine.geometry import ModelInfo
 from .engine.results import StreamResult
-from .server.admission import Verdict
+from .admission import Verdict
 
 
 class CoreStatus(TypedDict):
@@ -33,7 +33,7 @@ class CoreStatus(TypedDict):
     total_slots: int
     open_streams: int
     queue_delay_s: float
-    recovering_cap: int | None  # its overload guard's cap (server/admission.py); None: its slots alone
+    recovering_cap: int | None  # its overload guard's cap (admission.py); None: its slots alone
 
 
 class EngineAPI(Protocol):
@@ -97,7 +97,7 @@ class EngineAPI(Protocol):
     def open_by_mode(self) -> dict[int, int]: ...
 
     def overload(self, decide: bool = False) -> Verdict:
-        """Whether a new stream is refused for overload (server/admission.py: one guard per engine
+        """Whether a new stream is refused for overload (admission.py: one guard per engine
         core, on that core's numbers; a group refuses when no core with a free slot admits).
         `decide`: for a stream being admitted or refused now, which moves the guards; else reads
         only (/readyz)."""

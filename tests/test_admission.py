@@ -1,4 +1,4 @@
-"""Admission under overload (server/admission.py): the guard's state moves only when a stream is
+"""Admission under overload (admission.py): the guard's state moves only when a stream is
 admitted or refused, and /readyz, which only reads it, agrees with what the next stream is told.
 One guard per engine core, its state in the core's shared block: every front end judges by it.
 
@@ -16,7 +16,7 @@ import pytest
 
 from nemo_serve.client import ServerRefused, StreamingClient
 from nemo_serve.core.shared import FileLock, SharedLayout, SharedSlots
-from nemo_serve.server.admission import GuardState, OverloadGuard
+from nemo_serve.admission import GuardState, OverloadGuard
 
 from . import helpers
 from .helpers_server import TOKEN, encode, start_server

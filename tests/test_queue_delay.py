@@ -123,7 +123,7 @@ class _Core:
     and the core's own overload guard judging them."""
 
     def __init__(self, name: str, free: int, delay: float, limit: float = 2.0) -> None:
-        from nemo_serve.server.admission import OverloadGuard
+        from nemo_serve.admission import OverloadGuard
 
         self.name, self.num_free_slots, self.queue_delay_s, self.num_slots = name, free, delay, 4
         self.error, self.model_info = None, None
@@ -150,7 +150,7 @@ def _group(*cores):
 
 
 def test_group_admits_on_a_core_whose_guard_admits():
-    from nemo_serve.server.admission import Verdict
+    from nemo_serve.admission import Verdict
 
     behind, keeping_up = _Core("a", free=3, delay=4.0), _Core("b", free=2, delay=0.1)
     group = _group(behind, keeping_up)
@@ -175,7 +175,7 @@ def test_group_admits_on_a_core_whose_guard_admits():
 def test_group_refuses_only_when_no_core_with_room_admits():
     """Each core's guard judges its own numbers; a decision asks the cores with room, most free
     slots first, and stops at the first that admits: the cores after it are only read."""
-    from nemo_serve.server.admission import GuardState
+    from nemo_serve.admission import GuardState
 
     capped, full = _Core("a", free=3, delay=0.0), _Core("b", free=0, delay=0.0)
     capped.guard.store.save_guard(GuardState(cap=1.0, last=time.time()))  # recovering, with 1 open
@@ -234,7 +234,7 @@ def test_overload_guard_halves_on_overload_and_readmits_gradually():
     """The waves of benchmarks/results/overload_demo_r13_cpu.json: refused while behind, then every
     waiting client admitted at once. The guard instead re-admits up to half of what was open when
     the delay crossed the limit, and raises that cap only while the delay stays under half the limit."""
-    from nemo_serve.server.admission import OverloadGuard
+    from nemo_serve.admission import OverloadGuard
 
     g = OverloadGuard(limit_s=2.0, num_slots=400)
     assert g.decide(0.5, 300, now=0.0) is None  # under the limit: the slots alone decide

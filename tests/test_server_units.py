@@ -207,7 +207,7 @@ class _FakeEngine:
     queue_delay_s = 0.0  # never behind
 
     def overload(self, decide: bool = False):
-        from nemo_serve.server.admission import Verdict
+        from nemo_serve.admission import Verdict
 
         return Verdict(None, False, None)  # never behind
 

@@ -8,7 +8,7 @@ samples: shared.py). The core's
 StreamUpdates come back on one socket; a task on the event loop assembles each into the
 StreamResult the session expects (text and detokenisation happen here, not in the core).
 
-The core's overload guard (server/admission.py) keeps its state in the core's shared block, so
+The core's overload guard (admission.py) keeps its state in the core's shared block, so
 every front end judges new streams by the same cap; its decisions take the slot table's lock.
 
 Everything runs on the front end's event loop thread: no locks besides the slot table's.
@@ -32,7 +32,7 @@ from ..engine.endpoint import EndpointConfig
 from ..engine.geometry import ModelInfo
 from ..engine.phrases import PhraseLimits, check_phrases, encodable_characters
 from ..engine.results import Detokenizer, ResultAssembler, StreamResult, StreamUpdate
-from ..server.admission import OverloadGuard, Verdict
+from ..admission import OverloadGuard, Verdict
 from . import messages as m
 from .addresses import control_address, results_address
 from .shared import FAILED, SERVING, STOPPED, SharedSlots

@@ -1,7 +1,7 @@
 """EngineGroup: several engine cores (one per device) behind one front end, as one engine.
 
 Sessions see the EngineClient API (open_stream, push, finish, force_final, abort, free slots,
-error). A new stream goes to a live core whose overload guard admits it (server/admission.py;
+error). A new stream goes to a live core whose overload guard admits it (admission.py;
 each core judges its own delay and open streams, its state shared by every front end), the one
 with the most free slots first (every core serves every mode from one slot pool, so free slots
 are the measure for any mode); the group refuses for overload only when no live core with a free
@@ -16,7 +16,7 @@ import asyncio
 import logging
 
 from ..engine.errors import NoFreeSlotError
-from ..server.admission import Verdict
+from ..admission import Verdict
 from .client import EngineClient, EngineFailed, StreamHandle
 
 log = logging.getLogger("nemo_serve.frontend")

@@ -6,7 +6,7 @@ One block, created by the supervisor, attached by every process:
   heartbeat  float64[1]     core's time.time() at its last loop iteration
   queue_delay float64[2]    how far behind real time the engine recently was, and until when that
                             holds (engine/queue_delay.py): what admission reads for overload
-  guard      float64[3]     the core's overload guard (server/admission.py), shared by its front
+  guard      float64[3]     the core's overload guard (admission.py), shared by its front
                             ends: recovering cap (NaN: none), over the limit (0/1), time of the
                             last decision (NaN: none); read and written under `lock` only
   owner      int32[S]       front end holding the slot (-1: free); changed under `lock` only
@@ -51,7 +51,7 @@ from multiprocessing import shared_memory
 import numpy as np
 
 from ..engine.errors import NoFreeSlotError
-from ..server.admission import GuardState
+from ..admission import GuardState
 
 STARTING, SERVING, STOPPED, FAILED = 0, 1, 2, 3
 FREE = -1
@@ -68,7 +68,7 @@ class SharedLayout:
             ("state", np.int64, (4,)),
             ("heartbeat", np.float64, (1,)),
             ("queue_delay", np.float64, (2,)),
-            ("guard", np.float64, (3,)),  # cap, over, last decision: server/admission.py GuardState
+            ("guard", np.float64, (3,)),  # cap, over, last decision: admission.py GuardState
             ("owner", np.int32, (s,)),
             ("mode", np.int32, (s,)),  # the holder's chunk mode (right context), for /readyz
             ("gen", np.int64, (s,)),

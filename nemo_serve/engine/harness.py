@@ -39,7 +39,7 @@ from .loop import Chunk, Engine
 from .outputs import IterationOutput
 from .results import ResultAssembler, StreamResult, StreamUpdate
 from .stream import Stream
-from ..server.admission import OverloadGuard, Verdict
+from ..admission import OverloadGuard, Verdict
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 
 from ..config import Settings
 from ..engine.errors import NoFreeSlotError
-from .admission import Verdict
+from ..admission import Verdict
 from .metrics import ServerMetrics
 from .protocol import CLOSE_GOING_AWAY, CLOSE_SERVER_ERROR
 

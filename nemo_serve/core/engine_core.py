@@ -317,7 +317,7 @@ def run_core_process(settings, ipc_dir: str, lock, conn, parent_pid: int) -> Non
     try:
         engine = load_engine(settings)  # CUDA: every graph captured before "ready", not during traffic
     except (ModelLoadError, UnsupportedModeError, FileNotFoundError, ValueError) as e:
-        conn.send(("error", str(e)))  # the supervisor prints it as the one-process server does
+        conn.send(("error", str(e)))  # the supervisor prints it in one line
         sys.exit(2)
     except Exception as e:  # noqa: BLE001 - reported to the supervisor, which prints one line
         conn.send(("error", f"{type(e).__name__}: {e}"))

@@ -265,10 +265,9 @@ def table_sweeps() -> str:
 
 
 def table_mode_mix() -> str:
-    rows = ["| run | one process serving 80 + 1120 ms | two single-mode processes |", "|---|---|---|"]
+    rows = ["| engine cores | one server serving 80 + 1120 ms | two single-mode servers |", "|---|---|---|"]
     names, infos = [], []
-    for name, label in (("mode_mix_demo_r0_r13_cpu_fp32.json", "every mode per iteration"),
-                        ("mode_mix_demo_r0_r13_permode_cpu_fp32.json", "one mode per iteration"),
+    for name, label in (("mode_mix_demo_r0_r13_cpu_fp32.json", "one engine core"),
                         ("mode_mix_demo_r0_r13_2cores_cpu_fp32.json", "two engine cores (`--devices cpu,cpu`)")):
         d = read(name)
         names.append(name)

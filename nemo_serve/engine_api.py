@@ -96,14 +96,15 @@ class EngineAPI(Protocol):
 
     def open_by_mode(self) -> dict[int, int]: ...
 
-    def overload(self, decide: bool = False) -> Verdict:
+    def overload(self, decide: bool = False, now: float | None = None) -> Verdict:
         """Whether a new stream is refused for overload (admission.py: one guard per engine
         core, on that core's numbers; a group refuses when no core with a free slot admits).
         `decide`: for a stream being admitted or refused now, which moves the guards; else reads
-        only (/readyz)."""
+        only (/readyz). `now` (default: the clock): the time judged at; one /readyz answer
+        passes the same to `cores`, so the caps it shows agree (a cap grows with time)."""
         ...
 
-    def cores(self) -> list[CoreStatus]: ...
+    def cores(self, now: float | None = None) -> list[CoreStatus]: ...
 
 
 def interface_members() -> set[str]:

@@ -134,7 +134,7 @@ class _Core:
     def num_open_streams(self) -> int:
         return self.num_slots - self.num_free_slots
 
-    def overload(self, decide: bool = False):
+    def overload(self, decide: bool = False, now=None):
         return self.guard.judge(self.queue_delay_s, self.num_open_streams, time.time(), decide)
 
     def open_stream(self, on_result, **kw):

@@ -206,7 +206,7 @@ class _FakeEngine:
 
     queue_delay_s = 0.0  # never behind
 
-    def overload(self, decide: bool = False):
+    def overload(self, decide: bool = False, now=None):
         from nemo_serve.admission import Verdict
 
         return Verdict(None, False, None)  # never behind
@@ -244,7 +244,7 @@ class _FakeEngine:
     def stop(self, timeout_s: float = 0.0) -> None:
         pass
 
-    def cores(self) -> list[dict]:
+    def cores(self, now=None) -> list[dict]:
         return [{"core": 0, "device": "cpu", "pid": 0, "serving": self.error is None, "free_slots": self.num_free_slots,
                  "total_slots": self.num_slots, "open_streams": self.num_open_streams, "queue_delay_s": 0.0}]  # fmt: skip
 

@@ -234,10 +234,10 @@ class EngineClient:
         """Slots held, by chunk mode, across every front end."""
         return self.shared.open_by_mode()
 
-    def overload(self, decide: bool = False) -> Verdict:
+    def overload(self, decide: bool = False, now: float | None = None) -> Verdict:
         """This core's overload guard on its own numbers; `decide`: for a stream being admitted or
         refused now (moves the guard, for every front end), else reads only (/readyz)."""
-        return self.guard.judge(self.queue_delay_s, self.num_open_streams, time.time(), decide)
+        return self.guard.judge(self.queue_delay_s, self.num_open_streams, now or time.time(), decide)
 
     # ------------------------------------------------------------------ internals
     def _send(self, msg) -> None:

@@ -98,7 +98,7 @@ class EngineGroup:
             return h
         raise NoFreeSlotError(f"all {self.num_slots} slots of {len(live)} engine cores are in use")
 
-    def overload(self, decide: bool = False) -> Verdict:
+    def overload(self, decide: bool = False, now: float | None = None) -> Verdict:
         """Whether a new stream is refused for overload: only when no live core with a free slot
         admits it (a full server is refused for its slots, not here). `decide`: the cores are asked
         in open_stream's order, most free slots first, each deciding under its lock until one
@@ -108,7 +108,7 @@ class EngineGroup:
         refusal, admitted, verdicts = None, False, []
         for free, core in ranked:
             asked = free > 0 and not admitted  # a core that would take the stream now
-            v = core.overload(decide and asked)
+            v = core.overload(decide and asked, now)
             verdicts.append(v)
             if asked:
                 admitted, refusal = v.refusal is None, refusal or v.refusal
@@ -150,13 +150,13 @@ class EngineGroup:
                 out[mode] = out.get(mode, 0) + n
         return dict(sorted(out.items()))
 
-    def cores(self) -> list[dict]:
+    def cores(self, now: float | None = None) -> list[dict]:
         """Each core as /readyz and /metrics show it."""
         return [
             {"core": e.index, "device": e.device, "pid": e.pid, "serving": c.error is None,
              "free_slots": c.num_free_slots if c.error is None else 0, "total_slots": c.num_slots,
              "open_streams": c.num_open_streams if c.error is None else 0,
              "queue_delay_s": round(c.queue_delay_s, 3) if c.error is None else 0.0,
-             "recovering_cap": c.overload().cap if c.error is None else None}
+             "recovering_cap": c.overload(now=now).cap if c.error is None else None}
             for c, e in zip(self.clients, self.endpoints)
         ]  # fmt: skip

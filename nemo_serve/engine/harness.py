@@ -275,18 +275,18 @@ class LocalEngine:
             modes = [h.context_right for h in self._by_id.values()]
         return {r: modes.count(r) for r in sorted(set(modes))}
 
-    def overload(self, decide: bool = False) -> Verdict:
+    def overload(self, decide: bool = False, now: float | None = None) -> Verdict:
         """The overload guard on this engine's numbers (engine_api.py)."""
-        return self.overload_guard.judge(self.queue_delay_s, self.num_open_streams, time.time(), decide)
+        return self.overload_guard.judge(self.queue_delay_s, self.num_open_streams, now or time.time(), decide)
 
-    def cores(self) -> list[dict]:
+    def cores(self, now: float | None = None) -> list[dict]:
         """This engine as the one core /readyz and /metrics show (engine_api.CoreStatus)."""
         serving = self.error is None
         return [{"core": 0, "device": str(self.engine.model.device), "pid": os.getpid(), "serving": serving,
                  "free_slots": self.num_free_slots if serving else 0, "total_slots": self.num_slots,
                  "open_streams": self.num_open_streams if serving else 0,
                  "queue_delay_s": round(self.queue_delay_s, 3) if serving else 0.0,
-                 "recovering_cap": self.overload().cap if serving else None}]  # fmt: skip
+                 "recovering_cap": self.overload(now=now).cap if serving else None}]  # fmt: skip
 
     @property
     def stats(self):

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 import ipaddress
 from pathlib import Path
 from typing import Callable
@@ -87,7 +88,8 @@ def create_app(ctx: ServerContext, drain_on_shutdown: bool = False, on_shutdown:
     @app.get("/readyz")
     async def readyz() -> JSONResponse:
         engine = ctx.engine
-        refusal, verdict = ctx.readiness()  # reads only: polling it changes no admission
+        now = time.time()  # one moment for the verdict and every core's cap (a cap grows with time)
+        refusal, verdict = ctx.readiness(now)  # reads only: polling it changes no admission
         body = {
             "ready": refusal is None,
             "free_slots": engine.num_free_slots,
@@ -107,7 +109,7 @@ def create_app(ctx: ServerContext, drain_on_shutdown: bool = False, on_shutdown:
             "languages": sorted(ctx.model.prompt_dictionary) if ctx.model.prompt_dictionary else None,
             "auth": ctx.settings.auth_token is not None,
             "pid": os.getpid(),  # the process that answered (one of the front ends)
-            "cores": engine.cores(),  # each engine core's numbers (one with one core)
+            "cores": engine.cores(now),  # each engine core's numbers (one with one core)
         }
         return JSONResponse(body, status_code=200 if body["ready"] else 503)
 

@@ -87,9 +87,10 @@ class ServerContext:
         it; /readyz asks `readiness()`."""
         return self._judge(lambda: self.engine.overload(decide=True).refusal)
 
-    def readiness(self) -> tuple[tuple[str, str] | None, Verdict]:
-        """What `refusal()` would answer now, and the overload verdict; reads only."""
-        verdict = self.engine.overload()
+    def readiness(self, now: float | None = None) -> tuple[tuple[str, str] | None, Verdict]:
+        """What `refusal()` would answer at `now` (default: the clock), and the overload verdict;
+        reads only."""
+        verdict = self.engine.overload(now=now)
         return self._judge(lambda: verdict.refusal), verdict
 
     @property

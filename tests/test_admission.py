@@ -136,10 +136,8 @@ async def _until(srv, predicate, timeout_s: float = 30.0) -> dict:
         await asyncio.sleep(0.05)
 
 
-async def _overload_episode(srv, refuse_one: bool) -> None:
-    """EPISODE_STREAMS real-time streams until the engine is behind, /readyz polled all along;
-    with `refuse_one` a stream arrives then (and is refused); then every stream ends and the server
-    goes idle (the delay window passes)."""
+async def _real_time_streams(srv) -> tuple[list, list]:
+    """EPISODE_STREAMS streams opened, each sending 3 s of audio at real-time pace (its task)."""
     clients = [await _open(srv) for _ in range(EPISODE_STREAMS)]
     assert all(isinstance(c, StreamingClient) for c in clients), clients
     wire = _audio(3.0)
@@ -150,7 +148,14 @@ async def _overload_episode(srv, refuse_one: bool) -> None:
             await c.send_audio(wire[i : i + 1600])
             await asyncio.sleep(max(0.0, t0 + (i + 1600) / 16000 - time.monotonic()))
 
-    senders = [asyncio.create_task(send(c)) for c in clients]
+    return clients, [asyncio.create_task(send(c)) for c in clients]
+
+
+async def _overload_episode(srv, refuse_one: bool) -> None:
+    """EPISODE_STREAMS real-time streams until the engine is behind, /readyz polled all along;
+    with `refuse_one` a stream arrives then (and is refused); then every stream ends and the server
+    goes idle (the delay window passes)."""
+    clients, senders = await _real_time_streams(srv)
     await _until(srv, lambda b: b["overloaded"])
     for _ in range(5):  # a load balancer's health check
         status, body = await _readyz(srv)
@@ -238,17 +243,7 @@ def test_front_ends_share_each_cores_guard(server_args):
             time.sleep(0.2)
 
         async def scenario():
-            clients = [await _open(srv) for _ in range(EPISODE_STREAMS)]
-            assert all(isinstance(c, StreamingClient) for c in clients), clients
-            wire = _audio(3.0)
-
-            async def send(c: StreamingClient) -> None:
-                t0 = time.monotonic()
-                for i in range(0, len(wire), 1600):
-                    await c.send_audio(wire[i : i + 1600])
-                    await asyncio.sleep(max(0.0, t0 + (i + 1600) / 16000 - time.monotonic()))
-
-            senders = [asyncio.create_task(send(c)) for c in clients]
+            clients, senders = await _real_time_streams(srv)
             await _until(srv, lambda b: all(c["queue_delay_s"] > 0 for c in b["cores"]))  # every core behind
             refused = await _open(srv)  # judged by every core's guard: each refuses, and sets its cap
             await asyncio.gather(*senders)

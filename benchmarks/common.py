@@ -121,7 +121,8 @@ def run_record() -> dict:
         "command": " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "git_commit": _git("rev-parse", "--short", "HEAD"),
-        "git_dirty": bool(_git("status", "--porcelain", "--", "nemo_serve", "benchmarks")),
+        # The results folder is left out: a run that writes results there must not call its own code dirty.
+        "git_dirty": bool(_git("status", "--porcelain", "--", "nemo_serve", "benchmarks", ":!benchmarks/results")),
         "host": platform.node(),
         "cpu": _cpu_model(),
         "cpu_count": os.cpu_count(),

@@ -29,3 +29,28 @@ def test_a_tenth_of_the_streams_drifting_is_behind_even_with_a_flat_median():
 
 def test_refused_streams_are_behind():
     assert not keeps_up(level(100.0, 0.0, 1.0, errors={"refused": 1}), chunk_ms=320.0)
+
+
+def test_a_result_file_does_not_make_its_own_run_dirty(tmp_path, monkeypatch):
+    """`git_dirty` says whether the code that ran differs from its commit: a results file the run (or an
+    earlier one) wrote must not count, an edited source file must."""
+    import subprocess
+
+    import benchmarks.common as common
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)  # fmt: skip
+
+    (tmp_path / "nemo_serve").mkdir()
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    (tmp_path / "nemo_serve" / "x.py").write_text("x = 1\n")
+    (tmp_path / "benchmarks" / "b.py").write_text("b = 1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-q", "-m", "init")
+    monkeypatch.setattr(common, "REPO", tmp_path)
+    (tmp_path / "benchmarks" / "results" / "new.json").write_text("{}")
+    assert common.run_record()["git_dirty"] is False
+    (tmp_path / "benchmarks" / "b.py").write_text("b = 2\n")
+    assert common.run_record()["git_dirty"] is True

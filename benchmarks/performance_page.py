@@ -203,6 +203,11 @@ def table_host() -> str:
         rows.append(f"| {chunk:.0f} ms | {streams:,} | {full['core_cpu_us_per_stream_step']:.1f} / {tenth['core_cpu_us_per_stream_step']:.1f} µs "
                     f"| {full['inprocess_cpu_us_per_stream_step']:.1f} / {tenth['inprocess_cpu_us_per_stream_step']:.1f} µs "
                     f"| {full['budget_us_per_stream_step']:,.0f} µs | {HOST_TARGET_US:.0f} µs: {'met' if worst <= HOST_TARGET_US else '**missed**'} |")
+    sizes = []
+    for chunk in sorted({c for c, _, _ in by}):
+        per = [r["core_results_bytes_per_update"] for (c, _, _), r in by.items() if c == chunk]
+        sizes.append(f"{min(per):.0f}-{max(per):.0f}{' bytes per stream update' if not sizes else ''} at {chunk:.0f} ms")
+    rows.append(f"\nA results message carries {' and '.join(sizes)} (every level above).")
     return "\n".join(rows) + source(["host_core_cpu.json"], [run_info(d)])
 
 

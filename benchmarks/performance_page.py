@@ -26,7 +26,7 @@ from benchmarks.summarize import judge  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 SHIPPED_DEMO = ROOT / "nemo_serve" / "assets" / "demo" / "demo.nemo"
-PAGES = ("README.md", "docs/performance.md", "docs/demo_model.md")
+PAGES = ("README.md", "docs/performance.md", "docs/demo_model.md", "docs/server.md")
 
 # The GPU run's JSONL records no commit or command: these are from the commit that added it (0e78094).
 GPU_RUN = {"file": "gpu_h200_run3.jsonl", "commit": "c9f3480", "date": "2026-12-04",
@@ -211,6 +211,37 @@ def table_host() -> str:
     return "\n".join(rows) + source(["host_core_cpu.json"], [run_info(d)])
 
 
+def _overload_runs(name: str) -> tuple[dict, dict]:
+    runs = {r["max_queue_delay_s"]: r for r in read(name)["runs"]}
+    return runs[0.0], next(r for d, r in runs.items() if d > 0)
+
+
+def table_overload() -> str:
+    """docs/server.md's overload table: off, on, and on without the re-admission cap (an older run)."""
+    (off, on), (nocap_off, nocap) = _overload_runs("overload_demo_r13_cpu.json"), _overload_runs("overload_demo_r13_nocap_cpu.json")
+
+    def lat(r, key):
+        ms = r["level"][key]
+        return f"{ms['p50'] / 1e3:.1f} / {ms['p95'] / 1e3:.1f} s"
+
+    def cells(label, fn, with_off=""):
+        third = fn(nocap) + (f" ({with_off}{fn(nocap_off)})" if with_off else "")
+        return f"  | {label} | {fn(off)} | {fn(on)} | {third} |"
+
+    q = lambda r: r["level"]["quality"]  # noqa: E731
+    rows = [f"  | | off (`--max-queue-delay-s 0`) | on ({on['max_queue_delay_s']:g} s, gradual re-admission) | on, without the cap (`_nocap`) |",
+            "  |---|---|---|---|",
+            cells("items admitted / attempts refused", lambda r: f"{r['streams_admitted']:,} / {r['streams_refused']:,}"),
+            cells("model behind real time, at most", lambda r: f"{max(x[1] for x in r['readyz'] if x[1] is not None):.1f} s"),
+            cells("partial latency p50 / p95", lambda r: lat(r, "partial_latency_ms"), "off in that run: "),
+            cells("final latency p50 / p95", lambda r: lat(r, "final_latency_ms"), "off: "),
+            cells("audio completed in the run", lambda r: f"{r['level']['audio_s_completed']:,.0f} s", "off: "),
+            cells("token-identical to NeMo's loop", lambda r: f"{q(r)['token_identical_streams']}/{q(r)['streams_compared']}", "off: ")]
+    names = ["overload_demo_r13_cpu.json", "overload_demo_r13_nocap_cpu.json"]
+    src = source(names, [run_info(read(n)) for n in names])
+    return "\n".join(rows) + "\n".join(f"  {line}".rstrip() for line in src.split("\n"))
+
+
 def table_frontend() -> str:
     d = read("host_core_cpu.json")
     pp, tp = d["frontend"]["per_packet"], d["frontend"]["throughput"]
@@ -323,7 +354,7 @@ def table_boost_cost() -> str:
 TABLES = {
     "headline": table_headline, "boost-benefit": table_boost_benefit, "boost-cost": table_boost_cost, "gpu": table_gpu, "gpu-memory": table_gpu_memory, "step": table_step,
     "host": table_host, "frontend": table_frontend, "sweeps": table_sweeps, "mode-mix": table_mode_mix,
-    "demo-wer": table_demo_wer,
+    "demo-wer": table_demo_wer, "overload": table_overload,
 }
 MARKED = re.compile(r"(<!-- table: ([\w-]+) -->\n)(.*?)(<!-- /table -->)", re.S)
 

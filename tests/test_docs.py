@@ -73,3 +73,18 @@ def test_a_changed_result_changes_the_page(tmp_path, monkeypatch):
     assert "| **0** " in row and "missed" in row, row
     page = (ROOT / "docs" / "performance.md").read_text()
     assert performance_page.render(page, {}) != page
+
+
+def test_the_overload_table_is_read_from_its_files(tmp_path, monkeypatch):
+    """docs/server.md's overload figures come from the overload results: a changed file changes the page."""
+    results = tmp_path / "results"
+    shutil.copytree(performance_page.RESULTS, results)
+    path = results / "overload_demo_r13_cpu.json"
+    d = json.loads(path.read_text())
+    d["runs"][1]["level"]["quality"]["token_identical_streams"] -= 1
+    path.write_text(json.dumps(d))
+    monkeypatch.setattr(performance_page, "RESULTS", results)
+    row = next(line for line in performance_page.table_overload().splitlines() if "token-identical" in line)
+    assert "| 293/294 |" in row, row
+    page = (ROOT / "docs" / "server.md").read_text()
+    assert performance_page.render(page, {}) != page

@@ -436,7 +436,10 @@ def main(argv: list[str] | None = None) -> int:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+    from benchmarks.common import run_record
+
     report = {
+        "run": run_record(),
         "model": args.model,
         "seed": args.seed,
         "fuzz": stats.as_dict(),

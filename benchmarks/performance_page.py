@@ -242,6 +242,29 @@ def table_overload() -> str:
     return "\n".join(rows) + "\n".join(f"  {line}".rstrip() for line in src.split("\n"))
 
 
+FUZZ_FILES = ("fuzz_server_tiny-hybrid.json", "fuzz_server_demo_r3.json")
+
+
+def table_fuzz() -> str:
+    """docs/server.md's hostile-input runs of benchmarks/fuzz_server.py against the real server."""
+    rows = ["| date, commit, model | fuzzed messages (cases), bytes | crashes | abnormal closes, hangs | connect/abort cycles "
+            "| slots leaked | RSS before -> after | drain | log |", "|---|---|---|---|---|---|---|---|---|"]
+    closes = []
+    for name in FUZZ_FILES:
+        d, info = read(name), run_info(read(name))
+        f, dr = d["fuzz"], d["drain"]
+        ends = sum(1 for e in dr["stream_ends"] if e[:2] == ["done", "draining"])
+        rows.append(f"| {info['date']}, {info['commit']}, {d['model']} | {f['messages']:,} ({f['cases']:,}), {f['bytes_sent'] / 1e9:.2f} GB "
+                    f"| {f['crashes']} | {f['abnormal']}, {f['hangs']} | {d['abort_cycles']:,} | {d['slots_leaked']} "
+                    f"| {d['rss_mb_before']:.0f} -> {d['rss_mb_after']:.0f} MB | {dr['drain_s']:.2f} s, exit {dr['exit_code']}, "
+                    f"{ends}/{dr['streams']} `done` `draining` | {d['log_lines']:,} lines, {d['log_bytes'] / 1e3:.0f} kB, "
+                    f"{d['log_tracebacks']} tracebacks |")
+        by_code = ", ".join(f"{n:,} x {c}" for c, n in sorted(f["closes"].items(), key=lambda kv: -kv[1]))
+        closes.append(f"{d['model']}: closes {by_code}; {sum(f['refused'].values()):,} handshakes refused (503, slots taken)")
+    rows.append("\n" + "; ".join(closes) + ".")
+    return "\n".join(rows) + source(list(FUZZ_FILES), [run_info(read(n)) for n in FUZZ_FILES])
+
+
 def table_frontend() -> str:
     d = read("host_core_cpu.json")
     pp, tp = d["frontend"]["per_packet"], d["frontend"]["throughput"]
@@ -354,7 +377,7 @@ def table_boost_cost() -> str:
 TABLES = {
     "headline": table_headline, "boost-benefit": table_boost_benefit, "boost-cost": table_boost_cost, "gpu": table_gpu, "gpu-memory": table_gpu_memory, "step": table_step,
     "host": table_host, "frontend": table_frontend, "sweeps": table_sweeps, "mode-mix": table_mode_mix,
-    "demo-wer": table_demo_wer, "overload": table_overload,
+    "demo-wer": table_demo_wer, "overload": table_overload, "fuzz": table_fuzz,
 }
 MARKED = re.compile(r"(<!-- table: ([\w-]+) -->\n)(.*?)(<!-- /table -->)", re.S)
 

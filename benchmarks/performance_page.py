@@ -129,13 +129,21 @@ def table_gpu() -> str:
     return "\n".join(rows) + f"\n\n{where}. From `{GPU_RUN['file']}`: `{GPU_RUN['command']}` at {GPU_RUN['commit']}, {GPU_RUN['date']}"
 
 
+def _gpu_run_length(level: dict | None) -> str:
+    """The GPU levels ran a few seconds each: too few chunks to measure drift, so the row says so."""
+    if not level:
+        return ""
+    chunks = level["seconds"] * 1000 / level["chunk_ms"]
+    return f" of {level['bound_ms']:,.0f} ms allowed; {level['seconds']:.0f} s run ({chunks:.0f} chunks), drift not measured"
+
+
 def table_headline() -> str:
     rows = ["| hardware | model, precision | chunk | real-time streams kept up | p95 latency at that level | date, commit |",
             "|---|---|---|---|---|---|"]
     for chunk_ms, best, _, _ in gpu_rows(gpu_records()):
         kept = best["streams"] if best else 0
         rows.append(f"| one NVIDIA H200 (engine core only) | Nemotron 3.5 ASR 0.6B architecture, bf16 | {chunk_ms} ms "
-                    f"| **{kept:,}** (goal {GPU_GOALS[chunk_ms]:,}) | {_f(best and best['lateness_p95_ms'], 0, ' ms')} "
+                    f"| **{kept:,}** (goal {GPU_GOALS[chunk_ms]:,}) | {_f(best and best['lateness_p95_ms'], 0, ' ms')}{_gpu_run_length(best)} "
                     f"| {GPU_RUN['date']}, {GPU_RUN['commit']} |")
     joined = {files[0]: (files, d) for files, d in sweep_groups()}  # a run's `_top` levels with it
     files = [GPU_RUN["file"]]

@@ -12,7 +12,8 @@ which /v1/realtime accepts back (realtime_protocol.py ignores those it does not 
 Auth: with a server token, the POST needs it (`Authorization: Bearer` or NIM's `X-API-Key`;
 401 with `WWW-Authenticate` otherwise), and the answer carries a client secret that opens one
 /v1/realtime socket within a minute (auth.py); without one, `client_secret` is null, which NIM's
-client takes as "connect without a secret". The body may be empty or a JSON object; its fields are
+client takes as "connect without a secret". The body may be empty or a JSON object (size, nesting
+and numbers bounded before they cost anything: nim_body.py); its fields are
 not kept: the socket is configured by its own update (rejected: carrying the POST's session into
 the socket inside the secret, which no client we know of relies on).
 """
@@ -20,17 +21,15 @@ the socket inside the secret, which no client we know of relies on).
 from __future__ import annotations
 
 import hmac
-import json
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from .auth import authorized, mint_client_secret
 from .context import ServerContext
+from .nim_body import BodyError, parse_object, read_capped
 from .realtime_protocol import new_id
 from .transcriptions import error_response
-
-MAX_BODY_BYTES = 64 * 1024
 
 
 def add_nim_session_routes(app: FastAPI, ctx: ServerContext) -> None:
@@ -41,15 +40,10 @@ def add_nim_session_routes(app: FastAPI, ctx: ServerContext) -> None:
             ctx.metrics.refusals.labels(reason="unauthorized").inc()
             return error_response(401, "missing or wrong API key (Authorization: Bearer, or X-API-Key)",
                                   code="invalid_api_key")  # fmt: skip
-        body = await request.body()
-        if len(body) > MAX_BODY_BYTES:
-            return error_response(413, f"session body over {MAX_BODY_BYTES} bytes")
-        if body.strip():
-            try:
-                if not isinstance(json.loads(body), dict):
-                    raise ValueError
-            except ValueError:
-                return error_response(400, "the body must be a JSON object (or empty)")
+        try:
+            parse_object(await read_capped(request))  # checked, not kept (the docstring says why)
+        except BodyError as e:
+            return error_response(e.status, str(e))
         return JSONResponse(default_session(ctx))
 
 

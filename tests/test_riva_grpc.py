@@ -76,7 +76,11 @@ def ws_finals(server, wav: Path, context_right: int | None = None, endpointing: 
               phrases: list[str] | None = None, boost: float | None = None) -> list[dict]:  # fmt: skip
     """/ws's non-empty finals for the same samples (PCM16 at the file's rate, 100 ms packets)."""
     samples, rate = soundfile.read(wav, dtype="int16")
+    return ws_finals_of(server, samples, rate, context_right, endpointing, phrases, boost)
 
+
+def ws_finals_of(server, samples: np.ndarray, rate: int, context_right: int | None = None, endpointing: dict | None = None,
+                 phrases: list[str] | None = None, boost: float | None = None) -> list[dict]:  # fmt: skip
     async def run() -> list[dict]:
         async with StreamingClient(server.ws_url, sample_rate=rate, encoding="pcm_s16le", token=TOKEN,
                                    context_right=context_right, endpointing=endpointing, phrases=phrases,
@@ -351,8 +355,8 @@ def check_calls_per_address_limit(service, wav: Path, limit: int) -> None:
 def test_tls_calls_per_address_and_drain():
     """A server of its own (SIGTERM ends it), over TLS with the server's certificate;
     --max-connections-per-ip bounds calls (one front end: its share is the whole limit); SIGTERM
-    mid-stream: the call still gets its final, and a call that starts during the drain is refused
-    with UNAVAILABLE."""
+    mid-stream: the call still gets the finals of all the audio it sent, equal to /ws's, and ends
+    with OK; a call that starts during the drain is refused with UNAVAILABLE; the server exits 0."""
     grpc_port = free_port()
     with start_server("--grpc-port", str(grpc_port), "--num-slots", "3", "--drain-timeout-s", "20", "--frontends", "1",
                       "--max-connections-per-ip", "2", tls=True) as s:  # fmt: skip
@@ -365,22 +369,34 @@ def test_tls_calls_per_address_and_drain():
             f["text"] for f in ws_finals(s, wav)
         ]
         check_calls_per_address_limit(service, wav, limit=2)
-        started = threading.Event()
+        started, release = threading.Event(), threading.Event()
+        audio = wav.read_bytes()
+        header, pcm = audio[:44], audio[44:44 + 32000]  # 1 s: the drain ends the input here
+        samples, rate = soundfile.read(wav, dtype="int16", frames=len(pcm) // 2)
+        expected = [f["text"] for f in ws_finals_of(s, samples, rate)]
+        assert expected, "1 s of the utterance has text: the drain's final is not empty"
 
-        def paced(audio: bytes):
-            header, pcm = audio[:44], audio[44:]
+        def paced():
             yield header
             for i in range(0, len(pcm), 3200):
                 yield pcm[i : i + 3200]
-                started.set()
                 time.sleep(0.1)
+            started.set()
+            release.wait(30)  # input stays open: only the drain can end it
 
         out: list = []
-        t = threading.Thread(target=lambda: out.extend(
-            r for resp in service.streaming_response_generator(paced(wav.read_bytes()), streaming_config(wav))
-            for r in resp.results))  # fmt: skip
+        errors: list = []
+
+        def run() -> None:
+            try:
+                out.extend(r for resp in service.streaming_response_generator(paced(), streaming_config(wav))
+                           for r in resp.results)  # fmt: skip
+            except Exception as e:  # noqa: BLE001 - asserted below: the call must end with OK
+                errors.append(e)
+
+        t = threading.Thread(target=run)
         t.start()
-        started.wait(10)
+        assert started.wait(10)
         time.sleep(0.5)
         s.proc.send_signal(signal.SIGTERM)  # the supervisor, as systemd sends it: it drains each front end
         time.sleep(0.5)
@@ -389,7 +405,9 @@ def test_tls_calls_per_address_and_drain():
         # "server is draining", or, once the drain is over, no listener at all: UNAVAILABLE either way
         assert e.value.code() == grpc.StatusCode.UNAVAILABLE
         t.join(30)
-        assert any(r.is_final for r in out), "the stream in flight got its final"
+        release.set()
+        assert not t.is_alive() and not errors, errors
+        assert [r.alternatives[0].transcript for r in out if r.is_final] == expected  # whole, not cut
         assert s.proc.wait(30) == 0
         service.auth.channel.close()
 

@@ -137,16 +137,20 @@ class RivaCall(StreamLifecycle):
     def _push_pcm(self, pcm: bytes) -> None:
         if self.decoder is None:
             rate = self.ctx.model.geometry.sample_rate
-            header_rate = self.wav.sample_rate
+            header_rate = self.wav.sample_rate  # range-checked by LeadingWav, as the config's by parse_config
             if self.config.sample_rate and header_rate and header_rate != self.config.sample_rate:
                 raise RivaRequestError(
                     f"sample_rate_hertz {self.config.sample_rate} but the WAV header says {header_rate}"
                 )
             self.decoder = AudioDecoder("pcm_s16le", self.config.sample_rate or header_rate or rate, rate)
-        samples = self.decoder.decode(pcm)
+        # --max-stream-s from the declared rate and the byte count, before decoding: bytes past
+        # the cap are never decoded or resampled (Recognize's 1 MiB is 65 s at 8 kHz).
+        room_bytes = 2 * max(0, int(self.ctx.settings.max_stream_s * self.decoder.input_rate) - self.decoder.num_input_samples)
+        capped = len(pcm) >= room_bytes
+        samples = self.decoder.decode(pcm[:room_bytes] if capped else pcm)
         if len(samples):
             self.ctx.engine.push(self.stream, samples)
-        if self.decoder.input_seconds >= self.ctx.settings.max_stream_s:
+        if capped:
             self.end_input()
 
     def end_input(self) -> None:
@@ -215,7 +219,7 @@ class RivaSpeechRecognition:
 
     def __init__(self, ctx: ServerContext, pb, audio_pb) -> None:
         self.ctx, self.pb = ctx, pb
-        self.linear_pcm = audio_pb.AudioEncoding.LINEAR_PCM
+        self.encodings = audio_pb.AudioEncoding
         # Calls, not TCP connections (HTTP/2 carries many calls on one): --max-connections and
         # --max-connections-per-ip bound them as they bound /ws's sockets, counted apart from those.
         self.calls = ConnectionLimiter(ctx.settings.max_connections, ctx.settings.max_connections_per_ip)
@@ -226,7 +230,8 @@ class RivaSpeechRecognition:
             self.ctx.metrics.refusals.labels(reason="connection_limit").inc()
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, reason)
 
-    async def _authorize(self, context) -> None:
+    async def _authorize(self, context, request=None) -> None:
+        """The token, then (a unary call's) request bytes: see Malformed."""
         token = self.ctx.settings.auth_token
         if token is None:
             return
@@ -235,9 +240,11 @@ class RivaSpeechRecognition:
         if not hmac.compare_digest(given.encode(), token.encode()):
             self.ctx.metrics.refusals.labels(reason="unauthorized").inc()
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token (metadata 'authorization')")
+        if isinstance(request, Malformed):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.reason)
 
     def _config(self, config, interim: bool) -> RivaConfig:
-        return parse_config(config, self.ctx.model, self.ctx.settings.endpoint_config, interim, self.linear_pcm)
+        return parse_config(config, self.ctx.model, self.ctx.settings.endpoint_config, interim, self.encodings)
 
     # ------------------------------------------------------------------ StreamingRecognize
     async def StreamingRecognize(self, request_iterator, context):  # noqa: N802 - the proto's name
@@ -308,11 +315,13 @@ class RivaSpeechRecognition:
                 return None
             call.fail(f"idle timeout: no message for {settings.idle_timeout_s:g} s", reason_label="idle_timeout")
             return None
+        if isinstance(request, Malformed):
+            raise RivaRequestError(request.reason)
         return None if request is grpc.aio.EOF else request
 
     # ------------------------------------------------------------------ Recognize
     async def Recognize(self, request, context):  # noqa: N802
-        await self._authorize(context)
+        await self._authorize(context, request)
         call = RivaCall(self.ctx, context)
         await self._count_in(call, context)
         self.ctx.add(call)
@@ -338,7 +347,7 @@ class RivaSpeechRecognition:
 
     # ------------------------------------------------------------------ GetRivaSpeechRecognitionConfig
     async def GetRivaSpeechRecognitionConfig(self, request, context):  # noqa: N802
-        await self._authorize(context)
+        await self._authorize(context, request)
         model = self.ctx.model
         languages = ",".join(sorted(model.prompt_dictionary)) if model.prompt_dictionary else (model.default_language or "")
         configs = []
@@ -356,6 +365,43 @@ class RivaSpeechRecognition:
         return self.pb.RivaSpeechRecognitionConfigResponse(model_config=configs)
 
 
+class Malformed:
+    """A request whose bytes are not the RPC's message. The generated registration parses with
+    `FromString`, whose DecodeError grpc answers UNKNOWN with the parser's class name before any
+    handler runs; parsing here instead hands the handler this marker, refused INVALID_ARGUMENT
+    in the client's terms (issue 45)."""
+
+    def __init__(self, message_name: str) -> None:
+        self.reason = f"the request is not a valid {message_name}: its protobuf bytes could not be parsed"
+
+
+def _parser(message_class):
+    name = message_class.DESCRIPTOR.name
+
+    def parse(data: bytes):
+        try:
+            return message_class.FromString(data)
+        except Exception:  # noqa: BLE001 - DecodeError, or the parser's depth limit: the bytes are the client's
+            return Malformed(name)
+
+    return parse
+
+
+def _add_servicer(server, servicer: "RivaSpeechRecognition", pb) -> None:
+    """riva_asr_pb2_grpc.add_RivaSpeechRecognitionServicer_to_server with _parser (see Malformed)."""
+    unary, stream = grpc.unary_unary_rpc_method_handler, grpc.stream_stream_rpc_method_handler
+    handlers = {
+        "Recognize": unary(servicer.Recognize, _parser(pb.RecognizeRequest), pb.RecognizeResponse.SerializeToString),
+        "StreamingRecognize": stream(servicer.StreamingRecognize, _parser(pb.StreamingRecognizeRequest),
+                                     pb.StreamingRecognizeResponse.SerializeToString),  # fmt: skip
+        "GetRivaSpeechRecognitionConfig": unary(servicer.GetRivaSpeechRecognitionConfig,
+                                                _parser(pb.RivaSpeechRecognitionConfigRequest),
+                                                pb.RivaSpeechRecognitionConfigResponse.SerializeToString),  # fmt: skip
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(pb.DESCRIPTOR.services_by_name[
+        "RivaSpeechRecognition"].full_name, handlers),))  # fmt: skip
+
+
 def _peer_address(peer: str) -> str:
     """grpc's peer, "ipv4:1.2.3.4:5678" or "ipv6:[::1]:5678", without scheme and port."""
     scheme, _, rest = peer.partition(":")
@@ -370,7 +416,7 @@ async def start_riva_server(ctx: ServerContext):
     """Build, bind and start the gRPC server on the running loop; the caller stops it."""
     from .riva_protos import load
 
-    pb, pb_grpc, audio_pb = load()
+    pb, _, audio_pb = load()
     s = ctx.settings
     options = [
         ("grpc.so_reuseport", 1),  # every front end listens on the port the supervisor reserved
@@ -380,7 +426,7 @@ async def start_riva_server(ctx: ServerContext):
         options += [("grpc.keepalive_time_ms", int(s.ping_interval_s * 1000)),
                     ("grpc.keepalive_timeout_ms", int(s.ping_timeout_s * 1000))]  # fmt: skip
     server = grpc.aio.server(options=options)  # calls are counted per address by the servicer
-    pb_grpc.add_RivaSpeechRecognitionServicer_to_server(RivaSpeechRecognition(ctx, pb, audio_pb), server)
+    _add_servicer(server, RivaSpeechRecognition(ctx, pb, audio_pb), pb)
     address = grpc_address(s.host, s.grpc_port)
     if s.tls:
         key = (s.ssl_keyfile or s.ssl_certfile).read_bytes()

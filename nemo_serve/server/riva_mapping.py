@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from ..engine.endpoint import EndpointConfig
 from ..engine.geometry import ModelInfo
 from ..engine.results import StreamResult
+from .logsafe import preview
 
 MIN_RATE, MAX_RATE = 8000, 192000  # as /ws's config
 MAX_WAV_HEADER_BYTES = 64 * 1024  # RIFF chunks before `data` (fmt, LIST, ...); more is not a header
@@ -58,13 +59,15 @@ def mode_model_name(model: ModelInfo, context_right: int) -> str:
 
 
 def parse_config(config, model: ModelInfo, base_endpoint: EndpointConfig, interim_results: bool,
-                 linear_pcm: int) -> RivaConfig:  # fmt: skip
-    """`config`: a riva_asr_pb2.RecognitionConfig; `linear_pcm`: AudioEncoding.LINEAR_PCM."""
-    if config.encoding not in (0, linear_pcm):
-        raise RivaRequestError(f"encoding {config.encoding} is not served; send LINEAR_PCM (16-bit signed little-endian)")
+                 encodings) -> RivaConfig:  # fmt: skip
+    """`config`: a riva_asr_pb2.RecognitionConfig; `encodings`: riva_audio_pb2.AudioEncoding (the
+    enum, so a refusal names the encoding as the client wrote it: FLAC, not 2)."""
+    if config.encoding not in (0, encodings.LINEAR_PCM):
+        name = encodings.Name(config.encoding) if config.encoding in encodings.values() else config.encoding
+        raise RivaRequestError(f"encoding {name} is not served; send LINEAR_PCM (16-bit signed little-endian)")
     rate = config.sample_rate_hertz or None
-    if rate is not None and not MIN_RATE <= rate <= MAX_RATE:
-        raise RivaRequestError(f"sample_rate_hertz {rate} is outside {MIN_RATE}..{MAX_RATE}")
+    if rate is not None:
+        check_rate(rate, "sample_rate_hertz")
     if config.audio_channel_count > 1:
         raise RivaRequestError(f"audio_channel_count {config.audio_channel_count}: only mono audio is served")
     language = None
@@ -72,8 +75,9 @@ def parse_config(config, model: ModelInfo, base_endpoint: EndpointConfig, interi
         language = config.language_code or None
         try:
             model.language_index(language)
-        except ValueError as e:
-            raise RivaRequestError(str(e)) from None
+        except ValueError:  # its reason quotes the code whole
+            codes = ", ".join(sorted(model.prompt_dictionary))
+            raise RivaRequestError(f"unknown language_code {preview(language)}; valid: {codes}") from None
     endpoint = base_endpoint
     if config.HasField("endpointing_config") and config.endpointing_config.stop_history:
         stop_ms = config.endpointing_config.stop_history
@@ -90,6 +94,13 @@ def parse_config(config, model: ModelInfo, base_endpoint: EndpointConfig, interi
         word_time_offsets=config.enable_word_time_offsets,
         **_boosting(config.speech_contexts),
     )
+
+
+def check_rate(rate: int, where: str) -> None:
+    """Every declared rate (the config's, a WAV header's) before any audio is decoded at it: a
+    1 Hz header made 4 kB of PCM 2,048 s of model-rate audio (issue 45)."""
+    if not MIN_RATE <= rate <= MAX_RATE:
+        raise RivaRequestError(f"{where} {rate} Hz is outside the served {MIN_RATE}..{MAX_RATE} Hz")
 
 
 def _boosting(contexts) -> dict:
@@ -115,7 +126,7 @@ def _mode(name: str, model: ModelInfo) -> int | None:
         return None
     by_name = {mode_model_name(model, r): r for r in model.modes}
     if name not in by_name:
-        raise RivaRequestError(f"unknown model {name!r}; served: {', '.join([model.name, *by_name])}")
+        raise RivaRequestError(f"unknown model {preview(name)}; served: {', '.join([model.name, *by_name])}")
     return by_name[name]
 
 
@@ -175,6 +186,7 @@ class LeadingWav:
             raise RivaRequestError(f"WAV audio is format {tag}, {bits}-bit; LINEAR_PCM is 16-bit PCM")
         if channels != 1:
             raise RivaRequestError(f"WAV audio has {channels} channels: only mono audio is served")
+        check_rate(rate, "WAV header says")
         self.sample_rate = rate
 
 

@@ -1,0 +1,275 @@
+"""Riva gRPC (--grpc-port) under hostile clients (issue 45), as tests/test_hardening.py holds /ws:
+a regression test per defect, scripted bad inputs, a seeded fuzz of raw request bytes and of
+field values, churn (cancels, abrupt channel closes, half-sent streams, deadlines) while the
+server is sending, a neighbour stream compared token for token, and free slots and the server's
+memory checked after. Every refusal must be INVALID_ARGUMENT (or RESOURCE_EXHAUSTED / CANCELLED /
+DEADLINE_EXCEEDED where the client asked for it): never INTERNAL or UNKNOWN.
+
+One server of its own (`--max-stream-s 8`, so the duration cap is reachable), NVIDIA's
+`riva.client` where a client sends well-formed requests, a bare grpc channel where it must not.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+import nemo_serve
+
+from .helpers_server import TOKEN, free_port, start_server
+
+riva = pytest.importorskip("riva.client")
+from riva.client.proto import riva_asr_pb2 as rasr  # noqa: E402
+from riva.client.proto import riva_asr_pb2_grpc as rasr_grpc  # noqa: E402
+
+UTTERANCES = sorted((Path(nemo_serve.__file__).parent / "assets" / "demo" / "utterances").glob("*.wav"))
+NUM_SLOTS = 3
+MAX_STREAM_S = 8
+SERVICE = "/nvidia.riva.asr.RivaSpeechRecognition/"
+METADATA = (("authorization", f"Bearer {TOKEN}"),)
+STATUSES_OK_FOR_BAD_INPUT = {grpc.StatusCode.INVALID_ARGUMENT}
+
+
+@pytest.fixture(scope="module")
+def server():
+    grpc_port = free_port()
+    with start_server("--grpc-port", str(grpc_port), "--num-slots", str(NUM_SLOTS), "--frontends", "1",
+                      "--idle-timeout-s", "5", "--max-stream-s", str(MAX_STREAM_S), "--context-right", "all",
+                      "--log-level", "info") as s:  # fmt: skip
+        s.grpc_port = grpc_port
+        yield s
+    assert "Traceback" not in s.log(), s.log()[-4000:]
+
+
+@pytest.fixture
+def channel(server):
+    ch = grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}")
+    yield ch
+    ch.close()
+    server.assert_no_leak()
+
+
+@pytest.fixture
+def stub(channel):
+    return rasr_grpc.RivaSpeechRecognitionStub(channel)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def wav_header(rate: int, channels: int = 1, bits: int = 16, tag: int = 1, data_bytes: int = 0) -> bytes:
+    """A canonical 44-byte RIFF/WAVE header."""
+    block = channels * bits // 8
+    fmt = struct.pack("<HHIIHH", tag, channels, rate, rate * block & 0xFFFFFFFF, block & 0xFFFF, bits)
+    return (b"RIFF" + struct.pack("<I", 36 + data_bytes) + b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt
+            + b"data" + struct.pack("<I", data_bytes))  # fmt: skip
+
+
+def config(**fields) -> rasr.RecognitionConfig:
+    fields.setdefault("encoding", riva.AudioEncoding.LINEAR_PCM)
+    return rasr.RecognitionConfig(**fields)
+
+
+def streaming(audio: list[bytes], interim: bool = False, **fields) -> list:
+    first = rasr.StreamingRecognizeRequest(streaming_config=rasr.StreamingRecognitionConfig(
+        config=config(**fields), interim_results=interim))  # fmt: skip
+    return [first, *(rasr.StreamingRecognizeRequest(audio_content=a) for a in audio)]
+
+
+def rpc_error(fn, *args, **kwargs) -> grpc.RpcError | None:
+    try:
+        out = fn(*args, **kwargs)
+        if not isinstance(out, rasr.RecognizeResponse):
+            list(out)
+    except grpc.RpcError as e:
+        return e
+    return None
+
+
+def tree_pids(pid: int) -> list[int]:
+    """The server's processes: the supervisor and every descendant (front end, engine core)."""
+    pids, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        pids.append(p)
+        try:
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(x) for x in (task / "children").read_text().split()]
+        except FileNotFoundError:
+            pass
+    return pids
+
+
+def memory_mb(server, field: str = "VmRSS") -> float:
+    """Summed over the server's processes; VmHWM is each process's peak resident size."""
+    total_kb = 0
+    for pid in tree_pids(server.proc.pid):
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith(field + ":"):
+                    total_kb += int(line.split()[1])
+        except FileNotFoundError:
+            pass
+    return total_kb / 1024
+
+
+# ----------------------------------------------------------------------------- defect 2: declared rates
+
+
+def test_wav_header_rate_is_range_checked_before_decoding_recognize(server, stub):
+    """Defect 2: with sample_rate_hertz 0, a 4 kB Recognize whose WAV header says 1 Hz became
+    2,048 s of audio (+307 MB) before any limit was checked. Without the fix this call was not
+    refused (it decoded, and the peak memory of the server grew by hundreds of MB)."""
+    peak_before = memory_mb(server, "VmHWM")
+    for rate in (1, 3, 7999, 192001, 0xFFFFFFFF):
+        audio = wav_header(rate, data_bytes=4096) + b"\x01\x00" * 2048
+        e = rpc_error(stub.Recognize, rasr.RecognizeRequest(config=config(), audio=audio), metadata=METADATA, timeout=20)
+        assert e is not None and e.code() == grpc.StatusCode.INVALID_ARGUMENT, (rate, e)
+        assert f"WAV header says {rate} Hz" in e.details() and "8000" in e.details(), e.details()
+    assert memory_mb(server, "VmHWM") - peak_before < 50
+    server.assert_no_leak()
+
+
+def test_wav_header_rate_is_range_checked_streaming_and_holds_no_slot(server, stub):
+    """Defect 2: a 3 Hz header on StreamingRecognize held a slot for 1,365 s of audio. Without the
+    fix the call was not refused: it ran into its 10 s deadline holding a slot."""
+    release = threading.Event()
+
+    def requests():
+        yield from streaming([wav_header(3) + b"\x01\x00" * 2048])
+        release.wait(10)  # keep input open: only the refusal may end the call
+
+    t0 = time.monotonic()
+    e = rpc_error(stub.StreamingRecognize, requests(), metadata=METADATA, timeout=10)
+    release.set()
+    assert e is not None and e.code() == grpc.StatusCode.INVALID_ARGUMENT, e
+    assert "WAV header says 3 Hz" in e.details() and time.monotonic() - t0 < 5
+    server.assert_no_leak(timeout_s=2)
+
+
+def test_audio_past_max_stream_s_is_never_decoded(server, stub):
+    """The duration cap is computed from the declared rate and the byte count before decoding:
+    one 1 MiB-ish message of 8 kHz PCM (60 s) on a server with --max-stream-s 8 decodes 8 s.
+    Without the fix all 60 s went to the engine (audio_processed 60) before the cap was seen."""
+    pcm = b"\x00\x00" * (8000 * 60)
+    finals = []
+    for response in stub.StreamingRecognize(iter(streaming([pcm], interim=True, sample_rate_hertz=8000)),
+                                            metadata=METADATA, timeout=60):  # fmt: skip
+        finals += [r for r in response.results]
+    response = stub.Recognize(rasr.RecognizeRequest(config=config(sample_rate_hertz=8000), audio=pcm),
+                              metadata=METADATA, timeout=60)  # fmt: skip
+    processed = [r.audio_processed for r in [*finals, *response.results]]
+    assert all(p <= MAX_STREAM_S + 1.2 for p in processed), processed
+    server.assert_no_leak()
+
+
+# ----------------------------------------------------------------------------- defect 9: errors in client terms
+
+
+def test_corrupt_protobuf_is_invalid_argument_in_client_terms(server, channel):
+    """Defect 9: a request that is not a protobuf was answered UNKNOWN with a Python class name."""
+    unary = channel.unary_unary(SERVICE + "Recognize")
+    stream = channel.stream_stream(SERVICE + "StreamingRecognize")
+    first = streaming([])[0].SerializeToString()
+    for garbage in (b"\xff\xff\xff\xff", b"\x0a\xff\xff\xff\xff\x0f", b"\x12\x05ab"):
+        for call, request in ((unary, garbage), (stream, iter([garbage])), (stream, iter([first, garbage]))):
+            e = rpc_error(call, request, metadata=METADATA, timeout=10)
+            assert e is not None and e.code() == grpc.StatusCode.INVALID_ARGUMENT, (garbage, e)
+            assert "not a valid" in e.details() and "Error" not in e.details() and "<" not in e.details(), e.details()
+
+
+def test_unserved_encoding_is_named(server, stub):
+    """Defect 9: "encoding 2 is not served" said a number where the client wrote FLAC."""
+    for encoding, name in ((riva.AudioEncoding.FLAC, "FLAC"), (riva.AudioEncoding.MULAW, "MULAW"),
+                           (riva.AudioEncoding.OGGOPUS, "OGGOPUS"), (77, "77")):  # fmt: skip
+        e = rpc_error(stub.StreamingRecognize, iter(streaming([b"\0\0" * 160], encoding=encoding)), metadata=METADATA)
+        assert e is not None and e.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert f"encoding {name} is not served" in e.details() and "LINEAR_PCM" in e.details(), e.details()
+
+
+def test_client_values_are_cut_in_errors_and_unknown_model_lists_served(server, stub):
+    """Defect 9: a client value was echoed whole (a 4,000-digit value in a 4.2 kB error)."""
+    served = [c.model_name for c in stub.GetRivaSpeechRecognitionConfig(
+        rasr.RivaSpeechRecognitionConfigRequest(), metadata=METADATA).model_config]  # fmt: skip
+    assert len(served) >= 2
+    for model in ("x" * 5000, "parakeet-1.1b-en-US-asr-streaming", "\x1b[31m\n" * 100):
+        for call in (lambda: stub.Recognize(rasr.RecognizeRequest(config=config(model=model), audio=b"\0\0"),
+                                            metadata=METADATA),  # fmt: skip
+                     lambda: stub.StreamingRecognize(iter(streaming([b"\0\0"], model=model)), metadata=METADATA)):
+            e = rpc_error(call)
+            assert e is not None and e.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "unknown model" in e.details() and all(name in e.details() for name in served), e.details()
+            assert len(e.details()) < 300 + sum(map(len, served)) and "\x1b" not in e.details(), e.details()
+
+
+# ----------------------------------------------------------------------------- scripted bad inputs
+
+SHORT = b"\x01\x00" * 1600  # 0.1 s of PCM16 at 16 kHz
+HEADER_CASES = {  # a WAV header at the start of the audio (sample_rate_hertz 0) -> what the reason says
+    "3 Hz": (wav_header(3), "WAV header says 3 Hz"),
+    "0 Hz": (wav_header(0), "WAV header says 0 Hz"),
+    "4 GHz": (wav_header(0xFFFFFFFF), "outside the served"),
+    "stereo": (wav_header(16000, channels=2), "2 channels"),
+    "no channels": (wav_header(16000, channels=0), "0 channels"),
+    "8-bit": (wav_header(16000, bits=8), "8-bit"),
+    "float": (wav_header(16000, bits=32, tag=3), "format 3"),
+    "short fmt": (b"RIFF\x24\0\0\0WAVEfmt \x04\0\0\0\x01\0\x01\0data\0\0\0\0", "fmt chunk too short"),
+    "no data chunk": (b"RIFF\0\0\0\0WAVE" + b"LIST\xf0\xff\0\0" + b"\0" * 70_000, "without a data chunk"),
+}
+
+
+def bad_streams() -> dict[str, tuple[list, str]]:
+    """name -> (StreamingRecognizeRequest list, a phrase of the INVALID_ARGUMENT reason)."""
+    pb_audio = rasr.StreamingRecognizeRequest
+    cases = {
+        "encoding FLAC": (streaming([SHORT], encoding=riva.AudioEncoding.FLAC), "encoding FLAC"),
+        "encoding ALAW": (streaming([SHORT], encoding=riva.AudioEncoding.ALAW), "encoding ALAW"),
+        "encoding -3": (streaming([SHORT], encoding=-3), "encoding -3"),
+        "rate 1": (streaming([SHORT], sample_rate_hertz=1), "sample_rate_hertz 1 Hz"),
+        "rate -16000": (streaming([SHORT], sample_rate_hertz=-16000), "sample_rate_hertz -16000 Hz"),
+        "rate 2^31-1": (streaming([SHORT], sample_rate_hertz=2**31 - 1), "outside the served"),
+        "stereo": (streaming([SHORT], audio_channel_count=2), "audio_channel_count 2"),
+        "model": (streaming([SHORT], model="nvidia/parakeet" * 100), "unknown model"),
+        "stop_history": (streaming([SHORT], endpointing_config=rasr.EndpointingConfig(stop_history=-1)), "stop_history"),
+        "boost NaN": (streaming([SHORT], speech_contexts=[rasr.SpeechContext(phrases=["a"], boost=float("nan"))]),
+                      "speech_contexts: boost"),  # fmt: skip
+        "header rate differs": (streaming([wav_header(8000) + SHORT], sample_rate_hertz=16000), "WAV header says 8000"),
+        "odd bytes": (streaming([b"\0" * 321]), "2-byte samples"),
+        "config twice": (streaming([SHORT]) + streaming([]), "only in the first message"),
+        "audio before config": ([pb_audio(audio_content=SHORT), *streaming([SHORT])], "first message must carry"),
+        "no messages": ([], "ended before its streaming_config"),
+        "header cut": (streaming([wav_header(16000)[:30]]), "ended inside its WAV header"),
+    }
+    for name, (header, needle) in HEADER_CASES.items():
+        cases[f"header {name}"] = (streaming([header[:7], header[7:], SHORT]), needle)  # split mid-header
+    return cases
+
+
+def test_scripted_bad_streams_are_invalid_argument(server, stub):
+    for name, (requests, needle) in bad_streams().items():
+        e = rpc_error(stub.StreamingRecognize, iter(requests), metadata=METADATA, timeout=10)
+        assert e is not None and e.code() == grpc.StatusCode.INVALID_ARGUMENT, (name, e)
+        assert needle in e.details() and len(e.details()) < 300, (name, e.details())
+    for name, (header, needle) in HEADER_CASES.items():  # the same headers in Recognize
+        e = rpc_error(stub.Recognize, rasr.RecognizeRequest(config=config(), audio=header + SHORT), metadata=METADATA,
+                      timeout=10)  # fmt: skip
+        assert e is not None and e.code() == grpc.StatusCode.INVALID_ARGUMENT, (name, e)
+        assert needle in e.details(), (name, e.details())
+
+
+def test_empty_chunks_and_oversized_messages(server, stub):
+    """Empty audio messages are nothing (the call ends OK with no result); a message over
+    --max-message-bytes is grpc's own RESOURCE_EXHAUSTED, unread, and ends only that call."""
+    responses = list(stub.StreamingRecognize(iter(streaming([b""] * 200)), metadata=METADATA, timeout=10))
+    assert [r for response in responses for r in response.results] == []
+    big = b"\0\0" * (1 << 20)  # 2 MiB, over the default 1 MiB
+    for call, request in ((stub.StreamingRecognize, iter(streaming([SHORT, big]))),
+                          (stub.Recognize, rasr.RecognizeRequest(config=config(), audio=big))):  # fmt: skip
+        e = rpc_error(call, request, metadata=METADATA, timeout=10)
+        assert e is not None and e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e
+    server.assert_no_leak()

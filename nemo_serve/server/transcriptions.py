@@ -20,6 +20,7 @@ as exceptions carrying the message.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 
@@ -44,6 +45,9 @@ MAX_FIELD_BYTES = 4096  # a prompt longer than this is refused (it is ignored an
 # How long a request may wait for its finals beyond its audio's duration: an engine that admits
 # a stream keeps up with real time (admission.py), so it finishes within the audio's duration.
 TIMEOUT_MARGIN_S = 30.0
+# Files decoded at once per front end, each in a worker thread: each holds up to file_audio.py's
+# stated peak, so this bounds the front end's decoding memory; others wait their turn.
+MAX_CONCURRENT_DECODES = 2
 
 
 class RequestError(Exception):
@@ -54,6 +58,7 @@ class RequestError(Exception):
 
 def add_transcription_routes(app: FastAPI, ctx: ServerContext, origin_refusal: Callable[[Request], str | None]) -> None:
     """`origin_refusal`: why a browser's Origin is refused (app.py's rule for the sockets), or None."""
+    decoding = asyncio.Semaphore(MAX_CONCURRENT_DECODES)  # binds to the serving loop on first use
 
     @app.post("/v1/audio/transcriptions")
     async def transcriptions(request: Request) -> Response:
@@ -62,13 +67,13 @@ def add_transcription_routes(app: FastAPI, ctx: ServerContext, origin_refusal: C
             if bad_origin is not None:
                 ctx.metrics.refusals.labels(reason="origin").inc()
                 raise RequestError(403, bad_origin)
-            return await _transcribe(request, ctx)
+            return await _transcribe(request, ctx, decoding)
         except RequestError as e:
             ctx.metrics.file_transcriptions.labels(status=str(e.status)).inc()
             return error_response(e.status, e.message, param=e.param, code=e.code)
 
 
-async def _transcribe(request: Request, ctx: ServerContext) -> Response:
+async def _transcribe(request: Request, ctx: ServerContext, decoding: asyncio.Semaphore) -> Response:
     if not authorized(request, ctx.settings.auth_token):
         ctx.metrics.refusals.labels(reason="unauthorized").inc()
         raise RequestError(401, "missing or wrong bearer token", code="invalid_api_key")
@@ -86,7 +91,9 @@ async def _transcribe(request: Request, ctx: ServerContext) -> Response:
     finally:
         await form.close()
     try:
-        samples, duration_s = decode_file(data, ctx.model.geometry.sample_rate, ctx.settings.max_stream_s)
+        async with decoding:  # off the event loop: an hour of audio takes seconds to decode
+            samples, duration_s = await asyncio.to_thread(decode_file, data, ctx.model.geometry.sample_rate,
+                                                          ctx.settings.max_stream_s)  # fmt: skip
     except FileTooLong as e:
         raise RequestError(413, str(e), param="file", code="audio_too_long") from None
     except FileAudioError as e:

@@ -1,0 +1,175 @@
+"""The file API (POST /v1/audio/transcriptions) and the connection layer under hostile clients
+(issue 45): one regression test per defect, then scripted bad uploads, a seeded fuzz and churn,
+each with a neighbour /ws stream beside it and slots and memory checked after.
+
+The real `nemo-serve` process, one front end (so the neighbour and the uploads share its event
+loop), a 2 s request deadline, 12 connections in all, streams of up to 15 minutes (the bomb is
+10 minutes long), an info-level log that the tests read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import socket
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+import soundfile
+
+from nemo_serve.client import StreamingClient
+
+from . import helpers
+from .helpers_server import TOKEN, start_server
+
+TOTAL = 12
+FILE_ENV = {
+    "NEMO_SERVE_HEADER_TIMEOUT_S": "2",
+    "NEMO_SERVE_MAX_CONNECTIONS": str(TOTAL),
+    "NEMO_SERVE_MAX_CONNECTIONS_PER_IP": str(TOTAL),
+    "NEMO_SERVE_PING_INTERVAL_S": "0",
+}
+FILE_ARGS = ("--num-slots", "3", "--frontends", "1", "--max-stream-s", "900", "--context-right", "all",
+             "--log-level", "info")  # fmt: skip
+URL_PATH = "/v1/audio/transcriptions"
+
+
+@pytest.fixture(scope="module")
+def srv():
+    with start_server(*FILE_ARGS, env=FILE_ENV) as s:
+        yield s
+    assert "Traceback" not in s.log(), s.log()[-4000:]
+
+
+def _post(server, files=None, data=None, content=None, headers=None, timeout_s: float = 60.0) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {TOKEN}", **(headers or {})}
+    return httpx.post(server.http_url + URL_PATH, files=files, data=data, content=content, headers=headers,
+                      timeout=timeout_s, trust_env=False)  # fmt: skip
+
+
+def _rss_kb(pid: int, field: str = "VmHWM") -> int:
+    """The front end's peak (VmHWM) or current (VmRSS) resident memory, kB."""
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field} for {pid}")
+
+
+def _wav(samples: np.ndarray, rate: int = 16000, fmt: str = "WAV", subtype: str = "PCM_16") -> bytes:
+    buf = io.BytesIO()
+    soundfile.write(buf, samples, rate, format=fmt, subtype=subtype)
+    return buf.getvalue()
+
+
+def _silent_flac(seconds: int, channels: int, rate: int) -> bytes:
+    """Silence in FLAC, written a few seconds at a time: a few hundred kB for many minutes."""
+    buf = io.BytesIO()
+    with soundfile.SoundFile(buf, "w", rate, channels, format="FLAC", subtype="PCM_16") as f:
+        block = np.zeros((rate * 10, channels), dtype="int16")
+        for _ in range(seconds // 10):
+            f.write(block)
+    return buf.getvalue()
+
+
+class Neighbour:
+    """A /ws stream at real-time pace in its own thread: its message arrival times (to see an
+    event-loop stall as a gap) and its final tokens (to compare with a quiet run)."""
+
+    def __init__(self, server, seconds: float, seed: int = 3, context_right: int | None = None) -> None:
+        self.server, self.context_right = server, context_right
+        self.pcm = (np.concatenate(helpers.utterances(int(seconds // 2) + 1, seed=seed))[: int(seconds * 16000)]
+                    * 32767).astype("<i2")  # fmt: skip
+        self.arrivals: list[float] = []
+        self.tokens: list[int] = []
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    def __enter__(self) -> "Neighbour":
+        self.thread.start()
+        time.sleep(1.0)  # streaming has begun
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.thread.join(120)
+        assert not self.thread.is_alive(), "the neighbour stream hung"
+
+    async def _run(self) -> None:
+        async with StreamingClient(self.server.ws_url, sample_rate=16000, encoding="pcm_s16le", token=TOKEN,
+                                   context_right=self.context_right) as c:  # fmt: skip
+            receiver = asyncio.create_task(self._receive(c))
+            step = 1600
+            t0 = time.monotonic()
+            for i in range(0, len(self.pcm), step):
+                await c.send_audio(self.pcm[i : i + step])
+                await asyncio.sleep(max(0.0, t0 + (i + step) / 16000 - time.monotonic()))
+            await c.end()
+            await receiver
+
+    async def _receive(self, c: StreamingClient) -> None:
+        async for m in c.messages():
+            self.arrivals.append(time.monotonic())
+            if m["type"] == "final":
+                self.tokens += m["token_ids"]
+
+    def max_gap_s(self) -> float:
+        return float(np.max(np.diff(self.arrivals))) if len(self.arrivals) > 1 else float("inf")
+
+
+def _quiet_tokens(server, seconds: float, seed: int, context_right: int | None) -> list[int]:
+    n = Neighbour(server, seconds, seed=seed, context_right=context_right)
+    with n:
+        pass
+    return n.tokens
+
+
+def _smallest_mode(server) -> int:
+    return min(m["context_right"] for m in server.readyz()["modes"])
+
+
+# ----------------------------------------------------------------------------- defect 3: the bomb
+
+
+def test_flac_bomb_is_decoded_in_bounded_memory_without_stalling_the_loop(srv):
+    """Defect 3: 10 minutes of 48 kHz stereo silence in a small FLAC. Before the fix the front end
+    decoded it whole on its event loop (+460 MB of float32 at 48 kHz, then the mean and the
+    resampled copy), and the neighbour's messages stopped for seconds. Now blocks are decoded
+    off the loop, downmixed and resampled as they come: the peak is the 16 kHz mono output."""
+    bomb = _silent_flac(600, 2, 48000)
+    assert len(bomb) < 200_000
+    mode = _smallest_mode(srv)
+    quiet = _quiet_tokens(srv, 6, seed=5, context_right=mode)
+    pid = srv.readyz()["pid"]
+    peak_before = _rss_kb(pid)
+    with Neighbour(srv, 6, seed=5, context_right=mode) as n:
+        t0 = time.monotonic()
+        r = _post(srv, files={"file": ("bomb.flac", bomb, "audio/flac")}, timeout_s=120)
+        upload_s = time.monotonic() - t0
+    growth_mb = (_rss_kb(pid) - peak_before) / 1024
+    print(f"bomb: peak RSS +{growth_mb:.0f} MB, neighbour's longest gap {n.max_gap_s():.2f} s, answer in {upload_s:.1f} s")
+    assert r.status_code == 200, r.text
+    assert r.json()["text"] == ""  # silence
+    assert growth_mb < 150, growth_mb  # 38 MB of output, a few blocks, the engine's share
+    assert n.max_gap_s() < 1.5, n.max_gap_s()
+    assert n.tokens == quiet and quiet
+    srv.assert_no_leak()
+
+
+def test_a_wide_bomb_is_refused_from_its_header_before_decoding(srv):
+    """Defect 3: 10 minutes of 8 x 48 kHz (230 M samples, 0.9 GB as float32) in 240 kB: before
+    the fix only the duration was checked (600 s < 900 s) and it was decoded whole (+1 GB, the
+    neighbour stalled 11.7 s on this machine). Its header is now beyond the decoding budget:
+    413 before a sample is decoded."""
+    bomb = _silent_flac(600, 8, 48000)
+    pid = srv.readyz()["pid"]
+    peak_before = _rss_kb(pid)
+    t0 = time.monotonic()
+    r = _post(srv, files={"file": ("bomb.flac", bomb, "audio/flac")})
+    took_s = time.monotonic() - t0
+    growth_mb = (_rss_kb(pid) - peak_before) / 1024
+    assert r.status_code == 413, r.text
+    assert "8 channels at 48000 Hz" in r.json()["error"]["message"], r.text
+    assert took_s < 2 and growth_mb < 20, (took_s, growth_mb)
+    srv.assert_no_leak()

@@ -25,6 +25,7 @@ form the next batch (capped at max_batch). Nothing waits to fill a batch.
 from __future__ import annotations
 
 import logging
+import os
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -131,6 +132,11 @@ class Engine:
         self._update_slots: list[int] = []  # each update's slot
         self._released: list[ReleasedStream] = []
         self._steps: list[StepStats] = []
+        # Test hook, never a setting: every step sleeps this long, a model slower than real time on a
+        # CPU that is not (tests/test_server_e2e.py overload test). Named TEST so nobody ships it.
+        self.test_step_sleep_s = float(os.environ.get("NEMO_SERVE_TEST_STEP_SLEEP_S", "0"))
+        if self.test_step_sleep_s:
+            log.warning("NEMO_SERVE_TEST_STEP_SLEEP_S=%g: every step sleeps that long (a test hook)", self.test_step_sleep_s)
 
 
     def summary(self) -> str:
@@ -392,6 +398,8 @@ class Engine:
         batch = StepBatch(group.slots, self._features(streams, group), widths, group.is_first, None,
                           group.context_right, self.token_confidence)  # fmt: skip
         result = run_step(self.model, self.encoder, self.pool, batch)
+        if self.test_step_sleep_s:
+            time.sleep(self.test_step_sleep_s)
         self.scheduler.advance(group)
         elapsed = time.perf_counter() - t_start
         wall_done = wall_start + elapsed

@@ -30,6 +30,7 @@ CLIENT_SECRET_TTL_S = 60  # OpenAI's ephemeral keys live one minute too: long en
 SECRET_PREFIX = "ek_"
 SUBPROTOCOL = "realtime"  # what NVIDIA's client offers beside its token, and gets back
 TOKEN_SUBPROTOCOL_PREFIX = "realtime-token."
+MAX_EXPIRY_DIGITS = 12  # a Unix time in seconds has 10 until the year 2286
 
 
 def given_token(conn: HTTPConnection) -> str:
@@ -55,12 +56,19 @@ def mint_client_secret(token: str, now: float | None = None) -> tuple[str, int]:
 def valid_client_secret(secret: str, token: str, now: float | None = None) -> bool:
     """Minted under `token` and not expired."""
     parts = secret.removeprefix(SECRET_PREFIX).split("_")
-    if not secret.startswith(SECRET_PREFIX) or len(parts) != 3 or not parts[0].isdigit():
+    if not secret.startswith(SECRET_PREFIX) or len(parts) != 3 or not _is_expiry(parts[0]):
         return False
     expires_at, nonce, mac = int(parts[0]), parts[1], parts[2]
     if (now if now is not None else time.time()) > expires_at:
         return False
     return hmac.compare_digest(mac.encode(), _mac(token, expires_at, nonce).encode())
+
+
+def _is_expiry(text: str) -> bool:
+    """What mint_client_secret writes: ASCII digits, no more than a Unix time has. Checked before
+    int(): str.isdigit() is true for Unicode digits such as '\\xb2', which int() refuses, and int()
+    refuses more than 4,300 digits; either raised out of the handshake as a 500."""
+    return 0 < len(text) <= MAX_EXPIRY_DIGITS and text.isascii() and text.isdigit()
 
 
 def offered_subprotocols(conn: HTTPConnection) -> list[str]:

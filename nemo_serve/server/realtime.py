@@ -93,6 +93,11 @@ PAUSED_IDLE_CHECK_S = 0.5
 SLOT_RETRY_S = 0.01
 SLOT_RETRY_FOR_S = 2.0
 STALL_POLL_S = 0.1
+# Slots one session may hold at once: the item being appended to and the one committed before it,
+# still decoding. Items committed beyond wait for one of the two to finish (their audio waits in
+# `ItemStream.waiting`, bounded by the session's backpressure, MAX_AHEAD_S of audio). Rejected:
+# refusing such commits, which loses audio a voice agent has already sent.
+MAX_SLOTS_PER_SESSION = 2
 
 
 class RealtimeFormat:
@@ -136,6 +141,7 @@ class RealtimeFormat:
         self._last_audio = time.monotonic()
         self._last_release = float("-inf")  # when an item of ours last finished (its slot comes back)
         self.nim_commits = NimCommits()  # a NIM client's commits on its one engine stream
+        self.aborted = False  # the session ended (abort): no item opens a stream any more
         session.outbox.put(self._session_event("created"))
 
     # ------------------------------------------------------------------ receive side
@@ -321,11 +327,14 @@ class RealtimeFormat:
         return None if self.session.closing else item
 
     def _open_waiting(self) -> None:
-        """Give slots to the items waiting for one, in order; none free: wait while a committed
-        item of this session is decoding (its slot comes back), else refuse (1013)."""
+        """Give slots to the items waiting for one, in order, up to MAX_SLOTS_PER_SESSION; none
+        free: wait while a committed item of this session is decoding (its slot comes back), else
+        refuse (1013)."""
         for item in self.items:
             if item.handle is not None:
                 continue
+            if self.aborted or self._num_held() >= MAX_SLOTS_PER_SESSION:
+                return  # the next `done` of ours opens it (or the session is over)
             boost = {"phrases": list(self.rt.phrases.phrases), "boost": self.rt.phrases.boost} if self.rt.phrases else {}
             try:
                 item.handle = self.ctx.engine.open_stream(
@@ -344,6 +353,9 @@ class RealtimeFormat:
             if item.finishing:
                 self.ctx.engine.finish(item.handle)
 
+    def _num_held(self) -> int:
+        return sum(i.handle is not None for i in self.items)
+
     def _wait_for_slot(self, why: str) -> None:
         if any(i.in_flight for i in self.items):
             return  # a committed item is decoding: its `done` tries again
@@ -356,7 +368,7 @@ class RealtimeFormat:
 
     def _retry_slot(self) -> None:
         if not self.session.closing and not self.session.client_gone:
-            self._open_waiting()
+            self._open_waiting()  # a no-op once aborted
 
     def _finish_item(self, item: ItemStream) -> None:
         """Decode the item to its end (commit, end of input, or its audio stopped)."""
@@ -390,6 +402,11 @@ class RealtimeFormat:
         return replace(base, enabled=True)
 
     def abort(self, reason: str) -> None:
+        """The one end of every engine stream of the session, however it ended (Session calls it
+        on a failure, a drop, a send that failed and in run()'s `finally:`). After it no item opens
+        a stream: a slot retry or a result already on its way would otherwise take a slot that
+        nothing aborts."""
+        self.aborted = True
         for item in self.items:
             if item.handle is not None:
                 self.ctx.engine.abort(item.handle, reason)  # idempotent

@@ -295,9 +295,10 @@ class Session(StreamLifecycle):
                     timeout_s = self.ctx.settings.send_timeout_s
                     self.fail(f"client is not reading results (none written for {timeout_s:g} s)",
                               reason_label="slow_client")  # fmt: skip
-        except Exception as e:  # noqa: BLE001 - the client went away mid-send; run() cleans up
+        except Exception as e:  # noqa: BLE001 - the client went away mid-send
             log.debug("ws%d send failed: %r", self.number, e)
             self.client_gone = True
+            self.abort_streams("send failed")  # now, not only in run()'s finally (idempotent)
 
     async def _send_close(self, item: Close) -> None:
         try:

@@ -14,6 +14,9 @@ import argparse
 import asyncio
 import base64
 import json
+import os
+import re
+import sys
 import time
 from pathlib import Path
 
@@ -28,11 +31,13 @@ from nemo_serve.server.audio import AudioError
 from nemo_serve.server.auth import CLIENT_SECRET_TTL_S, mint_client_secret, valid_client_secret
 from nemo_serve.server.wav_stream import WavStreamDecoder
 
-from .helpers_server import TOKEN, start_server
+from .helpers_server import SHARED_NUM_SLOTS, TOKEN, start_server
 
 UTTERANCES = sorted((Path(nemo_serve.__file__).parent / "assets" / "demo" / "utterances").glob("*.wav"))
 TRANSCRIPTION = "conversation.item.input_audio_transcription"
 SESSIONS = "/v1/realtime/transcription_sessions"
+NIM_CLIENT = Path(__file__).parent / "nim_client" / "realtime_asr_file_client.py"
+FINAL_LINE = re.compile(r" - INFO - Final Transcript: (.*)$", re.MULTILINE)
 
 
 @pytest.fixture
@@ -65,10 +70,12 @@ def riva_args(server, **overrides) -> argparse.Namespace:
     return argparse.Namespace(**{**args, **overrides})
 
 
-async def run_riva_client(args: argparse.Namespace, path: Path) -> tuple[list[dict], "RealtimeClientASR"]:
+async def run_riva_client(args: argparse.Namespace, path: Path, force_eou_at: int | None = None
+                          ) -> tuple[list[dict], "RealtimeClientASR"]:  # fmt: skip
     """The script's run_transcription for a file: connect, then send and receive side by side.
     The socket's recv is tapped once connected (every event the client reads after its session
-    update is kept); nothing else is changed."""
+    update is kept); nothing else is changed. `force_eou_at`: the client's force_eou on that
+    packet (its API's `force_eou_chunks`)."""
     from riva.client.asr import AudioChunkFileIterator, get_wav_file_parameters
     from riva.client.realtime import RealtimeClientASR
 
@@ -84,9 +91,10 @@ async def run_riva_client(args: argparse.Namespace, path: Path) -> tuple[list[di
         return message
 
     client.websocket.recv = tapped
+    forced = None if force_eou_at is None else (i == force_eou_at for i in range(10**6))
     try:
         await asyncio.wait_for(asyncio.gather(
-            client.send_audio_chunks(AudioChunkFileIterator(str(path), args.file_streaming_chunk)),
+            client.send_audio_chunks(AudioChunkFileIterator(str(path), args.file_streaming_chunk), forced),
             client.receive_responses(),
         ), 60)  # fmt: skip
     finally:
@@ -94,20 +102,68 @@ async def run_riva_client(args: argparse.Namespace, path: Path) -> tuple[list[di
     return events, client
 
 
-def test_nvidia_realtime_client_unchanged_matches_ws_on_every_bundled_utterance(server):
+async def ws_finals(server, path: Path) -> list[str]:
+    """/ws's final texts for a file sent as NVIDIA's client sends it (100 ms packets)."""
+    pcm, rate = soundfile.read(path, dtype="int16")
+    async with StreamingClient(server.ws_url, sample_rate=rate, encoding="pcm_s16le", token=TOKEN) as c:
+        for i in range(0, len(pcm), rate // 10):
+            await c.send_audio(pcm[i : i + rate // 10])
+        await c.end()
+        return [m["text"] for m in [m async for m in c.messages()] if m["type"] == "final"]
+
+
+async def nvidia_client_runs(server, paths: list[Path], out: Path, concurrency: int) -> dict[str, tuple[int, str, str | None]]:
+    """NVIDIA's client script on each file, `concurrency` at a time, as its user runs it:
+    name -> (exit status, what it printed and logged, the text it saved or None)."""
+    script = os.environ.get("NEMO_SERVE_RIVA_REALTIME_SCRIPT") or str(NIM_CLIENT)
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(path: Path) -> tuple[str, tuple[int, str, str | None]]:
+        saved = out / f"{path.stem}.txt"
+        async with gate:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, script, "--input-file", str(path), "--server", f"127.0.0.1:{server.port}",
+                "--mint-api-key", TOKEN, "--output-text", str(saved),
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            )  # fmt: skip
+            shown, _ = await asyncio.wait_for(proc.communicate(), 120)
+        return path.name, (proc.returncode, shown.decode(errors="replace"), saved.read_text() if saved.exists() else None)
+
+    return dict(await asyncio.gather(*(one(p) for p in paths)))
+
+
+def test_nvidia_realtime_client_prints_and_saves_the_whole_utterance_on_every_bundled_file(server, tmp_path):
+    """NVIDIA's client unchanged (scripts/asr/realtime_asr_client.py, or its file path step for
+    step: tests/nim_client/), 100 ms appends each followed by a commit: what it prints as its
+    `Final Transcript` and saves with --output-text is /ws's transcript of the file. Before issue
+    45's fix every commit could end an item and the client showed only the last piece."""
     pytest.importorskip("riva.client.realtime")
-    mismatches = []
-    for path in UTTERANCES:
-        expected = asyncio.run(ws_tokens(server, path))
-        events, client = asyncio.run(run_riva_client(riva_args(server), path))
-        assert not [e for e in events if e["type"] == "error"], events
-        completed = [e for e in events if e["type"] == f"{TRANSCRIPTION}.completed"]
-        assert completed[-1]["is_last_result"] is True and client.final_transcript == completed[-1]["transcript"]
-        tokens = [t for e in completed for t in e["nemo_serve"]["token_ids"]]
-        if tokens != expected:
-            mismatches.append((path.name, tokens, expected))
-    assert not mismatches, mismatches
-    assert expected, "the model gave no tokens: the comparison would be empty"
+    expected = {p.name: " ".join(t for t in asyncio.run(ws_finals(server, p)) if t) for p in UTTERANCES}
+    runs = asyncio.run(nvidia_client_runs(server, UTTERANCES, tmp_path, concurrency=SHARED_NUM_SLOTS))
+    wrong = {}
+    for name, (rc, shown, saved) in runs.items():
+        finals = FINAL_LINE.findall(shown)
+        if rc != 0 or finals != [expected[name]] or saved != (expected[name] or None) or "Error" in shown:
+            wrong[name] = (rc, finals, saved, expected[name], shown[-600:] if rc else "")
+    assert not wrong, f"{len(wrong)} of {len(runs)} files: {wrong}"
+    assert sum(bool(t) for t in expected.values()) >= len(UTTERANCES) - 2, expected  # the model says something
+
+
+def test_force_eou_ends_the_item_where_the_client_asked_and_decoding_goes_on(server):
+    """NIM's `runtime_config.force_eou` on an append (the client's force_eou_chunks): the item
+    ends after the whole chunks before it, the next item continues the same decoding, so the
+    items' tokens joined are /ws's. Commits (after every packet) end nothing."""
+    pytest.importorskip("riva.client.realtime")
+    path, at = UTTERANCES[3], 25  # a 3.9 s file, forced after its 26th packet (2.6 s)
+    expected = asyncio.run(ws_tokens(server, path))
+    events, client = asyncio.run(run_riva_client(riva_args(server), path, force_eou_at=at))
+    completed = [e for e in events if e["type"] == f"{TRANSCRIPTION}.completed"]
+    ends = [e["nemo_serve"]["item_start"] + e["nemo_serve"]["audio_processed"] for e in completed]
+    forced_s = (at + 1) * 0.1
+    # Not before the whole chunks ahead of it; maybe a chunk later (the engine ran on meanwhile)
+    assert len(ends) == 2 and forced_s - 1.2 < ends[0] < ends[1], ends
+    assert [t for e in completed for t in e["nemo_serve"]["token_ids"]] == expected and expected
+    assert completed[-1]["is_last_result"] is True and client.final_transcript == completed[-1]["transcript"]
 
 
 def test_the_client_sees_its_session_acknowledged_with_the_wav_container(server):
@@ -142,8 +198,10 @@ def test_session_post_answers_nims_documented_shape(server):
     assert httpx.post(url, headers={"X-API-Key": TOKEN}, trust_env=False, timeout=10).status_code == 200
     denied = httpx.post(url, json={}, trust_env=False, timeout=10)
     assert denied.status_code == 401 and denied.headers["www-authenticate"].startswith("Bearer")
-    bad = httpx.post(url, content=b"[1, 2", headers=server.auth_headers, trust_env=False, timeout=10)
-    assert bad.status_code == 400 and "JSON object" in bad.json()["error"]["message"]
+    for body, reason in ((b"[1, 2", "the body is not valid JSON: Expecting ',' delimiter at character 5"),
+                         (b"[1, 2]", "the body must be a JSON object (or empty), not an array")):  # fmt: skip
+        bad = httpx.post(url, content=body, headers=server.auth_headers, trust_env=False, timeout=10)
+        assert bad.status_code == 400 and bad.json()["error"]["message"] == reason
 
 
 def test_client_secret_opens_only_realtime_sockets(server):

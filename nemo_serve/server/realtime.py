@@ -31,9 +31,10 @@ the same decoder (PCM16 at 24 kHz resampled by soxr), push, finish and force_fin
                             turn's silence_duration_ms; the idle clock stands still while
                             committed items are decoding
 
-A NIM client (its update has `input_audio_params`) commits after every packet and reads a commit
-as "the items so far": its session keeps one engine stream and a commit ends the item once the
-model has decoded every whole chunk appended before it (engine.force_final), as before.
+A NIM client (its update has `input_audio_params`) commits after every packet as a flush: its
+session keeps one engine stream, a commit neither ends the item nor is answered, and items end at
+the endpointer, an append's `runtime_config.force_eou` (engine.force_final once the model has
+decoded every whole chunk before it) or the end of input (nim_items.py).
 Items map one-to-one to engine segments (SegmentKeys numbers them across streams); `item_id`s
 chain by `previous_item_id`.
 """
@@ -62,7 +63,8 @@ from .protocol import (
     ProtocolError,
     ProtocolState,
 )
-from .realtime_items import ItemStream, NimCommits, SegmentKeys
+from .nim_items import ForcedEnds
+from .realtime_items import ItemStream, SegmentKeys
 from . import speech_detector
 from .realtime_protocol import (
     Append,
@@ -122,7 +124,7 @@ class RealtimeFormat:
                 self.rt.context_right = ctx.model.geometry_for(int(mode)).context_right
             except ValueError as e:  # refused before any audio, as /ws's URL is
                 self.config_error = f"invalid query parameter context_right: {e}"
-        self.nim = False  # a NIM client (input_audio_params): commits close items, one engine stream
+        self.nim = False  # a NIM client (input_audio_params): commits are flushes, one engine stream
         # Owner: the event loop (receive side, and the send task for what results announce).
         self.items: list[ItemStream] = []  # engine streams not yet done, in order
         self.current: ItemStream | None = None  # the one appends go to
@@ -140,7 +142,7 @@ class RealtimeFormat:
         self.appended_since_commit = False
         self._last_audio = time.monotonic()
         self._last_release = float("-inf")  # when an item of ours last finished (its slot comes back)
-        self.nim_commits = NimCommits()  # a NIM client's commits on its one engine stream
+        self.nim_ends = ForcedEnds()  # a NIM client's force_eou appends on its one engine stream
         self.aborted = False  # the session ended (abort): no item opens a stream any more
         session.outbox.put(self._session_event("created"))
 
@@ -224,6 +226,9 @@ class RealtimeFormat:
         if len(a.pcm):
             self.appended_since_commit = True
             self._last_audio = time.monotonic()
+        if a.force_eou and self.nim:
+            self.nim_ends.add(self.ctx.model.whole_chunks_s(self.rt.context_right, item.num_samples))
+            self._end_nim_items(item)
         if self.num_model_samples >= self.ctx.settings.max_stream_s * self.ctx.model.geometry.sample_rate:
             self.session.end_input("max_stream_duration")
 
@@ -254,6 +259,8 @@ class RealtimeFormat:
             self._queue(event("input_audio_buffer.speech_stopped", item_id=item_id, audio_end_ms=round(ms)))
 
     def _commit(self, b: BufferEvent) -> None:
+        if self.nim and b.kind == "commit":
+            return  # NIM's flush: the utterance goes on (nim_items.py); an error would end its client
         if b.kind == "clear":
             self._queue(event("input_audio_buffer.cleared"))
         if self.session.state is not ProtocolState.STREAMING or not self.appended_since_commit or self.current is None:
@@ -269,11 +276,7 @@ class RealtimeFormat:
             item.cleared_from = item.segment
         elif key not in self.committed:  # a second commit before the item ended joins it
             self._queue(self._committed_event(key))
-        if self.nim:
-            self.nim_commits.add(self.ctx.model.whole_chunks_s(self.rt.context_right, item.num_samples))
-            self._end_nim_items(item)
-        else:
-            self._finish_item(item)
+        self._finish_item(item)
 
     def _done(self) -> None:
         if self.session.state is ProtocolState.CONNECTED:
@@ -383,12 +386,13 @@ class RealtimeFormat:
             self.current = None
 
     def _end_nim_items(self, item: ItemStream) -> None:
-        """NIM: end the items whose commits the model has caught up with (engine.force_final)."""
-        if item.handle is None or self.session.state is not ProtocolState.STREAMING or item is not self.current:
+        """NIM: end the item once the model has caught up with its force_eou (engine.force_final),
+        also after the input ended (a fast sender's done comes before the model catches up)."""
+        if item.handle is None or item.done or self.session.closing:
             return
-        if self.nim_commits.take_due(item.processed_s):
+        if self.nim_ends.take_due(item.processed_s):
             self.ctx.engine.force_final(item.handle)
-            self.nim_commits.final_requested = item.segment
+            self.nim_ends.final_requested = item.segment
             item.segment += 1
 
     def _endpoint_rules(self) -> EndpointConfig:
@@ -420,7 +424,7 @@ class RealtimeFormat:
         if item.cleared_from is not None and r.segment >= item.cleared_from:
             self.cleared.add(key)
         if r.is_final:
-            self.nim_commits.on_final(r.segment, closed_by_engine=r.segment >= item.segment)
+            self.nim_ends.on_final(r.segment, closed_by_engine=r.segment >= item.segment)
             item.segment = max(item.segment, r.segment + 1)
         if r.done:
             item.done = True

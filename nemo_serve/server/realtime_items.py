@@ -3,13 +3,12 @@
 A commit means "everything before this is one utterance" (OpenAI's semantics): the span's engine
 stream is finished as an end of input is (the tail decoded with the same rule), and the audio
 after it goes to a fresh engine stream, so each committed item equals NeMo's loop on its own
-audio. A NIM client commits every packet and means "items so far"; its session keeps one engine
-stream (realtime.py). Owner: the event loop (realtime.RealtimeFormat).
+audio. A NIM client commits every packet as a flush; its session keeps one engine stream and
+nim_items.py says where its items end. Owner: the event loop (realtime.RealtimeFormat).
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -62,35 +61,3 @@ class SegmentKeys:
         """Its results are all sent: drop its keys (a long session does not grow)."""
         for pair in [p for p in self._keys if p[0] == item.number]:
             self.key_to_stream.pop(self._keys.pop(pair), None)
-
-
-class NimCommits:
-    """A NIM client's commits on its one engine stream: each ends the item once the model has
-    decoded every whole chunk appended before it. Rejected: force_final at once, which publishes
-    the item before a fast sender's audio is decoded and leaves it nearly empty."""
-
-    def __init__(self) -> None:
-        self.targets: deque[float] = deque()  # audio_processed_s that ends a pending item
-        self.final_requested: int | None = None  # the segment a force_final was asked for, until its final
-
-    def add(self, due_s: float) -> None:
-        """A commit, due once the model's results report `due_s` of audio processed (the engine
-        says where: ModelInfo.whole_chunks_s)."""
-        self.targets.append(due_s)
-
-    def take_due(self, processed_s: float) -> bool:
-        """Whether a force_final is due now. One request at a time: requests the loop has not
-        taken yet merge into one final (a flag), and the segment count would run ahead of the engine's."""
-        if self.final_requested is not None:
-            return False
-        due = False
-        while self.targets and self.targets[0] <= processed_s + 1e-6:
-            self.targets.popleft()
-            due = True
-        return due
-
-    def on_final(self, segment: int, closed_by_engine: bool) -> None:
-        if closed_by_engine:  # an endpoint (or the end) closed it: its commits came due with it
-            self.targets.clear()
-        if self.final_requested is not None and segment >= self.final_requested:
-            self.final_requested = None

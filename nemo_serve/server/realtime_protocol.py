@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..engine.phrases import PhraseLimits, PhraseRequest, check_phrases
 from .logsafe import clean, preview
+from .nim_items import wants_force_eou
 from .tokens import token_pieces
 
 GA_RATE = 24000  # the only rate OpenAI's audio/pcm and beta pcm16 have
@@ -142,13 +143,14 @@ class SessionUpdate:
     turn_detection_set: bool = False  # the field was present (null turns endpointing off)
     turn_detection: TurnDetection | None = None
     context_right: int | None = None
-    nim: bool = False  # NIM's input_audio_params: a NIM client, whose commits only close items
+    nim: bool = False  # NIM's input_audio_params: a NIM client, whose commits are flushes (nim_items.py)
 
 
 @dataclass
 class Append:
     pcm: bytes
     event_id: str | None
+    force_eou: bool = False  # NIM's runtime_config.force_eou: end the utterance after this audio
 
 
 @dataclass
@@ -176,7 +178,7 @@ def parse_client_event(text: str) -> ClientEvent:
         raise RealtimeError("missing or invalid 'type'", code="invalid_event", param="type", event_id=event_id)
     try:
         if kind == "input_audio_buffer.append":
-            return Append(_audio(obj.get("audio"), event_id), event_id)
+            return Append(_audio(obj.get("audio"), event_id), event_id, wants_force_eou(obj.get("runtime_config")))
         if kind.startswith("input_audio_buffer.") and kind[19:] in ("commit", "clear", "done"):
             return BufferEvent(kind[19:], event_id)
         if kind == "session.update":

@@ -11,6 +11,10 @@ One server of its own (`--max-stream-s 8`, so the duration cap is reachable), NV
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import random
+import socket
 import struct
 import threading
 import time
@@ -273,3 +277,258 @@ def test_empty_chunks_and_oversized_messages(server, stub):
         e = rpc_error(call, request, metadata=METADATA, timeout=10)
         assert e is not None and e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e
     server.assert_no_leak()
+
+
+# ----------------------------------------------------------------------------- seeded fuzz
+
+ALLOWED = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT}
+
+
+def _mutate(rng: random.Random, data: bytes) -> bytes:
+    """Bit flips, cuts, inserted and duplicated spans of a valid serialized request."""
+    data = bytearray(data)
+    for _ in range(rng.randint(1, 4)):
+        kind, at = rng.randrange(4), rng.randrange(len(data) + 1)
+        if kind == 0 and data:
+            data[min(at, len(data) - 1)] ^= 1 << rng.randrange(8)
+        elif kind == 1:
+            del data[at:]
+        elif kind == 2:
+            data[at:at] = rng.randbytes(rng.randint(1, 12))
+        else:
+            data[at:at] = data[at : at + rng.randint(1, 20)]
+    return bytes(data)
+
+
+def raw_request(rng: random.Random) -> bytes:
+    if rng.random() < 0.3:
+        return rng.randbytes(rng.randint(0, 64))
+    valid = rng.choice([streaming([])[0], rasr.StreamingRecognizeRequest(audio_content=SHORT[:64]),
+                        rasr.RecognizeRequest(config=config(sample_rate_hertz=8000), audio=SHORT[:64])])  # fmt: skip
+    return _mutate(rng, valid.SerializeToString())
+
+
+def _code(call) -> grpc.StatusCode:
+    e = rpc_error(call)
+    return grpc.StatusCode.OK if e is None else e.code()
+
+
+def test_fuzzed_request_bytes(server, channel):
+    """Raw bytes as serialized requests, through grpc's generic calls: random, and mutations of
+    valid requests (seeded). Every call ends OK or INVALID_ARGUMENT, none hangs."""
+    rng = random.Random(45)
+    unary = channel.unary_unary(SERVICE + "Recognize")
+    stream = channel.stream_stream(SERVICE + "StreamingRecognize")
+    config_bytes = streaming([])[0].SerializeToString()
+    codes = collections.Counter()
+    for _ in range(400):
+        if rng.random() < 0.4:
+            codes[_code(lambda: unary(raw_request(rng), metadata=METADATA, timeout=10))] += 1
+        else:
+            requests = [raw_request(rng) for _ in range(rng.randint(1, 4))]
+            if rng.random() < 0.5:
+                requests.insert(0, config_bytes)  # past admission: a slot is held while the garbage arrives
+            codes[_code(lambda: stream(iter(requests), metadata=METADATA, timeout=10))] += 1
+    assert set(codes) <= ALLOWED and codes[grpc.StatusCode.INVALID_ARGUMENT] > 100, codes
+    server.assert_no_leak()
+
+
+def _random_config(rng: random.Random, served: list[str]) -> rasr.RecognitionConfig:
+    def pick(good: list, bad: list):  # each field bad one time in eight, so some calls pass
+        return rng.choice(bad if rng.random() < 0.125 else good)
+
+    fields = {
+        "encoding": pick([0, 1], [2, 3, 4, 5, 6, -1, 2**31 - 1]),
+        "sample_rate_hertz": pick([0, 16000, 8000, 44100, 192000], [1, 7999, 192001, -1, 2**31 - 1]),
+        "audio_channel_count": pick([0, 1, -1], [2, 2**31 - 1]),
+        "language_code": pick(["", "en-US", "xx", "\x1b[31m", "9" * 5000], [""]),  # no prompts: ignored
+        "model": pick(["", *served], ["no-such-model", "\0" * 100, "m" * 5000]),
+        "max_alternatives": rng.choice([0, 1, 5, -1]),
+        "enable_word_time_offsets": rng.random() < 0.5,
+    }
+    if rng.random() < 0.3:
+        fields["endpointing_config"] = rasr.EndpointingConfig(stop_history=pick([0, 160], [-1, 2**31 - 1, 3_600_001]))
+    if rng.random() < 0.3:
+        phrases = [pick(["hello", "ok go"], ["", " ", "a" * 80, "\u4e2d"]) for _ in range(rng.randint(0, 4))]
+        boost = pick([0.0, 2.0], [-4.0, 20.0, float("nan"), float("inf")])
+        fields["speech_contexts"] = [rasr.SpeechContext(phrases=phrases, boost=boost)]
+    return rasr.RecognitionConfig(**fields)
+
+
+def _random_audio(rng: random.Random) -> list[bytes]:
+    chunks = [rng.choice([SHORT, SHORT, b"", SHORT[:3], rng.randbytes(rng.randint(0, 700))]) for _ in range(rng.randint(0, 3))]
+    if rng.random() < 0.3:
+        header = wav_header(rng.choice([16000, 16000, 1, 3, 0, 2**32 - 1]), rng.choice([1, 1, 2]), rng.choice([16, 16, 8]))
+        chunks.insert(0, header)
+    return chunks
+
+
+def test_fuzzed_field_values(server, stub):
+    """Well-formed requests with seeded random field values and audio: OK or INVALID_ARGUMENT,
+    every reason short and escaped."""
+    rng = random.Random(4545)
+    served = [c.model_name for c in stub.GetRivaSpeechRecognitionConfig(
+        rasr.RivaSpeechRecognitionConfigRequest(), metadata=METADATA).model_config]  # fmt: skip
+    codes = collections.Counter()
+    for _ in range(300):
+        cfg, audio = _random_config(rng, served), _random_audio(rng)
+        if rng.random() < 0.3:
+            call = lambda: stub.Recognize(rasr.RecognizeRequest(config=cfg, audio=b"".join(audio)),  # noqa: E731
+                                          metadata=METADATA, timeout=20)  # fmt: skip
+        else:
+            requests = [rasr.StreamingRecognizeRequest(streaming_config=rasr.StreamingRecognitionConfig(
+                config=cfg, interim_results=rng.random() < 0.5)), *(rasr.StreamingRecognizeRequest(audio_content=a)
+                                                                     for a in audio)]  # fmt: skip
+            call = lambda: stub.StreamingRecognize(iter(requests), metadata=METADATA, timeout=20)  # noqa: E731
+        e = rpc_error(call)
+        codes[grpc.StatusCode.OK if e is None else e.code()] += 1
+        if e is not None:
+            assert len(e.details()) < 400 and "\x1b" not in e.details() and "\0" not in e.details(), e.details()
+    assert set(codes) <= ALLOWED and codes[grpc.StatusCode.OK] > 5 and codes[grpc.StatusCode.INVALID_ARGUMENT] > 100, codes
+    server.assert_no_leak()
+
+
+# ----------------------------------------------------------------------------- churn beside a neighbour
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+
+def h2_frame(kind: int, flags: int, stream_id: int, payload: bytes) -> bytes:
+    return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream_id.to_bytes(4, "big") + payload
+
+
+def h2_open_stream() -> bytes:
+    """Preface, empty SETTINGS, and HEADERS opening StreamingRecognize on stream 1, hand-made
+    (HPACK literals without indexing), so the bytes after them can be cut anywhere."""
+    headers = [(":method", "POST"), (":scheme", "http"), (":path", SERVICE + "StreamingRecognize"),
+               (":authority", "127.0.0.1"), ("content-type", "application/grpc"), ("te", "trailers"),
+               ("authorization", f"Bearer {TOKEN}")]  # fmt: skip
+    block = b"".join(b"\x00" + bytes([len(n)]) + n.encode() + bytes([len(v)]) + v.encode() for n, v in headers)
+    return PREFACE + h2_frame(4, 0, 0, b"") + h2_frame(1, 0x4, 1, block)
+
+
+def grpc_message(request) -> bytes:
+    data = request.SerializeToString()
+    return b"\x00" + len(data).to_bytes(4, "big") + data
+
+
+def pcm_of(wav: Path) -> bytes:
+    return wav.read_bytes()[44:]
+
+
+def raw_churn(server, cut: str, rst: bool) -> None:
+    """A client that opens a stream by hand, sends 2 s of audio, reads what the server sends,
+    then leaves mid-message (`cut`) with a FIN or an RST."""
+    pcm = pcm_of(UTTERANCES[5])[:64000]
+    body = grpc_message(streaming([], interim=True)[0]) + b"".join(
+        grpc_message(rasr.StreamingRecognizeRequest(audio_content=pcm[i : i + 6400])) for i in range(0, len(pcm), 6400))
+    sock = socket.create_connection(("127.0.0.1", server.grpc_port), timeout=5)
+    try:
+        if cut == "preface":
+            sock.sendall(PREFACE[:11])
+        else:
+            sock.sendall(h2_open_stream())
+            if cut != "headers":
+                for i in range(0, len(body), 16384):
+                    sock.sendall(h2_frame(0, 0, 1, body[i : i + 16384]))
+                sock.settimeout(2)
+                with contextlib.suppress(OSError):
+                    sock.recv(65536)  # the server's SETTINGS, then its responses: it is sending
+                half = {"message": h2_frame(0, 0, 1, b"\x00\x00\x00\x0c\x80" + b"\x1a"),  # says 3200 bytes, sends 1
+                        "frame": h2_frame(0, 0, 1, b"\x00" * 16384)[:60]}[cut]  # fmt: skip
+                sock.sendall(half)
+        time.sleep(0.2)
+    finally:
+        if rst:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
+
+
+def _endless(stop: threading.Event, pace_s: float):
+    """A streaming call with partials on that never ends its input by itself (the server's
+    --max-stream-s does, after 8 s of audio)."""
+    yield from streaming([], interim=True)
+    pcm = pcm_of(UTTERANCES[7]) * 4
+    for i in range(0, len(pcm), 3200):
+        if stop.is_set():
+            return
+        yield rasr.StreamingRecognizeRequest(audio_content=pcm[i : i + 3200])
+        time.sleep(pace_s)
+
+
+def grpc_churn(server, how: str) -> grpc.StatusCode:
+    """Leave a streaming call while the server is sending partials: cancel it, close its channel
+    under it, or let its deadline expire. The code the client saw."""
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}")
+    stop = threading.Event()
+    try:
+        stub = rasr_grpc.RivaSpeechRecognitionStub(channel)
+        call = stub.StreamingRecognize(_endless(stop, 0.05), metadata=METADATA, timeout=1.5 if how == "deadline" else 30)
+        next(call)  # a response arrived: the server is sending
+        if how == "cancel":
+            call.cancel()
+        elif how == "close":
+            channel.close()
+        return _code(lambda: list(call))
+    finally:
+        stop.set()
+        channel.close()
+
+
+def finals_with_words(responses) -> list[tuple]:
+    return [(r.alternatives[0].transcript, [(w.word, w.start_time, w.end_time) for w in r.alternatives[0].words])
+            for response in responses for r in response.results if r.is_final]  # fmt: skip
+
+
+def neighbour(server, wav: Path, paced: bool) -> list[tuple]:
+    """A well-behaved client, riva.client unchanged: the file at real-time pace (or at once)."""
+    service = riva.ASRService(riva.Auth(uri=f"127.0.0.1:{server.grpc_port}", metadata_args=[list(METADATA[0])]))
+    try:
+        cfg = riva.StreamingRecognitionConfig(config=riva.RecognitionConfig(
+            encoding=riva.AudioEncoding.LINEAR_PCM, language_code="en-US", enable_word_time_offsets=True),
+            interim_results=True)  # fmt: skip
+        riva.add_audio_file_specs_to_config(cfg, wav)
+        with riva.AudioChunkFileIterator(str(wav), 1600, riva.sleep_audio_length if paced else None) as chunks:
+            return finals_with_words(service.streaming_response_generator(chunks, cfg))
+    finally:
+        service.auth.channel.close()
+
+
+def test_churn_beside_a_neighbour_leaks_nothing(server):
+    """Calls cancelled, channels closed under them, deadlines expiring, and hand-made HTTP/2
+    connections cut mid-preface, after their headers, mid-message and mid-frame with a FIN or an
+    RST, all while the server is sending; a paced neighbour keeps every token (finals and word
+    times equal to the same file sent alone); every slot comes back and memory stays bounded."""
+    wavs = UTTERANCES[:4]
+    alone = {wav: neighbour(server, wav, paced=False) for wav in wavs}
+    assert all(alone.values())
+    rss_before = memory_mb(server)
+    done, seen = threading.Event(), []
+
+    def neighbours() -> None:
+        while not done.is_set():
+            for wav in wavs:
+                seen.append((wav, neighbour(server, wav, paced=True)))
+
+    t = threading.Thread(target=neighbours)
+    t.start()
+    rng = random.Random(4546)
+    codes = collections.Counter()
+    ops = [("grpc", how) for how in ("cancel", "close", "deadline")] * 4 + [
+        ("raw", (cut, rst)) for cut in ("preface", "headers", "message", "frame") for rst in (False, True)] * 2
+    rng.shuffle(ops)
+    try:
+        for kind, how in ops:
+            if kind == "grpc":
+                codes[how, grpc_churn(server, how)] += 1
+            else:
+                raw_churn(server, *how)
+    finally:
+        done.set()
+        t.join(60)
+    assert codes == {("cancel", grpc.StatusCode.CANCELLED): 4, ("close", grpc.StatusCode.CANCELLED): 4,
+                     ("deadline", grpc.StatusCode.DEADLINE_EXCEEDED): 4}, codes  # fmt: skip
+    assert len(seen) >= 4 and all(finals == alone[wav] for wav, finals in seen), seen
+    server.assert_no_leak()
+    growth_mb = memory_mb(server) - rss_before
+    assert growth_mb < 40, growth_mb

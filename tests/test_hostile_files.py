@@ -173,3 +173,78 @@ def test_a_wide_bomb_is_refused_from_its_header_before_decoding(srv):
     assert "8 channels at 48000 Hz" in r.json()["error"]["message"], r.text
     assert took_s < 2 and growth_mb < 20, (took_s, growth_mb)
     srv.assert_no_leak()
+
+
+# ----------------------------------------------------------------------------- defect 8: stalled bodies
+
+
+def _raw(port: int, payload: bytes, then: str = "wait", wait_s: float = 5.0) -> tuple[float, bytes]:
+    """Send `payload` on a raw socket, then "wait" (read until closed), "fin" or "rst"; the
+    seconds until the server closed and what it answered."""
+    s = socket.create_connection(("127.0.0.1", port))
+    try:
+        s.sendall(payload)
+        if then == "rst":
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\1\0\0\0\0\0\0\0")  # l_onoff 1, l_linger 0
+            return 0.0, b""
+        if then == "fin":
+            s.shutdown(socket.SHUT_WR)
+        s.settimeout(wait_s)
+        t0, reply = time.monotonic(), b""
+        try:
+            while chunk := s.recv(65536):
+                reply += chunk
+        except (TimeoutError, ConnectionResetError):
+            return wait_s, reply
+        return time.monotonic() - t0, reply
+    finally:
+        s.close()
+
+
+def _upload_head(body_bytes: int, boundary: str = "XyZ", path: str = URL_PATH) -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {TOKEN}\r\n"
+            f"Content-Type: multipart/form-data; boundary={boundary}\r\nContent-Length: {body_bytes}\r\n\r\n").encode()  # fmt: skip
+
+
+def _multipart(fields: dict, boundary: str = "XyZ") -> bytes:
+    """{name: bytes or (filename, bytes, content_type)} -> a multipart body."""
+    out = b""
+    for name, value in fields.items():
+        if isinstance(value, tuple):
+            fname, data, ctype = value
+            out += (f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"; filename="{fname}"\r\n'
+                    f"Content-Type: {ctype}\r\n\r\n").encode() + data + b"\r\n"  # fmt: skip
+        else:
+            out += f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n'.encode() + value + b"\r\n"
+    return out + f"--{boundary}--\r\n".encode()
+
+
+def test_stalled_upload_gets_408_and_dropped_uploads_log_no_traceback(srv):
+    """Defect 8: an upload whose body stopped was closed at the deadline with no answer (the docs
+    promise 408), and each stalled or dropped upload logged an ERROR traceback (ClientDisconnect)."""
+    start = len(srv.log())
+    body = _multipart({"file": ("a.wav", _wav(np.zeros(16000, "int16")), "audio/wav")})
+    half = _upload_head(len(body)) + body[: len(body) // 2]
+    took_s, reply = _raw(srv.port, half)
+    assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
+    assert b"request not received within 2 s" in reply and 1.5 < took_s < 4, (took_s, reply)
+    _raw(srv.port, half, then="fin")
+    _raw(srv.port, half, then="rst")
+    time.sleep(0.5)
+    log = srv.log()[start:]
+    assert "Traceback" not in log and "ClientDisconnect" not in log and "ERROR" not in log, log[-3000:]
+    assert srv.get("/healthz").status_code == 200
+    srv.assert_no_leak()
+
+
+def test_a_16k_header_on_a_websocket_upgrade_is_answered_431(srv):
+    """Defect 8: websockets refused the upgrade request (a header line over 8 kB) and logged a 431,
+    which uvicorn never wrote: the client waited for nothing until it gave up."""
+    for path in ("/v1/realtime", "/ws"):
+        request = (f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                   "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+                   f"Authorization: Bearer {TOKEN}\r\nX-Big: {'a' * 16384}\r\n\r\n").encode()  # fmt: skip
+        took_s, reply = _raw(srv.port, request, wait_s=4)
+        assert reply.startswith(b"HTTP/1.1 431"), (path, reply[:200])
+        assert took_s < 2, took_s
+    srv.assert_no_leak()

@@ -28,6 +28,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.datastructures import FormData, UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
+from starlette.requests import ClientDisconnect
 
 from . import transcript_formats as fmt
 from .auth import authorized
@@ -174,6 +175,9 @@ async def _read_form(request: Request, max_file_bytes: int) -> FormData:
         return await parser.parse()
     except MultiPartException as e:
         raise RequestError(400, f"malformed multipart form: {e.message}") from None
+    except ClientDisconnect:  # the client left, or its body stopped past the deadline (408 sent)
+        raise RequestError(499, "the client closed the connection before its upload was complete",
+                           code="client_gone") from None  # fmt: skip
 
 
 async def _capped(stream: AsyncIterator[bytes], max_bytes: int, too_big: str) -> AsyncIterator[bytes]:

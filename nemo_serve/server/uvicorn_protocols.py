@@ -1,12 +1,14 @@
 """uvicorn's two protocol classes, extended with what connections.py describes (caps, a request
-deadline, a small send buffer, an abort, a quiet denied handshake, a lingering close).
+deadline, a small send buffer, an abort, a quiet denied handshake, an answered bad upgrade
+request, a lingering close).
 
 The one module that uses uvicorn's private API: it subclasses `HttpToolsProtocol` and
 `WebSocketsSansIOProtocol` (the latter first shipped in uvicorn 0.35), overrides their hooks and
 reads and writes their internals (`conn`, `queue`, `close_sent`, `close_timer`, `read_paused`,
-`handshake_complete`, `scope`). So the installed uvicorn is checked at import against the range
-these were tested with (UVICORN_VERSIONS; pyproject.toml pins the same, and
-tests/test_private_apis.py checks both): a newer uvicorn fails here with one clear message.
+`handshake_initiated`, `handshake_complete`, `scope`, `cycle`). So the installed uvicorn is
+checked at import against the range these were tested with (UVICORN_VERSIONS; pyproject.toml
+pins the same, and tests/test_private_apis.py checks both): a newer uvicorn fails here with one
+clear message.
 """
 
 from __future__ import annotations
@@ -100,10 +102,23 @@ class HttpProtocol(HttpToolsProtocol):
             self.limits.limiter.metrics.refusals.labels(reason="header_timeout").inc()
         log.info("closed a connection from %s: request not complete in %g s", self.client and self.client[0],
                  self.limits.header_timeout_s)  # fmt: skip
-        if self._headers_done:  # the app may have answered already; only the body is missing
+        reason = f"request not received within {self.limits.header_timeout_s:g} s"
+        if self._headers_done:  # the app has the request; only its body is missing
+            self._end_cycle(reason)
+            return
+        self._answer(408, "Request Timeout", reason)
+
+    def _end_cycle(self, reason: str) -> None:
+        """A body that stopped coming: answer 408 unless the app has begun its own answer, and
+        tell the app the client is gone (its body read ends as a disconnect), so that its
+        answer is dropped, not written after ours."""
+        cycle = self.cycle
+        if cycle is None or cycle.response_started:
             self.transport.close()
             return
-        self._answer(408, "Request Timeout", f"request not received within {self.limits.header_timeout_s:g} s")
+        cycle.disconnected = True
+        cycle.message_event.set()
+        self._answer(408, "Request Timeout", reason)
 
     def _answer(self, status: int, phrase: str, reason: str) -> None:
         if not self.transport.is_closing():
@@ -116,8 +131,15 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
     _lingering = False
 
     def data_received(self, data: bytes) -> None:
-        if not self._lingering:  # else discarded: the close frame is out, the close is timed
-            super().data_received(data)
+        if self._lingering:  # discarded: the close frame is out, the close is timed
+            return
+        super().data_received(data)
+        if self.conn.handshake_exc is not None and not self.handshake_initiated:
+            # websockets refused the upgrade request itself (a header line over 8 kB: 431, a
+            # request line too long: 414, or no valid request) and queued its answer, which
+            # uvicorn never writes: the client waited for nothing. Send it, then close.
+            self.transport.write(b"".join(self.conn.data_to_send()))
+            self.transport.close()
 
     def handle_parser_exception(self) -> None:
         close = self.conn.close_sent

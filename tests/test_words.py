@@ -9,6 +9,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from nemo_serve import selftest
 from nemo_serve.engine.endpoint import EndpointConfig
@@ -18,7 +19,7 @@ from nemo_serve.engine.words import Word, words
 from nemo_serve.oracle import oracle_transcribe
 
 from . import helpers, test_buckets, test_parity
-from .helpers_server import TOKEN, start_server
+from .helpers_server import TEST_MODEL, TOKEN, as_model_input, start_server
 
 FRAME_S = 0.08
 
@@ -117,6 +118,60 @@ def _check_finals(results, with_confidence: bool) -> int:
                 assert 0.0 <= w.confidence <= 1.0
         n += len(r.words)
     return n
+
+
+def nemo_max_prob(model, audio, context_right: int) -> tuple[list[int], list[float]]:
+    """Tokens and confidences computed apart from the engine and from NeMo's confidence code: the
+    encoder frames of NeMo's own loop (caught on their way to its decoder), a plain greedy RNN-T
+    decode over them (at most `max_symbols` labels a frame), and at each emission the softmax of
+    the joint's logits, its largest value p mapped as docs/protocol.md says: (p - 1/N) / (1 - 1/N),
+    N the labels with blank."""
+    nemo = model.nemo
+    encoded: list[torch.Tensor] = []
+    real = nemo.decoding.rnnt_decoder_predictions_tensor
+
+    def spy(*args, encoder_output, encoded_lengths, **kw):
+        encoded.append(encoder_output[0, :, : int(encoded_lengths[0])].T)  # [T, D]
+        return real(*args, encoder_output=encoder_output, encoded_lengths=encoded_lengths, **kw)
+
+    nemo.decoding.rnnt_decoder_predictions_tensor = spy  # an instance attribute over the method
+    try:
+        loop_ids = oracle_transcribe(model, audio, context_right=context_right).token_ids
+    finally:
+        del nemo.decoding.rnnt_decoder_predictions_tensor
+    frames = torch.cat(encoded)[None]  # [1, T, D]
+    blank = nemo.decoder.blank_idx
+    max_symbols = nemo.decoding.decoding.max_symbols or 10
+    ids, confs, label, state = [], [], None, None
+    with torch.no_grad():
+        g, state = nemo.decoder.predict(None, state, add_sos=False, batch_size=1)
+        for t in range(frames.shape[1]):
+            for _ in range(max_symbols):
+                probs = torch.softmax(nemo.joint.joint(frames[:, t : t + 1], g)[0, 0, 0].double(), -1)
+                label = int(probs.argmax())
+                if label == blank:
+                    break
+                n = probs.numel()
+                ids.append(label)
+                confs.append(float((probs[label] - 1 / n) / (1 - 1 / n)))
+                g, state = nemo.decoder.predict(torch.tensor([[label]]), state, add_sos=False, batch_size=1)
+    assert ids == loop_ids, "the plain greedy decode must retrace NeMo's loop for its confidences to be its"
+    return ids, confs
+
+
+def test_token_confidence_is_nemos_max_prob_of_the_emitted_label():
+    """The docs define a token's confidence as NeMo's max_prob of the label it emitted: the engine's
+    values equal an independent computation (nemo_max_prob) token for token, in two chunk modes."""
+    m = helpers.model(None, "all")
+    audios = helpers.utterances(2, seed=3)
+    for mode in (min(m.modes), max(m.modes)):
+        driven = helpers.drive(helpers.new_engine(m, 2, EndpointConfig.off(), token_confidence=True), audios,
+                               packet=[1600, 333], modes=[mode, mode])  # fmt: skip
+        for i, a in enumerate(audios):
+            want_ids, want = nemo_max_prob(m, a, mode)
+            got = [c for r in driven.finals(i) for c in r.token_confidences]  # endpointing off: one final
+            assert driven.tokens(i) == want_ids and len(got) == len(want) > 5
+            assert got == pytest.approx(want, abs=2e-4), (mode, i)
 
 
 def test_engine_confidences_change_no_token_and_words_cover_the_text():
@@ -250,3 +305,24 @@ def test_server_words_on_ws_and_realtime(shared_server):
     for e in completed:
         x = e["nemo_serve"]
         _check_words(x["words"], e["transcript"], x["start_time"], x["audio_processed"], confidence=True)
+    # Each word's confidence is the lowest of its tokens' max_prob, computed apart from the server.
+    want = _independent_words(finals, as_model_input(wire, rate), shared_server.readyz()["context_right"])
+    got = [w for f in finals for w in f["words"]]
+    assert [w["word"] for w in got] == [w.word for w in want]
+    assert [w["confidence"] for w in got] == pytest.approx([w.confidence for w in want], abs=3e-4)
+    said = [w["confidence"] for e in completed for w in e["nemo_serve"]["words"]]
+    assert said == pytest.approx([w.confidence for w in want], abs=3e-4)
+
+
+def _independent_words(finals: list[dict], audio, mode: int) -> list[Word]:
+    """The finals' words with confidences from nemo_max_prob (grouping by engine/words.py, whose
+    unit tests above check it on hand-made pieces)."""
+    m = helpers.model(TEST_MODEL, "all")
+    ids, confs = nemo_max_prob(m, audio, mode)
+    assert [t for f in finals for t in f["token_ids"]] == ids
+    det, out, k = Detokenizer(m.vocabulary, m.is_bpe), [], 0
+    for f in finals:
+        n = len(f["token_ids"])
+        out += words([det.piece(t) for t in f["token_ids"]], f["timestamps"], FRAME_S, confs[k : k + n], f["audio_processed"])
+        k += n
+    return out

@@ -191,3 +191,35 @@ def test_forged_client_secret_is_401_not_500(rt, path, header):
     assert b"missing or wrong bearer token" in data
     expired, _ = mint_client_secret(TOKEN, now=time.time() - 3600)
     assert _handshake(rt, "/v1/realtime", f"Authorization: Bearer {expired}\r\n".encode())[0] == 401
+
+
+# ----------------------------------------------------------------------------- defect 7: secrets in the log
+
+
+def test_minted_client_secrets_never_reach_the_debug_log(rt):
+    """Defect 7: at --log-level debug the handshake's `authorization` and `sec-websocket-protocol`
+    header lines carried minted client secrets (the server token was redacted, they were not).
+    Two secrets minted by the real POST, each used the way its client uses it: neither, nor its
+    MAC, appears in the log."""
+    import httpx
+
+    def mint() -> str:
+        r = httpx.post(rt.http_url + "/v1/realtime/transcription_sessions", json={}, headers=rt.auth_headers, timeout=10)
+        assert r.status_code == 200, r.text
+        return r.json()["client_secret"]["value"]
+
+    bearer, offered = mint(), mint()
+
+    async def use() -> None:
+        for headers, protocols in (({"Authorization": f"Bearer {bearer}"}, None),
+                                   ({}, ["realtime", f"realtime-token.{offered}"])):  # fmt: skip
+            async with _connect(rt, additional_headers=headers, subprotocols=protocols) as ws:
+                assert json.loads(await ws.recv())["type"] == "session.created"
+
+    start = len(rt.log())
+    asyncio.run(use())
+    time.sleep(0.3)  # let the last lines land
+    log = rt.log()[start:]
+    assert "authorization:" in log.lower() and "sec-websocket-protocol:" in log.lower(), log[-2000:]  # the lines are there
+    for secret in (bearer, offered):
+        assert secret not in log and secret.rsplit("_", 1)[1] not in log, log[-3000:]

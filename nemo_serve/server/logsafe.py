@@ -4,8 +4,9 @@
 characters, terminal escapes or lone surrogates), cut to a few dozen characters.
 
 `SafeLogFilter` sits on every log handler (ours and uvicorn's) and, per record:
-  - redacts `token=...` in query strings (uvicorn's access lines print the request path) and
-    every configured secret, wherever it appears;
+  - redacts `token=...` in query strings (uvicorn's access lines print the request path),
+    minted client secrets (`ek_...`, by their shape) and every configured secret, wherever
+    they appear;
   - escapes control characters (a newline in a request path cannot forge a log line) and cuts
     the line to MAX_LINE_CHARS, a traceback to MAX_TRACEBACK_CHARS;
   - rate-limits: each kind of line (logger + message template) gets a bucket of BURST lines
@@ -29,6 +30,10 @@ BURST = 20  # lines of one kind logged back to back before the rate limit starts
 RATE_PER_S = 2.0  # then this many per second
 MAX_KINDS = 512  # distinct buckets kept; beyond, every new kind shares one bucket
 _QUERY_SECRET = re.compile(r"(?i)(token=)[^&\s\"']*")
+# A client secret minted by POST /v1/realtime/transcription_sessions (auth.py: ek_EXPIRY_NONCE_MAC),
+# wherever it travels: the Authorization header, `realtime-token.` in Sec-WebSocket-Protocol, the
+# POST's answer. Redacted by its shape: the secrets are stateless, there is no list of them to match.
+_CLIENT_SECRET = re.compile(r"ek_[0-9A-Za-z]+_[0-9A-Za-z]+_[0-9A-Za-z]+")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 # uvicorn logs these at ERROR with a traceback, once per offending frame.
 _CLIENT_CAUSED = {"Invalid UTF-8 sequence received from client.": "client sent invalid UTF-8 in a text frame (closed 1007)"}
@@ -50,6 +55,7 @@ def clean(text: str, max_chars: int = 60) -> str:
 
 def redact(text: str, secrets: tuple[str, ...] = ()) -> str:
     text = _QUERY_SECRET.sub(r"\1<redacted>", text)
+    text = _CLIENT_SECRET.sub("ek_<redacted>", text)
     for secret in secrets:
         if secret:
             text = text.replace(secret, "<redacted>")

@@ -23,9 +23,11 @@ MAX_BODY_BYTES = 64 * 1024
 
 @pytest.fixture(scope="module")
 def nim():
-    with start_server("--num-slots", "3", "--idle-timeout-s", "20", "--log-level", "info") as s:
+    env = {"NEMO_SERVE_HEADER_TIMEOUT_S": "2"}  # a stalled body is cut sooner than the default 10 s
+    with start_server("--num-slots", "3", "--idle-timeout-s", "20", "--log-level", "info", env=env) as s:
         yield s
-    assert "Traceback" not in s.log(), s.log()[-4000:]
+    log = s.log()
+    assert "Traceback" not in log, log[log.find("Traceback") - 300 :][:5000]
 
 
 def tree_rss_mb(pid: int) -> float:
@@ -137,3 +139,100 @@ def test_deep_nesting_under_the_size_cap_is_a_400_that_says_so(nim, body):
 
 def test_nesting_inside_strings_does_not_count(nim):
     assert post(nim, json.dumps({"prompt": "[" * 40_000, "x": [[[["]]]]"]]]]}).encode()).status_code == 200
+
+
+# ----------------------------------------------------------------------------- scripted bodies
+
+
+@pytest.mark.parametrize("body, status, reason", [
+    (b"[]", 400, "the body must be a JSON object (or empty), not an array"),
+    (b'"x"', 400, "the body must be a JSON object (or empty), not a string"),
+    (b"1e999999", 400, "the body must be a JSON object (or empty), not a number"),
+    (b"null", 400, "the body must be a JSON object (or empty), not null"),
+    (b"true", 400, "the body must be a JSON object (or empty), not a boolean"),
+    (b'{"a": ' + b"9" * 5000 + b"}", 400, "a number in the body has 5000 digits; at most 100 are allowed"),
+    (b'{"a": -' + b"9" * 101 + b"}", 400, "a number in the body has 102 digits; at most 100 are allowed"),
+    (b'{"a": "\xff\xfe"}', 400, "the body is not UTF-8 (byte 7)"),
+    ('{"a": 1}'.encode("utf-16"), 400, "the body is not UTF-8 (byte 0)"),
+    (b'{"a": "\\ud800", "b": NaN, "c": 1e999999, "a": 2}', 200, None),  # lone surrogate, NaN, duplicates: unused
+    (b'{"prompt": "' + "\u202e\U0001f600".encode() * 1000 + b'"}', 200, None),
+    (b'{"a": 1', 400, "the body is not valid JSON: Expecting ',' delimiter at character 7"),
+    (b'{"a": "' + b"\\" * 30_000 + b'"', 400, None),  # an unterminated string of escapes: linear scan
+    (b'"' + b'\\"' * 30_000, 400, None),
+    (b"\x00" * 100, 400, "the body is not valid JSON: Expecting value at character 0"),
+    (b"  \r\n\t ", 200, None),
+])  # fmt: skip
+def test_scripted_bad_bodies_get_a_short_4xx_that_says_what_was_wrong(nim, body, status, reason):
+    t0 = time.monotonic()
+    r = post(nim, body)
+    assert r.status_code == status, (r.status_code, r.text[:300])
+    assert time.monotonic() - t0 < 2.0 and len(r.content) < 4096
+    if reason is not None:
+        assert r.json()["error"]["message"] == reason
+    if status == 400:
+        assert r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_content_length_that_is_not_a_number_or_disagrees_is_refused_without_a_5xx(nim):
+    for extra in ("Content-Length: \u00b2\r\n", "Content-Length: -1\r\n", "Content-Length: 1e3\r\n",
+                  "Content-Length: 99999999999999999999999\r\n", "Content-Length: 5\r\nContent-Length: 6\r\n"):  # fmt: skip
+        status, elapsed, _ = stream_post(nim.port, _head(extra), [b"{}"], limit_s=5)
+        assert status is not None and 400 <= status < 500 and elapsed < 3, (extra, status, elapsed)
+    # a body shorter than it says: the request deadline ends it (no answer owed, no 5xx, no slot)
+    status, elapsed, _ = stream_post(nim.port, _head("Content-Length: 100\r\n"), [b"{}"], limit_s=15)
+    assert status in (None, 408) and elapsed < 5, (status, elapsed)
+
+
+# ----------------------------------------------------------------------------- seeded fuzz
+
+
+def _fuzz_value(rng, depth: int = 0):
+    kind = rng.integers(0, 9 if depth < 40 else 6)
+    if kind == 0:
+        return int(rng.integers(-(2**62), 2**62)) * (10 ** int(rng.integers(0, 130)))
+    if kind == 1:
+        return float(rng.normal()) * 10.0 ** int(rng.integers(-300, 300))
+    if kind == 2:
+        return "".join(chr(int(c)) for c in rng.integers(1, 0x10FFFF, int(rng.integers(0, 40))) if not 0xD800 <= c < 0xE000)
+    if kind == 3:
+        return bool(rng.integers(0, 2))
+    if kind in (4, 5):
+        return None
+    if kind == 6:
+        return [_fuzz_value(rng, depth + 1) for _ in range(int(rng.integers(0, 4)))]
+    return {str(rng.integers(0, 99)): _fuzz_value(rng, depth + 1) for _ in range(int(rng.integers(0, 4)))}
+
+
+def _fuzz_body(rng) -> bytes:
+    """A hostile session body: a random JSON value (deep, huge numbers, any unicode), then maybe
+    cut, spliced with random bytes, wrapped in brackets, or grown past the cap."""
+    body = json.dumps(_fuzz_value(rng), ensure_ascii=bool(rng.integers(0, 2))).encode("utf-8", "surrogatepass")
+    how = rng.integers(0, 8)
+    if how == 0 and body:
+        body = body[: int(rng.integers(0, len(body)))]
+    elif how == 1:
+        at = int(rng.integers(0, len(body) + 1))
+        body = body[:at] + rng.bytes(int(rng.integers(1, 8))) + body[at:]
+    elif how == 2:
+        n = int(rng.integers(1, 3000))
+        body = b'{"s": ' + b"[" * n + body + b"]" * n + b"}"
+    elif how == 3:
+        body = b'{"s": "' + b"x" * int(rng.integers(MAX_BODY_BYTES - 200, MAX_BODY_BYTES + 200)) + b'"}'
+    return body
+
+
+def test_seeded_fuzz_of_session_bodies_never_answers_5xx(nim):
+    rng = __import__("numpy").random.default_rng(45)
+    statuses: dict[int, int] = {}
+    slowest = 0.0
+    with httpx.Client(headers={**nim.auth_headers, "Content-Type": "application/json"}, trust_env=False, timeout=10) as c:
+        for _ in range(1000):
+            body = _fuzz_body(rng)
+            t0 = time.monotonic()
+            r = c.post(nim.http_url + SESSIONS, content=body)
+            slowest = max(slowest, time.monotonic() - t0)
+            statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
+            assert r.status_code in (200, 400, 413) and len(r.content) < 4096, (r.status_code, body[:200], r.text[:300])
+    assert statuses.get(200, 0) > 100 and statuses.get(400, 0) > 100 and statuses.get(413, 0) > 10, statuses
+    assert slowest < 2.0, slowest
+    nim.assert_no_leak()

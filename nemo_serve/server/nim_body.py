@@ -8,7 +8,9 @@ Limits, each checked before the work it bounds:
            recurses once per level (a 64 kB body of `[` raised RecursionError: a 500);
   numbers  integers of more than MAX_INT_DIGITS digits are refused while parsing (Python's own
            limit, 4,300 digits, answers with an internal text).
-Each refusal is a 400 (413 for size) that says what was wrong in the client's terms.
+Each refusal is a 400 (413 for size) that says what was wrong in the client's terms; a body that
+stops coming is cut by the connection's request deadline (--header-timeout-s, HTTP 408), and
+the disconnect it leaves the handler with is a refusal, not a traceback.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import json
 import re
 
 from fastapi import Request
+from starlette.requests import ClientDisconnect
 
 from .logsafe import preview
 
@@ -47,11 +50,14 @@ async def read_capped(request: Request) -> bytes:
         if int(declared) > MAX_BODY_BYTES:
             raise BodyError(413, too_big)
     chunks, num_bytes = [], 0
-    async for chunk in request.stream():
-        num_bytes += len(chunk)
-        if num_bytes > MAX_BODY_BYTES:
-            raise BodyError(413, too_big)
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            num_bytes += len(chunk)
+            if num_bytes > MAX_BODY_BYTES:
+                raise BodyError(413, too_big)
+            chunks.append(chunk)
+    except ClientDisconnect:  # gone, or cut by the request deadline (408): nobody reads this answer
+        raise BodyError(400, "the connection closed before the body was complete") from None
     return b"".join(chunks)
 
 

@@ -172,6 +172,21 @@ def test_audio_past_max_stream_s_is_never_decoded(server, stub):
     server.assert_no_leak()
 
 
+def test_a_header_of_many_small_chunks_is_read_once(server, stub):
+    """A WAV header of 8,000 empty chunks (64 kB, under the header cap) sent 8 bytes a message:
+    the header was re-read from its first chunk on every message, so its cost grew with the
+    square of its size (4,000 chunks: 9 s of the front end's event loop; 8,000: about 40 s, every
+    stream on that front end stalled). Without the fix the front end was still reading the header
+    when the call's --max-stream-s (8 s of wall time) ran out: "the audio ended inside its WAV
+    header" after 8 s, where it now ends OK in about 1.5 s."""
+    header = wav_header(16000)[:36] + b"junk\0\0\0\0" * 8000 + b"data\0\0\0\0"
+    pieces = [header[i : i + 8] for i in range(0, len(header), 8)]
+    t0 = time.monotonic()
+    responses = list(stub.StreamingRecognize(iter(streaming([*pieces, SHORT * 10])), metadata=METADATA, timeout=20))
+    assert time.monotonic() - t0 < 15, responses
+    server.assert_no_leak()
+
+
 # ----------------------------------------------------------------------------- defect 9: errors in client terms
 
 

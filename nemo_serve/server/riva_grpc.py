@@ -46,6 +46,7 @@ from .riva_mapping import (
     parse_config,
     streaming_result,
 )
+from .riva_protos import Malformed
 from .session import MAX_AHEAD_S
 
 log = logging.getLogger("nemo_serve.riva")
@@ -145,7 +146,8 @@ class RivaCall(StreamLifecycle):
             self.decoder = AudioDecoder("pcm_s16le", self.config.sample_rate or header_rate or rate, rate)
         # --max-stream-s from the declared rate and the byte count, before decoding: bytes past
         # the cap are never decoded or resampled (Recognize's 1 MiB is 65 s at 8 kHz).
-        room_bytes = 2 * max(0, int(self.ctx.settings.max_stream_s * self.decoder.input_rate) - self.decoder.num_input_samples)
+        room_samples = int(self.ctx.settings.max_stream_s * self.decoder.input_rate) - self.decoder.num_input_samples
+        room_bytes = 2 * max(0, room_samples)
         capped = len(pcm) >= room_bytes
         samples = self.decoder.decode(pcm[:room_bytes] if capped else pcm)
         if len(samples):
@@ -365,43 +367,6 @@ class RivaSpeechRecognition:
         return self.pb.RivaSpeechRecognitionConfigResponse(model_config=configs)
 
 
-class Malformed:
-    """A request whose bytes are not the RPC's message. The generated registration parses with
-    `FromString`, whose DecodeError grpc answers UNKNOWN with the parser's class name before any
-    handler runs; parsing here instead hands the handler this marker, refused INVALID_ARGUMENT
-    in the client's terms (issue 45)."""
-
-    def __init__(self, message_name: str) -> None:
-        self.reason = f"the request is not a valid {message_name}: its protobuf bytes could not be parsed"
-
-
-def _parser(message_class):
-    name = message_class.DESCRIPTOR.name
-
-    def parse(data: bytes):
-        try:
-            return message_class.FromString(data)
-        except Exception:  # noqa: BLE001 - DecodeError, or the parser's depth limit: the bytes are the client's
-            return Malformed(name)
-
-    return parse
-
-
-def _add_servicer(server, servicer: "RivaSpeechRecognition", pb) -> None:
-    """riva_asr_pb2_grpc.add_RivaSpeechRecognitionServicer_to_server with _parser (see Malformed)."""
-    unary, stream = grpc.unary_unary_rpc_method_handler, grpc.stream_stream_rpc_method_handler
-    handlers = {
-        "Recognize": unary(servicer.Recognize, _parser(pb.RecognizeRequest), pb.RecognizeResponse.SerializeToString),
-        "StreamingRecognize": stream(servicer.StreamingRecognize, _parser(pb.StreamingRecognizeRequest),
-                                     pb.StreamingRecognizeResponse.SerializeToString),  # fmt: skip
-        "GetRivaSpeechRecognitionConfig": unary(servicer.GetRivaSpeechRecognitionConfig,
-                                                _parser(pb.RivaSpeechRecognitionConfigRequest),
-                                                pb.RivaSpeechRecognitionConfigResponse.SerializeToString),  # fmt: skip
-    }
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(pb.DESCRIPTOR.services_by_name[
-        "RivaSpeechRecognition"].full_name, handlers),))  # fmt: skip
-
-
 def _peer_address(peer: str) -> str:
     """grpc's peer, "ipv4:1.2.3.4:5678" or "ipv6:[::1]:5678", without scheme and port."""
     scheme, _, rest = peer.partition(":")
@@ -414,7 +379,7 @@ def grpc_address(host: str, port: int) -> str:
 
 async def start_riva_server(ctx: ServerContext):
     """Build, bind and start the gRPC server on the running loop; the caller stops it."""
-    from .riva_protos import load
+    from .riva_protos import add_servicer, load
 
     pb, _, audio_pb = load()
     s = ctx.settings
@@ -426,7 +391,7 @@ async def start_riva_server(ctx: ServerContext):
         options += [("grpc.keepalive_time_ms", int(s.ping_interval_s * 1000)),
                     ("grpc.keepalive_timeout_ms", int(s.ping_timeout_s * 1000))]  # fmt: skip
     server = grpc.aio.server(options=options)  # calls are counted per address by the servicer
-    _add_servicer(server, RivaSpeechRecognition(ctx, pb, audio_pb), pb)
+    add_servicer(server, RivaSpeechRecognition(ctx, pb, audio_pb), pb)
     address = grpc_address(s.host, s.grpc_port)
     if s.tls:
         key = (s.ssl_keyfile or s.ssl_certfile).read_bytes()

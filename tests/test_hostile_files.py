@@ -248,3 +248,63 @@ def test_a_16k_header_on_a_websocket_upgrade_is_answered_431(srv):
         assert reply.startswith(b"HTTP/1.1 431"), (path, reply[:200])
         assert took_s < 2, took_s
     srv.assert_no_leak()
+
+
+# ----------------------------------------------------------------------------- defect 10: probes at the cap
+
+
+def _http_on(s: socket.socket, path: str, method: str = "GET") -> int:
+    """One keep-alive request on an open socket; its status (0 if the server closed instead)."""
+    s.sendall(f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+    s.settimeout(5)
+    reply = b""
+    while b"\r\n\r\n" not in reply:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        reply += chunk
+    if not reply:
+        return 0
+    head, _, body = reply.partition(b"\r\n\r\n")
+    length = int(next((h.split(b":")[1] for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")), b"0"))
+    while len(body) < length and (chunk := s.recv(65536)):
+        body += chunk
+    return int(head.split(b" ")[1])
+
+
+def test_probes_are_answered_at_the_connection_cap_within_their_own_bound(srv):
+    """Defect 10: with --max-connections held by idle sockets, /healthz answered 503 like any
+    request (a kubelet would restart a pod whose streams are fine). Probes now have a reserve of
+    their own (8 connections); a flood beyond it, and any other request on a probe's
+    connection, still gets 503."""
+    from nemo_serve.server.connections import MAX_PROBE_CONNECTIONS
+    from websockets.asyncio.client import connect
+
+    async def scenario() -> dict:
+        held = [await connect(srv.ws_url, additional_headers={"Authorization": f"Bearer {TOKEN}"}, proxy=None,
+                              ping_interval=None) for _ in range(TOTAL)]  # fmt: skip
+        out: dict = {}
+        probes = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(MAX_PROBE_CONNECTIONS + 1)]
+        try:
+            out["capped_ws"] = _http_on(socket.create_connection(("127.0.0.1", srv.port)), "/ws")
+            out["probes"] = [_http_on(s, p) for s, p in zip(probes, ["/healthz", "/readyz?x=1", "/metrics"] * 3)]
+            out["again"] = _http_on(probes[0], "/healthz")  # keep-alive: a probe's connection stays one
+            out["other_path"] = _http_on(probes[1], "/v1/models")
+            probes[2].close()
+            time.sleep(0.3)
+            with socket.create_connection(("127.0.0.1", srv.port)) as s:
+                out["after_one_left"] = _http_on(s, "/healthz")
+        finally:
+            for s in probes:
+                s.close()
+            for ws in held:
+                await ws.close()
+        return out
+
+    out = asyncio.run(scenario())
+    assert out["capped_ws"] == 503, out
+    assert out["probes"] == [200] * MAX_PROBE_CONNECTIONS + [503], out
+    assert out["again"] == 200 and out["other_path"] == 503 and out["after_one_left"] == 200, out
+    time.sleep(0.5)
+    assert srv.get("/healthz").status_code == 200
+    srv.assert_no_leak()

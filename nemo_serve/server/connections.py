@@ -9,6 +9,14 @@ with the policy and the counts kept here:
     limit_concurrency, which skips WebSocket upgrades; answering at accept time, before the
     request is read, which lets the client's late request trigger a TCP reset that can
     destroy the answer before it is read.
+  - probes beyond the caps: a connection over a cap whose request is `GET /healthz`, `/readyz`
+    or `/metrics` is served anyway, within its own bound of MAX_PROBE_CONNECTIONS open at once
+    (kept alive for probes only, until uvicorn's keep-alive timeout), so that a kubelet's
+    liveness probe does not restart a pod whose streams are fine while a flood holds every
+    connection. Past that bound, probes get the 503 like everything else, so a probe flood
+    cannot exhaust file descriptors (the bound is inside FILE_RESERVE). Rejected: a separate
+    probe port (every deployment would change); closing a probe after one answer (Kubernetes'
+    probes close anyway, and a scraper's keep-alive would cost a connection per scrape).
   - a request deadline: a request (headers and any body) must be in within --header-timeout-s
     of the connection (or of the first byte of a later keep-alive request), else HTTP 408 and
     close. uvicorn has none: a silent socket, or a body sent a byte at a time, stays open forever. (TLS handshakes are bounded by
@@ -45,6 +53,8 @@ SHUTDOWN_ABORT_S = 1.0  # at uvicorn's shutdown, a socket that has not flushed b
 LINGER_S = 1.0  # after a 1007/1009 close frame, how long to keep reading before closing
 MAX_REFUSED_REQUEST_BYTES = 16 * 1024
 FILE_RESERVE = 64  # open files kept for everything but client sockets
+MAX_PROBE_CONNECTIONS = 8  # probes served beyond the caps at once; inside FILE_RESERVE
+PROBE_PATHS = (b"/healthz", b"/readyz", b"/metrics")
 
 
 @dataclass
@@ -55,8 +65,10 @@ class ConnectionLimiter:
     max_per_ip: int
     metrics: object | None = None  # ServerMetrics: the connections gauge and the refusal counter
     num_open: int = 0
+    num_probes: int = 0  # probes served beyond the caps, not counted in num_open
     ip_to_count: dict[str, int] = field(default_factory=dict)
     _transport_to_ip: dict = field(default_factory=dict)  # transport -> address, while counted
+    _probe_transports: set = field(default_factory=set)
 
     def acquire(self, transport, ip: str) -> str | None:
         """Count the connection in, or return why not (a reason for the client)."""
@@ -75,8 +87,20 @@ class ConnectionLimiter:
         log.info("refused a connection from %s: %s", ip, reason)
         return reason
 
+    def acquire_probe(self, transport) -> bool:
+        """Count a probe in beyond the caps, or False when MAX_PROBE_CONNECTIONS are open."""
+        if self.num_probes >= MAX_PROBE_CONNECTIONS:
+            return False
+        self.num_probes += 1
+        self._probe_transports.add(transport)
+        return True
+
     def release(self, transport) -> None:
         """Idempotent: the HTTP protocol and, after an upgrade, the WebSocket one both call it."""
+        if transport in self._probe_transports:
+            self._probe_transports.discard(transport)
+            self.num_probes -= 1
+            return
         ip = self._transport_to_ip.pop(transport, None)
         if ip is None:
             return
@@ -97,6 +121,13 @@ class ConnectionLimiter:
 class ConnectionLimits:
     limiter: ConnectionLimiter
     header_timeout_s: float
+
+
+def is_probe(request: bytes) -> bool:
+    """Whether a whole request head is a GET of a probe path (query allowed)."""
+    method, _, rest = request.partition(b" ")
+    target = rest.split(b" ", 1)[0].split(b"?", 1)[0]
+    return method == b"GET" and target in PROBE_PATHS
 
 
 def http_response(status: int, phrase: str, reason: str, retry_after: bool) -> bytes:

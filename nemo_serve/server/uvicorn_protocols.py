@@ -25,6 +25,7 @@ from .connections import (
     ConnectionLimits,
     bound_send_buffer,
     http_response,
+    is_probe,
 )
 
 UVICORN_VERSIONS = ("0.35", "0.55")  # >=, <: tested with 0.54 (env/cpu.lock.txt)
@@ -45,6 +46,8 @@ class HttpProtocol(HttpToolsProtocol):
         self._refusal: str | None = None
         self._refused_request = b""
         self._headers_done = False  # of the request being read
+        self._probe = False  # served beyond the caps (connections.py): probe requests only
+        self._probe_only = ""  # the refusal of a non-probe request on a probe's connection
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
@@ -64,7 +67,19 @@ class HttpProtocol(HttpToolsProtocol):
             return
         self._refused_request += data  # read the request, so that the answer is not reset away
         if b"\r\n\r\n" in self._refused_request or len(self._refused_request) > MAX_REFUSED_REQUEST_BYTES:
+            if b"\r\n\r\n" in self._refused_request and is_probe(self._refused_request) \
+                    and self.limits.limiter.acquire_probe(self.transport):  # fmt: skip
+                self._serve_probe()
+                return
             self._answer(503, "Service Unavailable", self._refusal)
+
+    def _serve_probe(self) -> None:
+        """A probe over the caps: parse and answer it as any request, under the request deadline."""
+        self._probe_only = f"{self._refusal} (only probes are answered beyond it)"
+        self._refusal, self._probe = None, True
+        request, self._refused_request = self._refused_request, b""
+        self._arm(self.limits.header_timeout_s)
+        super().data_received(request)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -74,6 +89,10 @@ class HttpProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._headers_done = True
+        if self._probe and not is_probe(self.parser.get_method() + b" " + self.url):
+            # a later keep-alive request on a probe's connection: the probe reserve is for probes
+            self._answer(503, "Service Unavailable", self._probe_only)
+            return
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:

@@ -14,6 +14,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.gpu.emission import TRAINED  # noqa: E402
+
 
 def _records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
@@ -44,7 +46,10 @@ def test_gpu_bench_dry_run_on_cpu(tmp_path):
     assert st["passed"] and st["summary"].startswith("2/2 token-identical"), st
     cals = recs[4:6]  # each mode its own blank bias, each within tolerance of the target
     assert [c["chunk_ms"] for c in cals] == [320, 80], cals
-    assert all(c["within_tolerance"] and abs(c["emit_fraction"] - 0.34) <= 0.02 for c in cals), cals
+    assert all(c["within_tolerance"] and abs(c["measured"] - TRAINED["tokens_per_frame"]) <= 0.03 for c in cals), cals
+    assert recs[3]["max_symbols"] == 3 and recs[3]["max_symbols_configured"] == 10, recs[3]
+    for c in cals:  # the probe's own load at the kept bias, with its trip counts
+        assert c["load"]["tokens_per_frame"] == c["measured"] and c["load"]["outer_median"] >= 1, c
     # every mode's checks and step sweep come before any capacity level
     first_capacity = kinds.index("capacity_engine")
     assert kinds[6:first_capacity].count("validate") == 2 and "capacity" not in kinds[:first_capacity]
@@ -56,6 +61,10 @@ def test_gpu_bench_dry_run_on_cpu(tmp_path):
     steps = [r for r in recs if r["kind"] == "step"]
     assert [(r["chunk_ms"], r["batch"]) for r in steps] == [(320, 1), (320, 3), (320, 8), (80, 1), (80, 3), (80, 8)]
     assert all(r["ms_median"] > 0 and r["us_per_stream_step"] > 0 for r in steps)
+    for r in steps:  # every timed call's tokens and trips: one device step per call here
+        loop, frames = r["label_loop"], r["chunk_ms"] // 80
+        assert loop["device_steps"] == r["calls"] and 1 <= loop["outer_median"] <= loop["outer_max"] <= 3 * frames + 1, r
+        assert 0 <= loop["tokens_per_frame"] <= 3 and loop["inner_max"] <= loop["outer_max"] * frames, r
     engine = recs[6]
     assert engine["kind"] == "engine" and engine["slots"] == 8 and engine["buckets"] == [1, 2, 4, 8]
     assert engine["graphs"] is False
@@ -65,6 +74,7 @@ def test_gpu_bench_dry_run_on_cpu(tmp_path):
         assert c["updates"] > 0 and 0 <= c["lateness_p50_ms"] <= c["lateness_p95_ms"] <= c["lateness_max_ms"], c
         assert c["bound_ms"] == 2 * c["chunk_ms"] and c["keeps_up"] and c["open_after_drain"] == 0
         assert 0 < c["loop_busy_fraction"] < 1 and c["steps"] > 0
+        assert c["label_loop"]["device_steps"] > 0 and c["label_loop"]["outer_max"] >= 1, c
 
 
 def test_preflight_stops_the_run_with_a_plain_message(tmp_path, monkeypatch, capsys):
@@ -126,7 +136,7 @@ def test_calibration_reaches_its_target_on_a_step_like_response():
     edge, width = 13.37, 0.06  # emission falls from 1 to 0 over [edge, edge + width]
     probe = lambda: float(min(1.0, max(0.0, (edge + width - m.nemo.joint.joint_net[-1].bias[4].item()) / width)))  # noqa: E731
     cal = calibrate_blank(m, probe, target=0.34, tol=0.02, iters=16)
-    assert cal["within_tolerance"] and abs(cal["emit_fraction"] - 0.34) <= 0.02, cal
+    assert cal["within_tolerance"] and abs(cal["measured"] - 0.34) <= 0.02, cal
     assert abs(probe() - 0.34) <= 0.02  # the bias is left where the fraction was measured
     assert cal["probes"] <= 30
 

@@ -95,24 +95,56 @@ def spread(frame_counts: list[list[int]]) -> dict:
 
 # ----------------------------------------------------------------------------- the trained model
 class StepRecorder:
-    """Wraps one Stepper's `run`: each step's per-row frame counts and trip counts."""
+    """Wraps one Stepper's `run` (an instance attribute; `close` removes it): each call's results
+    kept as they are (a list append: the timed calls carry no counting), turned into per-row frame
+    counts and the trip counts of each device step (a call over more than the pool's max_step_rows
+    runs several, each with its own label loop) when `steps` is read."""
 
     def __init__(self, stepper) -> None:
-        self.stepper, self.steps = stepper, []
-        self.decoded: dict[int, int] = {}  # slot -> frames decoded before this step
+        self.stepper = stepper
+        self.raw: list = []  # (is_first, slots, StepResult) per call
+        self._steps: list = []  # (is_first, counts per row, [(outer, inner) per device step])
+        self.decoded: dict[int, int] = {}  # slot -> frames decoded before the step being counted
         run = stepper.run
 
         def recording(batch):
             r = run(batch)
-            rows = np.asarray(batch.rows.cpu() if hasattr(batch.rows, "cpu") else batch.rows).tolist()
-            news = [d - (0 if batch.is_first else self.decoded.get(s, 0)) for s, d in zip(rows, r.decoded_frames)]
-            for s, d in zip(rows, r.decoded_frames):
-                self.decoded[s] = d
-            counts = step_frame_counts(r.token_frames, r.decoded_frames, news)
-            self.steps.append((batch.is_first, counts, label_loop_trips(counts, stepper.max_symbols)))
+            rows = batch.rows.cpu().numpy() if hasattr(batch.rows, "cpu") else np.array(batch.rows)
+            self.raw.append((batch.is_first, rows, r))
             return r
 
         stepper.run = recording
+
+    @property
+    def steps(self) -> list:
+        k, ms = self.stepper.max_rows, self.stepper.max_symbols
+        for is_first, rows, r in self.raw:
+            rows = rows.tolist()
+            # a slot first seen at a later chunk (stepped before the recorder): a full chunk
+            full = self.stepper.new_frames
+            news = [d if is_first else d - self.decoded.get(s, d - full) for s, d in zip(rows, r.decoded_frames)]
+            self.decoded.update(zip(rows, r.decoded_frames))
+            counts = step_frame_counts(r.token_frames, r.decoded_frames, news)
+            trips = [label_loop_trips(counts[i : i + k], ms) for i in range(0, len(counts), k)]
+            self._steps.append((is_first, counts, trips))
+        self.raw.clear()
+        return self._steps
+
+    def close(self) -> None:
+        self.stepper.__dict__.pop("run", None)
+
+    def summary(self, since: int = 0) -> dict:
+        """Later chunks' steps from index `since`: tokens per frame and trips per device step."""
+        later = [s for s in self.steps[since:] if not s[0]]
+        trips = [t for s in later for t in s[2]]
+        counts = [row for s in later for row in s[1]]
+        if not trips:
+            return {"device_steps": 0}
+        o, i = np.asarray([t[0] for t in trips]), np.asarray([t[1] for t in trips])
+        sp = spread(counts)
+        return {"device_steps": len(trips), "tokens_per_frame": sp["tokens_per_frame"],
+                "second_given_first": sp["second_given_first"], "outer_median": float(np.median(o)),
+                "outer_max": int(o.max()), "inner_median": float(np.median(i)), "inner_max": int(i.max())}  # fmt: skip
 
 
 def measure_mode(model, mode: int, utterances: list[np.ndarray]) -> dict:
@@ -121,7 +153,7 @@ def measure_mode(model, mode: int, utterances: list[np.ndarray]) -> dict:
     from nemo_serve.engine.step import stepper_for
 
     engine = Engine(model, num_slots=len(utterances), endpoint=EndpointConfig.off())
-    rec = StepRecorder(stepper_for(model, engine.encoder, engine.pool, mode))
+    rec = StepRecorder(stepper_for(model, engine.encoder, engine.pool, mode))  # one device step each: 25 rows
     streams = []
     for i, audio in enumerate(utterances):
         s = engine.admit(slot=i, stream_id=f"u{i}", context_right=mode)
@@ -130,7 +162,7 @@ def measure_mode(model, mode: int, utterances: list[np.ndarray]) -> dict:
         streams.append(s)
     while engine.num_open_streams:
         engine.iterate()
-    later = [(c, t) for first, c, t in rec.steps if not first]
+    later = [(c, t[0]) for first, c, t in rec.steps if not first]  # 25 rows: one device step each
     rows = [row for _, c, _ in rec.steps for row in c]
     g = model.geometry_for(mode)
     return {
@@ -143,6 +175,8 @@ def measure_mode(model, mode: int, utterances: list[np.ndarray]) -> dict:
         "rows_per_step": round(sum(len(c) for _, c, _ in rec.steps) / max(len(rec.steps), 1), 1),
         "later_steps_trips": {"outer": [t[0] for _, t in later], "inner": [t[1] for _, t in later]},
         "per_row_step_trips": _row_step_trips(rows, int(model.decoding_computer.max_symbols)),
+        # every later chunk's row-step, tokens per new frame as digits (a load to resample)
+        "later_row_steps": ["".join(map(str, row)) for c, _ in later for row in c],
     }
 
 

@@ -42,27 +42,49 @@ def tables(recs: list[dict]) -> str:
                        f"{len(r['stepper']['encoder_failed'])} failed; decoders {', '.join(modes)}; device waits per "
                        f"iteration {sy.get('waits_per_iteration')} (goal {sy.get('goal')}) |")
     for cal in (r for r in recs if r["kind"] == "calibration"):
-        where = f"{cal['chunk_ms']} ms" if "chunk_ms" in cal else "first mode"  # runs before per-mode calibration
-        also = f"; with that bias per mode {cal['per_mode_emit_fraction']}" if "per_mode_emit_fraction" in cal else ""
-        out.append(f"| calibration at {where} (random weights: emission per encoder frame) | {cal['emit_fraction']:.3f} "
-                   f"against {cal['target']} in {cal['probes']} probes{also} |")
+        out.append(calibration_row(cal))
     out.append("")
-    out.append("| chunk | batch | ms per step (host) | GPU ms | µs per stream-step | real-time streams bound |")
-    out.append("|---|---|---|---|---|---|")
+    out.append("| chunk | batch | ms per step (host) | GPU ms | µs per stream-step | real-time streams bound | "
+               "tokens per frame | label loop outer / inner per device step |")
+    out.append("|---|---|---|---|---|---|---|---|")
     for r in recs:
         if r["kind"] == "step":
             out.append(f"| {r['chunk_ms']} ms | {r['batch']} | {r['ms_median']:.1f} | {r['gpu_ms_median']} | "
-                       f"{r['us_per_stream_step']:.1f} | {r['realtime_streams_bound']:,} |")
+                       f"{r['us_per_stream_step']:.1f} | {r['realtime_streams_bound']:,} | {loop_cells(r)} |")
     out.append("")
-    out.append("| chunk | streams | keeps up | lateness p50 / p95 / max | bound | rows per step | GPU ms per step | loop busy | GPU busy | host µs per stream-step |")
-    out.append("|---|---|---|---|---|---|---|---|---|---|")
+    out.append("| chunk | streams | keeps up | lateness p50 / p95 / max | bound | rows per step | GPU ms per step | loop busy | "
+               "GPU busy | host µs per stream-step | tokens per frame | label loop outer / inner per device step |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in recs:
         if r["kind"] == "capacity":
             out.append(f"| {r['chunk_ms']} ms | {r['streams']:,} | {'yes' if r['keeps_up'] else 'no'} | "
                        f"{r['lateness_p50_ms']:.0f} / {r['lateness_p95_ms']:.0f} / {r['lateness_max_ms']:.0f} ms | "
                        f"{r['bound_ms']:.0f} ms | {r['rows_per_step']:.0f} | {r['gpu_ms_per_step_median']} | "
-                       f"{r['loop_busy_fraction']:.2f} | {r['gpu_busy_fraction']} | {r['host_us_per_stream_step']} |")
+                       f"{r['loop_busy_fraction']:.2f} | {r['gpu_busy_fraction']} | {r['host_us_per_stream_step']} | "
+                       f"{loop_cells(r)} |")
     return "\n".join(out)
+
+
+def loop_cells(r: dict) -> str:
+    """Tokens per frame and label-loop trips (median, max) of a step or capacity record; runs before
+    the calibrated load (up to run 3) did not record them."""
+    x = r.get("label_loop")
+    if not x or not x.get("device_steps"):
+        return "n/a | n/a"
+    return (f"{x['tokens_per_frame']:.2f} | {x['outer_median']:g} / {x['inner_median']:g} "
+            f"(max {x['outer_max']} / {x['inner_max']})")
+
+
+def calibration_row(cal: dict) -> str:
+    if "emit_fraction" in cal:  # runs up to 3: the share of emitting frames, max_symbols 10
+        where = f"{cal['chunk_ms']} ms" if "chunk_ms" in cal else "first mode"
+        also = f"; with that bias per mode {cal['per_mode_emit_fraction']}" if "per_mode_emit_fraction" in cal else ""
+        return (f"| calibration at {where} (random weights: share of encoder frames that emit) | "
+                f"{cal['emit_fraction']:.3f} against {cal['target']} in {cal['probes']} probes{also} |")
+    load = cal.get("load", {})
+    return (f"| calibration at {cal['chunk_ms']} ms (random weights: tokens per encoder frame) | {cal['measured']:.3f} "
+            f"against {cal['target']} in {cal['probes']} probes; label loop outer / inner median "
+            f"{load.get('outer_median')} / {load.get('inner_median')} at {load.get('device_steps')} probe steps |")
 
 
 def plot(recs: list[dict], path: Path) -> None:

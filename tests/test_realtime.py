@@ -27,7 +27,7 @@ from nemo_serve.server.realtime_protocol import (
     parse_client_event,
 )
 
-from .helpers_server import TOKEN
+from .helpers_server import TEST_MODEL, TOKEN
 
 openai = pytest.importorskip("openai")
 from openai.types import realtime as ga  # noqa: E402
@@ -160,7 +160,7 @@ def test_beta_dialect_nim_style_client_matches_ws(server):
     session = {
         "modalities": ["text"],
         "input_audio_format": "pcm16",
-        "input_audio_transcription": {"language": "en-US", "model": "parakeet", "prompt": ""},
+        "input_audio_transcription": {"language": "en-US", "model": TEST_MODEL, "prompt": ""},
         "input_audio_params": {"sample_rate_hz": 16000, "num_channels": 1},
         "recognition_config": {"max_alternatives": 1, "enable_automatic_punctuation": False},
         "endpointing_config": {"start_history": 0, "stop_history": 0},

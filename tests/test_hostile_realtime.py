@@ -44,11 +44,11 @@ def speech() -> np.ndarray:
     return np.clip(np.round(audio * 32768.0), -32768, 32767).astype("<i2")
 
 
-def _connect(server, **kw):
+def _connect(server, uri_suffix: str = "", **kw):
     from websockets.asyncio.client import connect
 
     kw.setdefault("additional_headers", {"Authorization": f"Bearer {TOKEN}"})
-    url = f"ws://127.0.0.1:{server.port}/v1/realtime"
+    url = f"ws://127.0.0.1:{server.port}/v1/realtime{uri_suffix}"
     return connect(url, proxy=None, compression=None, max_size=None, ping_interval=None, **kw)
 
 
@@ -223,3 +223,217 @@ def test_minted_client_secrets_never_reach_the_debug_log(rt):
     assert "authorization:" in log.lower() and "sec-websocket-protocol:" in log.lower(), log[-2000:]  # the lines are there
     for secret in (bearer, offered):
         assert secret not in log and secret.rsplit("_", 1)[1] not in log, log[-3000:]
+
+
+# ----------------------------------------------------------------------------- scripted bad inputs (defect 9)
+
+BIG = "9" * 4000
+SCRIPT = [  # (frame, what the error message must say)
+    ("{not json", "the event is not valid JSON"),
+    ("[1, 2]", "an event must be a JSON object"),
+    (json.dumps({"type": 5}), "missing or invalid 'type'"),
+    (json.dumps({"type": "response.create"}), "'response.create' is not supported by a transcription session"),
+    (json.dumps({"type": "input_audio_buffer.append", "audio": "@@@"}), "'audio' is not valid base64"),
+    (json.dumps({"type": "input_audio_buffer.append", "audio": "AAAA"}), "'audio' of 3 bytes is not whole 16-bit samples"),
+    (json.dumps({"type": "input_audio_buffer.append", "audio": 12}), "'audio' must be a base64 string"),
+    (b"\x00\x01", "binary frames are not part of this protocol"),
+    (_update(audio={"input": {"format": {"type": "audio/pcm", "rate": 5}}}), "rate: Input should be greater than or equal to 8000"),
+    (_update(audio={"input": {"format": {"type": "audio/pcmu"}}}), "audio format 'audio/pcmu' is not supported; use audio/pcm"),
+    (json.dumps({"type": "session.update", "session": {"type": "realtime"}}), "this server only has transcription sessions"),
+    (_update(audio={"input": {"turn_detection": {"type": "foo"}}}),
+     "turn_detection.type 'foo' is not supported; valid: server_vad, semantic_vad, or null for none"),
+    (json.dumps({"type": "transcription_session.update", "session": {"turn_detection": {"type": "foo"}}}),
+     "turn_detection.type 'foo' is not supported; valid: server_vad, semantic_vad"),
+    (_update(audio={"input": {"transcription": {"model": "foo"}}}), "transcription model 'foo' is not served; served: "),
+    (_update(audio={"input": {"transcription": {"model": "x" * 4000}}}), "transcription model 'xxxxxxxx"),
+    ('{"type": "session.update", "session": {"context_right": ' + BIG + "}}", "context_right: Input should be less than or equal to 1000"),
+    ('{"type": "session.update", "session": {"audio": {"input": {"format": {"rate": ' + BIG + "}}}}}", "rate: Input should be less than"),
+    (_update(audio={"input": {"turn_detection": {"silence_duration_ms": "x"}}}), "silence_duration_ms: Input should be a valid integer"),
+    (COMMIT, "buffer is empty: no audio was appended since the last commit"),
+]
+
+
+def test_scripted_bad_inputs_get_short_errors_in_the_clients_terms(rt, speech):
+    """Defect 9: each bad event gets one `error` event that says what was wrong in the client's
+    terms, at most a few hundred characters (a 4,000-character value is cut, never echoed
+    whole); an unknown turn_detection type or transcription model is refused (they were
+    accepted silently), the model error naming the served model. The session goes on: a valid
+    update naming OpenAI's model, an append and a commit transcribe."""
+
+    async def run() -> list[dict]:
+        async with _connect(rt) as ws:
+            await ws.recv()
+            errors = []
+            for frame, _ in SCRIPT:
+                await ws.send(frame)
+                errors.append(json.loads(await ws.recv()))
+            await ws.send(_update(audio={"input": {"format": {"type": "audio/pcm", "rate": RATE},
+                                                   "transcription": {"model": "gpt-4o-transcribe"}, "turn_detection": None}}))  # fmt: skip
+            await ws.send(_append(speech[: 2 * RATE]))
+            await ws.send(COMMIT)
+            rest = []
+            async for m in ws:
+                rest.append(json.loads(m))
+                if rest[-1]["type"].endswith("transcription.completed"):
+                    return errors + rest
+        return errors
+
+    events = asyncio.run(run())
+    for (frame, expected), ev in zip(SCRIPT, events):
+        assert ev["type"] == "error", (frame[:80], ev)
+        message = ev["error"]["message"]
+        assert expected in message and len(message) <= 300, (frame[:80], message[:400])
+    assert rt.readyz()["model"] in events[13]["error"]["message"]  # the served model, by name
+    assert [e["type"] for e in events[len(SCRIPT):]][:2] == ["session.updated", "input_audio_buffer.committed"]
+    assert events[-1]["type"].endswith("transcription.completed") and events[-1]["transcript"]
+    rt.assert_no_leak()
+
+
+@pytest.mark.parametrize("value", ["%C2%B2", BIG, "abc", "-1"])
+def test_bad_context_right_in_the_url_is_refused_with_the_served_modes(rt, value):
+    """Defect 9: `?context_right=abc` answered `invalid literal for int() with base 10: 'abc'`, and
+    a 4,000-digit value int()'s digit-limit error. Now: error, close 1008, the served modes."""
+
+    async def run() -> tuple[list[dict], int, str]:
+        from websockets.exceptions import ConnectionClosed
+
+        events = []
+        async with _connect(rt, uri_suffix=f"?context_right={value}") as ws:
+            try:
+                async for m in ws:
+                    events.append(json.loads(m))
+            except ConnectionClosed:
+                pass
+            return events, ws.close_code, ws.close_reason
+
+    events, code, reason = asyncio.run(run())
+    errors = [e for e in events if e["type"] == "error"]
+    assert code == 1008 and len(errors) == 1, (code, events)
+    message = errors[0]["error"]["message"]
+    assert "invalid query parameter context_right" in message and "served modes" in message, message
+    assert "int()" not in message and "base 10" not in message and len(message) <= 200, message
+
+
+# ----------------------------------------------------------------------------- seeded fuzz
+
+
+def _fuzz_events(rng: np.random.Generator, pcm: np.ndarray, n: int) -> list:
+    """`n` frames: valid events, the same with fields swapped for odd values, and junk."""
+    odd = [None, -1, 0, 2**64, 1.5, "", "x" * 300, [], {}, {"a": {"b": [1]}}, True, "9" * 500, "\u00b2", "\u202e\x00"]
+    kinds = ["session.update", "transcription_session.update", "input_audio_buffer.append", "input_audio_buffer.commit",
+             "input_audio_buffer.clear", "response.create", "", None]  # fmt: skip
+    frames: list = []
+    for _ in range(n):
+        r = rng.random()
+        if r < 0.35:
+            start = int(rng.integers(0, len(pcm) - 1600))
+            frames.append(_append(pcm[start : start + int(rng.integers(0, 1600))]))
+        elif r < 0.45:
+            frames.append(COMMIT)
+        elif r < 0.8:
+            session = {"type": "transcription", "context_right": odd[int(rng.integers(len(odd)))],
+                       "audio": {"input": {"format": {"type": "audio/pcm", "rate": odd[int(rng.integers(len(odd)))]},
+                                           "transcription": {"model": odd[int(rng.integers(len(odd)))],
+                                                             "language": odd[int(rng.integers(len(odd)))]},
+                                           "turn_detection": {"type": odd[int(rng.integers(len(odd)))],
+                                                              "silence_duration_ms": odd[int(rng.integers(len(odd)))]}}}}  # fmt: skip
+            ev = {"type": kinds[int(rng.integers(len(kinds)))], "session": session, "audio": odd[int(rng.integers(len(odd)))]}
+            frames.append(json.dumps(ev, ensure_ascii=bool(rng.integers(2))))
+        elif r < 0.9:
+            frames.append(bytes(rng.integers(0, 256, int(rng.integers(1, 64)), dtype=np.uint8)))
+        else:
+            text = json.dumps({"type": "session.update", "session": {"audio": {"input": {}}}})
+            cut = int(rng.integers(1, len(text)))
+            frames.append(text[:cut] + "\x00" * int(rng.integers(0, 3)))
+    return frames
+
+
+def test_seeded_fuzz_of_json_events(rt, speech):
+    """400 frames in 8 sessions (seed 45): every answer is a protocol event, a fatal one closes
+    1008 (never 1011), the server log holds no traceback (module fixture) and every slot comes
+    back."""
+    rng = np.random.default_rng(45)
+    codes: list[int | None] = []
+
+    async def one(frames: list) -> list[dict]:
+        from websockets.exceptions import ConnectionClosed
+
+        events = []
+        async with _connect(rt) as ws:
+            try:
+                for f in frames:
+                    await ws.send(f)
+                await ws.send(json.dumps({"type": "input_audio_buffer.done"}))
+                async with asyncio.timeout(30):
+                    async for m in ws:
+                        events.append(json.loads(m))
+            except ConnectionClosed:
+                pass
+            codes.append(ws.close_code)
+        return events
+
+    for _ in range(8):
+        events = asyncio.run(one(_fuzz_events(rng, speech, 50)))
+        assert events and all(isinstance(e.get("type"), str) for e in events)
+        for e in events:
+            if e["type"] == "error":
+                assert 0 < len(e["error"]["message"]) <= 600, e
+                assert e["error"]["type"] == "invalid_request_error", e  # never a server_error
+    assert set(codes) <= {1000, 1008}, codes
+    rt.assert_no_leak()
+
+
+# ----------------------------------------------------------------------------- churn, neighbour, memory
+
+
+async def _churn_once(rt, speech, how: str, rng: np.random.Generator) -> None:
+    """A session streaming audio with commits, its results flowing, ended by `how` mid-stream."""
+    async with _connect(rt) as ws:
+        await ws.recv()
+        await ws.send(_update())
+        for i in range(int(rng.integers(2, 12))):
+            start = (i * 1600) % (len(speech) - 1600)
+            await ws.send(_append(speech[start : start + 1600]))
+            if i % 4 == 3:
+                await ws.send(COMMIT)
+        await asyncio.sleep(float(rng.uniform(0, 0.3)))  # the server is sending deltas and items
+        transport = ws.transport
+        if how == "rst":
+            sock = transport.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            transport.abort()
+        elif how == "fin":
+            transport.close()  # no close frame
+        elif how == "half_frame":
+            transport.write(b"\x81\xfe\x10\x00" + b'{"type": "input_audio_buffer.append", "au')  # 4 kB declared
+            transport.close()
+        else:
+            await ws.close()
+
+
+def test_churn_with_a_neighbour_compared_token_for_token(rt, speech):
+    """40 sessions ended by RST, FIN, a half frame or a clean close while the server sends, two at
+    a time, beside a /ws neighbour: its tokens equal a quiet run; every slot comes back; the
+    front end's and the core's RSS grow by less than 150 MB."""
+    neighbour = speech[: 6 * RATE]
+    quiet = asyncio.run(_ws_tokens(rt, neighbour))
+    pids = [rt.readyz()["pid"]] + [c["pid"] for c in rt.readyz()["cores"]]
+    before = [_rss_kib(p) for p in pids]
+    rng = np.random.default_rng(7)
+    ways = ["rst", "fin", "half_frame", "clean"]
+
+    async def churn() -> None:
+        for i in range(0, 40, 2):
+            await asyncio.gather(*[_churn_once(rt, speech, ways[(i + k) % 4], rng) for k in range(2)])
+
+    async def both() -> list[int]:
+        task = asyncio.create_task(churn())
+        tokens = await _ws_tokens(rt, neighbour)
+        await task
+        return tokens
+
+    assert asyncio.run(both()) == quiet
+    rt.assert_no_leak()
+    grown = [(_rss_kib(p) - b) / 1024 for p, b in zip(pids, before)]
+    print(f"RSS growth MB (front end, cores): {grown}")
+    assert max(grown) < 150, grown

@@ -54,7 +54,7 @@ from ..engine.errors import NoFreeSlotError
 from ..engine.phrases import encodable_characters
 from ..engine.results import StreamResult
 from .audio import AudioDecoder
-from .logsafe import clean
+from .logsafe import clean, preview
 from .protocol import (
     CLOSE_NORMAL,
     CLOSE_PROTOCOL_ERROR,
@@ -73,6 +73,7 @@ from .realtime_protocol import (
     RealtimeError,
     SessionUpdate,
     TurnDetection,
+    check_model,
     completed_event,
     error_event,
     event,
@@ -119,11 +120,8 @@ class RealtimeFormat:
         self.rt.transcription_model = ctx.model.name
         self.rt.context_right = ctx.model.geometry.context_right
         mode = ws.query_params.get("context_right")
-        if mode is not None:
-            try:
-                self.rt.context_right = ctx.model.geometry_for(int(mode)).context_right
-            except ValueError as e:  # refused before any audio, as /ws's URL is
-                self.config_error = f"invalid query parameter context_right: {e}"
+        if mode is not None:  # refused before any audio, as /ws's URL is
+            self.config_error = self._query_mode(mode)
         self.nim = False  # a NIM client (input_audio_params): commits are flushes, one engine stream
         # Owner: the event loop (receive side, and the send task for what results announce).
         self.items: list[ItemStream] = []  # engine streams not yet done, in order
@@ -145,6 +143,17 @@ class RealtimeFormat:
         self.nim_ends = ForcedEnds()  # a NIM client's force_eou appends on its one engine stream
         self.aborted = False  # the session ended (abort): no item opens a stream any more
         session.outbox.put(self._session_event("created"))
+
+    def _query_mode(self, mode: str) -> str | None:
+        """`?context_right=`: set the session's mode, or say what was wrong (None: set)."""
+        modes = ", ".join(str(r) for r in sorted(self.ctx.model.geometries or [self.ctx.model.geometry.context_right]))
+        if not (mode.isascii() and mode.isdigit() and len(mode) <= 4):  # int() takes '²' and 4,300 digits
+            return f"invalid query parameter context_right: {preview(mode, 24)} is not one of the served modes {modes}"
+        try:
+            self.rt.context_right = self.ctx.model.geometry_for(int(mode)).context_right
+        except ValueError as e:
+            return f"invalid query parameter context_right: {e}"
+        return None
 
     # ------------------------------------------------------------------ receive side
     def on_bytes(self, data: bytes) -> None:
@@ -197,6 +206,7 @@ class RealtimeFormat:
                     e.event_id = u.event_id
                     raise
                 rt.language = u.transcription.language or None
+            check_model(u.transcription.model, self.ctx.model.name, u.event_id)
             rt.transcription_model = u.transcription.model or rt.transcription_model
             rt.prompt = u.transcription.prompt if u.transcription.prompt is not None else rt.prompt
             phrases = transcription_phrases(u.transcription, self.ctx.settings.phrase_limits,

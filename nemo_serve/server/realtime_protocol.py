@@ -63,8 +63,11 @@ _Ms = Annotated[int, Field(ge=0, le=3_600_000)]
 _Mode = Annotated[int, Field(ge=0, le=1000)]
 
 
+TURN_DETECTION_TYPES = ("server_vad", "semantic_vad")  # OpenAI's; both run our endpointer
+
+
 class TurnDetection(_Loose):
-    type: str | None = None  # server_vad, semantic_vad: both run our endpointer
+    type: str | None = None  # one of TURN_DETECTION_TYPES (checked in `_turn_detection`)
     silence_duration_ms: _Ms | None = None  # -> rule2 (silence after text)
     prefix_padding_ms: _Ms | None = None  # -> how far before the first token audio_start_ms points
     threshold: Annotated[float, Field(ge=0.0, le=1.0)] | None = None  # echoed (see realtime.py)
@@ -225,7 +228,8 @@ def _ga_update(raw: Any, event_id: str | None) -> SessionUpdate:
             )  # fmt: skip
         update.rate = inp.format.rate
     if "turn_detection" in raw_input:
-        update.turn_detection_set, update.turn_detection = True, inp.turn_detection
+        td = _turn_detection(inp.turn_detection, "session.audio.input.turn_detection.type", event_id)
+        update.turn_detection_set, update.turn_detection = True, td
     return update
 
 
@@ -244,8 +248,34 @@ def _beta_update(raw: Any, event_id: str | None) -> SessionUpdate:
         update.rate = s.input_audio_params.sample_rate_hz
         update.nim = True
     if isinstance(raw, dict) and "turn_detection" in raw:
-        update.turn_detection_set, update.turn_detection = True, s.turn_detection
+        td = _turn_detection(s.turn_detection, "session.turn_detection.type", event_id)
+        update.turn_detection_set, update.turn_detection = True, td
     return update
+
+
+def _turn_detection(td: TurnDetection | None, param: str, event_id: str | None) -> TurnDetection | None:
+    if td is not None and td.type is not None and td.type not in TURN_DETECTION_TYPES:
+        raise RealtimeError(f"turn_detection.type {preview(td.type, MAX_PREVIEW)} is not supported; valid: "
+                            f"{', '.join(TURN_DETECTION_TYPES)}, or null for none", param=param, event_id=event_id)  # fmt: skip
+    return td
+
+
+def check_model(name: str | None, served: str, event_id: str | None) -> None:
+    """A transcription `model` the session may name: the served model (its name or the last part
+    of its path), or one of OpenAI's transcription model names, which a client written for OpenAI
+    sends unchanged and which this server answers with the model it serves. Anything else is
+    refused with the served name, as Riva refuses an unknown model."""
+    if not name or name in (served, served.rstrip("/").rsplit("/", 1)[-1]) or _openai_transcriber(name):
+        return
+    raise RealtimeError(f"transcription model {preview(name, MAX_PREVIEW)} is not served; served: {served} "
+                        "(OpenAI's transcription model names, such as gpt-4o-transcribe and whisper-1, "
+                        "also select it)", code="model_not_found", param="transcription.model", event_id=event_id)  # fmt: skip
+
+
+def _openai_transcriber(name: str) -> bool:
+    """whisper-1, gpt-4o-transcribe, gpt-4o-mini-transcribe(-date), gpt-realtime-whisper, ..."""
+    return len(name) <= 64 and name.isascii() and (
+        name == "whisper-1" or (name.startswith("gpt-") and ("transcribe" in name or "whisper" in name)))
 
 
 def model_language(code: str | None, languages: list[str] | None) -> str | None:

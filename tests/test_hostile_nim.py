@@ -6,6 +6,7 @@ checked after. Its own server (info-level log, no traceback allowed in it), raw 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
@@ -236,3 +237,103 @@ def test_seeded_fuzz_of_session_bodies_never_answers_5xx(nim):
     assert statuses.get(200, 0) > 100 and statuses.get(400, 0) > 100 and statuses.get(413, 0) > 10, statuses
     assert slowest < 2.0, slowest
     nim.assert_no_leak()
+
+
+# ----------------------------------------------------------------------------- churn + neighbour
+
+UTTERANCES = sorted((Path(__file__).resolve().parent.parent / "nemo_serve" / "assets" / "demo" / "utterances").glob("*.wav"))
+
+
+async def _nim_socket(server):
+    """NIM's flow up to streaming: the POST, the socket with the minted secret, the update with
+    the POST's session (NVIDIA's client's own steps, by hand so the test can end it any way)."""
+    from websockets.asyncio.client import connect
+
+    async with httpx.AsyncClient(trust_env=False, timeout=10) as c:
+        session = (await c.post(server.http_url + SESSIONS, json={}, headers=server.auth_headers)).json()
+    url = f"ws://127.0.0.1:{server.port}/v1/realtime?intent=transcription"
+    ws = await connect(url, subprotocols=["realtime", f"realtime-token.{session['client_secret']['value']}"],
+                       proxy=None, compression=None, max_size=None, ping_interval=None)  # fmt: skip
+    await ws.recv()
+    session.pop("client_secret")
+    await ws.send(json.dumps({"type": "transcription_session.update", "session": {**session, "input_audio_format": "none"}}))
+    assert json.loads(await ws.recv())["type"] == "transcription_session.updated"
+    return ws
+
+
+async def _churn_one(server, way: str, data: bytes, num_packets: int) -> None:
+    import base64
+
+    ws = await _nim_socket(server)
+    for i in range(num_packets):
+        await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(data[i * 3200 : (i + 1) * 3200]).decode()}))
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+    if way == "done_then_close":  # the server is sending its results as the client closes
+        await ws.send(json.dumps({"type": "input_audio_buffer.done"}))
+        await ws.recv()
+    sock = ws.transport.get_extra_info("socket")
+    if way == "rst":
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        ws.transport.abort()
+    elif way == "fin":
+        ws.transport.close()  # no close frame
+    elif way == "half_frame":
+        ws.transport.write(b"\x81\xfe\x10\x00" + b"x" * 100)  # a text frame's header and a piece of it
+        ws.transport.close()
+    else:  # "close" and "done_then_close": a clean close frame, at once
+        await ws.close()
+    await asyncio.sleep(0.05)
+
+
+async def _free_slots(server, at_least: int, timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    async with httpx.AsyncClient(trust_env=False, timeout=10) as c:
+        while (await c.get(server.http_url + "/readyz")).json()["free_slots"] < at_least:
+            assert time.monotonic() < deadline, "slots not freed"
+            await asyncio.sleep(0.05)
+
+
+async def _neighbour(server, path: Path) -> list[int]:
+    """A /ws stream at twice real time: its final tokens."""
+    import soundfile
+
+    from nemo_serve.client import StreamingClient
+
+    pcm, rate = soundfile.read(path, dtype="int16")
+    async with StreamingClient(server.ws_url, sample_rate=rate, encoding="pcm_s16le", token=TOKEN) as c:
+        for i in range(0, len(pcm), rate // 10):
+            await c.send_audio(pcm[i : i + rate // 10])
+            await asyncio.sleep(0.05)
+        await c.end()
+        return [t for m in [m async for m in c.messages()] if m["type"] == "final" for t in m["token_ids"]]
+
+
+def test_churn_on_nim_sessions_leaks_no_slot_and_no_memory_and_spares_the_neighbour(nim):
+    """NIM sessions ended every way while they stream or the server sends (RST, FIN, half a
+    frame, a clean close right after the appends, a close while results arrive), 6 rounds, beside
+    a /ws neighbour whose tokens must equal its run alone; then every slot is free and RSS flat
+    (measured after a first round: the first sessions load the speech detector and warm caches)."""
+    data = UTTERANCES[3].read_bytes()
+    alone = asyncio.run(_neighbour(nim, UTTERANCES[5]))
+    ways = ("rst", "fin", "half_frame", "close", "done_then_close")
+
+    async def rounds(rounds_: range):
+        for round_ in rounds_:
+            await _free_slots(nim, 2)  # a socket opened with none free is refused (503): not churn
+            await asyncio.gather(*(_churn_one(nim, way, data, 1 + (round_ * 7 + k) % 20) for k, way in enumerate(ways[:2])))
+            for way in ways[2:]:
+                await _free_slots(nim, 1)
+                await _churn_one(nim, way, data, 1 + round_ * 3)
+
+    async def beside_neighbour():
+        neighbour = asyncio.create_task(_neighbour(nim, UTTERANCES[5]))
+        await rounds(range(1, 7))
+        return await neighbour
+
+    asyncio.run(rounds(range(1)))
+    nim.assert_no_leak()
+    rss0 = tree_rss_mb(nim.proc.pid)
+    assert asyncio.run(beside_neighbour()) == alone and alone
+    nim.assert_no_leak()
+    assert tree_rss_mb(nim.proc.pid) - rss0 < 30, (rss0, tree_rss_mb(nim.proc.pid))
+    assert nim.get("/healthz").status_code == 200

@@ -5,7 +5,8 @@ server is sending, a neighbour stream compared token for token, and free slots a
 memory checked after. Every refusal must be INVALID_ARGUMENT (or RESOURCE_EXHAUSTED / CANCELLED /
 DEADLINE_EXCEEDED where the client asked for it): never INTERNAL or UNKNOWN.
 
-One server of its own (`--max-stream-s 8`, so the duration cap is reachable), NVIDIA's
+One server of its own (`--max-stream-s 8`, so the duration cap is reachable; no token, so every
+request reaches its parsing: test_riva_grpc.py checks the token before it), NVIDIA's
 `riva.client` where a client sends well-formed requests, a bare grpc channel where it must not.
 """
 
@@ -44,7 +45,7 @@ def server():
     grpc_port = free_port()
     with start_server("--grpc-port", str(grpc_port), "--num-slots", str(NUM_SLOTS), "--frontends", "1",
                       "--idle-timeout-s", "5", "--max-stream-s", str(MAX_STREAM_S), "--context-right", "all",
-                      "--log-level", "info") as s:  # fmt: skip
+                      "--log-level", "info", token=None) as s:  # fmt: skip
         s.grpc_port = grpc_port
         yield s
     assert "Traceback" not in s.log(), s.log()[-4000:]
@@ -296,7 +297,9 @@ def test_empty_chunks_and_oversized_messages(server, stub):
 
 # ----------------------------------------------------------------------------- seeded fuzz
 
-ALLOWED = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT}
+# BUSY: "no free slot" (RESOURCE_EXHAUSTED), a right answer when calls come faster than the
+# engine core hands back the slots of the calls refused just before (on a loaded machine)
+ALLOWED = {"OK", "INVALID_ARGUMENT", "BUSY"}
 
 
 def _mutate(rng: random.Random, data: bytes) -> bytes:
@@ -328,9 +331,16 @@ def _code(call) -> grpc.StatusCode:
     return grpc.StatusCode.OK if e is None else e.code()
 
 
+def _outcome(call) -> str:
+    e = rpc_error(call)
+    if e is not None and e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "no free slot" in e.details():
+        return "BUSY"
+    return "OK" if e is None else e.code().name
+
+
 def test_fuzzed_request_bytes(server, channel):
     """Raw bytes as serialized requests, through grpc's generic calls: random, and mutations of
-    valid requests (seeded). Every call ends OK or INVALID_ARGUMENT, none hangs."""
+    valid requests (seeded). Every call ends OK or INVALID_ARGUMENT (or BUSY), none hangs."""
     rng = random.Random(45)
     unary = channel.unary_unary(SERVICE + "Recognize")
     stream = channel.stream_stream(SERVICE + "StreamingRecognize")
@@ -338,13 +348,13 @@ def test_fuzzed_request_bytes(server, channel):
     codes = collections.Counter()
     for _ in range(400):
         if rng.random() < 0.4:
-            codes[_code(lambda: unary(raw_request(rng), metadata=METADATA, timeout=10))] += 1
+            codes[_outcome(lambda: unary(raw_request(rng), metadata=METADATA, timeout=10))] += 1
         else:
             requests = [raw_request(rng) for _ in range(rng.randint(1, 4))]
             if rng.random() < 0.5:
                 requests.insert(0, config_bytes)  # past admission: a slot is held while the garbage arrives
-            codes[_code(lambda: stream(iter(requests), metadata=METADATA, timeout=10))] += 1
-    assert set(codes) <= ALLOWED and codes[grpc.StatusCode.INVALID_ARGUMENT] > 100, codes
+            codes[_outcome(lambda: stream(iter(requests), metadata=METADATA, timeout=10))] += 1
+    assert set(codes) <= ALLOWED and codes["INVALID_ARGUMENT"] > 300 and codes["BUSY"] < 40, codes
     server.assert_no_leak()
 
 
@@ -379,8 +389,8 @@ def _random_audio(rng: random.Random) -> list[bytes]:
 
 
 def test_fuzzed_field_values(server, stub):
-    """Well-formed requests with seeded random field values and audio: OK or INVALID_ARGUMENT,
-    every reason short and escaped."""
+    """Well-formed requests with seeded random field values and audio: OK or INVALID_ARGUMENT (or
+    BUSY), every reason short and escaped."""
     rng = random.Random(4545)
     served = [c.model_name for c in stub.GetRivaSpeechRecognitionConfig(
         rasr.RivaSpeechRecognitionConfigRequest(), metadata=METADATA).model_config]  # fmt: skip
@@ -396,10 +406,11 @@ def test_fuzzed_field_values(server, stub):
                                                                      for a in audio)]  # fmt: skip
             call = lambda: stub.StreamingRecognize(iter(requests), metadata=METADATA, timeout=20)  # noqa: E731
         e = rpc_error(call)
-        codes[grpc.StatusCode.OK if e is None else e.code()] += 1
+        busy = e is not None and e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "no free slot" in e.details()
+        codes["BUSY" if busy else "OK" if e is None else e.code().name] += 1
         if e is not None:
             assert len(e.details()) < 400 and "\x1b" not in e.details() and "\0" not in e.details(), e.details()
-    assert set(codes) <= ALLOWED and codes[grpc.StatusCode.OK] > 5 and codes[grpc.StatusCode.INVALID_ARGUMENT] > 100, codes
+    assert set(codes) <= ALLOWED and codes["OK"] > 30 and codes["INVALID_ARGUMENT"] > 150 and codes["BUSY"] < 30, codes
     server.assert_no_leak()
 
 

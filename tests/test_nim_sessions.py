@@ -301,3 +301,36 @@ def test_without_a_server_token_the_session_has_no_secret_and_the_client_connect
         completed = [e for e in events if e["type"] == f"{TRANSCRIPTION}.completed"]
         assert [t for e in completed for t in e["nemo_serve"]["token_ids"]] == expected and expected
         srv.assert_no_leak()
+
+
+def test_a_wav_header_of_many_small_chunks_is_read_once(server):
+    """input_audio_format "none" (wav_stream.py): a header of 8,000 empty RIFF chunks (64 kB,
+    under the header cap) appended 4 bytes at a time was re-read from its first chunk on every
+    append, a cost in the square of its size that stalled the front end's event loop (44 s for
+    the decoder alone at 8 bytes an append). Without the fix this session did not finish within
+    its 8 s."""
+    from websockets.asyncio.client import connect
+
+    header = UTTERANCES[0].read_bytes()[:36] + b"junk\0\0\0\0" * 8000 + b"data\0\0\0\0"
+    pcm = soundfile.read(UTTERANCES[0], dtype="int16")[0].tobytes()
+    session = {"input_audio_format": "none", "input_audio_params": {"sample_rate_hz": 16000, "num_channels": 1},
+               "input_audio_transcription": {"language": "en-US"}, "turn_detection": None}  # fmt: skip
+
+    def append(data: bytes) -> str:
+        return json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(data).decode()})
+
+    async def run() -> list[dict]:
+        async with asyncio.timeout(8), connect(f"ws://127.0.0.1:{server.port}/v1/realtime?intent=transcription",
+                                                additional_headers={"Authorization": f"Bearer {TOKEN}"}) as ws:  # fmt: skip
+            assert json.loads(await ws.recv())["type"] == "session.created"
+            await ws.send(json.dumps({"type": "transcription_session.update", "session": session}))
+            assert json.loads(await ws.recv())["type"] == "transcription_session.updated"
+            for i in range(0, len(header), 4):
+                await ws.send(append(header[i : i + 4]))
+            await ws.send(append(pcm))
+            await ws.send(json.dumps({"type": "input_audio_buffer.done"}))
+            return [json.loads(m) async for m in ws]
+
+    raw = asyncio.run(run())
+    assert not [e for e in raw if e["type"] == "error"], raw
+    assert raw[-1]["type"].endswith(".completed") and raw[-1]["is_last_result"] is True, raw[-1]

@@ -25,6 +25,7 @@ class WavStreamDecoder(AudioDecoder):
     def __init__(self, input_rate: int, model_rate: int) -> None:
         super().__init__("pcm_s16le", input_rate, model_rate)
         self._head = b""  # bytes held until the header question is settled
+        self._pos = RIFF_HEAD_BYTES  # the next RIFF chunk to read in _head
         self._settled = False
 
     def decode(self, data: bytes) -> np.ndarray:
@@ -46,7 +47,8 @@ class WavStreamDecoder(AudioDecoder):
             return None if b"RIFF".startswith(head[:4]) else head  # a prefix of "RIFF": wait for more
         if head[:4] != b"RIFF" or head[8:12] != b"WAVE":
             return head
-        pos = RIFF_HEAD_BYTES
+        pos = self._pos  # resume after the chunks already read: re-reading them on every append
+        # made a header of 8,000 empty chunks, 8 bytes an append, cost 44 s of the event loop
         while pos + 8 <= len(head):
             kind, size = head[pos : pos + 4], struct.unpack("<I", head[pos + 4 : pos + 8])[0]
             if kind == b"data":
@@ -56,6 +58,7 @@ class WavStreamDecoder(AudioDecoder):
             if kind == b"fmt ":
                 self._check_format(head[pos + 8 : pos + 8 + size])
             pos += 8 + size + (size & 1)  # chunks are padded to even sizes
+            self._pos = pos
         if len(head) > MAX_HEADER_BYTES:
             raise AudioError(f"WAV header longer than {MAX_HEADER_BYTES} bytes before its data chunk")
         return None

@@ -308,3 +308,86 @@ def test_probes_are_answered_at_the_connection_cap_within_their_own_bound(srv):
     time.sleep(0.5)
     assert srv.get("/healthz").status_code == 200
     srv.assert_no_leak()
+
+
+# ----------------------------------------------------------------------------- scripted bad uploads (defect 9)
+
+INTERNALS = ("invalid literal", "int()", "pipe", "SF_INFO", "libsndfile", "Traceback", "Error opening", "<_io",
+             "Exceeds the limit")  # fmt: skip
+
+
+def _wav_header(rate: int = 16000, channels: int = 1, bits: int = 16, tag: int = 1, data_bytes: int | None = None,
+                data: bytes = b"\0" * 3200) -> bytes:  # fmt: skip
+    import struct
+
+    block = channels * bits // 8
+    fmt_chunk = struct.pack("<4sIHHIIHH", b"fmt ", 16, tag, channels, rate, rate * block, block, bits)
+    size = len(data) if data_bytes is None else data_bytes
+    return b"RIFF" + struct.pack("<I", 36 + len(data)) + b"WAVE" + fmt_chunk + b"data" + struct.pack("<I", size) + data
+
+
+def _short_speech() -> np.ndarray:
+    return (helpers.utterances(1, seed=11)[0][:8000] * 32767).astype("<i2")
+
+
+def _scripted_cases() -> dict[str, tuple[dict, int, str]]:
+    """name -> (httpx.post arguments, status, words the error must hold)."""
+    wav = _wav(_short_speech())
+    f = lambda data, name="a.wav", ctype="audio/wav": {"files": {"file": (name, data, ctype)}}  # noqa: E731
+    with_fields = lambda **fields: {"files": {"file": ("a.wav", wav, "audio/wav")}, "data": fields}  # noqa: E731
+    body = _multipart({"file": ("a.wav", wav, "audio/wav")})
+    return {
+        "zero bytes": (f(b""), 400, "empty"),
+        "text, not audio": (f(b"hello, this is not audio " * 40, "a.txt", "text/plain"), 400, "cannot decode the file as audio"),
+        "RIFF then garbage": (f(b"RIFF\0\0\0\0WAVEfmt " + bytes(range(256)) * 4), 400, "cannot decode"),
+        "headerless PCM": (f(np.zeros(8000, "<i2").tobytes(), "a.raw", "audio/L16"), 400, "cannot decode"),
+        "fake MP3 (ID3 then noise)": (f(b"ID3\x04\0\0\0\0\0\x10" + bytes(5000), "a.mp3", "audio/mpeg"), 400, "cannot decode"),
+        "rate 1 Hz in the header": (f(_wav_header(rate=1)), 400, "sample rate is 1 Hz"),
+        "rate 4 GHz in the header": (f(_wav_header(rate=4_000_000_000 // 2)), 400, "sample rate is"),
+        "300 channels": (f(_wav_header(channels=300, data=b"\0" * 6000)), 400, "300 channels"),
+        "unknown WAV encoding tag": (f(_wav_header(tag=0x3F3F)), 400, "cannot decode"),
+        "data size 4 GB, 3 kB there": (f(_wav_header(data_bytes=0xFFFFFFFF)), 200, ""),
+        "truncated WAV": (f(wav[: len(wav) // 2]), 200, ""),
+        "NaN samples": (f(_wav(np.full(1600, np.nan, "float32"), subtype="FLOAT")), 400, "NaN"),
+        "JSON, not a form": ({"content": b'{"file": "x"}', "headers": {"Content-Type": "application/json"}}, 400,
+                             "multipart/form-data"),  # fmt: skip
+        "no boundary": ({"content": body, "headers": {"Content-Type": "multipart/form-data"}}, 400, "multipart"),
+        "truncated multipart": ({"content": body[:-40], "headers": {"Content-Type": "multipart/form-data; boundary=XyZ"}},
+                                400, "file"),  # fmt: skip
+        "file as a plain field": ({"data": {"file": "abc"}, "files": {"model": (None, "x")}}, 400, "missing 'file'"),
+        "two files": ({"files": [("file", ("a.wav", wav)), ("file", ("b.wav", wav))]}, 400, "malformed multipart"),
+        "context_right abc": (with_fields(context_right="abc"), 400, "context_right 'abc' is not a latency mode"),
+        "context_right 4,000 digits": (with_fields(context_right="9" * 4000), 400, "chars) is not a latency mode"),
+        "context_right 5,000 digits": (with_fields(context_right="7" * 5000), 400, "longer than 4096"),
+        "context_right -1": (with_fields(context_right="-1"), 400, "valid values"),
+        "context_right Arabic digit": (with_fields(context_right="\u0663"), 400, "valid values"),
+        "response_format 3 kB": (with_fields(response_format="x" * 3000), 400, "response_format"),
+        "response_format 5 kB": (with_fields(response_format="x" * 5000), 400, "longer than"),
+        "stream true": (with_fields(stream="true"), 400, "stream=true"),
+    }
+
+
+def _check_refusal(name: str, r: httpx.Response, status: int, words: str) -> list[str]:
+    problems = []
+    if r.status_code != status:
+        problems.append(f"{name}: {r.status_code} (want {status}): {r.text[:300]}")
+    elif status != 200:
+        message = r.json()["error"]["message"]
+        if words not in message or len(message) > 300 or any(w in message for w in INTERNALS):
+            problems.append(f"{name}: {message!r}")
+    return problems
+
+
+def test_scripted_bad_uploads_get_client_worded_errors(srv):
+    """Defect 9 and the scripted part of the suite: each bad upload gets its status and a short
+    error in the client's terms (no libsndfile text, no int() message, input cut), no 5xx."""
+    start = len(srv.log())
+    problems: list[str] = []
+    for name, (kwargs, status, words) in _scripted_cases().items():
+        problems += _check_refusal(name, _post(srv, **kwargs), status, words)
+    assert not problems, "\n".join(problems)
+    took_s, reply = _raw(srv.port, _upload_head(10 << 30) + b"--XyZ\r\n")  # 10 GB declared, 7 bytes sent
+    assert reply.startswith(b"HTTP/1.1 413") and b"--max-file-bytes" in reply, (took_s, reply[:300])
+    log = srv.log()[start:]
+    assert "Traceback" not in log and "ERROR" not in log, log[-3000:]
+    srv.assert_no_leak()

@@ -11,9 +11,12 @@
                      carries segments and words)
     stream           `true` is refused: no server-sent events here
 
-Order of checks, cheapest first: a browser's Origin (403, as for the sockets), bearer token (401), admission (503, /ws's reasons, before the
-body is read), body size (413 from Content-Length, or while reading), form and fields (400),
-audio (400; 413 over --max-stream-s), then the slot (503 if another request took the last one).
+Order of checks, cheapest first: a browser's Origin (403, as for the sockets), bearer token
+(401), admission (503, /ws's reasons, before the body is read), body size (413 from
+Content-Length, or while reading; 408 if it stops coming, 499 if the client leaves), form and
+fields (400), audio (400 for a header beyond file_audio.py's rate and channel limits; 413 over
+--max-stream-s or its decoding budget, from the header, before decoding; decoded in a worker
+thread), then the slot (503 if another request took the last one).
 Errors are OpenAI's shape, {"error": {"message", "type", "param", "code"}}, which its SDK raises
 as exceptions carrying the message.
 """

@@ -308,3 +308,191 @@ def test_probes_are_answered_at_the_connection_cap_within_their_own_bound(srv):
     time.sleep(0.5)
     assert srv.get("/healthz").status_code == 200
     srv.assert_no_leak()
+
+
+# ----------------------------------------------------------------------------- scripted bad uploads (defect 9)
+
+INTERNALS = ("invalid literal", "int()", "pipe", "SF_INFO", "libsndfile", "Traceback", "Error opening", "<_io",
+             "Exceeds the limit")  # fmt: skip
+
+
+def _wav_header(rate: int = 16000, channels: int = 1, bits: int = 16, tag: int = 1, data_bytes: int | None = None,
+                data: bytes = b"\0" * 3200) -> bytes:  # fmt: skip
+    import struct
+
+    block = channels * bits // 8
+    fmt_chunk = struct.pack("<4sIHHIIHH", b"fmt ", 16, tag, channels, rate, rate * block, block, bits)
+    size = len(data) if data_bytes is None else data_bytes
+    return b"RIFF" + struct.pack("<I", 36 + len(data)) + b"WAVE" + fmt_chunk + b"data" + struct.pack("<I", size) + data
+
+
+def _short_speech() -> np.ndarray:
+    return (helpers.utterances(1, seed=11)[0][:8000] * 32767).astype("<i2")
+
+
+def _scripted_cases() -> dict[str, tuple[dict, int, str]]:
+    """name -> (httpx.post arguments, status, words the error must hold)."""
+    wav = _wav(_short_speech())
+    f = lambda data, name="a.wav", ctype="audio/wav": {"files": {"file": (name, data, ctype)}}  # noqa: E731
+    with_fields = lambda **fields: {"files": {"file": ("a.wav", wav, "audio/wav")}, "data": fields}  # noqa: E731
+    body = _multipart({"file": ("a.wav", wav, "audio/wav")})
+    return {
+        "zero bytes": (f(b""), 400, "empty"),
+        "text, not audio": (f(b"hello, this is not audio " * 40, "a.txt", "text/plain"), 400, "cannot decode the file as audio"),
+        "RIFF then garbage": (f(b"RIFF\0\0\0\0WAVEfmt " + bytes(range(256)) * 4), 400, "cannot decode"),
+        "headerless PCM": (f(np.zeros(8000, "<i2").tobytes(), "a.raw", "audio/L16"), 400, "cannot decode"),
+        "fake MP3 (ID3 then noise)": (f(b"ID3\x04\0\0\0\0\0\x10" + bytes(5000), "a.mp3", "audio/mpeg"), 400, "cannot decode"),
+        "rate 1 Hz in the header": (f(_wav_header(rate=1)), 400, "sample rate is 1 Hz"),
+        "rate 4 GHz in the header": (f(_wav_header(rate=4_000_000_000 // 2)), 400, "sample rate is"),
+        "300 channels": (f(_wav_header(channels=300, data=b"\0" * 6000)), 400, "300 channels"),
+        "unknown WAV encoding tag": (f(_wav_header(tag=0x3F3F)), 400, "cannot decode"),
+        "data size 4 GB, 3 kB there": (f(_wav_header(data_bytes=0xFFFFFFFF)), 200, ""),
+        "truncated WAV": (f(wav[: len(wav) // 2]), 200, ""),
+        "NaN samples": (f(_wav(np.full(1600, np.nan, "float32"), subtype="FLOAT")), 400, "NaN"),
+        "JSON, not a form": ({"content": b'{"file": "x"}', "headers": {"Content-Type": "application/json"}}, 400,
+                             "multipart/form-data"),  # fmt: skip
+        "no boundary": ({"content": body, "headers": {"Content-Type": "multipart/form-data"}}, 400, "multipart"),
+        "truncated multipart": ({"content": body[:-40], "headers": {"Content-Type": "multipart/form-data; boundary=XyZ"}},
+                                400, "file"),  # fmt: skip
+        "file as a plain field": ({"data": {"file": "abc"}, "files": {"model": (None, "x")}}, 400, "missing 'file'"),
+        "two files": ({"files": [("file", ("a.wav", wav)), ("file", ("b.wav", wav))]}, 400, "malformed multipart"),
+        "context_right abc": (with_fields(context_right="abc"), 400, "context_right 'abc' is not a latency mode"),
+        "context_right 4,000 digits": (with_fields(context_right="9" * 4000), 400, "chars) is not a latency mode"),
+        "context_right 5,000 digits": (with_fields(context_right="7" * 5000), 400, "longer than 4096"),
+        "context_right -1": (with_fields(context_right="-1"), 400, "valid values"),
+        "context_right Arabic digit": (with_fields(context_right="\u0663"), 400, "valid values"),
+        "response_format 3 kB": (with_fields(response_format="x" * 3000), 400, "response_format"),
+        "response_format 5 kB": (with_fields(response_format="x" * 5000), 400, "longer than"),
+        "stream true": (with_fields(stream="true"), 400, "stream=true"),
+    }
+
+
+def _check_refusal(name: str, r: httpx.Response, status: int, words: str) -> list[str]:
+    problems = []
+    if r.status_code != status:
+        problems.append(f"{name}: {r.status_code} (want {status}): {r.text[:300]}")
+    elif status != 200:
+        message = r.json()["error"]["message"]
+        if words not in message or len(message) > 300 or any(w in message for w in INTERNALS):
+            problems.append(f"{name}: {message!r}")
+    return problems
+
+
+def test_scripted_bad_uploads_get_client_worded_errors(srv):
+    """Defect 9 and the scripted part of the suite: each bad upload gets its status and a short
+    error in the client's terms (no libsndfile text, no int() message, input cut), no 5xx."""
+    start = len(srv.log())
+    problems: list[str] = []
+    for name, (kwargs, status, words) in _scripted_cases().items():
+        problems += _check_refusal(name, _post(srv, **kwargs), status, words)
+    assert not problems, "\n".join(problems)
+    took_s, reply = _raw(srv.port, _upload_head(10 << 30) + b"--XyZ\r\n")  # 10 GB declared, 7 bytes sent
+    assert reply.startswith(b"HTTP/1.1 413") and b"--max-file-bytes" in reply, (took_s, reply[:300])
+    log = srv.log()[start:]
+    assert "Traceback" not in log and "ERROR" not in log, log[-3000:]
+    srv.assert_no_leak()
+
+
+# ----------------------------------------------------------------------------- fuzz and churn
+
+NUM_FUZZ = 300
+NUM_CHURN = 40
+
+
+def _mutate(data: bytes, rng: np.random.Generator) -> bytes:
+    b = bytearray(data)
+    kind = rng.integers(6)
+    if kind == 0:  # flip bytes, most often in the header
+        for _ in range(int(rng.integers(1, 8))):
+            b[int(rng.integers(min(len(b), 96 if rng.random() < 0.7 else len(b))))] = int(rng.integers(256))
+    elif kind == 1:  # cut short
+        del b[int(rng.integers(len(b))) :]
+    elif kind == 2:  # insert noise
+        at = int(rng.integers(len(b)))
+        b[at:at] = rng.integers(0, 256, int(rng.integers(1, 300))).astype("u1").tobytes()
+    elif kind == 3:  # a header field forged to an extreme
+        at = int(rng.integers(0, max(1, min(len(b), 64) - 4)))
+        b[at : at + 4] = int(rng.choice([0, 1, 0xFFFFFFFF, 0x7FFFFFFF, int(rng.integers(2**32))])).to_bytes(4, "little")
+    elif kind == 4:  # a slice repeated
+        at, n = int(rng.integers(len(b))), int(rng.integers(1, 2000))
+        b[at:at] = b[at : at + n] * int(rng.integers(1, 4))
+    else:  # zeroed run
+        at, n = int(rng.integers(len(b))), int(rng.integers(1, 500))
+        b[at : at + n] = bytes(len(b[at : at + n]))
+    return bytes(b)
+
+
+def _fuzz(server, num: int, seed: int) -> dict[int, int]:
+    """`num` mutated WAV / FLAC files and multipart bodies; status -> count."""
+    rng = np.random.default_rng(seed)
+    speech = _short_speech()[:4800]
+    stereo = np.stack([speech, speech[::-1]], axis=1)
+    bases = [_wav(speech), _wav(stereo, 44100, "FLAC"), _wav(speech, 8000, "WAV", "ULAW")]
+    statuses: dict[int, int] = {}
+    head = {"Authorization": f"Bearer {TOKEN}"}
+    with httpx.Client(base_url=server.http_url, headers=head, timeout=30, trust_env=False) as client:
+        for _ in range(num):
+            audio = bases[int(rng.integers(len(bases)))]
+            if rng.random() < 0.7:
+                r = client.post(URL_PATH, files={"file": ("f", _mutate(audio, rng), "audio/wav")})
+            else:
+                body = _mutate(_multipart({"file": ("f.wav", audio, "audio/wav"), "response_format": b"json"}), rng)
+                r = client.post(URL_PATH, content=body, headers={"Content-Type": "multipart/form-data; boundary=XyZ"})
+            statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
+            if r.status_code >= 500:
+                raise AssertionError(f"{r.status_code}: {r.text[:500]}")
+    return statuses
+
+
+def _churn(server, num: int, seed: int) -> dict[str, int]:
+    """Uploads that end every way a connection can: FIN or RST mid-body, RST or a close while the
+    server transcribes, a body that stalls (one, it takes the 2 s deadline)."""
+    rng = np.random.default_rng(seed)
+    speech = np.concatenate(helpers.utterances(2, seed=seed))
+    body = _multipart({"file": ("a.wav", _wav((speech * 32767).astype("<i2")), "audio/wav")})
+    whole = _upload_head(len(body)) + body
+    half = whole[: len(whole) // 2]
+    kinds = {"fin mid-body": (half, "fin"), "rst mid-body": (half, "rst"), "rst while answering": (whole, "rst"),
+             "close while answering": (whole, "close")}  # fmt: skip
+    done = {k: 0 for k in kinds} | {"stalled": 0}
+    for _ in range(num):
+        kind = list(kinds)[int(rng.integers(len(kinds)))]
+        payload, how = kinds[kind]
+        if how == "close":
+            with socket.create_connection(("127.0.0.1", server.port)) as s:
+                s.sendall(payload)
+                time.sleep(float(rng.uniform(0, 0.2)))
+        else:
+            _raw(server.port, payload, then=how, wait_s=3)
+        done[kind] += 1
+    took_s, reply = _raw(server.port, half)
+    assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
+    done["stalled"] += 1
+    return done
+
+
+def test_fuzz_and_churn_beside_a_neighbour_leave_no_5xx_slot_or_memory_behind(srv):
+    """Seeded: 300 mutated WAV, FLAC and mu-law files and multipart bodies, then 40 uploads that
+    end badly, while a /ws neighbour streams; its tokens equal a quiet run's, every slot comes
+    back, the front end's memory stays put, the log holds no traceback."""
+    mode = _smallest_mode(srv)
+    quiet = _quiet_tokens(srv, 20, seed=9, context_right=mode)
+    pid = srv.readyz()["pid"]
+    rss_before = _rss_kb(pid, "VmRSS")
+    start = len(srv.log())
+    gone_before = srv.metric('nemo_serve_file_transcriptions_total{status="499"}')
+    t0 = time.monotonic()
+    with Neighbour(srv, 20, seed=9, context_right=mode) as n:
+        statuses = _fuzz(srv, NUM_FUZZ, seed=45)
+        churned = _churn(srv, NUM_CHURN, seed=45)
+    took_s = time.monotonic() - t0
+    srv.assert_no_leak()
+    growth_mb = (_rss_kb(pid, "VmRSS") - rss_before) / 1024
+    print(f"fuzz {statuses}, churn {churned}, RSS +{growth_mb:.1f} MB, {took_s:.0f} s")
+    assert set(statuses) <= {200, 400, 413} and statuses.get(400, 0) > 50, statuses
+    assert n.tokens == quiet and quiet
+    assert growth_mb < 80, growth_mb
+    log = srv.log()[start:]
+    assert "Traceback" not in log and "ERROR" not in log, log[-3000:]
+    assert srv.metric('nemo_serve_file_transcriptions_total{status="499"}') > gone_before
+    assert srv.get("/healthz").status_code == 200

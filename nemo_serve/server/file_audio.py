@@ -11,7 +11,7 @@ A compressed file is a decompression bomb in waiting: 240 kB of FLAC holds 10 mi
 the limits before any decoding, and the audio is decoded in blocks of at most BLOCK_BYTES, each
 downmixed and resampled before the next is read: peak memory is the mono output at the model's
 rate (4 bytes x model rate x --max-stream-s at most: 230 MB for an hour at 16 kHz) plus about
-three blocks, whatever the channels and rate. A header that lies about its length cannot get
+16 MiB for the block in flight, whatever the channels and rate. A header that lies about its length cannot get
 past the limit: decoding stops there. The caller runs this off the event loop (it takes seconds
 for an hour of audio).
 """

@@ -11,9 +11,12 @@
                      carries segments and words)
     stream           `true` is refused: no server-sent events here
 
-Order of checks, cheapest first: a browser's Origin (403, as for the sockets), bearer token (401), admission (503, /ws's reasons, before the
-body is read), body size (413 from Content-Length, or while reading), form and fields (400),
-audio (400; 413 over --max-stream-s), then the slot (503 if another request took the last one).
+Order of checks, cheapest first: a browser's Origin (403, as for the sockets), bearer token
+(401), admission (503, /ws's reasons, before the body is read), body size (413 from
+Content-Length, or while reading; 408 if it stops coming, 499 if the client leaves), form and
+fields (400), audio (400 for a header beyond file_audio.py's rate and channel limits; 413 over
+--max-stream-s or its decoding budget, from the header, before decoding; decoded in a worker
+thread), then the slot (503 if another request took the last one).
 Errors are OpenAI's shape, {"error": {"message", "type", "param", "code"}}, which its SDK raises
 as exceptions carrying the message.
 """
@@ -124,18 +127,24 @@ def _options(form: FormData, query, ctx: ServerContext) -> dict:
     except RealtimeError as e:
         raise RequestError(400, str(e), param="language") from None
     raw_mode = _field(form, "context_right") or query.get("context_right")
-    context_right = None
-    if raw_mode:
-        try:
-            context_right = model.geometry_for(int(raw_mode)).context_right
-        except ValueError as e:  # not a number, or a mode not served (the message lists those that are)
-            raise RequestError(400, f"context_right {preview(raw_mode, 20)}: {e}", param="context_right") from None
     return {
         "response_format": response_format,
         "language": language,
         "language_label": language or given_language or model.default_language or "unknown",
-        "context_right": context_right,
+        "context_right": _context_right(raw_mode, model.modes) if raw_mode else None,
     }
+
+
+def _context_right(raw: str, served: tuple[int, ...]) -> int:
+    """The latency mode asked for, checked as text first: int() would echo the value whole in
+    its error ("invalid literal for int() with base 10: ...") or refuse 5,000 digits with an
+    error of its own."""
+    valid = ", ".join(str(r) for r in served)
+    digits = raw.strip()
+    if not (digits.isascii() and digits.isdigit() and len(digits) <= 4 and int(digits) in served):
+        raise RequestError(400, f"context_right {preview(raw, 20)} is not a latency mode served here; "
+                           f"valid values: {valid}", param="context_right")  # fmt: skip
+    return int(digits)
 
 
 def _field(form: FormData, name: str) -> str | None:

@@ -1,0 +1,52 @@
+"""benchmarks/gpu/profile_step.py, the profile run_gpu.sh runs first on a GPU: its CPU dry run on a
+tiny model writes every key the GPU run writes, with what needs CUDA null."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def test_profile_step_dry_run_on_cpu(tmp_path):
+    import nemo_serve.engine.encoder as enc_mod
+    import nemo_serve.engine.step as step_mod
+    from benchmarks.gpu import profile_step
+    from benchmarks.gpu.emission import TRAINED
+    from benchmarks.gpu.step_ranges import RANGES
+
+    originals = (step_mod.apply_prompt, enc_mod.attention_masks)
+    rc = profile_step.main(["--out", str(tmp_path), "--model", "tiny-prompt", "--device", "cpu", "--dtype", "fp32",
+                            "--modes", "0,13", "--rows", "4,8", "--profile-rows", "8", "--steps", "3",
+                            "--index-slots", "64", "--index-rows", "16", "--big-rows", "16", "--big-part", "4",
+                            "--big-modes", "0", "--steps-big", "2", "--threads", "1", "--budget-s", "100"])  # fmt: skip
+    doc = json.loads((tmp_path / "profile.json").read_text())
+    assert rc == 0 and doc["errors"] == [] and doc["skipped"] == [], doc["errors"]
+    assert set(doc) == {"env", "timer", "calibration", "split", "fit", "kernels", "index", "big", "skipped", "errors",
+                        "seconds"} and doc["timer"] == "wall_clock"  # fmt: skip
+    assert all(abs(c["measured"] - TRAINED["tokens_per_frame"]) <= 0.03 for c in doc["calibration"]), doc["calibration"]
+    # 1. encoder against decoder per (mode, rows), with every step's trips and a fit per row count
+    assert [(s["chunk_ms"], s["rows"]) for s in doc["split"]] == [(80, 4), (80, 8), (1120, 4), (1120, 8)]
+    for s in doc["split"]:
+        assert s["steps"] == 3 and len(s["per_step"]) == 3 and s["decoder_ms"] > 0 and s["encoder_ms"] > 0, s
+        assert abs(s["step_ms"] - s["encoder_ms"] - s["decoder_ms"]) < 0.05 * s["step_ms"], s
+        assert all(p["outer"] >= 1 for p in s["per_step"]) and s["label_loop"]["device_steps"] == 3, s
+    assert set(doc["fit"]) == {"4", "8"}
+    # 2. one profiled step per (mode, rows): every range ran; what needs CUDA is null on CPU
+    assert [(k["chunk_ms"], k["rows"]) for k in doc["kernels"]] == [(80, 8), (1120, 8)]
+    for k in doc["kernels"]:
+        assert list(k["ranges"]) == list(RANGES)
+        assert all(r["calls"] > 0 and r["cpu_ms"] > 0 and r["gpu_ms"] is None for r in k["ranges"].values()), k["ranges"]
+        assert k["ranges"]["joint"]["calls"] > k["ranges"]["prediction network"]["calls"]  # inner iterations
+        assert k["gpu_ms_total"] is None and k["top_kernels"] is None and k["index_kernels"] is None and k["top_ops"]
+    assert (tmp_path / doc["kernels"][0]["trace"]).stat().st_size > 1000
+    assert (step_mod.apply_prompt, enc_mod.attention_masks) == originals  # the ranges are gone afterwards
+    # 3. index kernels' GB/s; 4. one big step against parts
+    ix = doc["index"]
+    assert ix["rows"] == 16 and not ix["over_2_31"] and all(ix[k] > 0 for k in ix if k.endswith("_gbs")), ix
+    (b,) = doc["big"]
+    assert (b["rows"], b["part_rows"]) == (16, 4) and b["one_step_ms"] > 0 and b["parts_ms"] > 0, b
+    text = (tmp_path / "summary.txt").read_text()
+    assert "80 ms x    8 rows: step" in text and "decoder bookkeeping" in text and "errors: []" in text

@@ -50,3 +50,37 @@ def test_profile_step_dry_run_on_cpu(tmp_path):
     assert (b["rows"], b["part_rows"]) == (16, 4) and b["one_step_ms"] > 0 and b["parts_ms"] > 0, b
     text = (tmp_path / "summary.txt").read_text()
     assert "80 ms x    8 rows: step" in text and "decoder bookkeeping" in text and "errors: []" in text
+
+
+def test_ranges_attribute_each_kernel_to_the_innermost_range():
+    """The CUDA branch of step_ranges.analyse, on a profile tree made by hand (no GPU here): a range's
+    GPU time and kernels are those of its own ops, not of ranges nested in it; top kernels and the
+    index kernels count every kernel once."""
+    from types import SimpleNamespace as NS
+
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import Kernel
+
+    from benchmarks.gpu.step_ranges import PREFIX, analyse
+
+    def ev(name, cpu_us, kernels=(), children=()):
+        return NS(name=name, device_type=DeviceType.CPU, cpu_time_total=cpu_us, cpu_children=list(children),
+                  kernels=[Kernel(k, 0, d) for k, d in kernels])  # fmt: skip
+
+    joint = ev(PREFIX + "joint", 30, children=[ev("aten::addmm", 25, [("gemm", 400.0)])])
+    gather = ev(PREFIX + "cache gather", 10, children=[ev("aten::index_select", 8, [("indexSelectLargeIndex", 200.0)])])
+    decode = ev(PREFIX + "decoder bookkeeping", 100,
+                children=[gather, ev("aten::where", 5, [("where_kernel", 10.0)]), joint,
+                          ev("aten::any", 4, [("reduce_kernel", 5.0), ("reduce_kernel", 5.0)])])  # fmt: skip
+    flat = [decode, *decode.cpu_children, gather.cpu_children[0], joint.cpu_children[0],
+            NS(name="gemm", device_type=DeviceType.CUDA, cpu_children=[], kernels=[])]  # fmt: skip
+    prof = NS(events=lambda: flat, key_averages=lambda: [NS(key="aten::addmm", count=1, self_cpu_time_total=25)])
+    out = analyse(prof, cuda=True)
+    r = out["ranges"]
+    assert r["decoder bookkeeping"] == {"calls": 1, "cpu_ms": 0.06, "gpu_ms": 0.02, "kernels": 3}, r
+    assert r["joint"] == {"calls": 1, "cpu_ms": 0.03, "gpu_ms": 0.4, "kernels": 1}
+    assert r["cache gather"]["gpu_ms"] == 0.2 and r["attention"] == {"calls": 0, "cpu_ms": 0.0, "gpu_ms": 0.0, "kernels": 0}
+    assert out["gpu_ms_total"] == 0.62 and out["kernels_total"] == 5
+    assert out["top_kernels"][0] == {"name": "gemm", "calls": 1, "total_us": 400.0, "mean_us": 400.0}
+    assert out["top_kernels"][-1]["name"] == "reduce_kernel" and out["top_kernels"][-1]["calls"] == 2
+    assert out["index_kernels"] == {"calls": 1, "total_us": 200.0, "names": ["indexSelectLargeIndex"]}

@@ -3,8 +3,10 @@
 `ranges(stepper)` wraps the stepper's, pool's, encoder's, layers' and decoder's methods on the
 instances (module functions for the masks and the prompt) in torch.profiler.record_function
 scopes for as long as it is entered, then puts them back: the engine itself carries no range, so
-a step that is not profiled pays nothing (rejected: record_function in engine/step.py and
-encoder.py, a Python context per part per layer on every eager step). `analyse` attributes each
+a step that is not profiled pays nothing. Rejected: record_function in engine/step.py and
+encoder.py. With the profiler off one costs 17.3 us to enter and leave on this 2-core CPU (200,000
+in a loop, best of 3; an empty loop turn 0.035 us), and a step would pass ~230 (9 per layer x 24,
+and the step's own): ~4 ms per eager step here, measurable on any host. `analyse` attributes each
 kernel to the innermost range around the op that launched it (a range's time excludes the ranges
 nested in it: "decoder bookkeeping" is the decoder's own time outside the joint, the prediction
 network and the state gather and scatter).

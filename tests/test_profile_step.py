@@ -31,7 +31,7 @@ def test_profile_step_dry_run_on_cpu(tmp_path):
     assert [(s["chunk_ms"], s["rows"]) for s in doc["split"]] == [(80, 4), (80, 8), (1120, 4), (1120, 8)]
     for s in doc["split"]:
         assert s["steps"] == 3 and len(s["per_step"]) == 3 and s["decoder_ms"] > 0 and s["encoder_ms"] > 0, s
-        assert abs(s["step_ms"] - s["encoder_ms"] - s["decoder_ms"]) < 0.05 * s["step_ms"], s
+        assert all(p["step_ms"] > p["decoder_ms"] > 0 for p in s["per_step"]), s  # the decoder is inside the step
         assert all(p["outer"] >= 1 for p in s["per_step"]) and s["label_loop"]["device_steps"] == 3, s
     assert set(doc["fit"]) == {"4", "8"}
     # 2. one profiled step per (mode, rows): every range ran; what needs CUDA is null on CPU

@@ -214,13 +214,14 @@ def _fake_python(tmp_path, script: str = "") -> tuple[Path, Path]:
     return fake, log
 
 
-def _run_sh(tmp_path, fake, *args):
+def _run_sh(tmp_path, fake, *args, env: dict | None = None):
     carry = tmp_path / "carry"
     (carry / "wheels").mkdir(parents=True)
     (carry / "wheels" / "x-1-py3-none-any.whl").write_bytes(b"")
     (carry / "cache").mkdir()
     out = tmp_path / "out"
-    env = {**os.environ, "PY": str(fake), "CARRY": str(carry), "DEVICE": "cpu", "DTYPE": "fp32", "BUDGET_S": "100"}
+    env = {**os.environ, "PY": str(fake), "CARRY": str(carry), "DEVICE": "cpu", "DTYPE": "fp32", "BUDGET_S": "100",
+           **(env or {})}
     r = subprocess.run(["bash", "benchmarks/gpu/run_gpu.sh", str(out), *args], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=60)
     return r, carry, out
@@ -274,3 +275,18 @@ def test_run_gpu_sh_stops_when_no_variant_works(tmp_path):
     r, _, _ = _run_sh(tmp_path, fake)
     assert r.returncode == 4
     assert sum("gpu_bench.py" in c for c in log.read_text().splitlines()) == 1
+
+
+def test_run_gpu_sh_profiles_first_on_a_gpu(tmp_path):
+    """DEVICE=cuda: profile_step.py runs before gpu_bench.py, into OUT/profile, bounded by PROFILE_S;
+    the bench gets what is left of BUDGET_S. On CPU (the tests above) no profile runs unless asked."""
+    fake, log = _fake_python(tmp_path, 'case "$*" in *profile_step.py*) sleep 2;; esac\n')
+    r, _, out = _run_sh(tmp_path, fake, env={"DEVICE": "cuda", "PROFILE_S": "60", "BUDGET_S": "100"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    calls = [c.split(" | ")[0].split() for c in log.read_text().splitlines() if ".py" in c]
+    assert [next(a for a in c if a.endswith(".py")).rsplit("/", 1)[-1] for c in calls] == ["profile_step.py", "gpu_bench.py"]
+    prof, bench = calls
+    assert prof[prof.index("--out") + 1] == f"{out}/profile" and prof[prof.index("--budget-s") + 1] == "40"
+    assert prof[prof.index("--device") + 1] == "cuda" and prof[prof.index("--model") + 1] == "nemotron-0.6b"
+    assert 90 <= int(bench[bench.index("--budget-s") + 1]) <= 98  # the profile's seconds came off the budget
+    assert "profile_step.py exit 0" in (out / "run.log").read_text()

@@ -19,7 +19,7 @@ Phases, each started only if it fits the budget (--budget-s, from the process st
    predictor state), so the cap is what makes multi-token frames as rare as a trained model's
    tail. At 3 the label loop's trip counts come nearest the trained rows' (simulated from the
    demo model's row-steps at 128 and 512 rows: outer 3 / 10 / 20 against 4.7 / 7 / 18 at 80 /
-   320 / 1120 ms; max_symbols 10 as before: 10 / 40 / 105).
+   320 / 1120 ms; max_symbols 10 as before: 10 / 40 / 106; benchmarks/results/decoder_load_trips_sim.json).
 4. per mode: `engine` (slots, buckets, every graph captured at start-up, timed, memory),
    `validate` (graph keys captured and failed with the exception, each bucket decoder's graph
    mode; tokens of K steps through the graph path equal to the eager path at three buckets on two

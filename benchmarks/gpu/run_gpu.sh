@@ -15,6 +15,10 @@
 # complete second run inside the device's 15 minutes) bounds gpu_bench.py: each phase starts only
 # if it fits, and `timeout` kills it 20 s after. Results: OUT/results.jsonl, OUT/run.log,
 # OUT/env.txt (GPU, Python, every installed package with its version).
+# PROFILE (default: on when DEVICE=cuda) runs benchmarks/gpu/profile_step.py FIRST, before the
+# bench, bounded by PROFILE_S (default 240; the script budgets itself 20 s less): where each
+# millisecond of a step goes, into OUT/profile/{profile.json,summary.txt,trace_*.json.gz}. The
+# bench then gets what is left of BUDGET_S, so profile + bench stay inside one device call.
 # CPU dry run (tests/test_gpu_dry_run.py): DEVICE=cpu DTYPE=fp32 MODEL=tiny-prompt and small options.
 set -uo pipefail
 
@@ -26,6 +30,8 @@ MODEL=${MODEL:-nemotron-0.6b}
 DEVICE=${DEVICE:-cuda}
 DTYPE=${DTYPE:-bf16}
 PY=${PY:-python3}
+PROFILE=${PROFILE:-$([[ $DEVICE == cuda ]] && echo 1 || echo 0)}
+PROFILE_S=${PROFILE_S:-240}
 START=$(date +%s)
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/run.log") 2>&1
@@ -50,6 +56,11 @@ bench() {  # gpu_bench.py with what is left of the budget
     --dtype "$DTYPE" --budget-s "$left" "${ARGS[@]}"
 }
 ARGS=("$@")
+if [[ $PROFILE == 1 ]]; then  # profile before timing anything (issue 46): its output is what the next change needs
+  timeout "$PROFILE_S" $PY benchmarks/gpu/profile_step.py --out "$OUT/profile" --model "$MODEL" --device "$DEVICE" \
+    --dtype "$DTYPE" --budget-s $(( PROFILE_S - 20 ))
+  echo "[$(( $(date +%s) - START ))s] profile_step.py exit $?"
+fi
 bench env
 rc=$?
 echo "[$(( $(date +%s) - START ))s] gpu_bench.py exit $rc"

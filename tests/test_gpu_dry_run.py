@@ -290,3 +290,12 @@ def test_run_gpu_sh_profiles_first_on_a_gpu(tmp_path):
     assert prof[prof.index("--device") + 1] == "cuda" and prof[prof.index("--model") + 1] == "nemotron-0.6b"
     assert 90 <= int(bench[bench.index("--budget-s") + 1]) <= 98  # the profile's seconds came off the budget
     assert "profile_step.py exit 0" in (out / "run.log").read_text()
+
+
+def test_run_gpu_sh_profile_only(tmp_path):
+    """PROFILE_ONLY=1: the profile runs, its exit status is the wrapper's, the bench does not run."""
+    fake, log = _fake_python(tmp_path, 'case "$*" in *profile_step.py*) exit 1;; esac\n')
+    r, _, _ = _run_sh(tmp_path, fake, env={"DEVICE": "cuda", "PROFILE_ONLY": "1"})
+    assert r.returncode == 1, r.stdout + r.stderr
+    ran = [c for c in log.read_text().splitlines() if ".py" in c]
+    assert len(ran) == 1 and "profile_step.py" in ran[0]

@@ -19,6 +19,7 @@
 # bench, bounded by PROFILE_S (default 240; the script budgets itself 20 s less): where each
 # millisecond of a step goes, into OUT/profile/{profile.json,summary.txt,trace_*.json.gz}. The
 # bench then gets what is left of BUDGET_S, so profile + bench stay inside one device call.
+# PROFILE_ONLY=1: the profile alone (exit with its status), for a call that has time for nothing else.
 # CPU dry run (tests/test_gpu_dry_run.py): DEVICE=cpu DTYPE=fp32 MODEL=tiny-prompt and small options.
 set -uo pipefail
 
@@ -59,7 +60,9 @@ ARGS=("$@")
 if [[ $PROFILE == 1 ]]; then  # profile before timing anything (issue 46): its output is what the next change needs
   timeout "$PROFILE_S" $PY benchmarks/gpu/profile_step.py --out "$OUT/profile" --model "$MODEL" --device "$DEVICE" \
     --dtype "$DTYPE" --budget-s $(( PROFILE_S - 20 ))
-  echo "[$(( $(date +%s) - START ))s] profile_step.py exit $?"
+  prc=$?
+  echo "[$(( $(date +%s) - START ))s] profile_step.py exit $prc"
+  [[ ${PROFILE_ONLY:-0} == 1 ]] && exit $prc
 fi
 bench env
 rc=$?

@@ -8,7 +8,8 @@ a session created through NIM's bootstrap (its update carries `input_audio_param
 neither ends the item nor is answered: the session keeps one engine stream and items end where
 the speech ends: the endpointer (the session's turn_detection), an append's
 `runtime_config.force_eou` (the client's `request_force_eou`), or the end of input; the last
-item is then the whole last utterance. Rejected: ending an item at each commit the model had
+item is then the whole last utterance (or, after trailing silence, repeats it: LastUtterance).
+Rejected: ending an item at each commit the model had
 caught up with (what we did): items split where timing put them, mid-word, and the client showed
 only the last piece.
 
@@ -18,6 +19,7 @@ Owner: the event loop (realtime.RealtimeFormat).
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
 
 def wants_force_eou(runtime_config: object) -> bool:
@@ -58,3 +60,25 @@ class ForcedEnds:
             self.targets.clear()
         if self.final_requested is not None and segment >= self.final_requested:
             self.final_requested = None
+
+
+@dataclass
+class LastUtterance:
+    """The last item with text a NIM session sent. When speech ends, the endpointer closes the
+    utterance; audio that goes on in silence until the end of input leaves an empty last item,
+    and NVIDIA's client would print an empty `Final Transcript` and save nothing. So that last
+    event's `transcript` repeats the last utterance's and `nemo_serve.repeats_item` names its
+    item; its tokens are not repeated (`nemo_serve.token_ids` stays empty: tokens summed over
+    items stay /ws's). Rejected: holding each endpointed item back until the next has text or
+    the input ends, which delays every live final by the length of the next pause."""
+
+    text: str = ""
+    item_id: str | None = None
+
+    def on_completed(self, ev, item_id: str, last: bool) -> None:
+        """A NIM session's `completed` event, before it is sent (patched when it is an empty last)."""
+        if ev.transcript:
+            self.text, self.item_id = ev.transcript, item_id
+        elif last and self.item_id is not None:
+            ev.transcript = self.text
+            ev.nemo_serve["repeats_item"] = self.item_id

@@ -63,7 +63,7 @@ from .protocol import (
     ProtocolError,
     ProtocolState,
 )
-from .nim_items import ForcedEnds
+from .nim_items import ForcedEnds, LastUtterance
 from .realtime_items import ItemStream, SegmentKeys
 from . import speech_detector
 from .realtime_protocol import (
@@ -142,6 +142,7 @@ class RealtimeFormat:
         self._last_release = float("-inf")  # when an item of ours last finished (its slot comes back)
         self.nim_ends = ForcedEnds()  # a NIM client's force_eou appends on its one engine stream
         self.aborted = False  # the session ended (abort): no item opens a stream any more
+        self.nim_said = LastUtterance()  # what a NIM client's final repeats after trailing silence
         session.outbox.put(self._session_event("created"))
 
     def _query_mode(self, mode: str) -> str | None:
@@ -538,7 +539,10 @@ class RealtimeFormat:
                 ms = int(round((item.start_s + r.audio_processed_s) * 1000))
                 await self.session.send(event("input_audio_buffer.speech_stopped", item_id=item_id, audio_end_ms=ms))
             await self.session.send(self._committed_event(r.segment))
-        await self.session.send(completed_event(r, item_id, self.ctx.model.vocabulary, item.start_s, last))
+        completed = completed_event(r, item_id, self.ctx.model.vocabulary, item.start_s, last)
+        if self.nim:
+            self.nim_said.on_completed(completed, item_id, last)
+        await self.session.send(completed)
 
     def _committed_event(self, segment: int):
         """input_audio_buffer.committed for `segment`'s item, chained to the item before it."""

@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import contextlib
 import socket
+import struct
 import time
 from pathlib import Path
 
@@ -81,26 +83,87 @@ def _rss_kib(pid: int) -> int:
     raise AssertionError(f"no VmRSS for pid {pid}")
 
 
+# ----------------------------------------------------------------------------- defect 7: secrets in the log
+
+
+def test_minted_client_secrets_never_reach_the_debug_log(rt):
+    """Defect 7: at --log-level debug the handshake's `authorization` and `sec-websocket-protocol`
+    header lines carried minted client secrets (the server token was redacted, they were not).
+    Two secrets minted by the real POST, each used the way its client uses it: neither, nor its
+    MAC, appears in the log. First in the module: the log keeps 20 lines of a kind, then 2 per
+    second, and the header lines checked for must not be the ones rate-limited away."""
+    import httpx
+
+    def mint() -> str:
+        r = httpx.post(rt.http_url + "/v1/realtime/transcription_sessions", json={}, headers=rt.auth_headers, timeout=10)
+        assert r.status_code == 200, r.text
+        return r.json()["client_secret"]["value"]
+
+    bearer, offered = mint(), mint()
+
+    async def use() -> None:
+        for headers, protocols in (({"Authorization": f"Bearer {bearer}"}, None),
+                                   ({}, ["realtime", f"realtime-token.{offered}"])):  # fmt: skip
+            async with _connect(rt, additional_headers=headers, subprotocols=protocols) as ws:
+                assert json.loads(await ws.recv())["type"] == "session.created"
+
+    start = len(rt.log())
+    asyncio.run(use())
+    time.sleep(0.3)  # let the last lines land
+    log = rt.log()[start:]
+    assert "authorization:" in log.lower() and "sec-websocket-protocol:" in log.lower(), log[-2000:]  # the lines are there
+    for secret in (bearer, offered):
+        assert secret not in log and secret.rsplit("_", 1)[1] not in log, log[-3000:]
+
+
 # ----------------------------------------------------------------------------- defect 1: slot leak
 
 
+def _masked(payload: bytes, opcode: int = 1) -> bytes:
+    """One client frame (masked, as RFC 6455 requires of clients)."""
+    mask = bytes([0x5A, 0xC3, 0x11, 0x7E])
+    n = len(payload)
+    size = bytes([0x80 | n]) if n < 126 else bytes([0x80 | 126]) + struct.pack(">H", n) if n < 65536 else (
+        bytes([0x80 | 127]) + struct.pack(">Q", n))  # fmt: skip
+    body = (np.frombuffer(payload, np.uint8) ^ np.resize(np.frombuffer(mask, np.uint8), n)).tobytes()
+    return bytes([0x80 | opcode]) + size + mask + body
+
+
+def _raw_realtime(server) -> socket.socket:
+    """A raw socket past the /v1/realtime upgrade (its 101 read, nothing after it)."""
+    s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    s.sendall(("GET /v1/realtime HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+               "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+               f"Authorization: Bearer {TOKEN}\r\n\r\n").encode())  # fmt: skip
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += s.recv(1)
+    assert head.startswith(b"HTTP/1.1 101"), head
+    return s
+
+
 @pytest.mark.parametrize("num_appends", [1, 10])
-def test_clean_close_right_after_appends_frees_the_slot(rt, speech, num_appends):
+@pytest.mark.parametrize("one_write", [True, False], ids=["one-write", "update-first"])
+def test_clean_close_right_after_appends_frees_the_slot(rt, speech, num_appends, one_write):
     """Defect 1: default server VAD, session.update at 16 kHz, 100 ms appends, then close 1000 at
-    once (the server is sending session.updated and speech events as the close comes): every
-    slot comes back."""
-
-    async def session() -> None:
-        async with _connect(rt) as ws:
-            await ws.recv()  # session.created
-            await ws.send(_update())
-            for i in range(num_appends):
-                await ws.send(_append(speech[i * 1600 : (i + 1) * 1600]))
-        # leaving the block: close 1000 at once, without reading what the server sends
-
+    once. The appends and the close arrive together: the send of session.updated fails, run()
+    aborts its streams, and the receive task, cancelled as its frame arrived, still handled the
+    append (asyncio.wait_for before 3.12 returns the frame instead of raising) and opened a
+    stream nothing aborted. Five sessions each: every slot comes back."""
+    frames = b"".join(_masked(_append(speech[i * 1600 : (i + 1) * 1600]).encode()) for i in range(num_appends))
+    frames += _masked(struct.pack(">H", 1000), opcode=8)
     for _ in range(5):
-        asyncio.run(session())
-    rt.assert_no_leak()
+        with _raw_realtime(rt) as s:
+            if one_write:
+                s.sendall(_masked(_update().encode()) + frames)
+            else:
+                s.sendall(_masked(_update().encode()))
+                time.sleep(0.05)
+                s.sendall(frames)
+            with contextlib.suppress(OSError):
+                while s.recv(65536):  # until the server's close
+                    pass
+    rt.assert_no_leak(timeout_s=5)
 
 
 # ----------------------------------------------------------------------------- defect 6: one session, every slot
@@ -191,38 +254,6 @@ def test_forged_client_secret_is_401_not_500(rt, path, header):
     assert b"missing or wrong bearer token" in data
     expired, _ = mint_client_secret(TOKEN, now=time.time() - 3600)
     assert _handshake(rt, "/v1/realtime", f"Authorization: Bearer {expired}\r\n".encode())[0] == 401
-
-
-# ----------------------------------------------------------------------------- defect 7: secrets in the log
-
-
-def test_minted_client_secrets_never_reach_the_debug_log(rt):
-    """Defect 7: at --log-level debug the handshake's `authorization` and `sec-websocket-protocol`
-    header lines carried minted client secrets (the server token was redacted, they were not).
-    Two secrets minted by the real POST, each used the way its client uses it: neither, nor its
-    MAC, appears in the log."""
-    import httpx
-
-    def mint() -> str:
-        r = httpx.post(rt.http_url + "/v1/realtime/transcription_sessions", json={}, headers=rt.auth_headers, timeout=10)
-        assert r.status_code == 200, r.text
-        return r.json()["client_secret"]["value"]
-
-    bearer, offered = mint(), mint()
-
-    async def use() -> None:
-        for headers, protocols in (({"Authorization": f"Bearer {bearer}"}, None),
-                                   ({}, ["realtime", f"realtime-token.{offered}"])):  # fmt: skip
-            async with _connect(rt, additional_headers=headers, subprotocols=protocols) as ws:
-                assert json.loads(await ws.recv())["type"] == "session.created"
-
-    start = len(rt.log())
-    asyncio.run(use())
-    time.sleep(0.3)  # let the last lines land
-    log = rt.log()[start:]
-    assert "authorization:" in log.lower() and "sec-websocket-protocol:" in log.lower(), log[-2000:]  # the lines are there
-    for secret in (bearer, offered):
-        assert secret not in log and secret.rsplit("_", 1)[1] not in log, log[-3000:]
 
 
 # ----------------------------------------------------------------------------- scripted bad inputs (defect 9)

@@ -120,6 +120,11 @@ class Session(StreamLifecycle):
         self.state = ProtocolState.CONNECTED
         self.end_reason: str | None = None  # why input ended: "end", "draining", "max_stream_duration"
         self.last_message = time.monotonic()  # the idle clock
+        # run() reached its `finally:` (streams aborted): no frame is handled after this. The
+        # receive task's cancel is not enough: asyncio.wait_for before Python 3.12 returns a frame
+        # that arrived with the cancel instead of raising, and the frame (an append) opened an
+        # engine stream that nothing aborted (issue 45: a clean close right after appends leaked).
+        self.finished = False
         self.wire = make_wire(self)
 
     # ------------------------------------------------------------------ lifecycle
@@ -137,6 +142,7 @@ class Session(StreamLifecycle):
             if not send.done() and not self.client_gone:
                 await send  # flush the results still owed, the error if any, then close
         finally:
+            self.finished = True
             self.abort_streams("connection closed")
             for task in (recv, send):
                 task.cancel()
@@ -224,6 +230,8 @@ class Session(StreamLifecycle):
             except asyncio.TimeoutError:  # TimeoutError itself only from 3.11
                 self._on_timeout()
                 continue
+            if self.finished:
+                return  # a frame that raced run()'s end (see `finished`)
             if message["type"] == "websocket.disconnect":
                 self._on_disconnect(message.get("code", 1005))
                 return

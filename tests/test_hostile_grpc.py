@@ -276,11 +276,14 @@ def test_scripted_bad_streams_are_invalid_argument(server, stub):
         e = rpc_error(stub.StreamingRecognize, iter(requests), metadata=METADATA, timeout=10)
         assert e is not None and e.code() == grpc.StatusCode.INVALID_ARGUMENT, (name, e)
         assert needle in e.details() and len(e.details()) < 300, (name, e.details())
-    for name, (header, needle) in HEADER_CASES.items():  # the same headers in Recognize
+        server.assert_no_leak(timeout_s=5)  # a call refused after admission gives its slot back
+    admitted = server.metric("nemo_serve_streams_total")
+    for name, (header, needle) in HEADER_CASES.items():  # the same headers in Recognize, back to back
         e = rpc_error(stub.Recognize, rasr.RecognizeRequest(config=config(), audio=header + SHORT), metadata=METADATA,
                       timeout=10)  # fmt: skip
         assert e is not None and e.code() == grpc.StatusCode.INVALID_ARGUMENT, (name, e)
         assert needle in e.details(), (name, e.details())
+    assert server.metric("nemo_serve_streams_total") == admitted, "Recognize checks its WAV header before it takes a slot"
 
 
 def test_empty_chunks_and_oversized_messages(server, stub):

@@ -329,8 +329,11 @@ class RivaSpeechRecognition:
         try:
             try:
                 config = self._config(request.config, False)
+                # The whole audio is here: its WAV header (format, channels, rate) is checked
+                # before a slot is taken, so a refused call never holds one.
+                pcm = call.wav.feed(request.audio) + call.wav.flush()
                 if call.open(config):
-                    call.push(request.audio)
+                    call.push(pcm)
                     call.end_input()
             except (RivaRequestError, AudioError) as e:
                 call.fail(str(e), grpc.StatusCode.INVALID_ARGUMENT, "bad_audio" if isinstance(e, AudioError) else "protocol")

@@ -496,3 +496,28 @@ def test_fuzz_and_churn_beside_a_neighbour_leave_no_5xx_slot_or_memory_behind(sr
     assert "Traceback" not in log and "ERROR" not in log, log[-3000:]
     assert srv.metric('nemo_serve_file_transcriptions_total{status="499"}') > gone_before
     assert srv.get("/healthz").status_code == 200
+
+
+def _flac_of_unknown_length(seconds: int) -> bytes:
+    """Silence in a FLAC whose STREAMINFO says 0 samples (legal: "unknown", as an encoder writing
+    to a pipe leaves it); libsndfile then reports 2**63 - 1 frames."""
+    data = bytearray(_silent_flac(seconds, 1, 16000))
+    assert data[:4] == b"fLaC"
+    data[21] &= 0xF0  # the 36-bit total-samples field: the low 4 bits of byte 21, then bytes 22 to 25
+    data[22:26] = bytes(4)
+    return bytes(data)
+
+
+def test_a_header_that_does_not_know_its_length_is_decoded_up_to_the_limit(srv):
+    """Defect 3's guard: frames unknown. Before, the 2**63 - 1 frames libsndfile reports were taken
+    for the duration: a 20 s file was refused as 576,460,752,303,423.5 s long. Now it is decoded
+    in blocks, and one that goes on past --max-stream-s (900 s here) is stopped there."""
+    short = _post(srv, files={"file": ("a.flac", _flac_of_unknown_length(20), "audio/flac")})
+    assert short.status_code == 200 and short.json()["usage"]["seconds"] == 20, short.text
+    pid = srv.readyz()["pid"]
+    peak_before = _rss_kb(pid)
+    long = _post(srv, files={"file": ("b.flac", _flac_of_unknown_length(950), "audio/flac")})
+    assert long.status_code == 413, long.text
+    assert "goes on past 900.0 s" in long.json()["error"]["message"], long.text
+    assert (_rss_kb(pid) - peak_before) / 1024 < 100
+    srv.assert_no_leak()

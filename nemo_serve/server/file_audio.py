@@ -132,6 +132,8 @@ def _read_block(f: soundfile.SoundFile, block: np.ndarray, known_length: bool) -
         return block[: len(block) if written.all() else int(np.argmin(written))], True
     return read, len(read) < len(block)
 
+
+def _why(e: Exception) -> str:
     """libsndfile's reason in a client's words: its own texts name C structs and pipes."""
     text = str(e).lower()
     for needle, said in _LIBSNDFILE_TEXTS:

@@ -11,9 +11,9 @@ A compressed file is a decompression bomb in waiting: 240 kB of FLAC holds 10 mi
 the limits before any decoding, and the audio is decoded in blocks of at most BLOCK_BYTES, each
 downmixed and resampled before the next is read: peak memory is the mono output at the model's
 rate (4 bytes x model rate x --max-stream-s at most: 230 MB for an hour at 16 kHz) plus about
-16 MiB for the block in flight, whatever the channels and rate. A header that lies about its length cannot get
-past the limit: decoding stops there. The caller runs this off the event loop (it takes seconds
-for an hour of audio).
+16 MiB for the block in flight, whatever the channels and rate. A header that does not know its
+length (a FLAC written to a pipe says 0 samples) is decoded up to the limit and stopped there.
+The caller runs this off the event loop (it takes seconds for an hour of audio).
 """
 
 from __future__ import annotations
@@ -96,14 +96,14 @@ def _decode_blocks(f: soundfile.SoundFile, model_rate: int, max_frames: int, max
     out = np.empty(math.ceil(min(expected, max_frames) * model_rate / rate) + 64, dtype=np.float32)
     num_out = num_frames = 0
     while True:
-        read = f.read(out=block)  # a view of `block`: no allocation per block
+        read, last = _read_block(f, block, known_length=f.frames < UNKNOWN_FRAMES)
         num_frames += len(read)
-        if num_frames > max_frames:
-            raise FileTooLong(_too_long(num_frames / rate, rate, channels, max_seconds))
+        if num_frames > max_frames:  # only when the header did not say (libsndfile stops at what it says)
+            raise FileTooLong(f"audio goes on past {max_frames / rate:.1f} s, the most this server decodes of "
+                              f"{channels} channel(s) at {rate} Hz (--max-stream-s); its header does not say how long it is")  # fmt: skip
         mono = read[:, 0] if channels == 1 else read.mean(axis=1, dtype=np.float32)
         if not np.isfinite(mono).all():
             raise FileAudioError("audio contains NaN or Inf samples")
-        last = len(read) < len(block)
         if resampler is not None:
             mono = resampler.resample_chunk(mono, last=last)
         if num_out + len(mono) > len(out):  # the header said fewer frames than there are
@@ -112,6 +112,25 @@ def _decode_blocks(f: soundfile.SoundFile, model_rate: int, max_frames: int, max
         num_out += len(mono)
         if last:
             return out[:num_out], num_frames
+
+
+def _read_block(f: soundfile.SoundFile, block: np.ndarray, known_length: bool) -> tuple[np.ndarray, bool]:
+    """(the next frames, in a view of `block`: no allocation per block; whether they are the
+    last). At the end of a file
+    that does not know its length, soundfile's seek after the last short read fails and it
+    raises, without saying how many frames it read: those are told by a NaN fill that the
+    decoder never writes (a NaN it did write is refused anyway). Rejected: soundfile's private
+    `_snd.sf_readf_float`, which returns the count but would tie us to soundfile's internals."""
+    if not known_length:
+        block.fill(np.nan)
+    try:
+        read = f.read(out=block)
+    except soundfile.LibsndfileError:
+        if known_length:
+            raise
+        written = ~np.isnan(block).all(axis=1)
+        return block[: len(block) if written.all() else int(np.argmin(written))], True
+    return read, len(read) < len(block)
 
 
 def _why(e: Exception) -> str:

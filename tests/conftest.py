@@ -11,6 +11,7 @@ torch.set_num_threads(1)
 
 
 def pytest_configure(config):
+    # Slow tests run by default, in CI too (tests/test_builtin.py: about 2 min of CPU, 4.5 GB).
     config.addinivalue_line("markers", "slow: builds the large architectures; deselect with -m 'not slow'")
 
 

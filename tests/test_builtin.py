@@ -10,7 +10,6 @@ from __future__ import annotations
 import collections
 import functools
 import itertools
-import os
 
 import pytest
 import torch
@@ -234,18 +233,15 @@ def test_hybrid_ctc_head_not_degenerate():
 # --------------------------------------------------------------------------- large architectures
 
 
-def _run_slow(config) -> bool:
-    return os.environ.get("NEMO_SERVE_RUN_SLOW") == "1" or "slow" in (config.getoption("-m") or "")
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "name, params_m, vocab",
     [("fastconformer-l", (110, 120), 1024), ("nemotron-0.6b", (600, 660), 13087)],
 )
-def test_large_architectures(name, params_m, vocab, request):
-    if not _run_slow(request.config):
-        pytest.skip("builds a large model (about a minute or more); run with -m slow or NEMO_SERVE_RUN_SLOW=1")
+def test_large_architectures(name, params_m, vocab):
+    """Run by default, CI included (conftest.py): the GPU headline's architecture is built and decoded
+    here. Measured on the 2-core VM, one thread: 113 s of CPU for both, 4.5 GB peak RSS; 125 s and
+    463 s of wall time while four other test runs shared the cores. `-m 'not slow'` leaves them out."""
     model = builtin.build_builtin(name)
     num_params = sum(p.numel() for p in model.parameters()) / 1e6
     assert params_m[0] <= num_params <= params_m[1]

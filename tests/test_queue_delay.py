@@ -135,7 +135,8 @@ class _Core:
         return self.num_slots - self.num_free_slots
 
     def overload(self, decide: bool = False, now=None):
-        return self.guard.judge(self.queue_delay_s, self.num_open_streams, time.time(), decide)
+        now = time.time() if now is None else now  # as EngineClient: the moment the caller judges at
+        return self.guard.judge(self.queue_delay_s, self.num_open_streams, now, decide)
 
     def open_stream(self, on_result, **kw):
         self.opened += 1
@@ -170,6 +171,18 @@ def test_group_admits_on_a_core_whose_guard_admits():
     assert _group(behind2, other).overload(decide=True) == Verdict(None, False, None)
     _group(behind2, other).open_stream(lambda r: None)
     assert (behind2.opened, other.opened) == (1, 0)
+
+
+def test_group_judges_every_core_at_the_moment_it_is_given():
+    """/readyz passes one `now` for the verdict and every core's cap (a recovering cap grows with
+    time): the group hands it on to each core."""
+    core = _Core("a", free=3, delay=4.0)
+    group = _group(core)
+    t0 = time.time()
+    assert group.overload(decide=True, now=t0).refusal is not None  # behind: refused, its cap set to 1
+    core.queue_delay_s = 0.0
+    assert group.overload(now=t0).cap == 1
+    assert group.overload(now=t0 + 10).cap is None  # 10 s of growth at 1 stream a second: past its 4 slots
 
 
 def test_group_refuses_only_when_no_core_with_room_admits():

@@ -208,7 +208,7 @@ def test_the_counter_sees_each_kind_of_wait():
         (pool.labels[:2] + 1).cpu()
         pool.labels[[0, 1]] = 1  # the old mixed-width features: list-index assignment
         pool.labels[np.array([0, 1])]  # noqa: B018
-        staged = stepper_for(m, eng.encoder, pool).h_rows[:2].to(m.device)  # staged: not a wait
+        staged = stepper_for(m, eng.encoder, pool).host_buffers[0][:2].to(m.device)  # staged: not a wait
         staged.copy_(pool.labels[:2])  # now a device tensor: a device-to-device copy
     assert counter.host_reads == ["tolist", "__int__", "cpu"]
     assert counter.d2h == ["copy_"]

@@ -273,13 +273,13 @@ def test_engine_iteration_waits_for_the_device_once_per_step(spec):
     st = stepper_for(m, eng.encoder, eng.pool)
     counter = _counter(m, eng)
     kinds, per_tick = [], []
-    step = eng._step
+    launch = eng._launch
 
     def spy(group):  # what each step was, for the coverage check below (host data only)
         kinds.append((group.is_first, len(set(group.widths.tolist())) > 1))
-        step(group)
+        return launch(group)
 
-    eng._step = spy
+    eng._launch = spy
 
     def counted(tick, work):
         counter.d2h, counter.host_reads, counter.h2d_unstaged = [], [], []
@@ -293,7 +293,7 @@ def test_engine_iteration_waits_for_the_device_once_per_step(spec):
         counted_updates = _drive_core_style(eng, audios, packet, start, counted, abort_at=(3, 6))
     finally:
         del st.computer  # back to the class method
-        del eng._step
+        del eng._launch
     # Same tokens as the warm-up run for the streams that were not aborted (the count changed nothing).
     for i in range(3):
         assert [t for u in counted_updates[i] for t in u.new_token_ids] == [t for u in warm[i] for t in u.new_token_ids]

@@ -4,11 +4,22 @@
   force_final / abort                open together; audio goes into its buffer and the scheduler;
                                      a forced final or an abort is published and released now
   iterate()                      ->  1 scheduler.plan: readiness and grouping as array operations
-                                       over the open slots (by mode, first | later chunks),
-                                       earliest deadline first
-                                     2 features + one batched step per group
-                                     3 results and endpoints; finished streams released
+                                       over the open slots not in flight (by mode, first | later
+                                       chunks), earliest deadline first
+                                     2 launch: features + one batched step per group, staged and
+                                       enqueued; the chunks count as stepped (scheduler.advance)
+                                     3 collect the steps launched before: results and endpoints;
+                                       finished streams released
                                    <-  IterationOutput: everything produced since the last one
+
+Launch, then collect (vLLM v1's `step_with_batch_queue`; engine/step.py). With `overlap` on (the
+default on CUDA) an iteration launches step N+1 before it waits for step N, so the host plans,
+computes features, stages and publishes while the device runs. A slot in flight is left out of
+planning until its step is collected (its next chunk needs this one's caches); an abort or a forced
+final of a stream in flight is applied when its step is collected, so its results are dropped, or
+land before the forced final, as the sequential loop would have it. With `overlap` off (the CPU's
+default: there the device work is done at launch, nothing to overlap) each step is collected as
+soon as it is launched: the sequential loop, result for result.
 
 Every method is for the thread that owns the engine: the engine core's loop (core/engine_core.py),
 or the in-process harness's thread (engine/harness.py), which hands it the calls other threads
@@ -45,7 +56,8 @@ from .invariants import check
 from .queue_delay import QueueDelay
 from .slot_table import SlotTable
 from .slots import SlotPool
-from .step import StepBatch, prepare_step, run_step
+from .step import StepBatch, collect_step, launch_step, prepare_step
+from .staging import LaunchedStep
 from .results import Detokenizer, StreamUpdate
 from .stream import Stream
 
@@ -61,6 +73,17 @@ class Chunk:
     num_frames: int
     is_first: bool
     is_last: bool
+
+
+@dataclass
+class InFlightStep:
+    """A launched group, and what collecting it needs."""
+
+    group: Group
+    streams: list[Stream]  # the rows' streams, by identity: a result goes to the stream it was launched for
+    launched: LaunchedStep
+    started: float  # perf_counter at launch
+    wall_started: float  # time.time() at launch
 
 
 @dataclass
@@ -92,10 +115,13 @@ class Engine:
         kv_cache: bool = True,
         token_confidence: bool = False,
         phrase_limits: PhraseLimits = PhraseLimits(),
+        overlap: bool | None = None,
     ) -> None:
         """`kv_cache`: cache projected keys/values (engine/encoder.py) where the architecture
         allows; False runs NeMo's own layer code (caches layer inputs). `token_confidence`: each
-        new token comes with the decoder's confidence (engine/step.py), for word confidences."""
+        new token comes with the decoder's confidence (engine/step.py), for word confidences.
+        `overlap`: launch step N+1 before collecting step N (module docstring); None: on CUDA only,
+        unless NEMO_SERVE_OVERLAP says otherwise."""
         self.model = model
         self.geometry = model.geometry
         self.num_slots = num_slots
@@ -132,6 +158,15 @@ class Engine:
         self._update_slots: list[int] = []  # each update's slot
         self._released: list[ReleasedStream] = []
         self._steps: list[StepStats] = []
+        if overlap is None:  # NEMO_SERVE_OVERLAP=0|1: the sequential loop one setting away on a GPU
+            overlap = os.environ.get("NEMO_SERVE_OVERLAP", "1" if model.device.type == "cuda" else "0") != "0"
+        self.overlap = overlap
+        self._in_flight: list[InFlightStep] = []  # launched by the last iterate(), collected by the next
+        self._flying = np.zeros(num_slots, dtype=bool)  # [S] slots of the steps in flight
+        # Calls on a stream in flight, applied when its step is collected: slot -> abort reason,
+        # and the slots owed a forced final.
+        self._abort_at_collect: dict[int, str] = {}
+        self._final_at_collect: set[int] = set()
         # Test hook, never a setting: every step sleeps this long, a model slower than real time on a
         # CPU that is not (tests/test_server_e2e.py overload test). Named TEST so nobody ships it.
         self.test_step_sleep_s = float(os.environ.get("NEMO_SERVE_TEST_STEP_SLEEP_S", "0"))
@@ -280,15 +315,23 @@ class Engine:
     def force_final(self, stream: Stream) -> None:
         """Close the stream's segment now: a final with what it has, in the next `iterate()`'s
         output; decoding goes on. A stream no longer open is left alone."""
-        if self.slots.holds(stream):
-            self._publish_final(stream, [], [], time.time(), done=False)
+        if not self.slots.holds(stream):
+            return
+        if self._flying[stream.slot]:  # after its step's tokens, as the sequential loop has them
+            self._final_at_collect.add(stream.slot)
+            return
+        self._publish_final(stream, [], [], time.time(), done=False)
 
     def abort(self, stream: Stream, reason: str = "aborted") -> None:
         """Release the stream now: nothing more is published for it; its release is in the next
         `iterate()`'s output. Idempotent. `reason`: for the debug log."""
-        if self.slots.holds(stream):
-            log.debug("stream %s aborted: %s", stream.stream_id, reason)
-            self._release(stream)
+        if not self.slots.holds(stream):
+            return
+        if self._flying[stream.slot]:  # its step owns the row until collected: released then
+            self._abort_at_collect.setdefault(stream.slot, reason)
+            return
+        log.debug("stream %s aborted: %s", stream.stream_id, reason)
+        self._release(stream)
 
     # ------------------------------------------------------------------ what the engine holds
     @property
@@ -338,10 +381,17 @@ class Engine:
     def iterate(self) -> IterationOutput:
         """One pass: plan, step each group, publish; returns everything produced since the last
         call (`.busy`: a stream advanced, so the caller should not sleep)."""
+        earlier, self._in_flight = self._in_flight, []
         for group in self._schedule():  # 1
-            self._step(group)  # 2, 3
+            step = self._launch(group)  # 2
+            if self.overlap:
+                self._in_flight.append(step)
+            else:
+                self._collect(step)  # 3, at once: the sequential loop
+        for step in earlier:  # 3: launched by the last call; the device ran them meanwhile
+            self._collect(step)
         out = IterationOutput(tuple(self._updates), tuple(self._update_slots), tuple(self._released), tuple(self._steps),
-                              self.queue_delay.published)  # fmt: skip
+                              self.queue_delay.published, len(self._in_flight))  # fmt: skip
         self._updates.clear()
         self._update_slots.clear()
         self._released.clear()
@@ -366,7 +416,7 @@ class Engine:
         ]
 
     def _schedule(self) -> list[Group]:
-        groups, done = self.scheduler.plan(time.time(), self.slots.held)
+        groups, done = self.scheduler.plan(time.time(), self.slots.held & ~self._flying)
         for slot in done.tolist():  # input ended on a tail NeMo's loop would not encode: owed its final
             s = self.slots.stream_at(slot)
             self._publish_final(s, [], [], s.audio.finish_time or time.time(), done=True)
@@ -385,44 +435,71 @@ class Engine:
         """[B, F, W] new frames for the group; final short chunks are computed apart and padded."""
         return self.features.compute_group([s.audio for s in streams], group.t0.tolist(), group.widths)
 
-    def _step(self, group: Group) -> None:
+    def _launch(self, group: Group) -> InFlightStep:
         t_start = time.perf_counter()
         wall_start = time.time()
         self.queue_delay.begin_step(wall_start)
-        slots = group.slots.tolist()
         by_slot = self.slots.by_slot
-        streams = [by_slot[slot] for slot in slots]
-        widths = group.widths.tolist()
+        streams = [by_slot[slot] for slot in group.slots.tolist()]
         # Rows as numpy: the stepper stages them (pinned, non-blocking) and gathers the rows'
-        # languages on the device (languages None); the step's one wait is its results copy.
-        batch = StepBatch(group.slots, self._features(streams, group), widths, group.is_first, None,
+        # languages on the device (languages None); the step's one wait is in collect_step.
+        batch = StepBatch(group.slots, self._features(streams, group), group.widths.tolist(), group.is_first, None,
                           group.context_right, self.token_confidence)  # fmt: skip
-        result = run_step(self.model, self.encoder, self.pool, batch)
+        launched = launch_step(self.model, self.encoder, self.pool, batch)
         if self.test_step_sleep_s:
             time.sleep(self.test_step_sleep_s)
-        self.scheduler.advance(group)
-        elapsed = time.perf_counter() - t_start
-        wall_done = wall_start + elapsed
-        self.stats.steps += 1
-        self.stats.stream_steps += len(slots)
-        self.stats.audio_s += sum(widths) * self.hop_s
-        per_mode = self.stats.by_mode.setdefault(group.context_right, [0, 0])
-        per_mode[0] += 1
-        per_mode[1] += len(slots)
-        self._steps.append(StepStats(len(slots), elapsed, group.context_right))
+        self.scheduler.advance(group)  # at launch: the next plan must not take these chunks again
+        self._flying[group.slots] = True
+        return InFlightStep(group, streams, launched, t_start, wall_start)
+
+    def _collect(self, step: InFlightStep) -> None:
+        result = collect_step(step.launched)
+        group, streams, wall_start = step.group, step.streams, step.wall_started
+        self._flying[group.slots] = False
+        slots, widths = group.slots.tolist(), group.widths.tolist()
+        elapsed = time.perf_counter() - step.started
+        self._count_step(group, len(slots), widths, elapsed)
         next_frames = (group.t0 + group.widths).tolist()
         confs = result.token_confidences or [None] * len(streams)
         longest_delay = 0.0
-        for s, next_frame, last, ids, frames, decoded, conf, width in zip(
-            streams, next_frames, group.is_last.tolist(), result.token_ids, result.token_frames, result.decoded_frames,
-            confs, widths,
+        for s, slot, next_frame, last, ids, frames, decoded, conf, width in zip(
+            streams, slots, next_frames, group.is_last.tolist(), result.token_ids, result.token_frames,
+            result.decoded_frames, confs, widths,
         ):
+            if self._collect_row_aborted(s, slot):
+                continue
             arrived = self._advance(s, next_frame, last, ids, frames, decoded, conf)
             # Due: its last sample in, and at most real-time pace after the stream's previous chunk
             # (queue_delay.py). A client ahead of real time is not the engine falling behind.
             s.due = max(arrived, s.due + width * self.hop_s)
             longest_delay = max(longest_delay, wall_start - s.due)
-        self.queue_delay.record(longest_delay, wall_done)
+            if slot in self._final_at_collect:
+                self._final_at_collect.discard(slot)
+                if self.slots.holds(s):  # not released by its last chunk meanwhile
+                    self._publish_final(s, [], [], time.time(), done=False)
+        self.queue_delay.record(longest_delay, wall_start + elapsed)
+
+    def _collect_row_aborted(self, s: Stream, slot: int) -> bool:
+        """A row whose stream is no longer the slot's or was aborted while in flight: its results
+        are dropped (by identity, the slot may be another stream's), a pending abort released now."""
+        if not self.slots.holds(s):
+            return True
+        reason = self._abort_at_collect.pop(slot, None)
+        if reason is None:
+            return False
+        self._final_at_collect.discard(slot)
+        log.debug("stream %s aborted: %s", s.stream_id, reason)
+        self._release(s)
+        return True
+
+    def _count_step(self, group: Group, num_rows: int, widths: list[int], elapsed: float) -> None:
+        self.stats.steps += 1
+        self.stats.stream_steps += num_rows
+        self.stats.audio_s += sum(widths) * self.hop_s
+        per_mode = self.stats.by_mode.setdefault(group.context_right, [0, 0])
+        per_mode[0] += 1
+        per_mode[1] += num_rows
+        self._steps.append(StepStats(num_rows, elapsed, group.context_right))
 
     def _advance(self, s: Stream, next_frame: int, is_last: bool, ids: list[int], frames: list[int], decoded: int,
                  conf: list[float] | None = None) -> float:  # fmt: skip

@@ -361,7 +361,8 @@ class Engine:
         """Raise AccountingError unless the books that remain agree (engine/invariants.py): the
         slot table (each open stream under its own slot and id, the held mask the same slots), the
         scheduler row of each open slot in its stream's chunk mode, the boosted cache rows exactly
-        the open streams' with phrases, and the phrase count their phrases. Returns the open
+        the open streams' with phrases, the phrase count their phrases, a step in flight only on open
+        streams and calls deferred to a collect only on slots in flight. Returns the open
         streams (each holds a cache row). Between calls, on the owning thread."""
         for problem in self.slots.problems():
             check(False, problem)
@@ -375,12 +376,17 @@ class Engine:
         check(boosted == want, f"cache rows {sorted(boosted)} boosted, streams with phrases on {sorted(want)}")
         phrases = sum(len(s.phrases.phrases) for s in streams if s.phrases)
         check(phrases == self._num_phrases, f"{self._num_phrases} boosted phrases counted, the open streams hold {phrases}")
+        stray = np.flatnonzero(self._flying & ~self.slots.held).tolist()
+        check(not stray, f"slots {stray} have a step in flight and no open stream")
+        pending = sorted(set(self._abort_at_collect) | self._final_at_collect)
+        check(all(self._flying[pending]), f"calls deferred on slots {pending}, not all of them in flight")
         return len(streams)
 
     # ------------------------------------------------------------------ one iteration
     def iterate(self) -> IterationOutput:
-        """One pass: plan, step each group, publish; returns everything produced since the last
-        call (`.busy`: a stream advanced, so the caller should not sleep)."""
+        """One pass: plan, launch each group, collect the steps the last call launched (overlap
+        off: each at once), publish; returns everything produced since the last call (`.busy`: a
+        stream advanced or a step is in flight, so the caller should not sleep)."""
         earlier, self._in_flight = self._in_flight, []
         for group in self._schedule():  # 1
             step = self._launch(group)  # 2

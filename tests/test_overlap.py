@@ -78,14 +78,15 @@ def _engine(m, num_slots: int, overlap: bool, device_s: float | None, host_s: fl
     return engine
 
 
-def _drive(engine, audios, start_tick, packets, abort_at=None, max_ticks=5000):
+def _drive(engine, audios, start_tick, packets, abort_at=None, final_at=None, max_ticks=5000):
     """As the engine core drives it: streams admitted on their slots at their ticks, one packet
     each per tick (then end of input), one iterate() per tick. `abort_at`: stream -> tick from
-    which it is aborted at the first tick its slot has a step in flight. Returns (updates by
+    which it is aborted at the first tick its slot has a step in flight; `final_at`: the same for
+    a forced final. Returns (updates by
     stream with the arrival time left out, release order, steps)."""
-    abort_at = abort_at or {}
+    abort_at, final_at = abort_at or {}, final_at or {}
     n = len(audios)
-    streams, pos, released, steps, aborted = {}, [0] * n, [], 0, set()
+    streams, pos, released, steps, aborted, forced = {}, [0] * n, [], 0, set(), set()
     updates = {i: [] for i in range(n)}
     for tick in range(max_ticks):
         for i in range(n):
@@ -98,8 +99,12 @@ def _drive(engine, audios, start_tick, packets, abort_at=None, max_ticks=5000):
                 free = engine.num_free_slots
                 engine.abort(s, "test")
                 aborted.add(i)
+                engine.check_accounting()  # between calls: the in-flight books agree
                 # Its step owns the cache row until collected: the slot is not given back before.
                 assert engine.slots.holds(s) and engine.num_free_slots == free, "released while in flight"
+            if i not in forced and tick >= final_at.get(i, max_ticks) and engine._flying[s.slot]:
+                engine.force_final(s)
+                forced.add(i)
             if pos[i] < len(audios[i]):
                 piece = audios[i][pos[i] : pos[i] + packets[i]]
                 pos[i] += len(piece)
@@ -166,3 +171,19 @@ def test_a_step_costs_the_larger_of_host_and_device_time_not_their_sum():
     assert per_step[True] < 0.8 * (host_s + device_s), per_step
     print(f"wall per step: sequential {per_step[False] * 1e3:.1f} ms, overlapped {per_step[True] * 1e3:.1f} ms "
           f"(host {host_s * 1e3:.0f} ms, device {device_s * 1e3:.0f} ms)")  # fmt: skip
+
+
+def test_a_forced_final_of_a_stream_in_flight_comes_after_its_steps_tokens():
+    """force_final while the stream's step runs: the final closes the segment after that step's
+    update, so no update of the next segment covers audio the closed one already counted, and
+    the stream's tokens are the sequential loop's (a forced final changes no decoding)."""
+    m = helpers.model(None, 0)
+    audios = [a[: 16000 * 3] for a in helpers.utterances(2, seed=5)]
+    seq, _, _ = _drive(_engine(m, 2, overlap=False, device_s=None), audios, [0, 1], [1600, 1600])
+    ovl, _, _ = _drive(_engine(m, 2, overlap=True, device_s=0.002), audios, [0, 1], [1600, 1600], final_at={0: 10})
+    finals = [u for u in ovl[0] if u[1] and not u[2]]  # endpoints' and the forced one
+    assert len(finals) == len([u for u in seq[0] if u[1] and not u[2]]) + 1, ovl[0]
+    for segment, *_, processed_s in finals:
+        assert all(u[6] > processed_s for u in ovl[0] if u[0] > segment), (segment, ovl[0])
+    assert [t for u in ovl[0] for t in u[3]] == [t for u in seq[0] for t in u[3]]
+    assert ovl[1] == seq[1]

@@ -95,14 +95,14 @@ def _drive(engine, audios, start_tick, packets, abort_at=None, final_at=None, ma
             s = streams.get(i)
             if s is None or f"s{i}" in released:
                 continue
-            if i not in aborted and tick >= abort_at.get(i, max_ticks) and engine._flying[s.slot]:
+            if i not in aborted and tick >= abort_at.get(i, max_ticks) and engine.in_flight.flying[s.slot]:
                 free = engine.num_free_slots
                 engine.abort(s, "test")
                 aborted.add(i)
                 engine.check_accounting()  # between calls: the in-flight books agree
                 # Its step owns the cache row until collected: the slot is not given back before.
                 assert engine.slots.holds(s) and engine.num_free_slots == free, "released while in flight"
-            if i not in forced and tick >= final_at.get(i, max_ticks) and engine._flying[s.slot]:
+            if i not in forced and tick >= final_at.get(i, max_ticks) and engine.in_flight.flying[s.slot]:
                 engine.force_final(s)
                 forced.add(i)
             if pos[i] < len(audios[i]):
@@ -124,7 +124,7 @@ def _drive(engine, audios, start_tick, packets, abort_at=None, final_at=None, ma
             break
     assert sorted(released) == sorted(f"s{i}" for i in range(n)), released
     assert engine.num_free_slots == engine.num_slots and engine.check_accounting() == 0
-    assert not engine._flying.any() and not engine._abort_at_collect and not engine._final_at_collect
+    assert engine.in_flight.idle()
     return updates, released, steps
 
 

@@ -57,7 +57,7 @@ from .queue_delay import QueueDelay
 from .slot_table import SlotTable
 from .slots import SlotPool
 from .step import StepBatch, collect_step, launch_step, prepare_step
-from .staging import LaunchedStep
+from .in_flight import InFlight, InFlightStep
 from .results import Detokenizer, StreamUpdate
 from .stream import Stream
 
@@ -73,17 +73,6 @@ class Chunk:
     num_frames: int
     is_first: bool
     is_last: bool
-
-
-@dataclass
-class InFlightStep:
-    """A launched group, and what collecting it needs."""
-
-    group: Group
-    streams: list[Stream]  # the rows' streams, by identity: a result goes to the stream it was launched for
-    launched: LaunchedStep
-    started: float  # perf_counter at launch
-    wall_started: float  # time.time() at launch
 
 
 @dataclass
@@ -161,12 +150,7 @@ class Engine:
         if overlap is None:  # NEMO_SERVE_OVERLAP=0|1: the sequential loop one setting away on a GPU
             overlap = os.environ.get("NEMO_SERVE_OVERLAP", "1" if model.device.type == "cuda" else "0") != "0"
         self.overlap = overlap
-        self._in_flight: list[InFlightStep] = []  # launched by the last iterate(), collected by the next
-        self._flying = np.zeros(num_slots, dtype=bool)  # [S] slots of the steps in flight
-        # Calls on a stream in flight, applied when its step is collected: slot -> abort reason,
-        # and the slots owed a forced final.
-        self._abort_at_collect: dict[int, str] = {}
-        self._final_at_collect: set[int] = set()
+        self.in_flight = InFlight(num_slots)  # steps launched, not collected; calls waiting for them
         # Test hook, never a setting: every step sleeps this long, a model slower than real time on a
         # CPU that is not (tests/test_server_e2e.py overload test). Named TEST so nobody ships it.
         self.test_step_sleep_s = float(os.environ.get("NEMO_SERVE_TEST_STEP_SLEEP_S", "0"))
@@ -317,8 +301,7 @@ class Engine:
         output; decoding goes on. A stream no longer open is left alone."""
         if not self.slots.holds(stream):
             return
-        if self._flying[stream.slot]:  # after its step's tokens, as the sequential loop has them
-            self._final_at_collect.add(stream.slot)
+        if self.in_flight.defer_final(stream.slot):  # after its step's tokens, as the sequential loop has them
             return
         self._publish_final(stream, [], [], time.time(), done=False)
 
@@ -327,8 +310,7 @@ class Engine:
         `iterate()`'s output. Idempotent. `reason`: for the debug log."""
         if not self.slots.holds(stream):
             return
-        if self._flying[stream.slot]:  # its step owns the row until collected: released then
-            self._abort_at_collect.setdefault(stream.slot, reason)
+        if self.in_flight.defer_abort(stream.slot, reason):  # its step owns the row until collected
             return
         log.debug("stream %s aborted: %s", stream.stream_id, reason)
         self._release(stream)
@@ -376,10 +358,8 @@ class Engine:
         check(boosted == want, f"cache rows {sorted(boosted)} boosted, streams with phrases on {sorted(want)}")
         phrases = sum(len(s.phrases.phrases) for s in streams if s.phrases)
         check(phrases == self._num_phrases, f"{self._num_phrases} boosted phrases counted, the open streams hold {phrases}")
-        stray = np.flatnonzero(self._flying & ~self.slots.held).tolist()
-        check(not stray, f"slots {stray} have a step in flight and no open stream")
-        pending = sorted(set(self._abort_at_collect) | self._final_at_collect)
-        check(all(self._flying[pending]), f"calls deferred on slots {pending}, not all of them in flight")
+        for problem in self.in_flight.problems(self.slots.held):
+            check(False, problem)
         return len(streams)
 
     # ------------------------------------------------------------------ one iteration
@@ -387,17 +367,16 @@ class Engine:
         """One pass: plan, launch each group, collect the steps the last call launched (overlap
         off: each at once), publish; returns everything produced since the last call (`.busy`: a
         stream advanced or a step is in flight, so the caller should not sleep)."""
-        earlier, self._in_flight = self._in_flight, []
+        earlier = self.in_flight.take()
         for group in self._schedule():  # 1
             step = self._launch(group)  # 2
-            if self.overlap:
-                self._in_flight.append(step)
-            else:
+            self.in_flight.launched(step, keep=self.overlap)
+            if not self.overlap:
                 self._collect(step)  # 3, at once: the sequential loop
         for step in earlier:  # 3: launched by the last call; the device ran them meanwhile
             self._collect(step)
         out = IterationOutput(tuple(self._updates), tuple(self._update_slots), tuple(self._released), tuple(self._steps),
-                              self.queue_delay.published, len(self._in_flight))  # fmt: skip
+                              self.queue_delay.published, len(self.in_flight.steps))  # fmt: skip
         self._updates.clear()
         self._update_slots.clear()
         self._released.clear()
@@ -422,7 +401,7 @@ class Engine:
         ]
 
     def _schedule(self) -> list[Group]:
-        groups, done = self.scheduler.plan(time.time(), self.slots.held & ~self._flying)
+        groups, done = self.scheduler.plan(time.time(), self.slots.held & ~self.in_flight.flying)
         for slot in done.tolist():  # input ended on a tail NeMo's loop would not encode: owed its final
             s = self.slots.stream_at(slot)
             self._publish_final(s, [], [], s.audio.finish_time or time.time(), done=True)
@@ -435,6 +414,13 @@ class Engine:
             # "Mixed latency modes"). The long-chunk groups stay ready and go once they are the
             # earliest due.
             groups = [g for g in groups if g.context_right == groups[0].context_right]
+        flying = self.in_flight.flying
+        if groups and flying.any() and groups[0].context_right not in set(self.scheduler.mode[flying].tolist()):
+            # Another mode's step is in flight: launch nothing until it is collected, then plan
+            # again. Launching now would queue a long-chunk step on the device between two steps
+            # of short-chunk streams that are due sooner (the rule above, which sees only the
+            # streams not in flight); a mode switch costs one iteration without overlap instead.
+            return []
         return groups
 
     def _features(self, streams: list[Stream], group: Group) -> torch.Tensor:
@@ -455,13 +441,12 @@ class Engine:
         if self.test_step_sleep_s:
             time.sleep(self.test_step_sleep_s)
         self.scheduler.advance(group)  # at launch: the next plan must not take these chunks again
-        self._flying[group.slots] = True
         return InFlightStep(group, streams, launched, t_start, wall_start)
 
     def _collect(self, step: InFlightStep) -> None:
         result = collect_step(step.launched)
         group, streams, wall_start = step.group, step.streams, step.wall_started
-        self._flying[group.slots] = False
+        self.in_flight.landed(step)
         slots, widths = group.slots.tolist(), group.widths.tolist()
         elapsed = time.perf_counter() - step.started
         self._count_step(group, len(slots), widths, elapsed)
@@ -479,10 +464,8 @@ class Engine:
             # (queue_delay.py). A client ahead of real time is not the engine falling behind.
             s.due = max(arrived, s.due + width * self.hop_s)
             longest_delay = max(longest_delay, wall_start - s.due)
-            if slot in self._final_at_collect:
-                self._final_at_collect.discard(slot)
-                if self.slots.holds(s):  # not released by its last chunk meanwhile
-                    self._publish_final(s, [], [], time.time(), done=False)
+            if self.in_flight.pop_final(slot) and self.slots.holds(s):  # not released by its last chunk
+                self._publish_final(s, [], [], time.time(), done=False)
         self.queue_delay.record(longest_delay, wall_start + elapsed)
 
     def _collect_row_aborted(self, s: Stream, slot: int) -> bool:
@@ -490,10 +473,9 @@ class Engine:
         are dropped (by identity, the slot may be another stream's), a pending abort released now."""
         if not self.slots.holds(s):
             return True
-        reason = self._abort_at_collect.pop(slot, None)
+        reason = self.in_flight.pop_abort(slot)
         if reason is None:
             return False
-        self._final_at_collect.discard(slot)
         log.debug("stream %s aborted: %s", s.stream_id, reason)
         self._release(s)
         return True

@@ -47,6 +47,14 @@ class _StubPreprocessor(torch.nn.Module):
         return self.out[:b, :, :frames], length
 
 
+OVERLAP = [False]  # --overlap: the engine launches step N+1 before collecting step N (engine/loop.py)
+
+
+def _collect_stub(result):
+    """The stub's launch returns its results already: collecting is taking them."""
+    return result
+
+
 def _stub_step(tokens_per_frame: float, num_slots: int):
     """The step's host side without the model: run_step's result handling (one packed [B, 2 + 2W]
     array turned into lists, sliced per row) over tokens made up at `tokens_per_frame`."""
@@ -80,9 +88,10 @@ def measure(model, num_streams: int, seconds: float, tokens_per_frame: float, re
     from nemo_serve.engine.harness import LocalEngine
 
     g = model.geometry
-    engine = LocalEngine(loop.Engine(model, num_slots=num_streams, max_batch=num_streams, endpoint=EndpointConfig()))
+    engine = LocalEngine(loop.Engine(model, num_slots=num_streams, max_batch=num_streams, endpoint=EndpointConfig(), overlap=OVERLAP[0]))
     engine.engine.features.pre = _StubPreprocessor(model.num_mels, g.hop_samples)
-    real_step, loop.run_step = loop.run_step, _stub_step(tokens_per_frame, num_streams)
+    real_step = loop.launch_step, loop.collect_step
+    loop.launch_step, loop.collect_step = _stub_step(tokens_per_frame, num_streams), _collect_stub
     try:
         streams = [engine.open_stream(lambda r: None) for _ in range(num_streams)]
         chunk_samples = g.chunk_frames * g.hop_samples
@@ -110,7 +119,7 @@ def measure(model, num_streams: int, seconds: float, tokens_per_frame: float, re
             engine.abort(s)
         engine.iterate()
     finally:
-        loop.run_step = real_step
+        loop.launch_step, loop.collect_step = real_step
     return {
         "streams": num_streams,
         "context_right": g.context_right,
@@ -165,9 +174,10 @@ def measure_core(model, num_streams: int, seconds: float, tokens_per_frame: floa
     first_samples = g.first_frames * g.hop_samples + 2 * g.hop_samples
     ipc_dir = tempfile.mkdtemp(prefix="host-bench-")
     shared = SharedSlots.create(SharedLayout(num_streams, max(first_samples, chunk_samples)), FileLock(f"{ipc_dir}/slots.lock"))
-    engine = loop.Engine(model, num_slots=num_streams, max_batch=num_streams, endpoint=EndpointConfig())
+    engine = loop.Engine(model, num_slots=num_streams, max_batch=num_streams, endpoint=EndpointConfig(), overlap=OVERLAP[0])
     engine.features.pre = _StubPreprocessor(model.num_mels, g.hop_samples)
-    real_step, loop.run_step = loop.run_step, _stub_step(tokens_per_frame, num_streams)
+    real_step = loop.launch_step, loop.collect_step
+    loop.launch_step, loop.collect_step = _stub_step(tokens_per_frame, num_streams), _collect_stub
     before_tids = _tids()
     core_ctx = zmq.Context()
     core = EngineCore(engine, shared, ipc_dir, core_ctx)
@@ -244,7 +254,7 @@ def measure_core(model, num_streams: int, seconds: float, tokens_per_frame: floa
         core.iterate_once()
         drain(200)
     finally:
-        loop.run_step = real_step
+        loop.launch_step, loop.collect_step = real_step
         core.close()
         results.close(0)
         control.close(0)
@@ -275,17 +285,21 @@ def main() -> None:
     p.add_argument("--tokens-per-frame", type=float, default=0.33, help="stub emission rate (real models: 0.2-0.5)")
     p.add_argument("--core-only", action="store_true", help="skip the in-process Engine measurement")
     p.add_argument("--frontend", action="store_true", help="also parts (b) and (c): a real server's front ends (benchmarks/frontend_bench.py)")
+    p.add_argument("--overlap", action="store_true", help="the overlapped loop (launch N+1, then collect N), as on CUDA")
     p.add_argument("--notes", default=None, help="free text kept in the JSON (what else ran on the machine)")
     p.add_argument("--out", default=None, help="JSON file")
     from benchmarks.frontend_bench import add_args
 
     add_args(p)
     args = p.parse_args()
+    OVERLAP[0] = args.overlap
+    record_overlap = args.overlap
     torch.set_num_threads(1)
     from nemo_serve.model import load_model
 
     record = run_record()
     record["notes"] = args.notes
+    record["overlap"] = record_overlap
     entries = []
     for r in [int(x) for x in args.context_right.split(",")]:
         model = load_model(args.model, context_right=r)

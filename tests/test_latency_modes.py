@@ -175,12 +175,14 @@ def test_one_pool_for_every_mode_is_sized_for_the_largest(all_modes):
     )
 
 
-def test_the_engine_steps_one_mode_per_iteration_earliest_due_first():
+@pytest.mark.parametrize("overlap", [False, True])
+def test_the_engine_steps_one_mode_per_iteration_earliest_due_first(overlap):
     """Both streams ready at once with a backlog: the 80 ms stream's chunks go first, one iteration each
     (planning again after each, so a 1120 ms step never sits between two 80 ms chunks that are due
-    sooner), and the 1120 ms chunk goes once no earlier-due chunk is ready."""
+    sooner), and the 1120 ms chunk goes once no earlier-due chunk is ready. Overlapped (launch, then
+    collect: engine/loop.py) too, where the 80 ms stream is in flight every other iteration."""
     m = helpers.model(None, "0,13")
-    eng = helpers.new_engine(m, 2)
+    eng = helpers.new_engine(m, 2, overlap=overlap)
     order = []
     short = eng.open_stream(lambda r: order.append("80"), context_right=0)
     long_ = eng.open_stream(lambda r: order.append("1120"), context_right=13)

@@ -92,13 +92,13 @@ def test_real_time_stream_on_an_engine_that_keeps_up_or_runs_at_half_speed(monke
     engine still falls behind by about half of the time that passes, and that is what must show."""
     from nemo_serve.engine import loop
 
-    real_step = loop.run_step
+    real_step = loop.launch_step
 
     def step(*args, **kw):
         time.sleep(step_sleep_s)
         return real_step(*args, **kw)
 
-    monkeypatch.setattr(loop, "run_step", step)
+    monkeypatch.setattr(loop, "launch_step", step)
     engine = helpers.new_engine(helpers.model(None, 0), 2)
     audio = helpers.utterances(1, seed=4)[0]
     stream = engine.open_stream(lambda r: None)

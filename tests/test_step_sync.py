@@ -208,7 +208,7 @@ def test_the_counter_sees_each_kind_of_wait():
         (pool.labels[:2] + 1).cpu()
         pool.labels[[0, 1]] = 1  # the old mixed-width features: list-index assignment
         pool.labels[np.array([0, 1])]  # noqa: B018
-        staged = stepper_for(m, eng.encoder, pool).h_rows[:2].to(m.device)  # staged: not a wait
+        staged = stepper_for(m, eng.encoder, pool).host_buffers[0][:2].to(m.device)  # staged: not a wait
         staged.copy_(pool.labels[:2])  # now a device tensor: a device-to-device copy
     assert counter.host_reads == ["tolist", "__int__", "cpu"]
     assert counter.d2h == ["copy_"]
@@ -273,13 +273,13 @@ def test_engine_iteration_waits_for_the_device_once_per_step(spec):
     st = stepper_for(m, eng.encoder, eng.pool)
     counter = _counter(m, eng)
     kinds, per_tick = [], []
-    step = eng._step
+    launch = eng._launch
 
     def spy(group):  # what each step was, for the coverage check below (host data only)
         kinds.append((group.is_first, len(set(group.widths.tolist())) > 1))
-        step(group)
+        return launch(group)
 
-    eng._step = spy
+    eng._launch = spy
 
     def counted(tick, work):
         counter.d2h, counter.host_reads, counter.h2d_unstaged = [], [], []
@@ -293,7 +293,7 @@ def test_engine_iteration_waits_for_the_device_once_per_step(spec):
         counted_updates = _drive_core_style(eng, audios, packet, start, counted, abort_at=(3, 6))
     finally:
         del st.computer  # back to the class method
-        del eng._step
+        del eng._launch
     # Same tokens as the warm-up run for the streams that were not aborted (the count changed nothing).
     for i in range(3):
         assert [t for u in counted_updates[i] for t in u.new_token_ids] == [t for u in warm[i] for t in u.new_token_ids]

@@ -167,7 +167,7 @@ class FeatureExtractor:
             a.copy_segment(start, batch[i])
             if a.finished:
                 lengths[i] = min(seg_len, a.num_samples - start)
-        # Non-blocking from staging that the next step overwrites: safe after this step's final wait (_Staging).
+        # Non-blocking from staging that no later step writes before the device has read it (_Staging).
         x = x.to(self.device, non_blocking=self.pin)
         feats, _ = self.pre(input_signal=x, length=length.to(self.device, non_blocking=self.pin))
         return feats[:, :, self.margin_frames : self.margin_frames + n]
@@ -184,7 +184,7 @@ class FeatureExtractor:
             idx = np.flatnonzero(widths == n)
             feats = self.compute([audios[i] for i in idx], [t0s[i] for i in idx], n, more=k > 0)
             rows = self._ints.take(len(idx), fresh=False)
-            rows.numpy()[:] = idx  # staging too: read by the copy below before the step's final wait
+            rows.numpy()[:] = idx  # staging too (_Staging)
             pieces.append((rows.to(self.device, non_blocking=self.pin), feats, n))
         out = torch.zeros(len(audios), pieces[0][1].shape[1], int(widths.max()), device=self.device)
         for rows, feats, n in pieces:
@@ -194,9 +194,12 @@ class FeatureExtractor:
 
 class _Staging:
     """Host memory the device reads by non-blocking copies (pinned on CUDA): `take` hands out
-    consecutive pieces, from the start again when `fresh` (the next step). Reusing it is safe
-    because every step ends in the stepper's blocking results copy, queued after this step's
-    copies, so the device has read every piece before the next step writes one."""
+    consecutive pieces, from the start again when `fresh` (the next step). On CPU the copies are
+    done on return, so one buffer is reused. On CUDA the loop launches the next step before it
+    waits for this one (engine/loop.py), so the device may not have read a piece yet when the
+    next step is staged: a fresh step takes a new pinned buffer from torch's caching host
+    allocator, which hands a block out again only after the copies recorded on it have run (the
+    rejected alternative, reusing one buffer, was safe only while every step ended in a wait)."""
 
     def __init__(self, dtype: torch.dtype, pin: bool) -> None:
         self.dtype, self.pin = dtype, pin
@@ -206,6 +209,8 @@ class _Staging:
     def take(self, n: int, fresh: bool) -> torch.Tensor:
         if fresh:
             self.used = 0
+            if self.pin:
+                self.buf = None  # the allocator keeps the old block until its copies are done
         size = 0 if self.buf is None else self.buf.numel()
         if self.used + n > size:
             # A new buffer. Pieces taken earlier this step stay valid in the old one: the caching

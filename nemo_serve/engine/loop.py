@@ -4,11 +4,22 @@
   force_final / abort                open together; audio goes into its buffer and the scheduler;
                                      a forced final or an abort is published and released now
   iterate()                      ->  1 scheduler.plan: readiness and grouping as array operations
-                                       over the open slots (by mode, first | later chunks),
-                                       earliest deadline first
-                                     2 features + one batched step per group
-                                     3 results and endpoints; finished streams released
+                                       over the open slots not in flight (by mode, first | later
+                                       chunks), earliest deadline first
+                                     2 launch: features + one batched step per group, staged and
+                                       enqueued; the chunks count as stepped (scheduler.advance)
+                                     3 collect the steps launched before: results and endpoints;
+                                       finished streams released
                                    <-  IterationOutput: everything produced since the last one
+
+Launch, then collect (vLLM v1's `step_with_batch_queue`; engine/step.py). With `overlap` on (the
+default on CUDA) an iteration launches step N+1 before it waits for step N, so the host plans,
+computes features, stages and publishes while the device runs. A slot in flight is left out of
+planning until its step is collected (its next chunk needs this one's caches); an abort or a forced
+final of a stream in flight is applied when its step is collected, so its results are dropped, or
+land before the forced final, as the sequential loop would have it. With `overlap` off (the CPU's
+default: there the device work is done at launch, nothing to overlap) each step is collected as
+soon as it is launched: the sequential loop, result for result.
 
 Every method is for the thread that owns the engine: the engine core's loop (core/engine_core.py),
 or the in-process harness's thread (engine/harness.py), which hands it the calls other threads
@@ -45,7 +56,8 @@ from .invariants import check
 from .queue_delay import QueueDelay
 from .slot_table import SlotTable
 from .slots import SlotPool
-from .step import StepBatch, prepare_step, run_step
+from .step import StepBatch, collect_step, launch_step, prepare_step
+from .in_flight import InFlight, InFlightStep
 from .results import Detokenizer, StreamUpdate
 from .stream import Stream
 
@@ -92,10 +104,13 @@ class Engine:
         kv_cache: bool = True,
         token_confidence: bool = False,
         phrase_limits: PhraseLimits = PhraseLimits(),
+        overlap: bool | None = None,
     ) -> None:
         """`kv_cache`: cache projected keys/values (engine/encoder.py) where the architecture
         allows; False runs NeMo's own layer code (caches layer inputs). `token_confidence`: each
-        new token comes with the decoder's confidence (engine/step.py), for word confidences."""
+        new token comes with the decoder's confidence (engine/step.py), for word confidences.
+        `overlap`: launch step N+1 before collecting step N (module docstring); None: on CUDA only,
+        unless NEMO_SERVE_OVERLAP says otherwise."""
         self.model = model
         self.geometry = model.geometry
         self.num_slots = num_slots
@@ -132,6 +147,10 @@ class Engine:
         self._update_slots: list[int] = []  # each update's slot
         self._released: list[ReleasedStream] = []
         self._steps: list[StepStats] = []
+        if overlap is None:  # NEMO_SERVE_OVERLAP=0|1: the sequential loop one setting away on a GPU
+            overlap = os.environ.get("NEMO_SERVE_OVERLAP", "1" if model.device.type == "cuda" else "0") != "0"
+        self.overlap = overlap
+        self.in_flight = InFlight(num_slots)  # steps launched, not collected; calls waiting for them
         # Test hook, never a setting: every step sleeps this long, a model slower than real time on a
         # CPU that is not (tests/test_server_e2e.py overload test). Named TEST so nobody ships it.
         self.test_step_sleep_s = float(os.environ.get("NEMO_SERVE_TEST_STEP_SLEEP_S", "0"))
@@ -280,15 +299,21 @@ class Engine:
     def force_final(self, stream: Stream) -> None:
         """Close the stream's segment now: a final with what it has, in the next `iterate()`'s
         output; decoding goes on. A stream no longer open is left alone."""
-        if self.slots.holds(stream):
-            self._publish_final(stream, [], [], time.time(), done=False)
+        if not self.slots.holds(stream):
+            return
+        if self.in_flight.defer_final(stream.slot):  # after its step's tokens, as the sequential loop has them
+            return
+        self._publish_final(stream, [], [], time.time(), done=False)
 
     def abort(self, stream: Stream, reason: str = "aborted") -> None:
         """Release the stream now: nothing more is published for it; its release is in the next
         `iterate()`'s output. Idempotent. `reason`: for the debug log."""
-        if self.slots.holds(stream):
-            log.debug("stream %s aborted: %s", stream.stream_id, reason)
-            self._release(stream)
+        if not self.slots.holds(stream):
+            return
+        if self.in_flight.defer_abort(stream.slot, reason):  # its step owns the row until collected
+            return
+        log.debug("stream %s aborted: %s", stream.stream_id, reason)
+        self._release(stream)
 
     # ------------------------------------------------------------------ what the engine holds
     @property
@@ -318,7 +343,8 @@ class Engine:
         """Raise AccountingError unless the books that remain agree (engine/invariants.py): the
         slot table (each open stream under its own slot and id, the held mask the same slots), the
         scheduler row of each open slot in its stream's chunk mode, the boosted cache rows exactly
-        the open streams' with phrases, and the phrase count their phrases. Returns the open
+        the open streams' with phrases, the phrase count their phrases, a step in flight only on open
+        streams and calls deferred to a collect only on slots in flight. Returns the open
         streams (each holds a cache row). Between calls, on the owning thread."""
         for problem in self.slots.problems():
             check(False, problem)
@@ -332,16 +358,25 @@ class Engine:
         check(boosted == want, f"cache rows {sorted(boosted)} boosted, streams with phrases on {sorted(want)}")
         phrases = sum(len(s.phrases.phrases) for s in streams if s.phrases)
         check(phrases == self._num_phrases, f"{self._num_phrases} boosted phrases counted, the open streams hold {phrases}")
+        for problem in self.in_flight.problems(self.slots.held):
+            check(False, problem)
         return len(streams)
 
     # ------------------------------------------------------------------ one iteration
     def iterate(self) -> IterationOutput:
-        """One pass: plan, step each group, publish; returns everything produced since the last
-        call (`.busy`: a stream advanced, so the caller should not sleep)."""
+        """One pass: plan, launch each group, collect the steps the last call launched (overlap
+        off: each at once), publish; returns everything produced since the last call (`.busy`: a
+        stream advanced or a step is in flight, so the caller should not sleep)."""
+        earlier = self.in_flight.take()
         for group in self._schedule():  # 1
-            self._step(group)  # 2, 3
+            step = self._launch(group)  # 2
+            self.in_flight.launched(step, keep=self.overlap)
+            if not self.overlap:
+                self._collect(step)  # 3, at once: the sequential loop
+        for step in earlier:  # 3: launched by the last call; the device ran them meanwhile
+            self._collect(step)
         out = IterationOutput(tuple(self._updates), tuple(self._update_slots), tuple(self._released), tuple(self._steps),
-                              self.queue_delay.published)  # fmt: skip
+                              self.queue_delay.published, len(self.in_flight.steps))  # fmt: skip
         self._updates.clear()
         self._update_slots.clear()
         self._released.clear()
@@ -366,7 +401,7 @@ class Engine:
         ]
 
     def _schedule(self) -> list[Group]:
-        groups, done = self.scheduler.plan(time.time(), self.slots.held)
+        groups, done = self.scheduler.plan(time.time(), self.slots.held & ~self.in_flight.flying)
         for slot in done.tolist():  # input ended on a tail NeMo's loop would not encode: owed its final
             s = self.slots.stream_at(slot)
             self._publish_final(s, [], [], s.audio.finish_time or time.time(), done=True)
@@ -379,50 +414,80 @@ class Engine:
             # "Mixed latency modes"). The long-chunk groups stay ready and go once they are the
             # earliest due.
             groups = [g for g in groups if g.context_right == groups[0].context_right]
+        flying = self.in_flight.flying
+        if groups and flying.any() and groups[0].context_right not in set(self.scheduler.mode[flying].tolist()):
+            # Another mode's step is in flight: launch nothing until it is collected, then plan
+            # again. Launching now would queue a long-chunk step on the device between two steps
+            # of short-chunk streams that are due sooner (the rule above, which sees only the
+            # streams not in flight); a mode switch costs one iteration without overlap instead.
+            return []
         return groups
 
     def _features(self, streams: list[Stream], group: Group) -> torch.Tensor:
         """[B, F, W] new frames for the group; final short chunks are computed apart and padded."""
         return self.features.compute_group([s.audio for s in streams], group.t0.tolist(), group.widths)
 
-    def _step(self, group: Group) -> None:
+    def _launch(self, group: Group) -> InFlightStep:
         t_start = time.perf_counter()
         wall_start = time.time()
         self.queue_delay.begin_step(wall_start)
-        slots = group.slots.tolist()
         by_slot = self.slots.by_slot
-        streams = [by_slot[slot] for slot in slots]
-        widths = group.widths.tolist()
+        streams = [by_slot[slot] for slot in group.slots.tolist()]
         # Rows as numpy: the stepper stages them (pinned, non-blocking) and gathers the rows'
-        # languages on the device (languages None); the step's one wait is its results copy.
-        batch = StepBatch(group.slots, self._features(streams, group), widths, group.is_first, None,
+        # languages on the device (languages None); the step's one wait is in collect_step.
+        batch = StepBatch(group.slots, self._features(streams, group), group.widths.tolist(), group.is_first, None,
                           group.context_right, self.token_confidence)  # fmt: skip
-        result = run_step(self.model, self.encoder, self.pool, batch)
+        launched = launch_step(self.model, self.encoder, self.pool, batch)
         if self.test_step_sleep_s:
             time.sleep(self.test_step_sleep_s)
-        self.scheduler.advance(group)
-        elapsed = time.perf_counter() - t_start
-        wall_done = wall_start + elapsed
-        self.stats.steps += 1
-        self.stats.stream_steps += len(slots)
-        self.stats.audio_s += sum(widths) * self.hop_s
-        per_mode = self.stats.by_mode.setdefault(group.context_right, [0, 0])
-        per_mode[0] += 1
-        per_mode[1] += len(slots)
-        self._steps.append(StepStats(len(slots), elapsed, group.context_right))
+        self.scheduler.advance(group)  # at launch: the next plan must not take these chunks again
+        return InFlightStep(group, streams, launched, t_start, wall_start)
+
+    def _collect(self, step: InFlightStep) -> None:
+        result = collect_step(step.launched)
+        group, streams, wall_start = step.group, step.streams, step.wall_started
+        self.in_flight.landed(step)
+        slots, widths = group.slots.tolist(), group.widths.tolist()
+        elapsed = time.perf_counter() - step.started
+        self._count_step(group, len(slots), widths, elapsed)
         next_frames = (group.t0 + group.widths).tolist()
         confs = result.token_confidences or [None] * len(streams)
         longest_delay = 0.0
-        for s, next_frame, last, ids, frames, decoded, conf, width in zip(
-            streams, next_frames, group.is_last.tolist(), result.token_ids, result.token_frames, result.decoded_frames,
-            confs, widths,
+        for s, slot, next_frame, last, ids, frames, decoded, conf, width in zip(
+            streams, slots, next_frames, group.is_last.tolist(), result.token_ids, result.token_frames,
+            result.decoded_frames, confs, widths,
         ):
+            if self._collect_row_aborted(s, slot):
+                continue
             arrived = self._advance(s, next_frame, last, ids, frames, decoded, conf)
             # Due: its last sample in, and at most real-time pace after the stream's previous chunk
             # (queue_delay.py). A client ahead of real time is not the engine falling behind.
             s.due = max(arrived, s.due + width * self.hop_s)
             longest_delay = max(longest_delay, wall_start - s.due)
-        self.queue_delay.record(longest_delay, wall_done)
+            if self.in_flight.pop_final(slot) and self.slots.holds(s):  # not released by its last chunk
+                self._publish_final(s, [], [], time.time(), done=False)
+        self.queue_delay.record(longest_delay, wall_start + elapsed)
+
+    def _collect_row_aborted(self, s: Stream, slot: int) -> bool:
+        """A row whose stream is no longer the slot's or was aborted while in flight: its results
+        are dropped (by identity, the slot may be another stream's), a pending abort released now."""
+        if not self.slots.holds(s):
+            return True
+        reason = self.in_flight.pop_abort(slot)
+        if reason is None:
+            return False
+        log.debug("stream %s aborted: %s", s.stream_id, reason)
+        self._release(s)
+        return True
+
+    def _count_step(self, group: Group, num_rows: int, widths: list[int], elapsed: float) -> None:
+        self.stats.steps += 1
+        self.stats.stream_steps += num_rows
+        self.stats.audio_s += sum(widths) * self.hop_s
+        per_mode = self.stats.by_mode.setdefault(group.context_right, [0, 0])
+        per_mode[0] += 1
+        per_mode[1] += num_rows
+        self._steps.append(StepStats(num_rows, elapsed, group.context_right))
 
     def _advance(self, s: Stream, next_frame: int, is_last: bool, ids: list[int], frames: list[int], decoded: int,
                  conf: list[float] | None = None) -> float:  # fmt: skip

@@ -37,9 +37,10 @@ class IterationOutput:
     released: tuple[ReleasedStream, ...]
     steps: tuple[StepStats, ...]
     queue_delay: tuple[float, float]  # (seconds behind real time, valid until): engine/queue_delay.py
+    in_flight: int = 0  # steps launched and not yet collected (Engine overlap): their results come next
 
     @property
     def busy(self) -> bool:
-        """A stream advanced: the caller should iterate again without sleeping."""
-        return bool(self.steps)
+        """A stream advanced or a step is in flight: the caller should iterate again without sleeping."""
+        return bool(self.steps) or self.in_flight > 0
 

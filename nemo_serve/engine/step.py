@@ -13,11 +13,18 @@ persistent buffer sliced to the bucket, so one bucket always reads and writes th
 what a CUDA graph needs (engine/cuda_graphs.py), and on CPU the same code runs eagerly. More
 than `pool.max_step_rows` rows are split into several steps.
 
-One host-device synchronisation per step. Rows, lengths, languages and host-side features go
-through host staging buffers (pinned on CUDA) and non-blocking copies into the device buffers;
-tensors already on the device are copied device to device. The decoder's results are packed on
-the device as int32 at the width a step can fill (new encoder frames x max_symbols) and come back
-in one copy, the step's only wait for the device.
+Launch, then collect (vLLM v1's `step_with_batch_queue`). `launch` stages a batch, enqueues every
+part's device work and returns a `LaunchedStep` at once; `collect` waits for it and unpacks the
+results. One host-device synchronisation per step, in `collect`. Rows, lengths, languages and
+host-side features go through host staging buffers (pinned on CUDA) and non-blocking copies into
+the device buffers; tensors already on the device are copied device to device. The decoder's
+results are packed on the device as int32 at the width a step can fill (new encoder frames x
+max_symbols) and come back in one non-blocking copy into the same staging set. A staging set
+belongs to one launched part from launch to collect (`Staging`), so the host may stage and launch
+the next step while this one runs without waiting to reuse a buffer: sets are double-buffered and
+more are made only if more parts are in flight at once. The device buffers are single: the
+device's stream orders the next step's copies into them after this step's reads (and CUDA graphs
+need their addresses fixed). `run` is `collect(launch(batch))`, the synchronous step.
 
 Token confidence (`StepBatch.confidence`, the server's --word-confidence): the decoder runs as a
 copy of NeMo's computer with its own step confidence on (`confidence_computer`): the normalised
@@ -54,6 +61,7 @@ from .biasing import biasing_computer
 from .buckets import bucket_for, bucket_sizes, split
 from .device_state import restore_device_state
 from .slots import SlotPool
+from .staging import LaunchedPart, LaunchedStep, Staging
 
 log = logging.getLogger(__name__)
 
@@ -129,22 +137,18 @@ class Stepper:
         self.out_width = self.new_frames * self.max_symbols  # tokens one step can add per row
         self.prompt = model.prompt_dictionary is not None
         b, w, f = self.max_rows, max(self.widths.values()), model.num_mels
-        pin = self.cuda
-        # Host staging (pinned on CUDA: non-blocking copies from it), reused every step; the step's
-        # final wait guarantees the previous step's copies have read them.
-        self.h_rows = torch.empty(b, dtype=torch.long, pin_memory=pin)
-        self.h_lens = torch.empty(b, dtype=torch.long, pin_memory=pin)
-        self.h_langs = torch.zeros(b, dtype=torch.long, pin_memory=pin)
-        self.h_feat = torch.zeros(b, f, w, dtype=torch.float32, pin_memory=pin) if self.cuda else None
         packed = 2 + 3 * self.out_width  # [lens | decoded | ids | frames | confidences (float32 bits)]
-        self.h_out = torch.empty(b, packed, dtype=torch.int32, pin_memory=pin)
+        # Host staging sets not owned by a launched part (`Staging`): two, so one step can be
+        # staged while another runs; `_take_staging` makes another if more parts are in flight.
+        self._staging_shape = (b, f, w, packed)
+        self._all_staging = [Staging.make(b, f, w, packed, self.cuda) for _ in range(2)]
+        self._free_staging = list(self._all_staging)
         # Device buffers, sliced [:bucket] by every step of that bucket.
         self.d_rows = torch.full((b,), pool.scratch, dtype=torch.long, device=dev)
         self.d_lens = torch.zeros(b, dtype=torch.long, device=dev)
         self.d_langs = torch.zeros(b, dtype=torch.long, device=dev)
         self.d_feat = torch.zeros(b, f, w, dtype=torch.float32, device=dev)
         self.d_out = torch.zeros(b, packed, dtype=torch.int32, device=dev)
-        self.host_buffers = [x for x in (self.h_rows, self.h_lens, self.h_langs, self.h_feat, self.h_out) if x is not None]
         # NeMo's decoder keeps its CUDA graph and hypothesis buffers in the computer object, sized
         # by the largest batch it has seen: one computer per bucket, each captured once.
         self._computers: dict[tuple[int, bool, bool], object] = {}  # (bucket, confidence, boosted)
@@ -178,22 +182,51 @@ class Stepper:
         self.gpu_times: list | None = None  # a list: (start, end) CUDA events around each device step
 
     # ------------------------------------------------------------------ host side
+    @property
+    def host_buffers(self) -> list[torch.Tensor]:
+        """Every staging buffer, owned or free (tests/test_step_sync.py tells them from device tensors)."""
+        return [x for st in self._all_staging for x in st.buffers()]
+
     def run(self, batch: StepBatch) -> StepResult:
+        """The synchronous step: launch and wait for it."""
+        return self.collect(self.launch(batch))
+
+    def launch(self, batch: StepBatch) -> LaunchedStep:
+        """Stage the batch and enqueue every part's device work, all parts before any wait (on CPU
+        the work is done on return). The rows' pool state belongs to the step until `collect`."""
         n = len(batch.num_frames)
         if n == 0:
-            return StepResult([], [], [])
+            return LaunchedStep(self, [], batch.confidence)
         self.pool.flush()  # rows freed since the last step: reset in one batch, before any gather
-        parts = [self._run_part(batch, lo, hi) for lo, hi in split(n, self.max_rows)]
-        if len(parts) == 1:
-            return parts[0]
+        parts = [self._launch_part(batch, lo, hi) for lo, hi in split(n, self.max_rows)]
+        return LaunchedStep(self, parts, batch.confidence)
+
+    def collect(self, step: LaunchedStep) -> StepResult:
+        """Wait for a launched step (its only wait for the device) and unpack its results; its
+        staging sets are free again."""
+        results = []
+        for part in step.parts:
+            if part.done is not None:
+                part.done.synchronize()
+            results.append(self._unpack(part.staging.out[: part.num_rows].numpy(), part.confidence))
+            self._free_staging.append(part.staging)
+        if len(results) == 1:
+            return results[0]
         return StepResult(
-            [r for p in parts for r in p.token_ids],
-            [r for p in parts for r in p.token_frames],
-            [r for p in parts for r in p.decoded_frames],
-            [r for p in parts for r in p.token_confidences] if batch.confidence else None,
+            [r for p in results for r in p.token_ids],
+            [r for p in results for r in p.token_frames],
+            [r for p in results for r in p.decoded_frames],
+            [r for p in results for r in p.token_confidences] if step.confidence else None,
         )
 
-    def _run_part(self, batch: StepBatch, lo: int, hi: int) -> StepResult:
+    def _take_staging(self) -> Staging:
+        if not self._free_staging:  # more parts in flight than sets made so far: one more, kept
+            st = Staging.make(*self._staging_shape, self.cuda)
+            self._all_staging.append(st)
+            return st
+        return self._free_staging.pop()
+
+    def _launch_part(self, batch: StepBatch, lo: int, hi: int) -> LaunchedPart:
         n = hi - lo
         bucket = bucket_for(n, self.sizes)
         width = self.widths[batch.is_first]
@@ -205,13 +238,14 @@ class Stepper:
         self.padded_rows += bucket - n
         self.confidence = batch.confidence
         self.boosted = self.pool.biasing is not None and self.pool.any_boosted(batch.rows[lo:hi])
-        self._stage_rows(batch.rows, lo, hi, bucket)
-        self.h_lens[:n] = torch.as_tensor(num_frames, dtype=torch.long)
-        self.h_lens[n:bucket] = width  # padded rows: full width (the unmasked path stays open)
-        self.d_lens[:bucket].copy_(self.h_lens[:bucket], non_blocking=self.cuda)
+        st = self._take_staging()
+        self._stage_rows(st, batch.rows, lo, hi, bucket)
+        st.lens[:n] = torch.as_tensor(num_frames, dtype=torch.long)
+        st.lens[n:bucket] = width  # padded rows: full width (the unmasked path stays open)
+        self.d_lens[:bucket].copy_(st.lens[:bucket], non_blocking=self.cuda)
         if self.prompt:
-            self._stage_languages(batch.languages, lo, hi, bucket)
-        self._stage_features(batch.features, lo, hi, width)
+            self._stage_languages(st, batch.languages, lo, hi, bucket)
+        self._stage_features(st, batch.features, lo, hi, width)
         events = None
         if self.gpu_times is not None and self.cuda:
             events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
@@ -222,24 +256,27 @@ class Stepper:
             self.device_step(bucket, batch.is_first, full)
         if events is not None:
             events[1].record()
-            self.gpu_times.append(events)  # read after the wait below: both have completed by then
-        # The one wait for the device: the packed results of the real rows, int32.
-        out = self.h_out[:n]
-        out.copy_(self.d_out[:n])
-        return self._unpack(out.numpy())
+            self.gpu_times.append(events)  # read after collect: both have completed by then
+        # The packed results of the real rows, int32, into the part's own staging; `collect` waits.
+        st.out[:n].copy_(self.d_out[:n], non_blocking=self.cuda)
+        done = None
+        if self.cuda:
+            done = torch.cuda.Event()
+            done.record()
+        return LaunchedPart(st, n, batch.confidence, done)
 
-    def _stage_rows(self, rows, lo: int, hi: int, bucket: int) -> None:
+    def _stage_rows(self, st: Staging, rows, lo: int, hi: int, bucket: int) -> None:
         n, scratch = hi - lo, self.pool.scratch
         if isinstance(rows, torch.Tensor) and rows.device == self.device:
             self.d_rows[:n].copy_(rows[lo:hi])  # already there: device to device
             self.d_rows[n:bucket].fill_(scratch)
             return
         src = rows[lo:hi] if isinstance(rows, torch.Tensor) else torch.from_numpy(np.asarray(rows[lo:hi], dtype=np.int64))
-        self.h_rows[:n] = src
-        self.h_rows[n:bucket] = scratch
-        self.d_rows[:bucket].copy_(self.h_rows[:bucket], non_blocking=self.cuda)
+        st.rows[:n] = src
+        st.rows[n:bucket] = scratch
+        self.d_rows[:bucket].copy_(st.rows[:bucket], non_blocking=self.cuda)
 
-    def _stage_languages(self, languages, lo: int, hi: int, bucket: int) -> None:
+    def _stage_languages(self, st: Staging, languages, lo: int, hi: int, bucket: int) -> None:
         n = hi - lo
         if languages is None:  # the slots' own languages, gathered on the device
             torch.index_select(self.pool.languages, 0, self.d_rows[:n], out=self.d_langs[:n])
@@ -247,22 +284,22 @@ class Stepper:
             self.d_langs[:n].copy_(languages[lo:hi])
         else:
             src = languages[lo:hi] if isinstance(languages, torch.Tensor) else torch.from_numpy(np.asarray(languages[lo:hi], dtype=np.int64))
-            self.h_langs[:n] = src
-            self.d_langs[:n].copy_(self.h_langs[:n], non_blocking=self.cuda)
+            st.langs[:n] = src
+            self.d_langs[:n].copy_(st.langs[:n], non_blocking=self.cuda)
         self.d_langs[n:bucket].fill_(0)
 
-    def _stage_features(self, features: torch.Tensor, lo: int, hi: int, width: int) -> None:
+    def _stage_features(self, st: Staging, features: torch.Tensor, lo: int, hi: int, width: int) -> None:
         n, w = hi - lo, features.shape[-1]
         if features.device == self.device:
             self.d_feat[:n, :, :w].copy_(features[lo:hi])
         else:
-            self.h_feat[:n, :, :w].copy_(features[lo:hi])
-            self.d_feat[:n, :, :w].copy_(self.h_feat[:n, :, :w], non_blocking=True)
+            st.feat[:n, :, :w].copy_(features[lo:hi])
+            self.d_feat[:n, :, :w].copy_(st.feat[:n, :, :w], non_blocking=True)
         if w < width:
             self.d_feat[:n, :, w:width].zero_()  # a short final chunk: zero padding, masked by its length
         # Rows past n keep earlier features (finite): they feed only the scratch slot.
 
-    def _unpack(self, out: np.ndarray) -> StepResult:
+    def _unpack(self, out: np.ndarray, confidence: bool) -> StepResult:
         k = self.out_width
         lens = out[:, 0]
         used = int(lens.max(initial=0))
@@ -270,7 +307,7 @@ class Stepper:
         frames = out[:, 2 + k : 2 + k + used].tolist()
         lens = lens.tolist()
         confidences = None
-        if self.confidence:  # float32 bits, written by `decode`
+        if confidence:  # float32 bits, written by `decode`
             c = out[:, 2 + 2 * k : 2 + 2 * k + used].view(np.float32).clip(0.0, 1.0).tolist()
             confidences = [r[:m] for r, m in zip(c, lens)]
         return StepResult(
@@ -518,3 +555,14 @@ def prepare_step(
 def run_step(model, encoder, pool: SlotPool, batch: StepBatch) -> StepResult:
     """`encoder`: a NemoEncoder or KVCacheEncoder whose cache layout matches `pool`."""
     return stepper_for(model, encoder, pool, batch.context_right).run(batch)
+
+
+@torch.inference_mode()
+def launch_step(model, encoder, pool: SlotPool, batch: StepBatch) -> LaunchedStep:
+    """`run_step`'s first half: staged and enqueued, not waited for (`collect_step`)."""
+    return stepper_for(model, encoder, pool, batch.context_right).launch(batch)
+
+
+def collect_step(step: LaunchedStep) -> StepResult:
+    """`run_step`'s second half: the launched step's results, after its one wait for the device."""
+    return step.stepper.collect(step)

@@ -12,14 +12,15 @@
                                        finished streams released
                                    <-  IterationOutput: everything produced since the last one
 
-Launch, then collect (vLLM v1's `step_with_batch_queue`; engine/step.py). With `overlap` on (the
-default on CUDA) an iteration launches step N+1 before it waits for step N, so the host plans,
-computes features, stages and publishes while the device runs. A slot in flight is left out of
+Launch, then collect (vLLM v1's `step_with_batch_queue`; engine/step.py). With `overlap` on
+(NEMO_SERVE_OVERLAP=1; off by default until a GPU run has checked it) an iteration launches step
+N+1 before it waits for step N, so the host plans, computes features, stages and publishes while
+the device runs. A slot in flight is left out of
 planning until its step is collected (its next chunk needs this one's caches); an abort or a forced
 final of a stream in flight is applied when its step is collected, so its results are dropped, or
-land before the forced final, as the sequential loop would have it. With `overlap` off (the CPU's
-default: there the device work is done at launch, nothing to overlap) each step is collected as
-soon as it is launched: the sequential loop, result for result.
+land before the forced final, as the sequential loop would have it. With `overlap` off (the
+default; on a CPU the device work is done at launch anyway, nothing to overlap) each step is
+collected as soon as it is launched: the sequential loop, result for result.
 
 Every method is for the thread that owns the engine: the engine core's loop (core/engine_core.py),
 or the in-process harness's thread (engine/harness.py), which hands it the calls other threads
@@ -109,8 +110,8 @@ class Engine:
         """`kv_cache`: cache projected keys/values (engine/encoder.py) where the architecture
         allows; False runs NeMo's own layer code (caches layer inputs). `token_confidence`: each
         new token comes with the decoder's confidence (engine/step.py), for word confidences.
-        `overlap`: launch step N+1 before collecting step N (module docstring); None: on CUDA only,
-        unless NEMO_SERVE_OVERLAP says otherwise."""
+        `overlap`: launch step N+1 before collecting step N (module docstring); None: as
+        NEMO_SERVE_OVERLAP says (off unless 1)."""
         self.model = model
         self.geometry = model.geometry
         self.num_slots = num_slots
@@ -147,8 +148,10 @@ class Engine:
         self._update_slots: list[int] = []  # each update's slot
         self._released: list[ReleasedStream] = []
         self._steps: list[StepStats] = []
-        if overlap is None:  # NEMO_SERVE_OVERLAP=0|1: the sequential loop one setting away on a GPU
-            overlap = os.environ.get("NEMO_SERVE_OVERLAP", "1" if model.device.type == "cuda" else "0") != "0"
+        # Off unless NEMO_SERVE_OVERLAP=1, on CUDA too: the overlapped loop is tested on the CPU with a
+        # stand-in device only; it becomes CUDA's default once a GPU run shows --selftest N/N with it.
+        if overlap is None:
+            overlap = os.environ.get("NEMO_SERVE_OVERLAP", "0") == "1"
         self.overlap = overlap
         self.in_flight = InFlight(num_slots)  # steps launched, not collected; calls waiting for them
         # Test hook, never a setting: every step sleeps this long, a model slower than real time on a

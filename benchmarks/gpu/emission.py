@@ -95,7 +95,8 @@ def spread(frame_counts: list[list[int]]) -> dict:
 
 # ----------------------------------------------------------------------------- the trained model
 class StepRecorder:
-    """Wraps one Stepper's `run` (an instance attribute; `close` removes it): each call's results
+    """Wraps one Stepper's `launch` and `collect` (instance attributes; `close` removes them), so
+    both `run` and the engine's launch-then-collect loop are seen: each collected step's results
     kept as they are (a list append: the timed calls carry no counting), turned into per-row frame
     counts and the trip counts of each device step (a call over more than the pool's max_step_rows
     runs several, each with its own label loop) when `steps` is read."""
@@ -105,15 +106,22 @@ class StepRecorder:
         self.raw: list = []  # (is_first, slots, StepResult) per call
         self._steps: list = []  # (is_first, counts per row, [(outer, inner) per device step])
         self.decoded: dict[int, int] = {}  # slot -> frames decoded before the step being counted
-        run = stepper.run
+        self._launched: dict[int, tuple] = {}  # id(LaunchedStep) -> (is_first, slots), until collected
+        launch, collect = stepper.launch, stepper.collect
 
-        def recording(batch):
-            r = run(batch)
+        def launching(batch):
+            step = launch(batch)
             rows = batch.rows.cpu().numpy() if hasattr(batch.rows, "cpu") else np.array(batch.rows)
-            self.raw.append((batch.is_first, rows, r))
+            self._launched[id(step)] = (batch.is_first, rows)
+            return step
+
+        def collecting(step):
+            r = collect(step)
+            is_first, rows = self._launched.pop(id(step))
+            self.raw.append((is_first, rows, r))
             return r
 
-        stepper.run = recording
+        stepper.launch, stepper.collect = launching, collecting
 
     @property
     def steps(self) -> list:
@@ -131,7 +139,8 @@ class StepRecorder:
         return self._steps
 
     def close(self) -> None:
-        self.stepper.__dict__.pop("run", None)
+        self.stepper.__dict__.pop("launch", None)
+        self.stepper.__dict__.pop("collect", None)
 
     def summary(self, since: int = 0) -> dict:
         """Later chunks' steps from index `since`: tokens per frame and trips per device step."""

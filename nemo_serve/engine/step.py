@@ -260,7 +260,7 @@ class Stepper:
         # The packed results of the real rows, int32, into the part's own staging; `collect` waits.
         st.out[:n].copy_(self.d_out[:n], non_blocking=self.cuda)
         done = None
-        if self.cuda:
+        if self.device.type == "cuda":  # the device itself (a test sets `cuda` to take the CUDA code paths on a CPU)
             done = torch.cuda.Event()
             done.record()
         return LaunchedPart(st, n, batch.confidence, done)

@@ -89,6 +89,13 @@ def close_reason(reason: str) -> str:
 # ----------------------------------------------------------------------------- client -> server
 
 
+def mode_number(text: str) -> int | None:
+    """A latency mode (`context_right`) given as text, or None when it is not 1 to 4 ASCII digits:
+    checked before int(), which takes '\xb2' and would echo a bad value whole in its error, or
+    refuse 5,000 digits with an error of its own. Whether the mode is served is the caller's check."""
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 4 else None
+
+
 class _Strict(BaseModel):
     # Unknown fields are refused: a misspelt option should fail loudly, not be ignored.
     model_config = ConfigDict(extra="forbid")

@@ -62,6 +62,7 @@ from .protocol import (
     MAX_REASON_CHARS,
     ProtocolError,
     ProtocolState,
+    mode_number,
 )
 from .nim_items import ForcedEnds, LastUtterance
 from .realtime_items import ItemStream, SegmentKeys
@@ -148,10 +149,11 @@ class RealtimeFormat:
     def _query_mode(self, mode: str) -> str | None:
         """`?context_right=`: set the session's mode, or say what was wrong (None: set)."""
         modes = ", ".join(str(r) for r in sorted(self.ctx.model.geometries or [self.ctx.model.geometry.context_right]))
-        if not (mode.isascii() and mode.isdigit() and len(mode) <= 4):  # int() takes '²' and 4,300 digits
+        number = mode_number(mode)
+        if number is None:
             return f"invalid query parameter context_right: {preview(mode, 24)} is not one of the served modes {modes}"
         try:
-            self.rt.context_right = self.ctx.model.geometry_for(int(mode)).context_right
+            self.rt.context_right = self.ctx.model.geometry_for(number).context_right
         except ValueError as e:
             return f"invalid query parameter context_right: {e}"
         return None

@@ -39,6 +39,7 @@ from .context import Refused, ServerContext
 from .file_audio import FileAudioError, FileTooLong, decode_file
 from .file_transcription import FileTranscription, TranscriptionFailed
 from .logsafe import preview
+from .protocol import mode_number
 from .realtime_protocol import RealtimeError, model_language
 
 log = logging.getLogger("nemo_serve.transcriptions")
@@ -136,15 +137,12 @@ def _options(form: FormData, query, ctx: ServerContext) -> dict:
 
 
 def _context_right(raw: str, served: tuple[int, ...]) -> int:
-    """The latency mode asked for, checked as text first: int() would echo the value whole in
-    its error ("invalid literal for int() with base 10: ...") or refuse 5,000 digits with an
-    error of its own."""
-    valid = ", ".join(str(r) for r in served)
-    digits = raw.strip()
-    if not (digits.isascii() and digits.isdigit() and len(digits) <= 4 and int(digits) in served):
+    """The latency mode asked for (protocol.mode_number: checked as text before int())."""
+    mode = mode_number(raw.strip())
+    if mode is None or mode not in served:
         raise RequestError(400, f"context_right {preview(raw, 20)} is not a latency mode served here; "
-                           f"valid values: {valid}", param="context_right")  # fmt: skip
-    return int(digits)
+                           f"valid values: {', '.join(str(r) for r in served)}", param="context_right")  # fmt: skip
+    return mode
 
 
 def _field(form: FormData, name: str) -> str | None:

@@ -20,7 +20,7 @@ starts its own server (`--model`, default builtin:tiny-hybrid, info-level log), 
                    carried the whole segment (what the server sent before partial offsets)
 
 tests/test_hardening.py runs `fuzz` with a few hundred messages against its own server; this is
-the long run whose figures go in docs/server.md ("What a client sees at each limit").
+the long run whose figures go in docs/performance.md ("Hostile input").
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from benchmarks.summarize import judge  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 SHIPPED_DEMO = ROOT / "nemo_serve" / "assets" / "demo" / "demo.nemo"
-PAGES = ("README.md", "docs/performance.md", "docs/demo_model.md", "docs/server.md")
+PAGES = ("README.md", "docs/performance.md", "docs/demo_model.md")
 
 # The GPU run's JSONL records no commit or command: these are from the commit that added it (0e78094).
 GPU_RUN = {"file": "gpu_h200_run3.jsonl", "commit": "c9f3480", "date": "2026-12-04",
@@ -236,7 +236,7 @@ def _overload_runs(name: str) -> tuple[dict, dict]:
 
 
 def table_overload() -> str:
-    """docs/server.md's overload table: off, on, and on without the re-admission cap (an older run)."""
+    """The overload table: off, on, and on without the re-admission cap (an older run)."""
     (off, on), (nocap_off, nocap) = _overload_runs("overload_demo_r13_cpu.json"), _overload_runs("overload_demo_r13_nocap_cpu.json")
 
     def lat(r, key):
@@ -245,11 +245,11 @@ def table_overload() -> str:
 
     def cells(label, fn, with_off=""):
         third = fn(nocap) + (f" ({with_off}{fn(nocap_off)})" if with_off else "")
-        return f"  | {label} | {fn(off)} | {fn(on)} | {third} |"
+        return f"| {label} | {fn(off)} | {fn(on)} | {third} |"
 
     q = lambda r: r["level"]["quality"]  # noqa: E731
-    rows = [f"  | | off (`--max-queue-delay-s 0`) | on ({on['max_queue_delay_s']:g} s, gradual re-admission) | on, without the cap (`_nocap`) |",
-            "  |---|---|---|---|",
+    rows = [f"| | off (`--max-queue-delay-s 0`) | on ({on['max_queue_delay_s']:g} s, gradual re-admission) | on, without the cap (`_nocap`) |",
+            "|---|---|---|---|",
             cells("items admitted / attempts refused", lambda r: f"{r['streams_admitted']:,} / {r['streams_refused']:,}"),
             cells("model behind real time, at most", lambda r: f"{max(x[1] for x in r['readyz'] if x[1] is not None):.1f} s"),
             cells("partial latency p50 / p95", lambda r: lat(r, "partial_latency_ms"), "off in that run: "),
@@ -257,15 +257,32 @@ def table_overload() -> str:
             cells("audio completed in the run", lambda r: f"{r['level']['audio_s_completed']:,.0f} s", "off: "),
             cells("token-identical to NeMo's loop", lambda r: f"{q(r)['token_identical_streams']}/{q(r)['streams_compared']}", "off: ")]
     names = ["overload_demo_r13_cpu.json", "overload_demo_r13_nocap_cpu.json"]
-    src = source(names, [run_info(read(n)) for n in names])
-    return "\n".join(rows) + "\n".join(f"  {line}".rstrip() for line in src.split("\n"))
+    return "\n".join(rows) + source(names, [run_info(read(n)) for n in names])
+
+
+def table_ring() -> str:
+    """The ring positions in messages against plain stores, per packets per event-loop tick."""
+    d = read("ring_publication_cpu.json")
+    rows = ["| packets per tick | plain stores: µs per packet (core's loop thread) | messages: µs per packet (core's loop thread) |",
+            "|---|---|---|"]
+    for r in sorted(d["cost"], key=lambda r: -r["per_tick"]):
+        rows.append(f"| {r['per_tick']} | {r['plain_stores_us_per_packet']:.1f} ({r['plain_stores_core_us_per_packet']:.1f}) "
+                    f"| {r['messages_us_per_packet']:.1f} ({r['messages_core_us_per_packet']:.1f}) |")
+    h = read("host_core_ring_messages_cpu.json")["summary_us_per_stream_step"]
+    rows.append(f"\nAt the scale the core is sized for, its CPU per stream-step (`benchmarks/host_bench.py`, 1,000 streams, "
+                f"plain stores and messages alternated in one run) moved within noise: median {h['before_80ms']['median']:.2f} -> "
+                f"{h['after_80ms']['median']:.2f} µs at 80 ms, {h['before_1120ms']['median']:.1f} -> {h['after_1120ms']['median']:.1f} µs "
+                f"at 1120 ms (runs spread {min(h['before_1120ms']['runs'] + h['after_1120ms']['runs']):.0f}-"
+                f"{max(h['before_1120ms']['runs'] + h['after_1120ms']['runs']):.0f}).")
+    names = ["ring_publication_cpu.json", "host_core_ring_messages_cpu.json"]
+    return "\n".join(rows) + source(names, [run_info(d), run_info(read(names[1]))])
 
 
 FUZZ_FILES = ("fuzz_server_tiny-hybrid.json", "fuzz_server_demo_r3.json")
 
 
 def table_fuzz() -> str:
-    """docs/server.md's hostile-input runs of benchmarks/fuzz_server.py against the real server."""
+    """docs/performance.md's hostile-input runs of benchmarks/fuzz_server.py against the real server."""
     rows = ["| date, commit, model | fuzzed messages (cases), bytes | crashes | abnormal closes, hangs | connect/abort cycles "
             "| slots leaked | RSS before -> after | drain | log |", "|---|---|---|---|---|---|---|---|---|"]
     closes = []
@@ -281,6 +298,10 @@ def table_fuzz() -> str:
         by_code = ", ".join(f"{n:,} x {c}" for c, n in sorted(f["closes"].items(), key=lambda kv: -kv[1]))
         closes.append(f"{d['model']}: closes {by_code}; {sum(f['refused'].values()):,} handshakes refused (503, slots taken)")
     rows.append("\n" + "; ".join(closes) + ".")
+    seg = read("fuzz_server_demo_r3.json")["long_segment"]
+    rows.append(f"\nA {seg['seconds'] / 60:.0f}-minute segment (demo model, endpointing off) sent {seg['bytes_sent'] / 1e6:.2f} MB "
+                f"in {seg['partials']:,} partials (largest {seg['largest_partial_bytes'] / 1e3:.1f} kB), where whole-segment partials "
+                f"would have come to {seg['bytes_with_whole_segment_partials'] / 1e6:.1f} MB: past 256 tokens a partial carries only what is new.")
     return "\n".join(rows) + source(list(FUZZ_FILES), [run_info(read(n)) for n in FUZZ_FILES])
 
 
@@ -304,10 +325,8 @@ def table_frontend() -> str:
 
 def _server(d: dict) -> str:
     devices = str(d.get("server_devices") or "")
-    if d.get("server_frontends"):
-        cores = len(devices.split(",")) if devices else 1
-        return f"{cores} engine core{'s' if cores > 1 else ''} + {d['server_frontends']} front end"
-    return "one process (`--frontends 0`, since removed)"
+    cores = len(devices.split(",")) if devices else 1
+    return f"{cores} engine core{'s' if cores > 1 else ''} + {d['server_frontends']} front end"
 
 
 def sweep_groups() -> list[tuple[list[str], dict]]:
@@ -396,7 +415,7 @@ def table_boost_cost() -> str:
 TABLES = {
     "headline": table_headline, "boost-benefit": table_boost_benefit, "boost-cost": table_boost_cost, "gpu": table_gpu, "gpu-memory": table_gpu_memory, "step": table_step,
     "host": table_host, "frontend": table_frontend, "sweeps": table_sweeps, "mode-mix": table_mode_mix,
-    "demo-wer": table_demo_wer, "overload": table_overload, "fuzz": table_fuzz,
+    "demo-wer": table_demo_wer, "overload": table_overload, "fuzz": table_fuzz, "ring": table_ring,
 }
 MARKED = re.compile(r"(<!-- table: ([\w-]+) -->\n)(.*?)(<!-- /table -->)", re.S)
 

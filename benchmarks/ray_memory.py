@@ -1,4 +1,4 @@
-"""Resident memory of a one-replica nemo-serve Ray Serve deployment, by process (docs/server.md,
+"""Resident memory of a one-replica nemo-serve Ray Serve deployment, by process (docs/ray_serve.md,
 "Many hosts on Ray Serve"): the replica (the front end), its engine-core process (the demo model)
 and Ray's own processes on the head node.
 

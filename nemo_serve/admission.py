@@ -5,7 +5,7 @@ share of work at once and the delay then grows only as fast as the streams drift
 over capacity falls behind by about a second per second). Refusing while it is over the limit and
 admitting everyone once it is back under makes waves: the streams admitted before the delay
 reached the limit keep it up until they end, then every client that was refused comes back within
-a second (measured: benchmarks/results/overload_demo_r13_nocap_cpu.json, docs/server.md "Overload").
+a second (measured: benchmarks/results/overload_demo_r13_nocap_cpu.json, docs/performance.md "Overload").
 
 So, as TCP does with its window: when the delay crosses the limit, the open streams at that moment
 were already too many, and new streams are admitted again only up to half of them (multiplicative

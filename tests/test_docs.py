@@ -35,7 +35,7 @@ def _anchors(markdown: str) -> set[str]:
 
 
 @pytest.mark.parametrize("page", ["README.md", "docs/server.md", "docs/performance.md", "docs/demo_model.md",
-                                  "docs/how_it_works.md", "docs/protocol.md", "benchmarks/README.md", "CHANGELOG.md"])
+                                  "docs/how_it_works.md", "docs/protocol.md", "docs/ray_serve.md", "benchmarks/README.md", "CHANGELOG.md"])
 def test_relative_links_resolve(page):
     path = ROOT / page
     text = path.read_text()
@@ -76,7 +76,7 @@ def test_a_changed_result_changes_the_page(tmp_path, monkeypatch):
 
 
 def test_the_overload_table_is_read_from_its_files(tmp_path, monkeypatch):
-    """docs/server.md's overload figures come from the overload results: a changed file changes the page."""
+    """The overload figures come from the overload results: a changed file changes the page."""
     results = tmp_path / "results"
     shutil.copytree(performance_page.RESULTS, results)
     path = results / "overload_demo_r13_cpu.json"
@@ -86,5 +86,5 @@ def test_the_overload_table_is_read_from_its_files(tmp_path, monkeypatch):
     monkeypatch.setattr(performance_page, "RESULTS", results)
     row = next(line for line in performance_page.table_overload().splitlines() if "token-identical" in line)
     assert "| 293/294 |" in row, row
-    page = (ROOT / "docs" / "server.md").read_text()
+    page = (ROOT / "docs" / "performance.md").read_text()
     assert performance_page.render(page, {}) != page

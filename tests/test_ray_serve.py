@@ -116,7 +116,7 @@ def test_scaled_down_replica_loses_no_final(cluster, oracle_model):
 @pytest.mark.xfail(strict=True, reason="issue 51 item 6: a replica whose streams outlast Ray's "
                    "graceful_shutdown_timeout_s is killed before its drain: each stream gets 1006, no final")
 def test_replica_scaled_down_mid_stream_drains_its_streams(cluster, oracle_model):
-    """What docs/server.md promised: Ray waits graceful_shutdown_timeout_s (here 0.5 s, shorter than the
+    """What docs/ray_serve.md promised: Ray waits graceful_shutdown_timeout_s (here 0.5 s, shorter than the
     ~3 s streams), then the app's shutdown drains the rest: each stream cut short ends `draining` with
     NeMo's loop on the prefix it took in. Measured instead: every stream on a replaced or removed replica
     ends 1006 with no `done` (run after the test above: both streams). Run alone, both streams were

@@ -93,7 +93,7 @@ TRANSCRIPTION = "conversation.item.input_audio_transcription"
 # While committed items decode, the idle clock stands still; the receive task looks again this often.
 PAUSED_IDLE_CHECK_S = 0.5
 # A committed item's `done` can reach us a moment before the engine counts its slot free
-# (release comes between steps, in the core process for --frontends >= 1): the next item retries.
+# (release comes between steps, in the engine-core process): the next item retries.
 SLOT_RETRY_S = 0.01
 SLOT_RETRY_FOR_S = 2.0
 STALL_POLL_S = 0.1

@@ -1,0 +1,1 @@
+"""Streaming speaker diarization (streaming Sortformer), batched over streams; see docs/diarization.md."""

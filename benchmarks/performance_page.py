@@ -61,7 +61,11 @@ def read(name: str) -> dict:
 def run_info(d: dict) -> dict:
     """command, commit, date and CPU of a result, wherever its script put them."""
     r = d.get("run", d)
-    return {"command": r.get("command", "?"), "commit": r.get("git_commit", "?"),
+    # a run stamped dirty ran code that was not all committed (before 2026-12-05 the results
+    # folder itself counted, so older files may say so for that alone)
+    commit = r.get("git_commit") or "no commit recorded"
+    commit += " (dirty)" if r.get("git_dirty") else ""
+    return {"command": r.get("command", "?"), "commit": commit,
             "date": str(r.get("date", "?"))[:10], "cpu": r.get("cpu", "?"), "cpu_count": r.get("cpu_count")}
 
 

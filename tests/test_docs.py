@@ -28,6 +28,14 @@ def test_readme_is_short_and_opens_with_the_two_commands():
     assert ".venv/bin/python -m pytest" in (ROOT / ".ci" / "run").read_text()  # the second is what CI runs
 
 
+def test_server_guide_is_short_and_names_no_removed_mode():
+    """docs/server.md is what a user runs from (issue 47): under 25 KB, measurements in performance.md."""
+    text = (ROOT / "docs" / "server.md").read_text()
+    assert len(text.encode()) < 25 * 1024, len(text.encode())
+    for page in ["README.md", "benchmarks/README.md", *(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md"))]:
+        assert "--frontends 0" not in (ROOT / page).read_text(), page
+
+
 def _anchors(markdown: str) -> set[str]:
     """GitHub's heading anchors: lower case, punctuation dropped, spaces to dashes."""
     return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")

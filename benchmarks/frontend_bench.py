@@ -75,7 +75,7 @@ def free_port() -> int:
 
 class Server:
     def __init__(self, model: str, context_right: int, frontends: int, num_slots: int, log_path: Path,
-                 taskset: str | None = None) -> None:  # fmt: skip
+                 taskset: str | None = None, extra_args: tuple[str, ...] = ()) -> None:  # fmt: skip
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.command = [
@@ -83,6 +83,7 @@ class Server:
             "--frontends", str(frontends), "--num-slots", str(num_slots), "--port", str(self.port),
             "--log-level", "warning", "--idle-timeout-s", "120", "--max-connections-per-ip", "1024",
             "--max-queue-delay-s", "0",  # the core may fall behind on 2 CPUs; streams must still reopen
+            *extra_args,
         ]  # fmt: skip
         if taskset:
             self.command = ["taskset", "-c", taskset, *self.command]

@@ -2,11 +2,14 @@
 regenerated from the result files in benchmarks/results/.
 
     python benchmarks/performance_page.py           # rewrite the tables in place
-    python benchmarks/performance_page.py --check   # exit 1 when a page differs from its results
+    python benchmarks/performance_page.py --check   # exit 1 when a page differs from its results,
+                                                    # or a figure in README.md or docs/ is unbacked
 
 A table sits between `<!-- table: NAME -->` and `<!-- /table -->`; everything outside those
 markers is written by hand. Under each table a line names the files it came from and the
-command, commit and date that made each one. Nothing here measures: the commands that do are in
+command, commit and date that made each one. A figure written by hand elsewhere in README.md or
+docs/*.md must sit under `<!-- figures: FILE -->` and equal a number of that result file
+(benchmarks/page_figures.py says what counts as a figure). Nothing here measures: the commands that do are in
 benchmarks/README.md.
 """
 
@@ -22,15 +25,19 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from benchmarks.page_figures import unbacked  # noqa: E402
 from benchmarks.summarize import judge  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 SHIPPED_DEMO = ROOT / "nemo_serve" / "assets" / "demo" / "demo.nemo"
-PAGES = ("README.md", "docs/performance.md", "docs/demo_model.md")
+PAGES = ("README.md", "docs/performance.md", "docs/demo_model.md")  # the pages with generated tables
 
-# The GPU run's JSONL records no commit or command: these are from the commit that added it (0e78094).
-GPU_RUN = {"file": "gpu_h200_run3.jsonl", "commit": "c9f3480", "date": "2026-12-04",
-           "command": "BUDGET_S=310 bash benchmarks/gpu/run_gpu.sh OUT"}
+
+def checked_pages() -> list[str]:
+    """Every page whose figures must be backed: README.md and docs/*.md."""
+    return ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
+
+GPU_RUN = {"file": "gpu_h200_run3.jsonl"}  # its command, commit and date: gpu_run_info()
 GPU_STEP_ROWS = 512  # the most rows one step runs (the 4 GiB step cache cap, engine/buckets.py)
 GPU_GOALS = {80: 4000, 320: 8000, 1120: 12000}  # real-time streams on one H200 (DESIGN.md)
 STEP_TARGETS = {"sherpa": 1.2, "pipeline": 1.5}  # engine over peer at B=32
@@ -54,7 +61,11 @@ def read(name: str) -> dict:
 def run_info(d: dict) -> dict:
     """command, commit, date and CPU of a result, wherever its script put them."""
     r = d.get("run", d)
-    return {"command": r.get("command", "?"), "commit": r.get("git_commit", "?"),
+    # a run stamped dirty ran code that was not all committed (before 2026-12-05 the results
+    # folder itself counted, so older files may say so for that alone)
+    commit = r.get("git_commit") or "no commit recorded"
+    commit += " (dirty)" if r.get("git_dirty") else ""
+    return {"command": r.get("command", "?"), "commit": commit,
             "date": str(r.get("date", "?"))[:10], "cpu": r.get("cpu", "?"), "cpu_count": r.get("cpu_count")}
 
 
@@ -89,6 +100,13 @@ def _f(x, nd=0, unit="") -> str:
 
 def gpu_records() -> list[dict]:
     return [json.loads(line) for line in (RESULTS / GPU_RUN["file"]).read_text().splitlines() if line.strip()]
+
+
+def gpu_run_info(recs: list[dict]) -> dict:
+    """Command, commit and date of the GPU run, from its `run` record (added to run 3 from git
+    history) or the `env` record gpu_bench.py writes now."""
+    run = next((r for r in recs if r["kind"] == "run"), None) or next(r for r in recs if r["kind"] == "env")
+    return {"command": run.get("command", "?"), "commit": run.get("git_commit", "?"), "date": str(run.get("date", "?"))[:10]}
 
 
 def gpu_levels(recs: list[dict], chunk_ms: int) -> tuple[dict | None, dict | None]:
@@ -126,7 +144,22 @@ def table_gpu() -> str:
                     f"| {step['gpu_ms_median']:.1f}, {step['us_per_stream_step']:.0f} "
                     f"| {step['realtime_streams_bound']:,} | {GPU_GOALS[chunk_ms]:,} | {verdict(kept, GPU_GOALS[chunk_ms])} |")
     where = f"{env['device']}, torch {env['torch']}, CUDA {env['cuda']}; Nemotron 3.5 ASR architecture (random weights), bf16"
-    return "\n".join(rows) + f"\n\n{where}. From `{GPU_RUN['file']}`: `{GPU_RUN['command']}` at {GPU_RUN['commit']}, {GPU_RUN['date']}"
+    run = gpu_run_info(recs)
+    return "\n".join(rows) + f"\n\n{where}. From `{GPU_RUN['file']}`: `{run['command']}` at {run['commit']}, {run['date']}"
+
+
+def table_gpu_load() -> str:
+    """Tokens per encoder frame the GPU rows carried: run 3's graph-against-eager checks (tokens over
+    rows x steps x frames per chunk, the decoder's max time being the chunk's encoder frames)."""
+    per_mode = {}
+    for r in gpu_records():
+        if r["kind"] == "validate" and r.get("graph_vs_eager"):
+            ge = r["graph_vs_eager"]
+            frames = sum(ge["batches"]) * ge["steps"] * r["stepper"]["settings"]["decoder_max_time"]
+            per_mode[r["chunk_ms"]] = ge["tokens"] / frames
+    modes = sorted(per_mode)
+    return (f"Tokens per encoder frame in run 3's graph-against-eager checks: "
+            f"{' / '.join(f'{per_mode[m]:.2f}' for m in modes)} at {' / '.join(str(m) for m in modes)} ms.")
 
 
 def _gpu_run_length(level: dict | None) -> str:
@@ -140,11 +173,13 @@ def _gpu_run_length(level: dict | None) -> str:
 def table_headline() -> str:
     rows = ["| hardware | model, precision | chunk | real-time streams kept up | p95 latency at that level | date, commit |",
             "|---|---|---|---|---|---|"]
-    for chunk_ms, best, _, _ in gpu_rows(gpu_records()):
+    recs = gpu_records()
+    run = gpu_run_info(recs)
+    for chunk_ms, best, _, _ in gpu_rows(recs):
         kept = best["streams"] if best else 0
         rows.append(f"| one NVIDIA H200 (engine core only) | Nemotron 3.5 ASR 0.6B architecture, bf16 | {chunk_ms} ms "
                     f"| **{kept:,}** (goal {GPU_GOALS[chunk_ms]:,}) | {_f(best and best['lateness_p95_ms'], 0, ' ms')}{_gpu_run_length(best)} "
-                    f"| {GPU_RUN['date']}, {GPU_RUN['commit']} |")
+                    f"| {run['date']}, {run['commit']} |")
     joined = {files[0]: (files, d) for files, d in sweep_groups()}  # a run's `_top` levels with it
     files = [GPU_RUN["file"]]
     for name in CPU_SWEEPS:
@@ -413,7 +448,7 @@ def table_boost_cost() -> str:
 
 
 TABLES = {
-    "headline": table_headline, "boost-benefit": table_boost_benefit, "boost-cost": table_boost_cost, "gpu": table_gpu, "gpu-memory": table_gpu_memory, "step": table_step,
+    "headline": table_headline, "boost-benefit": table_boost_benefit, "boost-cost": table_boost_cost, "gpu": table_gpu, "gpu-load": table_gpu_load, "gpu-memory": table_gpu_memory, "step": table_step,
     "host": table_host, "frontend": table_frontend, "sweeps": table_sweeps, "mode-mix": table_mode_mix,
     "demo-wer": table_demo_wer, "overload": table_overload, "fuzz": table_fuzz, "ring": table_ring,
 }
@@ -448,7 +483,10 @@ def main(argv=None) -> int:
                 path.write_text(new)
     verb = "out of date" if args.check else "rewritten"
     print(f"{verb}: {', '.join(stale)}" if stale else "every page matches its results")
-    return 1 if (stale and args.check) else 0
+    loose = unbacked(ROOT, RESULTS, checked_pages())
+    for problem in loose:
+        print(f"unbacked figure: {problem}")
+    return 1 if args.check and (stale or loose) else 0
 
 
 if __name__ == "__main__":

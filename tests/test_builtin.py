@@ -59,7 +59,7 @@ def languages(model) -> list[str]:
 
 
 def test_names_and_specs():
-    assert set(builtin.BUILTIN_NAMES) == {"tiny-char", "tiny-hybrid", "tiny-prompt", "fastconformer-l", "nemotron-0.6b"}
+    assert set(builtin.BUILTIN_NAMES) == {"tiny-char", "tiny-hybrid", "tiny-prompt", "tiny-eou", "fastconformer-l", "nemotron-0.6b"}
     assert builtin.is_builtin("tiny-char") and not builtin.is_builtin("demo_model")
     with pytest.raises(ValueError, match="unknown built-in"):
         builtin.build_builtin("no-such-model")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import performance_page
+from benchmarks import page_figures, performance_page
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -26,6 +26,14 @@ def test_readme_is_short_and_opens_with_the_two_commands():
     assert first_block[0].startswith("bash env/setup.sh && .venv/bin/nemo-serve --selftest 20")
     assert first_block[1].startswith(".venv/bin/python -m pytest")
     assert ".venv/bin/python -m pytest" in (ROOT / ".ci" / "run").read_text()  # the second is what CI runs
+
+
+def test_server_guide_is_short_and_names_no_removed_mode():
+    """docs/server.md is what a user runs from (issue 47): under 25 KB, measurements in performance.md."""
+    text = (ROOT / "docs" / "server.md").read_text()
+    assert len(text.encode()) < 25 * 1024, len(text.encode())
+    for page in ["README.md", "benchmarks/README.md", *(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md"))]:
+        assert "--frontends 0" not in (ROOT / page).read_text(), page
 
 
 def _anchors(markdown: str) -> set[str]:
@@ -88,3 +96,68 @@ def test_the_overload_table_is_read_from_its_files(tmp_path, monkeypatch):
     assert "| 293/294 |" in row, row
     page = (ROOT / "docs" / "performance.md").read_text()
     assert performance_page.render(page, {}) != page
+
+
+# ----------------------------------------------------------------------------- hand-written figures
+
+
+def _pages_copy(tmp_path: Path) -> Path:
+    """README.md and docs/ copied, so a test can plant a figure; the result files stay the real ones."""
+    (tmp_path / "docs").mkdir()
+    shutil.copy(README, tmp_path / "README.md")
+    for page in (ROOT / "docs").glob("*.md"):
+        shutil.copy(page, tmp_path / "docs" / page.name)
+    return tmp_path
+
+
+def test_every_hand_written_figure_is_backed():
+    assert page_figures.unbacked(ROOT, performance_page.RESULTS, performance_page.checked_pages()) == []
+
+
+def test_a_planted_unbacked_figure_fails_the_check_naming_its_line(tmp_path, monkeypatch, capsys):
+    root = _pages_copy(tmp_path)
+    server = root / "docs" / "server.md"
+    text = server.read_text().rstrip("\n") + "\n\nA stream's first partial arrives 12.3 ms after its audio.\n"
+    server.write_text(text)
+    line = text.count("\n")
+    monkeypatch.setattr(performance_page, "ROOT", root)
+    assert performance_page.main(["--check"]) == 1
+    assert f"unbacked figure: docs/server.md:{line}: 12.3 ms (no result file backs it)" in capsys.readouterr().out
+
+
+def test_a_figure_under_a_marker_must_equal_a_number_of_its_file(tmp_path):
+    """riva_vs_ws_demo_r13.json's gRPC median tail is 24.9 ms: 25 ms is backed, 31 ms and 41.7 ms are not."""
+    page = tmp_path / "docs" / "x.md"
+    page.parent.mkdir()
+    marked = "<!-- figures: riva_vs_ws_demo_r13.json -->\nThe last final came {} after the last audio.\n"
+    results = performance_page.RESULTS
+    page.write_text(marked.format("25 ms"))
+    assert page_figures.unbacked(tmp_path, results, ["docs/x.md"]) == []
+    for wrong in ("31 ms", "41.7 ms"):
+        page.write_text(marked.format(wrong))
+        assert page_figures.unbacked(tmp_path, results, ["docs/x.md"]) == [
+            f"docs/x.md:2: {wrong} (not in riva_vs_ws_demo_r13.json)"]
+    page.write_text("<!-- figures: no_such_run.json -->\nIt took 25 ms.\n")
+    assert "no such result file" in page_figures.unbacked(tmp_path, results, ["docs/x.md"])[0]
+
+
+def test_what_is_not_a_measurement(tmp_path):
+    """Code, chunk modes, limit lines and settings paragraphs are not figures; the same number in prose is."""
+    page = tmp_path / "x.md"
+    page.write_text("```\nstep 5 ms\n```\n\nRun `sleep 5 s` at 80 / 1120 ms chunks.\n\n"
+                    "`--idle-timeout-s` closes a stream after 30 s.\n\n<!-- figures: settings -->\n"
+                    "Each item is 20 s of audio.\n\nA step took 5 ms.\n")
+    assert page_figures.unbacked(tmp_path, performance_page.RESULTS, ["x.md"]) == ["x.md:12: 5 ms (no result file backs it)"]
+
+
+def test_the_gpu_rows_name_the_commit_and_command_their_file_records(tmp_path, monkeypatch):
+    results = tmp_path / "results"
+    shutil.copytree(performance_page.RESULTS, results)
+    gpu = results / performance_page.GPU_RUN["file"]
+    recs = [json.loads(line) for line in gpu.read_text().splitlines() if line.strip()]
+    run = next(r for r in recs if r["kind"] == "run")
+    run["git_commit"], run["command"] = "abc1234", "bash benchmarks/gpu/run_gpu.sh ELSEWHERE"
+    gpu.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    monkeypatch.setattr(performance_page, "RESULTS", results)
+    assert all("abc1234 |" in row for row in performance_page.table_headline().splitlines() if "H200" in row)
+    assert "`bash benchmarks/gpu/run_gpu.sh ELSEWHERE` at abc1234" in performance_page.table_gpu()

@@ -20,6 +20,7 @@ PY=${PY:-.venv/bin/python}
 LIMIT_MIB=${LIMIT_MIB:-56}
 rm -rf "$CARRY/wheels"   # no stale version of a wheel: two of one package stop the install there
 mkdir -p "$CARRY/wheels" "$CARRY/cache"
+git rev-parse --short HEAD > "$CARRY/commit"  # run_gpu.sh stamps its results with it
 exclude=$(git rev-parse --git-path info/exclude)   # also in a worktree, where .git is a file
 mkdir -p "$(dirname "$exclude")"
 grep -qx "/$CARRY/" "$exclude" 2>/dev/null || echo "/$CARRY/" >> "$exclude"

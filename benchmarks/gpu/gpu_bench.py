@@ -739,6 +739,9 @@ def _run(args, res: Results) -> int:
 
     res.write("env", python=platform.python_version(), torch=torch.__version__, cuda=torch.version.cuda,
               device=torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu", argv=sys.argv[1:],
+              # run_gpu.sh exports both; run by hand, the bench's own command and no commit
+              command=os.environ.get("NEMO_SERVE_RUN_COMMAND", " ".join(["python", *sys.argv])),
+              git_commit=os.environ.get("NEMO_SERVE_GIT_COMMIT", "?"),
               budget_s=args.budget_s,
               graph_settings={k: v for k, v in os.environ.items() if k.startswith("NEMO_SERVE_") and "GRAPH" in k or k == "NEMO_SERVE_DECODER_MAX_TIME"})  # fmt: skip
     if not preflight(args, res):

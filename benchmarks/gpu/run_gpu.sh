@@ -34,6 +34,10 @@ PY=${PY:-python3}
 PROFILE=${PROFILE:-$([[ $DEVICE == cuda ]] && echo 1 || echo 0)}
 PROFILE_S=${PROFILE_S:-240}
 START=$(date +%s)
+# what the results record as their command and commit (the machine's copy may have no .git:
+# build_carry.sh wrote the commit into the carried folder)
+export NEMO_SERVE_RUN_COMMAND=${NEMO_SERVE_RUN_COMMAND:-"BUDGET_S=$BUDGET_S bash benchmarks/gpu/run_gpu.sh OUT $*"}
+export NEMO_SERVE_GIT_COMMIT=${NEMO_SERVE_GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || cat "$CARRY/commit" 2>/dev/null || echo "?")}
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/run.log") 2>&1
 

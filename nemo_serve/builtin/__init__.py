@@ -10,6 +10,9 @@ rel-pos attention, several trained right contexts; greedy_batch label looping, m
   tiny-hybrid      EncDecHybridRNNTCTCBPEModel, 64 BPE pieces, 2 x 64, 80 mels, L 70, R {13,6,1,0}
   tiny-prompt      EncDecRNNTBPEModelWithPrompt, 128 pieces, 8 prompts (en-US, de-DE, fr-FR, es-ES),
                    2 x 64, 128 mels, L 56, R {13,6,3,0}
+  tiny-eou         tiny-hybrid with <EOU> and <EOB> pieces (user-defined SentencePiece symbols) and a
+                   TEST-ONLY logit bias that makes them frequent (configs/tiny-eou.yaml): EOU parity
+                   and protocol tests (engine/eou.py)
   fastconformer-l  the stt_en_fastconformer_hybrid_large_streaming_multi architecture: hybrid,
                    17 x 512, 8 heads, 80 mels, L 70, R {13,6,1,0}, LSTM 640, joint 640, 1024 pieces
   nemotron-0.6b    the Nemotron 3.5 ASR streaming 0.6B architecture: prompt model, 24 x 1024,

@@ -6,7 +6,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..config_files import config_dir
 
-BUILTIN_NAMES = ("tiny-char", "tiny-hybrid", "tiny-prompt", "fastconformer-l", "nemotron-0.6b")
+BUILTIN_NAMES = ("tiny-char", "tiny-hybrid", "tiny-prompt", "tiny-eou", "fastconformer-l", "nemotron-0.6b")
 
 
 def is_builtin(name: str) -> bool:

@@ -62,6 +62,8 @@ def ensure_tokenizer(name: str, recipe: DictConfig) -> Path:
                 tokenizer_type=recipe.type,
                 output_dir=str(out_dir),
                 character_coverage=1.0,
+                # e.g. tiny-eou's <EOU>/<EOB>: whole pieces, never split or merged
+                user_defined_symbols=list(recipe.user_defined_symbols) if recipe.get("user_defined_symbols") else None,
             )
         num_pieces = sum(1 for _ in open(out_dir / "tokenizer.vocab", encoding="utf-8"))
         if num_pieces != recipe.vocab_size:

@@ -70,6 +70,12 @@ class RandomInitRecipe:
     silence_weight: float = 4.0  # blank logit at silence over a frame far from it (saturating distance)
     follow_fraction: float = 0.4  # groups with a follower group, emitted right after them (same frame)
     follow_margin: float = 2.0  # follower boost over the blank bias, / group_scale
+    # TEST-ONLY knobs of tiny-eou (configs/tiny-eou.yaml): added to the <EOU> / <EOB> logits after
+    # calibration, so a random model emits them often enough for protocol tests to see EOU endings
+    # within a few seconds of audio, the same ones on every run (seeded weights). Not a model of
+    # when an utterance ends: the demo EOU model (docs/demo_model.md) is trained for that.
+    eou_logit_bias: float = 0.0
+    eob_logit_bias: float = 0.0
 
 
 def shape_weights(model, recipe: RandomInitRecipe, gen: torch.Generator, timings: dict) -> None:
@@ -90,7 +96,22 @@ def shape_weights(model, recipe: RandomInitRecipe, gen: torch.Generator, timings
         shape_joint(model, layout, register_levels, frames, silences, probes, recipe, gen)
     if hasattr(model, "ctc_decoder"):
         shape_ctc(model, frames, recipe, gen)
+    _bias_end_of_utterance(model, recipe)
     model.encoder.set_default_att_context_size(list(model.encoder.att_context_size_all[0]))
+
+
+def _bias_end_of_utterance(model, recipe: RandomInitRecipe) -> None:
+    """The test-only <EOU>/<EOB> logit offsets (RandomInitRecipe), by piece: no fixed ids."""
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is None or not (recipe.eou_logit_bias or recipe.eob_logit_bias):
+        return
+    out = model.joint.joint_net[-1]
+    for piece, offset in (("<EOU>", recipe.eou_logit_bias), ("<EOB>", recipe.eob_logit_bias)):
+        ids = [i for i in range(tokenizer.vocab_size) if tokenizer.ids_to_tokens([i])[0] == piece]
+        if offset and not ids:
+            raise ValueError(f"random_init biases {piece}, but the tokenizer has no such piece")
+        for i in ids:
+            out.bias[i] += offset
 
 
 def _randomise_encoder_norms(encoder, recipe, gen) -> None:

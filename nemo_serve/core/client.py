@@ -3,7 +3,7 @@
 Sessions call the same methods as on the in-process Engine (open_stream, push, finish,
 force_final, abort, num_free_slots, error); here they become a slot taken in shared memory,
 samples written into the slot's ring, and small control messages to the core: after the samples,
-one `Wrote` per event-loop tick with every ring's new end (that message is what publishes the
+one `Wrote` per event-loop tick, and at most one per WROTE_PERIOD_S, with every ring's new end (that message is what publishes the
 samples: shared.py). The core's
 StreamUpdates come back on one socket; a task on the event loop assembles each into the
 StreamResult the session expects (text and detokenisation happen here, not in the core).
@@ -40,6 +40,13 @@ from .shared import FAILED, SERVING, STOPPED, SharedSlots
 log = logging.getLogger("nemo_serve.frontend")
 
 FLUSH_PERIOD_S = 0.005  # retry for audio that did not fit in a full ring
+# At most one Wrote per this period (benchmarks/packet_cost.py: a ZMQ message and the wake-up of
+# the ZMQ I/O thread were the largest share of a paced packet's CPU when each packet had its own
+# tick, as it has when streams are independent clients). Rings written meanwhile share the next
+# one: the core sees new audio at most this much later, against chunks of 80 ms and more.
+# Rejected: one Wrote per core step (the front end does not know when the core plans) and the
+# core reading ring ends from shared memory (the message is what publishes them: shared.py).
+WROTE_PERIOD_S = 0.002
 
 
 class EngineFailed(RuntimeError):
@@ -81,6 +88,7 @@ class EngineClient:
         self._by_slot: dict[int, StreamHandle] = {}  # the open streams again, by ring
         self._unannounced: dict[StreamHandle, None] = {}  # rings written since the last Wrote (ordered set)
         self._loop: asyncio.AbstractEventLoop | None = None  # set by start(): Wrote goes once per tick
+        self._last_wrote = float("-inf")  # loop time of the last Wrote (WROTE_PERIOD_S)
         self._pending: set[StreamHandle] = set()
         self._wake_flush = asyncio.Event()
         self._zmq: zmq.asyncio.Context | None = None
@@ -106,6 +114,9 @@ class EngineClient:
         self._control.setsockopt(zmq.SNDHWM, 0)
         self._control.setsockopt(zmq.LINGER, 2000)  # aborts sent at shutdown still reach the core
         self._control.connect(control_address(self.ipc_dir))
+        # Sent through a plain view of the same socket: HWM 0 never blocks, so the asyncio
+        # wrapper's future per message is pure cost (about 3 us a message, packet_cost.py).
+        self._control_send = zmq.Socket.shadow(self._control.underlying).send
         self._tasks = [
             asyncio.create_task(self._receive_results(), name="engine-results"),
             asyncio.create_task(self._flush_pending(), name="engine-ring-flush"),
@@ -246,7 +257,7 @@ class EngineClient:
 
     def _send_now(self, msg) -> None:
         if self._control is not None and not self._stopped:
-            self._control.send(self._encoder.encode(msg))  # HWM 0: queues, never blocks
+            self._control_send(self._encoder.encode(msg))  # HWM 0: queues, never blocks
 
     def _forget_slot(self, h: StreamHandle) -> None:
         if self._by_slot.get(h.slot) is h:  # the slot may already hold this front end's next stream
@@ -260,16 +271,26 @@ class EngineClient:
             h.written += k
             h.arrival = now
             if not self._unannounced and self._loop is not None:
-                self._loop.call_soon(self._announce_written)  # once per tick, for every ring written in it
+                self._schedule_announce()
             self._unannounced[h] = None
             if self._loop is None:  # not started (tests): at once
                 self._announce_written()
         return samples[k:] if k < len(samples) else None
 
+    def _schedule_announce(self) -> None:
+        """The next Wrote: at the end of this tick, or WROTE_PERIOD_S after the last one."""
+        wait_s = self._last_wrote + WROTE_PERIOD_S - self._loop.time()
+        if wait_s <= 0:
+            self._loop.call_soon(self._announce_written)  # every ring written in this tick
+        else:
+            self._loop.call_later(wait_s, self._announce_written)
+
     def _announce_written(self) -> None:
         """One Wrote for every ring written since the last: sent after the samples (shared.py)."""
         if not self._unannounced:
             return
+        if self._loop is not None:
+            self._last_wrote = self._loop.time()
         hs = list(self._unannounced)
         self._unannounced.clear()
         n = len(hs)

@@ -1,10 +1,11 @@
 """Messages between the processes, as msgspec structs encoded with msgpack.
 
 Control (front ends and supervisor -> core, one ZMQ PULL socket): a handful per stream, and one
-`Wrote` per event-loop tick in which a front end wrote audio. Results (core -> one front end, a
-PUSH socket per front end): one message per loop iteration holding every StreamUpdate of that
-front end's streams and how far the core has read their rings. Audio does not travel here: it goes
-through the shared-memory rings (shared.py); these messages publish the ring positions, which is
+`Wrote` per event-loop tick in which a front end wrote audio, at most one per
+client.WROTE_PERIOD_S. Results (core -> one front end, a PUSH socket per front end): one message
+per loop iteration holding every StreamUpdate of that front end's streams and how far the core has
+read their rings. Audio does not travel here: it goes through the shared-memory rings (shared.py);
+these messages publish the ring positions, which is
 what makes the rings correct on any CPU (shared.py says why).
 
 Why pyzmq + msgspec (as vLLM's engine core uses them): ZMQ sockets are message-framed,

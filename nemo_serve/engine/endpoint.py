@@ -12,6 +12,10 @@ state carry on untouched, so the tokens of all segments concatenated equal the t
 endpointing off, and equal NeMo's own loop. Resetting state at an endpoint (sherpa-onnx's
 default) would make the next segment start cold: different tokens, and a context loss exactly
 where a speaker pauses mid-sentence. NeMo 3.0's pipeline keeps state across EOU for the same reason.
+
+A model with end-of-utterance tokens (engine/eou.py) ends a segment when it emits one; these rules
+stay as the fallback. `eou` False turns those endings off for a stream (the tokens are still hidden).
+`enabled` False turns every automatic ending off, EOU ones included (the client commits).
 """
 
 from __future__ import annotations
@@ -37,6 +41,11 @@ class EndpointConfig:
     rule1_min_trailing_silence_s: float = 2.4
     rule2_min_trailing_silence_s: float = 1.2
     rule3_min_utterance_length_s: float = 20.0
+    eou: bool = True  # end segments at the model's end-of-utterance tokens (engine/eou.py)
+
+    @property
+    def eou_endings(self) -> bool:
+        return self.enabled and self.eou
 
     @property
     def rules(self) -> tuple[EndpointRule, ...]:
@@ -73,19 +82,20 @@ class EndpointDetector:
         if frames:
             self.last_token_frame = frames[-1]
 
-    def is_endpoint(self, decoded_frames: int) -> bool:
+    def is_endpoint(self, decoded_frames: int) -> str | None:
+        """The reason the segment ends now ("silence": rule 1 or 2, "max_length": rule 3), else None."""
         if not self.rules:
-            return False
+            return None
         has_text = self.last_token_frame >= self.segment_start_frame
         silent_from = self.last_token_frame + 1 if has_text else self.segment_start_frame
         trailing_s = (decoded_frames - silent_from) * self.frame_s
         length_s = (decoded_frames - self.segment_start_frame) * self.frame_s
         if decoded_frames <= self.segment_start_frame:
-            return False
+            return None
         for needs_text, min_trailing_s, min_length_s in self._thresholds:  # EndpointRule.fires, inlined (every step, every stream)
             if trailing_s >= min_trailing_s and length_s >= min_length_s and (has_text or not needs_text):
-                return True
-        return False
+                return "max_length" if min_length_s > 0 else "silence"
+        return None
 
     def new_segment(self, decoded_frames: int) -> None:
         self.segment_start_frame = decoded_frames

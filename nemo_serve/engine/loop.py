@@ -49,6 +49,7 @@ from .biasing import BiasingRegistry
 from .phrases import NO_BIASING, PhraseLimits, PhraseRequest, check_phrases, encodable_characters
 from .encoder import make_encoder
 from .endpoint import EndpointConfig
+from .eou import EouTokens
 from .frontend import FeatureExtractor
 from .scheduler import Group, Scheduler
 from .outputs import IterationOutput, ReleasedStream, StepStats
@@ -120,6 +121,11 @@ class Engine:
         self.encoder = make_encoder(model, kv_cache=kv_cache)
         self.pool = SlotPool(model, num_slots, self.encoder.channel_shape)
         self.token_confidence = token_confidence
+        self.eou = EouTokens.from_vocabulary(model.vocabulary)  # empty unless the model has <EOU>/<EOB>
+        # An EOU final carries its token's probability: the step computes confidences for an EOU
+        # model even without --word-confidence (a log-softmax per label iteration, engine/step.py);
+        # clients then get only the EOU probability, not per-token confidences.
+        self._step_confidence = token_confidence or bool(self.eou)
         self.phrase_limits = phrase_limits
         self.encodable = encodable_characters(model.vocabulary)
         self._num_phrases = 0  # boosted phrases of the open streams (--max-phrases-total)
@@ -184,7 +190,7 @@ class Engine:
             return None
         before = torch.cuda.memory_allocated(dev), torch.cuda.memory_reserved(dev)
         t = time.perf_counter()
-        steppers = prepare_step(self.model, self.encoder, self.pool, confidence=self.token_confidence)
+        steppers = prepare_step(self.model, self.encoder, self.pool, confidence=self._step_confidence)
         elapsed = time.perf_counter() - t  # prepare() ends with a synchronize
         alloc, reserved = torch.cuda.memory_allocated(dev), torch.cuda.memory_reserved(dev)
         reports = [s.report() for s in steppers]
@@ -407,7 +413,7 @@ class Engine:
         groups, done = self.scheduler.plan(time.time(), self.slots.held & ~self.in_flight.flying)
         for slot in done.tolist():  # input ended on a tail NeMo's loop would not encode: owed its final
             s = self.slots.stream_at(slot)
-            self._publish_final(s, [], [], s.audio.finish_time or time.time(), done=True)
+            self._publish_final(s, [], [], s.audio.finish_time or time.time(), done=True, reason="end_of_input")
             self._release(s)
         if groups and groups[-1].context_right != groups[0].context_right:
             # Several modes ready: step only the earliest-due mode, then plan again. A long-chunk
@@ -439,7 +445,7 @@ class Engine:
         # Rows as numpy: the stepper stages them (pinned, non-blocking) and gathers the rows'
         # languages on the device (languages None); the step's one wait is in collect_step.
         batch = StepBatch(group.slots, self._features(streams, group), group.widths.tolist(), group.is_first, None,
-                          group.context_right, self.token_confidence)  # fmt: skip
+                          group.context_right, self._step_confidence)  # fmt: skip
         launched = launch_step(self.model, self.encoder, self.pool, batch)
         if self.test_step_sleep_s:
             time.sleep(self.test_step_sleep_s)
@@ -496,28 +502,49 @@ class Engine:
                  conf: list[float] | None = None) -> float:  # fmt: skip
         """Take one stepped chunk's results; returns the arrival time of the last sample it needed."""
         s.decoded_frames = decoded
-        s.add_tokens(frames)
         audio = s.audio
         audio.discard_before(self.features.first_sample_needed(next_frame - self.geometry.pre_cache_frames))
         sample_end = min(self.features.last_sample_needed(next_frame), audio.num_samples)
         arrival = audio.arrival_time(sample_end)
+        if self.eou:
+            ids, frames, conf = self._end_at_eou(s, ids, frames, conf, arrival)
+        if not self.token_confidence:
+            conf = None  # computed for the EOU probability only
+        s.add_tokens(frames)
         if is_last:
             arrival = max(arrival, audio.finish_time or arrival)
-            self._publish_final(s, ids, frames, arrival, done=True, conf=conf)
+            self._publish_final(s, ids, frames, arrival, done=True, conf=conf, reason="end_of_input")
             self._release(s)
-        elif s.endpoint.is_endpoint(decoded):
-            self._publish_final(s, ids, frames, arrival, done=False, conf=conf)
+        elif reason := s.endpoint.is_endpoint(decoded):
+            self._publish_final(s, ids, frames, arrival, done=False, conf=conf, reason=reason)
         else:
             self._updates.append(s.update(ids, frames, False, arrival, next_frame * self.hop_s, confidences=conf))
             self._update_slots.append(s.slot)
         return arrival
 
+    def _end_at_eou(self, s: Stream, ids: list[int], frames: list[int], conf: list[float] | None, arrival: float
+                    ) -> tuple[list[int], list[int], list[float] | None]:  # fmt: skip
+        """An EOU model's tokens: each EOU token closes the segment it ends (a final with its
+        reason and probability; the next segment starts after its frame), unless the stream turned
+        EOU endings off; either way the token is cut out. Returns the tokens after the last one."""
+        if not s.endpoint_config.eou_endings:
+            return self.eou.strip(ids, frames, conf)
+        cuts, rest = self.eou.split(ids, frames, conf)
+        for cut in cuts:
+            s.add_tokens(cut.frames)
+            self._publish_final(s, cut.ids, cut.frames, arrival, done=False,
+                                conf=cut.confidences if self.token_confidence else None, reason=cut.reason,
+                                eou_probability=cut.probability, eou_frame=cut.frame, next_start_frame=cut.frame + 1)  # fmt: skip
+        return rest
+
     def _publish_final(self, s: Stream, ids: list[int], frames: list[int], arrival: float, done: bool,
-                       conf: list[float] | None = None) -> None:  # fmt: skip
+                       conf: list[float] | None = None, reason: str = "force_final", eou_probability: float | None = None,
+                       eou_frame: int = -1, next_start_frame: int | None = None) -> None:  # fmt: skip
         processed_s = int(self.scheduler.next_frame[s.slot]) * self.hop_s  # the scheduler's: stepped already
-        self._updates.append(s.update(ids, frames, True, arrival, processed_s, done=done, confidences=conf))
+        self._updates.append(s.update(ids, frames, True, arrival, processed_s, done=done, confidences=conf,
+                                      end_reason=reason, eou_probability=eou_probability, eou_frame=eou_frame))  # fmt: skip
         self._update_slots.append(s.slot)
-        s.close_segment()
+        s.close_segment(next_start_frame)
 
     def _release(self, s: Stream) -> None:
         """Close the stream's cache row and give its slot back (its scheduler row is ignored from

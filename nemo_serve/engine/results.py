@@ -30,6 +30,17 @@ class StreamUpdate(msgspec.Struct, array_like=True, gc=False):
     audio_arrival_time: float  # server time.time() when the last sample that produced this arrived
     error: str | None = None
     new_token_confidences: list[float] | None = None  # one per new token, with --word-confidence
+    # Finals only: why the segment ended (END_REASONS) and, for "eou"/"eob", the end-of-utterance
+    # token's probability and encoder frame (engine/eou.py; the token itself is never sent).
+    end_reason: str | None = None
+    eou_probability: float | None = None
+    eou_frame: int = -1
+
+
+# Why a final closed its segment: the model's end-of-utterance / end-of-backchannel token, the
+# silence rules (engine/endpoint.py rules 1 and 2), the length rule (rule 3), the client (a force
+# final, a realtime commit) or the end of the stream's input.
+END_REASONS = ("eou", "eob", "silence", "max_length", "force_final", "end_of_input")
 
 
 @dataclass
@@ -52,6 +63,14 @@ class StreamResult:
     # confidence in [0, 1] (engine/step.py).
     token_confidences: list[float] | None = None
     words: list[Word] | None = None
+    end_reason: str | None = None  # finals: one of END_REASONS
+    eou_probability: float | None = None  # finals ended by "eou"/"eob": the token's probability
+    eou_time_s: float | None = None  # finals ended by "eou"/"eob": the token's audio time
+    backchannel: bool = False  # an "eob" final: an acknowledgement ("uh-huh"), not a turn
+
+    @property
+    def ended_by_model(self) -> bool:
+        return self.end_reason in ("eou", "eob")
 
 
 class Detokenizer:
@@ -105,6 +124,9 @@ class ResultAssembler:
             error=u.error,
         )
         if u.is_final:  # the segment is closed: the next update starts a new one
+            r.end_reason, r.eou_probability, r.backchannel = u.end_reason, u.eou_probability, u.end_reason == "eob"
+            if u.eou_frame >= 0:
+                r.eou_time_s = round(u.eou_frame * self.frame_s, 3)
             r.token_confidences = self.token_confidences if self.token_confidences and self.token_ids else None
             r.words = words(
                 [self.detok.piece(t) for t in self.token_ids], self.token_times_s, self.frame_s, r.token_confidences,

@@ -38,8 +38,10 @@ class Stream:
         self.endpoint.on_tokens(frames)
 
     def update(self, new_ids: list[int], new_frames: list[int], is_final: bool, arrival: float, processed_s: float,
-               done: bool = False, confidences: list[float] | None = None) -> StreamUpdate:  # fmt: skip
-        """`processed_s`: audio the model has consumed (the scheduler's chunk position)."""
+               done: bool = False, confidences: list[float] | None = None, end_reason: str | None = None,
+               eou_probability: float | None = None, eou_frame: int = -1) -> StreamUpdate:  # fmt: skip
+        """`processed_s`: audio the model has consumed (the scheduler's chunk position); the rest:
+        a final's ending (results.py END_REASONS)."""
         return StreamUpdate(
             stream_id=self.stream_id,
             segment=self.segment,
@@ -51,8 +53,13 @@ class Stream:
             audio_processed_s=round(processed_s, 3),
             audio_arrival_time=arrival,
             new_token_confidences=confidences,
+            end_reason=end_reason,
+            eou_probability=eou_probability,
+            eou_frame=eou_frame,
         )
 
-    def close_segment(self) -> None:
+    def close_segment(self, next_start_frame: int | None = None) -> None:
+        """`next_start_frame`: where the next segment starts (default: after what is decoded;
+        an EOU token inside a step: the frame after it)."""
         self.segment += 1
-        self.endpoint.new_segment(self.decoded_frames)
+        self.endpoint.new_segment(self.decoded_frames if next_start_frame is None else next_start_frame)

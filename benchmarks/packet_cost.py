@@ -1,0 +1,386 @@
+"""Front-end CPU per paced packet, results included, on every streaming path (issue 48, steps 1-3).
+
+    python benchmarks/packet_cost.py --profile --out benchmarks/results/packet_cost_cpu.json
+
+A real multi-process nemo-serve (`--frontends K --grpc-port`, the demo model by default) and real
+sockets. For each path, N streams send packets at real-time pace for --seconds; the front ends'
+CPU (utime + stime from /proc, all threads, their idle rate subtracted) over that window divided by
+the packets sent is the figure: every result message that came back in the window is inside it.
+
+  ws_s16_100ms / ws_f32_100ms / ws_s16_20ms / ws_f32_20ms   /ws, one binary frame per packet, 16 kHz
+  realtime_24k_20ms          /v1/realtime input_audio_buffer.append (JSON + base64 PCM16, 24 kHz:
+                             resampled to 16 kHz), server VAD on (the SDK's guide flow)
+  realtime_24k_20ms_novad    the same with turn_detection null (NIM's flow)
+  grpc_100ms / grpc_20ms     Riva StreamingRecognize, audio_content PCM16 at 16 kHz, interim results
+
+With --profile each path runs a second time under py-spy (sampling, --nonblocking: the front end
+is never stopped) and the samples are sorted two ways: by phase (which task of the front end was
+running: packet in, result out, ring positions, event loop) and by component (the innermost frame
+that is ours or a named library: WebSocket frames, ASGI, JSON, base64, decode and resample, ring
+write, ZMQ, gRPC, VAD); each share times the measured µs per packet gives µs per packet.
+
+Clients: one asyncio process, frames built and masked once (no per-packet client work but the
+write), gRPC through grpc.aio. On a 2-core machine the client, the engine core and the front end
+share the cores; the JSON records every process's CPU. --frontends 1,4 runs each path with K front
+ends and K x N streams (scaling with cores: only meaningful where there are cores to spare).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.common import run_record, write_json  # noqa: E402
+from benchmarks.frontend_bench import Server, cpu_s, frame, free_port  # noqa: E402
+from benchmarks.packet_profile import categorize  # noqa: E402
+
+RATE = 16000
+SPREAD_S = 0.002  # the pacer writes a share of the streams every this often
+PATHS = {  # name: (protocol, encoding, packet_s, input rate)
+    "ws_s16_100ms": ("ws", "pcm_s16le", 0.1, RATE),
+    "ws_f32_100ms": ("ws", "pcm_f32le", 0.1, RATE),
+    "ws_s16_20ms": ("ws", "pcm_s16le", 0.02, RATE),
+    "ws_f32_20ms": ("ws", "pcm_f32le", 0.02, RATE),
+    "realtime_24k_20ms": ("realtime", "vad", 0.02, 24000),
+    "realtime_24k_20ms_novad": ("realtime", "novad", 0.02, 24000),
+    "grpc_100ms": ("grpc", "pcm_s16le", 0.1, RATE),
+    "grpc_20ms": ("grpc", "pcm_s16le", 0.02, RATE),
+}
+
+
+# ----------------------------------------------------------------------------- packets
+
+
+def speech(audio_manifest: str, rate: int) -> np.ndarray:
+    """About a minute of the bundled utterances, float32 at `rate`."""
+    from benchmarks.load_items import make_items
+
+    items = make_items(audio_manifest, 4, (10.0, 20.0))
+    x = np.concatenate([it.audio for it in items]).astype(np.float32)
+    if rate != RATE:
+        import soxr
+
+        x = soxr.resample(x, RATE, rate).astype(np.float32)
+    return x
+
+
+def payloads(x: np.ndarray, encoding: str, packet_s: float, rate: int) -> list[bytes]:
+    k = int(rate * packet_s)
+    pcm = x if encoding == "pcm_f32le" else np.clip(x * 32767, -32768, 32767).astype("<i2")
+    return [pcm[i : i + k].astype(pcm.dtype.newbyteorder("<")).tobytes() for i in range(0, len(pcm) - k + 1, k)]
+
+
+def realtime_frames(pcm16: list[bytes]) -> list[bytes]:
+    return [frame(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(p).decode()}).encode(), 0x1)
+            for p in pcm16]  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- clients
+
+
+class WsConn:
+    """A raw WebSocket client: pre-built frames out, every message in, counted by type."""
+
+    def __init__(self) -> None:
+        self.counts: Counter = Counter()
+        self.ready = asyncio.Event()
+        self.error: str | None = None
+
+    async def open(self, port: int, path: str, first: bytes, ready_type: str) -> None:
+        self.reader, self.writer = await asyncio.open_connection("127.0.0.1", port)
+        key = base64.b64encode(os.urandom(16)).decode()
+        self.writer.write(
+            (f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+             f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode()
+        )  # fmt: skip
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        if b" 101 " not in head.split(b"\r\n", 1)[0]:
+            raise RuntimeError(f"handshake refused: {head[:80]!r}")
+        self.ready_type = ready_type
+        self.task = asyncio.create_task(self._read())
+        if first:
+            self.writer.write(first)
+
+    def write(self, data: bytes) -> None:
+        self.writer.write(data)
+
+    async def _read(self) -> None:
+        r = self.reader
+        try:
+            while True:
+                b0, b1 = await r.readexactly(2)
+                n = b1 & 0x7F
+                if n >= 126:
+                    n = int.from_bytes(await r.readexactly(2 if n == 126 else 8), "big")
+                payload = await r.readexactly(n)
+                if b0 & 0x0F == 0x8:
+                    return
+                i = payload.find(b'"type":"')
+                kind = payload[i + 8 : payload.index(b'"', i + 8)].decode() if i >= 0 else "?"
+                self.counts[kind] += 1
+                if kind == self.ready_type:
+                    self.ready.set()
+                elif kind == "error":
+                    self.error = payload[:200].decode(errors="replace")
+                    self.ready.set()
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            self.ready.set()
+
+    def close(self) -> None:
+        self.writer.close()
+        self.task.cancel()
+
+
+class GrpcConn:
+    """One Riva StreamingRecognize call fed from a queue the pacer fills."""
+
+    def __init__(self, stub, riva, rate: int) -> None:
+        self.counts: Counter = Counter()
+        self.ready = asyncio.Event()
+        self.error: str | None = None
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.riva = riva
+        config = riva.StreamingRecognitionConfig(
+            config=riva.RecognitionConfig(encoding=1, sample_rate_hertz=rate, language_code="en-US"),  # LINEAR_PCM
+            interim_results=True,
+        )
+        self.queue.put_nowait(riva.StreamingRecognizeRequest(streaming_config=config))
+        self.call = stub.StreamingRecognize(self._requests())
+        self.task = asyncio.create_task(self._read())
+        self.ready.set()  # a call is admitted with its first message; refusals come as an error
+
+    async def _requests(self):
+        while (item := await self.queue.get()) is not None:
+            yield item
+
+    def write(self, data) -> None:
+        self.queue.put_nowait(data)
+
+    async def _read(self) -> None:
+        try:
+            async for response in self.call:
+                self.counts["final" if any(r.is_final for r in response.results) else "partial"] += 1
+        except Exception as e:  # noqa: BLE001 - a cancelled call at the end, or a refusal: recorded
+            if not isinstance(e, asyncio.CancelledError):
+                self.error = repr(e)[:200]
+
+    def close(self) -> None:
+        self.queue.put_nowait(None)
+        self.call.cancel()
+        self.task.cancel()
+
+
+async def open_streams(path: str, port: int, grpc_port: int, n: int) -> list:
+    proto, encoding, packet_s, rate = PATHS[path]
+    if proto == "grpc":
+        import grpc
+
+        from nemo_serve.server.riva_protos import load
+
+        asr_pb2, asr_grpc, _ = load()
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}")
+        stub = asr_grpc.RivaSpeechRecognitionStub(channel)
+        return [GrpcConn(stub, asr_pb2, rate) for _ in range(n)]
+    conns = [WsConn() for _ in range(n)]
+    for c in conns:
+        if proto == "ws":
+            cfg = {"type": "config", "encoding": encoding, "sample_rate": rate}
+            await c.open(port, "/ws", frame(json.dumps(cfg).encode(), 0x1), "ready")
+        else:
+            td = {"type": "server_vad"} if encoding == "vad" else None
+            update = {"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
+                "format": {"type": "audio/pcm", "rate": rate}, "turn_detection": td}}}}  # fmt: skip
+            await c.open(port, "/v1/realtime?intent=transcription", frame(json.dumps(update).encode(), 0x1),
+                         "session.updated")  # fmt: skip
+    await asyncio.wait_for(asyncio.gather(*(c.ready.wait() for c in conns)), 60)
+    bad = [c.error for c in conns if c.error]
+    if bad:
+        raise RuntimeError(f"{len(bad)} streams refused: {bad[0]}")
+    return conns
+
+
+def wire_packets(path: str, x_by_rate: dict) -> list:
+    """What the pacer writes, one item per packet: a masked frame, or a gRPC request."""
+    proto, encoding, packet_s, rate = PATHS[path]
+    pcm = payloads(x_by_rate[rate], "pcm_s16le" if proto != "ws" else encoding, packet_s, rate)
+    if proto == "ws":
+        return [frame(p, 0x2) for p in pcm]
+    if proto == "realtime":
+        return realtime_frames(pcm)
+    from nemo_serve.server.riva_protos import load
+
+    asr_pb2 = load()[0]
+    return [asr_pb2.StreamingRecognizeRequest(audio_content=p) for p in pcm]
+
+
+async def paced(path: str, ports: tuple[int, int], n: int, seconds: float, packets: list, fe_pids: list[int],
+                settle_s: float = 1.0) -> dict:  # fmt: skip
+    """N streams of `path` at real-time pace for `seconds`: front-end CPU over the window / packets.
+    The streams' packets are spread over each packet interval (a burst every SPREAD_S), as
+    independent clients' would be: all N in one burst would let the front end take many packets
+    per event-loop tick, which real clients do not give it."""
+    packet_s = PATHS[path][2]
+    conns = await open_streams(path, *ports, n)
+    offsets = [i * len(packets) // n for i in range(n)]
+    for c, off in zip(conns, offsets):  # opens the engine stream where the first audio does (realtime)
+        c.write(packets[off])
+    await asyncio.sleep(settle_s)  # the opens' own work out of the window
+    groups = max(1, min(n, round(packet_s / SPREAD_S)))
+    loop = asyncio.get_running_loop()
+    steps = int(seconds / packet_s) * groups
+    late = sent = 0
+    c0, w0, me0 = sum(cpu_s(p) for p in fe_pids), time.time(), time.process_time()
+    t0 = loop.time()
+    for k in range(steps):
+        delay = t0 + k * packet_s / groups - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        elif delay < -packet_s:
+            late += 1
+        tick, group = divmod(k, groups)
+        for i in range(group, n, groups):
+            conns[i].write(packets[(offsets[i] + 1 + tick) % len(packets)])
+            sent += 1
+    await asyncio.sleep(packet_s)  # the last packets' own work
+    c1, w1, me1 = sum(cpu_s(p) for p in fe_pids), time.time(), time.process_time()
+    counts: Counter = Counter()
+    for c in conns:
+        counts.update(c.counts)
+        c.close()
+    await asyncio.sleep(0.5)
+    return {
+        "path": path, "streams": n, "packets": sent, "messages_received": dict(counts),
+        "frontend_cpu_s": round(c1 - c0, 4), "wall_s": round(w1 - w0, 3), "client_cpu_s": round(me1 - me0, 3),
+        "ticks_late_by_over_one_packet": late, "errors": [c.error for c in conns if c.error][:3],
+    }  # fmt: skip
+
+
+def measure(path: str, server: Server, fe_pids: list[int], args, idle_cores: float, x_by_rate: dict) -> dict:
+    packets = wire_packets(path, x_by_rate)
+    n = args.streams * len(fe_pids)
+    r = asyncio.run(paced(path, (server.port, args.grpc_port), n, args.seconds, packets, fe_pids))
+    busy = r["frontend_cpu_s"] - idle_cores * r["wall_s"]
+    r["frontend_cpu_s_minus_idle"] = round(busy, 4)
+    r["results_per_packet"] = round(sum(r["messages_received"].values()) / max(r["packets"], 1), 3)
+    r["us_per_packet_all_in"] = round(1e6 * busy / max(r["packets"], 1), 1)
+    print(f"{path:26s} {r['packets']:7d} packets {sum(r['messages_received'].values()):6d} messages  "
+          f"{r['us_per_packet_all_in']:7.1f} us/packet all in  (client {r['client_cpu_s']:.2f} s CPU, "
+          f"late ticks {r['ticks_late_by_over_one_packet']})", flush=True)
+    return r
+
+
+def profile(path: str, server: Server, fe_pids: list[int], args, x_by_rate: dict, raw_dir: Path) -> dict:
+    """The same run under py-spy (one front end: the first): samples by phase and by component."""
+    raw = raw_dir / f"{path}.pyspy.txt"
+    spy = subprocess.Popen(
+        [str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(fe_pids[0]), "--rate", "500",
+         "--nonblocking", "--format", "raw", "--output", str(raw), "--duration", str(int(args.seconds + 4))],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    time.sleep(0.5)
+    try:
+        measure(path, server, fe_pids, args, 0.0, x_by_rate)
+    finally:
+        spy.wait(60)
+    return categorize(raw.read_text())
+
+
+def idle_rate(pids: list[int], seconds: float) -> float:
+    c0, w0 = sum(cpu_s(p) for p in pids), time.time()
+    time.sleep(seconds)
+    return (sum(cpu_s(p) for p in pids) - c0) / (time.time() - w0)
+
+
+def run_for(k: int, label: str, tree: str, args, x_by_rate: dict, out_dir: Path) -> dict:
+    """Every path through one server (K front ends) started from source tree `tree`."""
+    args.grpc_port = free_port()
+    log = out_dir / f"packet_cost_{label}_k{k}.server.log"
+    # The server's processes import nemo_serve from `tree` (a checkout of another commit: the
+    # "before" of a before/after pair, run side by side with this one).
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = tree
+    try:
+        server = Server(args.model, args.context_right, k, k * args.streams + 16, log,
+                        extra_args=("--grpc-port", str(args.grpc_port)))  # fmt: skip
+    finally:
+        if saved is None:
+            os.environ.pop("PYTHONPATH")
+        else:
+            os.environ["PYTHONPATH"] = saved
+    try:
+        server.wait_ready()
+        fe_pids = server.roles()["frontends"]
+        time.sleep(2)
+        idle = idle_rate(fe_pids, args.idle_s)
+        rows = {}
+        print(f"-- {label} ({tree}), {k} front end(s)", flush=True)
+        for path in args.paths.split(","):
+            rows[path] = measure(path, server, fe_pids, args, idle, x_by_rate)
+            if args.profile and k == 1:
+                rows[path]["profile"] = profile(path, server, fe_pids, args, x_by_rate, out_dir)
+                scale = rows[path]["us_per_packet_all_in"]
+                for table in ("by_phase", "by_component"):
+                    rows[path]["profile"][table + "_us_per_packet"] = {
+                        name: round(share * scale, 1) for name, share in rows[path]["profile"][table].items()
+                    }
+        return {"tree": label, "tree_path": tree, "tree_commit": _commit(tree), "frontends": k,
+                "command": " ".join(server.command), "idle_frontend_cores": round(idle, 4), "paths": rows}  # fmt: skip
+    finally:
+        server.stop()
+
+
+def _commit(tree: str) -> str | None:
+    try:
+        return subprocess.run(["git", "-C", tree, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="nemo_serve/assets/demo/demo.nemo")
+    p.add_argument("--context-right", type=int, default=3)
+    p.add_argument("--streams", type=int, default=32, help="paced streams per front end")
+    p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--idle-s", type=float, default=3.0)
+    p.add_argument("--paths", default=",".join(PATHS))
+    p.add_argument("--frontends", default="1", help="K front ends, comma-separated (K x --streams streams each run)")
+    p.add_argument("--profile", action="store_true", help="a second run of each path under py-spy (K=1 only)")
+    p.add_argument("--audio", default="nemo_serve/assets/demo/utterances/manifest.jsonl")
+    p.add_argument("--tree", action="append", default=None, metavar="LABEL=PATH",
+                   help="run the server from this source tree (repeat for before/after side by side, alternated "
+                        "--repeats times); default: this checkout")  # fmt: skip
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--notes", default=None)
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+    record = run_record()
+    record["notes"] = args.notes
+    out_dir = Path(args.out).parent if args.out else Path("/tmp")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    x = speech(args.audio, RATE)
+    x_by_rate = {RATE: x, 24000: speech(args.audio, 24000)}
+    trees = [t.split("=", 1) for t in args.tree or [f"this={Path(__file__).resolve().parent.parent}"]]
+    runs = [run_for(int(k), label, str(Path(tree).resolve()), args, x_by_rate, out_dir)
+            for _ in range(args.repeats) for k in args.frontends.split(",") for label, tree in trees]  # fmt: skip
+    result = {"run": record, "model": args.model, "context_right": args.context_right,
+              "streams_per_frontend": args.streams, "seconds": args.seconds, "target_us_per_packet": 25,
+              "runs": runs}  # fmt: skip
+    if args.out:
+        write_json(args.out, result)
+
+
+if __name__ == "__main__":
+    main()

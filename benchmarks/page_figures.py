@@ -1,0 +1,168 @@
+"""Every measured figure in README.md and docs/*.md is backed by a result file, or the check names it.
+
+A figure is a number with a unit of measure beside it (µs, ms, s, %, x, MB, GiB, streams, ...).
+It is backed when it sits
+
+- in a generated table (between `<!-- table: NAME -->` and `<!-- /table -->`, which
+  performance_page.py renders from benchmarks/results/ and checks), or
+- in a paragraph under `<!-- figures: FILE [FILE ...] -->` (files in benchmarks/results/), where
+  every figure must equal a number those files hold, as written (its decimals) and in some unit
+  scale (seconds, milliseconds, bytes, a ratio as a percentage, ...).
+
+A paragraph under `<!-- figures: settings -->` states the settings of a run, a test or a recipe
+(packet sizes, durations, thresholds it was given), not what came out: its numbers are not checked.
+
+Not figures: code (fenced blocks and `inline`), chunk durations (a mode is configured, not
+measured), and lines (or tables, by their header) that state a configured limit or a flag's
+default: they name a `--flag`, or say "default", "limit" or "cap". NOT_MEASURED below is the short,
+explicit list of the rest.
+
+The match against a file's numbers is loose on purpose (any number of the file, any scale): it
+catches a figure no file holds, or one copied wrong, not one copied from the wrong key.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+UNITS = r"µs|us|ms|s|%|x|MB|MiB|GB|GiB|kB|KB|KiB|bytes|streams|tokens|min|minutes|seconds|hours"
+NUMBER = r"[-+]?\d[\d,]*(?:\.\d+)?"
+FIGURE = re.compile(rf"(?<![\w./-])({NUMBER}(?:\s?(?:-|to|/)\s?{NUMBER})*)\s?({UNITS})(?!\w)")
+CHUNK_MS = {80, 160, 320, 480, 560, 640, 1120}  # chunk modes of the served models: configured, not measured
+CONFIG_LINE = re.compile(r"`--[a-z]|\bdefaults?\b|\blimits?\b|\bcaps?\b", re.I)
+FIGURES_MARK = re.compile(r"^<!-- figures: ([^>]+?) -->$")
+
+# Numbers with units that state a design, a protocol or a test's own setting, not a measurement.
+# (page, exact text of the figure). Keep it short: a measurement never goes here.
+NOT_MEASURED = {
+    ("docs/server.md", "5%"),  # the overload cap's growth per second (admission.py)
+    ("docs/server.md", "1 s"), ("docs/protocol.md", "1 s"),  # a closing frame's write deadline (outbox)
+    ("docs/protocol.md", "20 s"),  # the read-ahead bound of a session (protocol)
+    ("docs/protocol.md", "60 s"),  # a realtime client secret's lifetime (protocol)
+    ("docs/protocol.md", "256 tokens"),  # partials carry only what is new past this many (protocol)
+    ("docs/protocol.md", "64 kB"),  # a socket's kernel send buffer; NIM's session body bound
+    ("docs/protocol.md", "30 s"),  # a file transcription's deadline past its audio's duration
+    ("docs/how_it_works.md", "1.2 s"), ("docs/how_it_works.md", "20 s"),  # endpoint rules' defaults
+    ("docs/how_it_works.md", "8 streams"),  # the device-wait test's batch (a test setting)
+}
+
+SCALES = {  # unit -> the factors from a result file's number to the unit written
+    "time": (1, 1e3, 1e-3, 1e6, 1e-6, 1 / 60, 1 / 3600),
+    "%": (1, 100),
+    "x": (1,),
+    "bytes": (1, 1e-3, 1e-6, 1e-9, 2**-10, 2**-20, 2**-30, 1e3, 1e6),
+    "count": (1,),
+}
+UNIT_KIND = {"µs": "time", "us": "time", "ms": "time", "s": "time", "min": "time", "minutes": "time",
+             "seconds": "time", "hours": "time", "%": "%", "x": "x", "MB": "bytes", "MiB": "bytes",
+             "GB": "bytes", "GiB": "bytes", "kB": "bytes", "KB": "bytes", "KiB": "bytes", "bytes": "bytes",
+             "streams": "count", "tokens": "count"}
+
+
+def _blank(m: re.Match) -> str:
+    return "\n" * m.group(0).count("\n")
+
+
+def _prose(text: str) -> str:
+    """The page with code, generated tables, comments and link targets blanked; lines keep their numbers."""
+    text = re.sub(r"^```.*?^```", _blank, text, flags=re.S | re.M)
+    text = re.sub(r"<!-- table: [\w-]+ -->.*?<!-- /table -->", _blank, text, flags=re.S)
+    text = re.sub(r"<!--(?! figures:).*?-->", _blank, text, flags=re.S)
+    text = re.sub(r"`[^`\n]*`", "``", text)
+    return re.sub(r"\]\([^)]*\)", "]()", text)
+
+
+def _values(parts: str) -> list[tuple[float, int]]:
+    """(value, decimals) of each number in a figure such as `52-62` or `2.5 / 3.1`."""
+    out = []
+    for n in re.findall(NUMBER, parts):
+        n = n.replace(",", "")
+        out.append((float(n), len(n.split(".")[1]) if "." in n else 0))
+    return out
+
+
+def is_config(figure: str, unit: str) -> bool:
+    return unit == "ms" and all(v in CHUNK_MS for v, _ in _values(figure))
+
+
+def figures(page: str, text: str) -> list[tuple[int, str, str, list[str]]]:
+    """(line, figure, unit, result files of its paragraph, or []) of every figure on a page."""
+    out, files, config_table = [], [], False
+    raw = text.split("\n")
+    for i, line in enumerate(_prose(text).split("\n")):
+        mark = FIGURES_MARK.match(line.strip())
+        if mark:
+            files = mark.group(1).split()
+            continue
+        if not line.strip():
+            files = []
+        if files == ["settings"]:
+            continue
+        if line.startswith("|") and not (i and raw[i - 1].startswith("|")):
+            config_table = bool(CONFIG_LINE.search(raw[i]))  # a table of limits or defaults, by its header
+        if CONFIG_LINE.search(raw[i]) or (config_table and line.startswith("|")):
+            continue
+        for m in FIGURE.finditer(line):
+            fig, unit = m.group(1), m.group(2)
+            if not is_config(fig, unit) and (page, m.group(0)) not in NOT_MEASURED:
+                out.append((i + 1, fig, unit, files))
+    return out
+
+
+def _numbers(path: Path) -> list[float]:
+    if path.suffix in (".json", ".jsonl"):
+        out: list[float] = []
+
+        def walk(x):
+            if isinstance(x, bool):
+                return
+            if isinstance(x, (int, float)):
+                out.append(float(x))
+            elif isinstance(x, dict):
+                for v in x.values():
+                    walk(v)
+            elif isinstance(x, list):
+                for v in x:
+                    walk(v)
+
+        for chunk in [path.read_text()] if path.suffix == ".json" else path.read_text().splitlines():
+            if chunk.strip():
+                walk(json.loads(chunk))
+        return out
+    return [float(n.replace(",", "")) for n in re.findall(NUMBER, path.read_text())]
+
+
+def held(value: float, decimals: int, unit: str, numbers: list[float]) -> bool:
+    """Whether some number of the file, scaled to the unit and rounded as written, is the figure."""
+    half = 0.5 * 10**-decimals + 1e-9
+    for scale in SCALES[UNIT_KIND[unit]]:
+        for n in numbers:
+            x = n * scale
+            if unit == "x" and n:  # "sherpa-onnx is 1.8x faster" from engine_over_sherpa 0.558
+                x = x if abs(abs(x) - abs(value)) <= half else 1 / n
+            if abs(abs(x) - abs(value)) <= half or (unit == "%" and abs(abs((n - 1) * 100) - abs(value)) <= half):
+                return True
+    return False
+
+
+def unbacked(root: Path, results: Path, pages: list[str]) -> list[str]:
+    """'page:line: figure (why)' for every figure on the pages that no generated table or named file backs."""
+    problems, cache = [], {}
+    for page in pages:
+        for line, fig, unit, files in figures(page, (root / page).read_text()):
+            where = f"{page}:{line}: {fig} {unit}"
+            if not files:
+                problems.append(f"{where} (no result file backs it)")
+                continue
+            missing = [f for f in files if not (results / f).is_file()]
+            if missing:
+                problems.append(f"{where} (no such result file: {', '.join(missing)})")
+                continue
+            nums = [n for f in files for n in cache.setdefault(f, _numbers(results / f))]
+            bad = [v for v, d in _values(fig) if not held(v, d, unit, nums) and not math.isnan(v)]
+            if bad:
+                problems.append(f"{where} (not in {', '.join(files)})")
+    return problems

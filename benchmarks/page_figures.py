@@ -28,7 +28,7 @@ import math
 import re
 from pathlib import Path
 
-UNITS = r"µs|us|ms|s|%|x|MB|MiB|GB|GiB|kB|KB|KiB|bytes|streams|tokens|min|minutes|seconds|hours"
+UNITS = r"µs|us|ms|s|%|x|times|MB|MiB|GB|GiB|kB|KB|KiB|bytes|streams|tokens|min|minutes|seconds|hours"
 NUMBER = r"[-+]?\d[\d,]*(?:\.\d+)?"
 FIGURE = re.compile(rf"(?<![\w./-])({NUMBER}(?:\s?(?:-|to|/)\s?{NUMBER})*)\s?({UNITS})(?!\w)")
 CHUNK_MS = {80, 160, 320, 480, 560, 640, 1120}  # chunk modes of the served models: configured, not measured
@@ -58,7 +58,7 @@ SCALES = {  # unit -> the factors from a result file's number to the unit writte
 }
 UNIT_KIND = {"µs": "time", "us": "time", "ms": "time", "s": "time", "min": "time", "minutes": "time",
              "seconds": "time", "hours": "time", "%": "%", "x": "x", "MB": "bytes", "MiB": "bytes",
-             "GB": "bytes", "GiB": "bytes", "kB": "bytes", "KB": "bytes", "KiB": "bytes", "bytes": "bytes",
+             "GB": "bytes", "GiB": "bytes", "kB": "bytes", "KB": "bytes", "KiB": "bytes", "bytes": "bytes", "times": "x",
              "streams": "count", "tokens": "count"}
 
 
@@ -141,7 +141,7 @@ def held(value: float, decimals: int, unit: str, numbers: list[float]) -> bool:
     for scale in SCALES[UNIT_KIND[unit]]:
         for n in numbers:
             x = n * scale
-            if unit == "x" and n:  # "sherpa-onnx is 1.8x faster" from engine_over_sherpa 0.558
+            if UNIT_KIND[unit] == "x" and n:  # "sherpa-onnx is 1.8x faster" from engine_over_sherpa 0.558
                 x = x if abs(abs(x) - abs(value)) <= half else 1 / n
             if abs(abs(x) - abs(value)) <= half or (unit == "%" and abs(abs((n - 1) * 100) - abs(value)) <= half):
                 return True

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from . import helpers
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
@@ -21,10 +23,14 @@ def _records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_gpu_bench_dry_run_on_cpu(tmp_path):
+def test_gpu_bench_dry_run_on_cpu_every_phase_validation_eager_against_eager(tmp_path):
     """Every phase in order, each record as the GPU run writes it: preflight, selftest parity,
-    calibration within its tolerance, per mode the engine, its validation (graph path against the
-    eager path) and step sweep, then capacity on the engine core's loop, and `done` in budget."""
+    calibration within its tolerance, per mode the engine, its validation and step sweep, then
+    capacity on the engine core's loop, and `done` in budget. The validation compares the engine's
+    stepper with an eager one; on a GPU the engine's runs CUDA graphs, which cannot be captured on a
+    CPU (Stepper.use_graphs is False there), so here both are eager: it checks the comparison runs
+    and agrees, not the graph path (test_graph_vs_eager_reports_a_stepper_that_differs checks that
+    the comparison can fail)."""
     from benchmarks.gpu import gpu_bench
 
     rc = gpu_bench.main([
@@ -57,6 +63,7 @@ def test_gpu_bench_dry_run_on_cpu(tmp_path):
         ge = v["graph_vs_eager"]
         assert v["ok"] and ge["identical"] and ge["batches"] == [1, 5, 8] and ge["tokens"] > 0, v
         assert ge["max_abs_cache_diff"] == 0.0  # two eager pools on CPU: the same arithmetic
+        assert v["stepper"]["graphs"] is False  # the engine's own stepper is the eager one on CPU
         assert v["syncs"] == {"measured": False}  # counted by tests/test_step_sync.py on CPU
     steps = [r for r in recs if r["kind"] == "step"]
     assert [(r["chunk_ms"], r["batch"]) for r in steps] == [(320, 1), (320, 3), (320, 8), (80, 1), (80, 3), (80, 8)]
@@ -75,6 +82,34 @@ def test_gpu_bench_dry_run_on_cpu(tmp_path):
         assert c["bound_ms"] == 2 * c["chunk_ms"] and c["keeps_up"] and c["open_after_drain"] == 0
         assert 0 < c["loop_busy_fraction"] < 1 and c["steps"] > 0
         assert c["label_loop"]["device_steps"] > 0 and c["label_loop"]["outer_max"] >= 1, c
+
+
+def test_graph_vs_eager_reports_a_stepper_that_differs():
+    """The GPU run's validation can fail: the engine's stepper (eager on a CPU, see above) made to add
+    one token to row 0 of the first 5-row step is reported as not identical, at that batch and step,
+    and the unchanged stepper as identical. Seen to fail with graph_vs_eager comparing the eager
+    stepper's result with itself."""
+    from benchmarks.gpu import gpu_bench
+
+    from .helpers_server import TEST_MODEL
+
+    model = helpers.model(TEST_MODEL)
+    engine, stepper = gpu_bench.make_engine(model, 8)
+    clean = gpu_bench.graph_vs_eager(None, model, engine, stepper, steps=2)
+    assert clean["identical"] and clean["tokens"] > 0 and clean["first_difference"] is None, clean
+    run = stepper.run
+
+    def one_token_more(batch):
+        out = run(batch)
+        if len(batch.rows) == 5 and not one_token_more.done:
+            one_token_more.done = True
+            out.token_ids[0] = [*out.token_ids[0], 1]
+        return out
+
+    one_token_more.done = False
+    stepper.run = one_token_more
+    differs = gpu_bench.graph_vs_eager(None, model, engine, stepper, steps=2)
+    assert not differs["identical"] and differs["first_difference"] == {"batch": 5, "step": 0}, differs
 
 
 def test_preflight_stops_the_run_with_a_plain_message(tmp_path, monkeypatch, capsys):

@@ -62,19 +62,25 @@ def _finals(messages: list[dict]) -> list[dict]:
     return [m for m in messages if m.get("type") == "final"]
 
 
-def test_sherpa_onnx_decode_file_client_gets_done_and_the_ws_result(shared_server):
-    """It waits for the text "Done!": before, it never came and the script printed None."""
-    audio = _utterance(seed=5)
+def test_sherpa_onnx_decode_file_client_gets_done_and_prints_the_last_segment(shared_server):
+    """It waits for the text "Done!" (before, it never came and the script printed None). Two
+    utterances with a 2 s pause, so /ws gives two endpointed finals: the script prints the message
+    before "Done!", which is the last segment's final, exactly, and not the first segment's text
+    (docs/protocol.md says so: such a client sees only the last segment of a file)."""
+    first, second = helpers.utterances(2, seed=5)
+    audio = np.concatenate([first, np.zeros(32000, np.float32), second])  # 2 s: rule 2 ends the first segment
     samples = (encode(audio, "pcm_s16le").astype(np.float32) / 32768).astype("<f4")  # read_wave()
     url = shared_server.ws_url.removesuffix("/ws")  # ws://host:port, as the script builds it
     result, frames = asyncio.run(_sherpa_decode_file_client(url, samples))
     assert result is not None, frames[-3:]
-    final = json.loads(result)
+    printed = json.loads(result)
     chunks = [samples[i : i + 8000].tobytes() for i in range(0, len(samples), 8000)]
     ws = asyncio.run(_ws_config_client(shared_server.ws_url, chunks, {"encoding": "pcm_f32le", "sample_rate": 16000}))
-    assert len(_finals(ws)) == 1  # one segment: the last message is the whole transcript
-    assert final["type"] == "final" and final["text"] == _finals(ws)[0]["text"] != ""
-    assert final["token_ids"] == _finals(ws)[0]["token_ids"]
+    finals = [f for f in _finals(ws) if f["text"]]
+    assert len(finals) == 2, [f["text"] for f in finals]  # the input holds several segments
+    assert printed["type"] == "final" and printed["segment"] == finals[-1]["segment"] > finals[0]["segment"]
+    assert printed["text"] == finals[-1]["text"] and printed["token_ids"] == finals[-1]["token_ids"]
+    assert finals[0]["text"] not in printed["text"]  # the first segment is not in what the script prints
     assert "Done!" not in [json.dumps(m) for m in ws]  # {"type": "end"} clients never get the bare text
     shared_server.assert_no_leak()
 

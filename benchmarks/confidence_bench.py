@@ -39,7 +39,7 @@ from benchmarks.common import run_record, write_json  # noqa: E402
 
 def engine_part(args) -> list[dict]:
     from nemo_serve.engine.endpoint import EndpointConfig
-    from nemo_serve.engine.harness import LocalEngine
+    from nemo_serve.core.inproc import LocalEngine
     from nemo_serve.engine.loop import Engine
     from nemo_serve.model import load_model
     from nemo_serve.selftest import BUNDLED_MANIFEST, load_utterances

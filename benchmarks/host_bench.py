@@ -85,7 +85,7 @@ def measure(model, num_streams: int, seconds: float, tokens_per_frame: float, re
     iterations come every few milliseconds, when only some streams have a new chunk."""
     from nemo_serve.engine import loop
     from nemo_serve.engine.endpoint import EndpointConfig
-    from nemo_serve.engine.harness import LocalEngine
+    from nemo_serve.core.inproc import LocalEngine
 
     g = model.geometry
     engine = LocalEngine(loop.Engine(model, num_slots=num_streams, max_batch=num_streams, endpoint=EndpointConfig(), overlap=OVERLAP[0]))
@@ -149,10 +149,10 @@ def _tids() -> set[int]:
 
 
 def measure_core(model, num_streams: int, seconds: float, tokens_per_frame: float, ready_fraction: float = 1.0) -> dict:
-    """The same work through the engine core (nemo_serve/core/engine_core.py): the streams are
+    """The same work through the engine core (nemo_serve/core/core_proc.py): the streams are
     opened with Open control messages over ZMQ, the bench writes each stream's audio into its
     shared-memory ring as a front end would (off the clock), and the clock covers
-    EngineCore.iterate_once(): control intake, ring intake (one array comparison over the slots,
+    EngineCoreProc.iterate_once(): control intake, ring intake (one array comparison over the slots,
     a copy out of each moved ring), Engine.iterate() and the encoding of one msgpack results
     message for the front end plus its hand-off to ZMQ. The results socket's peer (the front end's
     PULL) is bound here and drained off the clock. Counted: the iterating thread's CPU
@@ -164,7 +164,8 @@ def measure_core(model, num_streams: int, seconds: float, tokens_per_frame: floa
     import zmq
 
     from nemo_serve.core import messages as m
-    from nemo_serve.core.engine_core import EngineCore, control_address, results_address
+    from nemo_serve.core.addresses import control_address, results_address
+    from nemo_serve.core.core_proc import EngineCoreProc
     from nemo_serve.core.shared import FileLock, SharedLayout, SharedSlots
     from nemo_serve.engine import loop
     from nemo_serve.engine.endpoint import EndpointConfig
@@ -180,7 +181,7 @@ def measure_core(model, num_streams: int, seconds: float, tokens_per_frame: floa
     loop.launch_step, loop.collect_step = _stub_step(tokens_per_frame, num_streams), _collect_stub
     before_tids = _tids()
     core_ctx = zmq.Context()
-    core = EngineCore(engine, shared, ipc_dir, core_ctx)
+    core = EngineCoreProc(engine, shared, ipc_dir, core_ctx)
     io_tids = sorted(_tids() - before_tids)  # the core context's I/O (and reaper) threads
     fe_ctx = zmq.Context()  # the front end's side, its own I/O thread (not counted)
     results = fe_ctx.socket(zmq.PULL)

@@ -36,7 +36,7 @@ def loaded_engine(model, audios: list[np.ndarray], on_result, kv_cache: bool = T
     then steps all B streams at once. on_result(i, result) receives stream i's results. The
     first `boosted` streams boost BENCH_PHRASES (engine/biasing.py)."""
     from nemo_serve.engine.endpoint import EndpointConfig
-    from nemo_serve.engine.harness import LocalEngine
+    from nemo_serve.core.inproc import LocalEngine
     from nemo_serve.engine.loop import Engine
 
     b = len(audios)

@@ -76,7 +76,7 @@ def negative_set() -> list[dict]:
 def transcribe(model, audios: list[np.ndarray], phrases: list[str] | None, boost: float) -> list[str]:
     """All utterances as streams of one engine, stepped together; each stream boosts `phrases`."""
     from nemo_serve.engine.endpoint import EndpointConfig
-    from nemo_serve.engine.harness import LocalEngine
+    from nemo_serve.core.inproc import LocalEngine
     from nemo_serve.engine.loop import Engine
 
     texts: list[list[str]] = [[] for _ in audios]

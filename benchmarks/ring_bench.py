@@ -10,10 +10,10 @@ stub that only copies the samples out. `plain_stores` is the protocol the rings 
 front end stores its write position in shared memory after the samples, the core compares the
 positions of every slot: correct on x86-64 only); `messages` is today's (core/client.py's Wrote,
 one per event-loop tick, and the read ends in the core's Results), through the real EngineClient
-and EngineCore methods. `per_tick` packets are written between two core iterations, to as many
+and EngineCoreProc methods. `per_tick` packets are written between two core iterations, to as many
 streams: 1 is a quiet server, where each packet pays for a message of its own.
 
-Stress (`stress()`, run by tests/test_ring_stress.py): an EngineCore in its own process, its Engine
+Stress (`stress()`, run by tests/test_ring_stress.py): an EngineCoreProc in its own process, its Engine
 replaced by `SequenceEngine`, which checks that every sample it is handed is the next number of its
 stream's sequence; a front end (this process, the real EngineClient on asyncio) streams sequence-
 numbered packets of random sizes into rings a little smaller than a packet, so that they wrap and
@@ -122,11 +122,11 @@ def model_info():
 
 
 def _core_process(ipc_dir: str, shm_name: str, layout, lock, conn) -> None:
-    from nemo_serve.core.engine_core import EngineCore
+    from nemo_serve.core.core_proc import EngineCoreProc
     from nemo_serve.core.shared import SharedSlots
 
     shared = SharedSlots.attach(shm_name, layout, lock)
-    core = EngineCore(SequenceEngine(shared.num_slots, check=True), shared, ipc_dir)
+    core = EngineCoreProc(SequenceEngine(shared.num_slots, check=True), shared, ipc_dir)
     conn.send("serving")
     t0 = time.process_time()
     core.run(os.getppid())
@@ -193,7 +193,7 @@ def stress(num_slots: int = 6, num_streams: int = 24, ring_samples: int = 997, m
 
     from nemo_serve.core import messages as m
     from nemo_serve.core.client import EngineClient
-    from nemo_serve.core.engine_core import control_address
+    from nemo_serve.core.addresses import control_address
     from nemo_serve.core.shared import FileLock, SharedLayout, SharedSlots
 
     ipc_dir = tempfile.mkdtemp(prefix="ring-stress-")
@@ -257,17 +257,18 @@ class _Tick:
 
 def _cost_messages(num_streams: int, per_tick: int, rounds: int, packet: np.ndarray, ipc_dir: str) -> tuple[float, float]:
     """(CPU s per packet, of which the core's loop thread) with today's rings, through
-    EngineClient's and EngineCore's own methods."""
+    EngineClient's and EngineCoreProc's own methods."""
     import zmq
 
     from nemo_serve.core import messages as m
     from nemo_serve.core.client import EngineClient
-    from nemo_serve.core.engine_core import EngineCore, results_address
+    from nemo_serve.core.addresses import results_address
+    from nemo_serve.core.core_proc import EngineCoreProc
     from nemo_serve.core.shared import FileLock, SharedLayout, SharedSlots
 
     shared = SharedSlots.create(SharedLayout(num_streams, 4 * len(packet)), FileLock(f"{ipc_dir}/slots.lock"))
     core_ctx, fe_ctx = zmq.Context(), zmq.Context()
-    core = EngineCore(SequenceEngine(shared.num_slots, check=False), shared, ipc_dir, core_ctx)
+    core = EngineCoreProc(SequenceEngine(shared.num_slots, check=False), shared, ipc_dir, core_ctx)
     client = EngineClient(model_info(), shared, 0, ipc_dir)
     results = fe_ctx.socket(zmq.PULL)  # the client's own sockets, synchronous here
     results.bind(results_address(ipc_dir, 0))

@@ -4,7 +4,7 @@ them here, so a setting reaches the engine the same way everywhere:
   core/engine_core.py                 load_engine (the engine an engine-core process drives)
   core/frontend_process.py            frontend_context (the group of engine cores a front end talks to)
   ray_serve.py                        frontend_context, on cores the replica starts (core/core_set.py)
-  tests, --selftest, benchmarks       in_process_engine (the engine behind engine/harness.py), server_context
+  tests, --selftest, benchmarks       in_process_engine (the engine behind core/inproc.py), server_context
 
 Torch is imported only by the functions that build an engine (a front end never calls them).
 """
@@ -20,7 +20,7 @@ from .server.metrics import ServerMetrics
 
 if TYPE_CHECKING:
     from .engine.geometry import ModelInfo
-    from .engine.harness import LocalEngine
+    from .core.inproc import LocalEngine
     from .engine.loop import Engine
 
 
@@ -54,8 +54,8 @@ def load_engine(settings: Settings, device: str | None = None) -> "Engine":
 
 
 def in_process_engine(model, settings: Settings) -> "LocalEngine":
-    """engine_for's engine behind the in-process EngineAPI (engine/harness.py)."""
-    from .engine.harness import LocalEngine
+    """engine_for's engine behind the in-process EngineAPI (core/inproc.py)."""
+    from .core.inproc import LocalEngine
 
     return LocalEngine(engine_for(model, settings), max_queue_delay_s=settings.max_queue_delay_s)
 

@@ -1,6 +1,6 @@
 """The engine interface the server is written against: declared here, implemented twice.
 
-  engine/harness.py LocalEngine  in process: the Engine on a thread (a harness: tests, --selftest, benchmarks)
+  core/inproc.py LocalEngine     in process: the engine core class on a thread (tests, --selftest, benchmarks)
   core/group.py EngineGroup      the engine-core processes (one or several, one per device), reached
                                  through shared memory and a control channel; a group of one core
                                  when there is one core, so no caller asks which kind it holds

@@ -23,7 +23,7 @@ import numpy as np
 
 from .audio_io import audio_path, load_manifest, read_audio
 from .engine.endpoint import EndpointConfig
-from .engine.harness import LocalEngine
+from .core.inproc import LocalEngine
 from .engine.loop import Engine
 from .model import ServedModel, load_model
 from .oracle import oracle_transcribe

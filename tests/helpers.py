@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from nemo_serve.engine.endpoint import EndpointConfig
-from nemo_serve.engine.harness import LocalEngine
+from nemo_serve.core.inproc import LocalEngine
 from nemo_serve.engine.loop import Engine
 from nemo_serve.model import load_model
 from nemo_serve.selftest import BUNDLED_MANIFEST, load_utterances, synthetic_utterances
@@ -103,7 +103,7 @@ def assert_engine_empty(engine: LocalEngine | Engine) -> None:
 
 def new_engine(m, num_slots: int = 8, endpoint: EndpointConfig | None = None, max_queue_delay_s: float = 0.0,
                **kw) -> LocalEngine:  # fmt: skip
-    """The in-process engine (engine/harness.py): open_stream, push, iterate on this thread."""
+    """The in-process engine (core/inproc.py): open_stream, push, iterate on this thread."""
     return LocalEngine(bare_engine(m, num_slots, endpoint, **kw), max_queue_delay_s=max_queue_delay_s)
 
 

@@ -1,6 +1,6 @@
 """Admission holds to --num-slots after load (issue 39), and the engine's books agree at every iteration.
 
-Unit tests: Engine.check_accounting, the in-process harness's and EngineCore.check_invariants
+Unit tests: Engine.check_accounting, the in-process engine's and EngineCore.check_invariants
 (engine/invariants.py) pass on an engine at work and raise on each kind of drift; an abort that
 races a stream's admission frees its slot.
 
@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -29,9 +28,9 @@ import numpy as np
 import pytest
 import websockets
 
-from nemo_serve.core import messages as m
 from nemo_serve.core.engine_core import EngineCore
 from nemo_serve.core.shared import FREE, FileLock, SharedLayout, SharedSlots
+from nemo_serve.engine.errors import NoFreeSlotError
 from nemo_serve.engine.invariants import ENV, AccountingError
 from nemo_serve.model import DEMO_MODEL_PATH
 
@@ -90,10 +89,10 @@ def test_engine_books_agree_at_work_and_any_drift_raises(tiny):
 
 
 def test_an_abort_right_behind_its_open_frees_the_slot(tiny):
-    """A client gone while its stream is being admitted: the open and the abort reach the loop in
+    """A client gone while its stream is being admitted: the open and the abort reach the core in
     the order they were made (one queue), so the abort ends the stream once it has its slot, in the
-    same iteration; a stream opened and aborted by another thread while the loop applies calls
-    too (an abort consumed before its stream was admitted once held the slot forever)."""
+    same iteration; streams opened and aborted by another thread while the loop iterates too (an
+    abort consumed before its stream was admitted once held the slot forever)."""
     eng = helpers.new_engine(tiny, num_slots=2)
     s = eng.open_stream(lambda update: None, updates=True)
     eng.abort(s, "client gone")
@@ -101,34 +100,43 @@ def test_an_abort_right_behind_its_open_frees_the_slot(tiny):
     eng.iterate()
     assert eng.num_open_streams == 0 and eng.num_free_slots == 2
     eng.check_accounting(exact=True)
-    raced = []
-    admit = eng._admit
-
-    def admit_while_another_thread_opens_and_aborts(h, *args):
-        admit(h, *args)
-        if not raced:  # the network thread runs here, once
-            raced.append(eng.open_stream(lambda update: None, updates=True))
-            eng.abort(raced[0], "client gone")
-
-    eng._admit = admit_while_another_thread_opens_and_aborts
     first = _open_with_audio(eng)
+    stop, churned = threading.Event(), []
+
+    def open_and_abort_from_another_thread():
+        while not stop.is_set():
+            try:
+                h = eng.open_stream(lambda update: None, updates=True)
+            except NoFreeSlotError:
+                time.sleep(0.0005)
+                continue
+            churned.append(h)
+            eng.abort(h, "client gone")
+
+    network = threading.Thread(target=open_and_abort_from_another_thread)
+    network.start()
+    try:
+        for _ in range(30):
+            eng.iterate()
+    finally:
+        stop.set()
+        network.join()
     eng.iterate()
-    assert raced and eng.num_open_streams == 1 and eng.loop_stream_ids == [first.stream_id]
+    assert churned and eng.num_open_streams == 1 and eng.loop_stream_ids == [first.stream_id]
     eng.abort(first)
     helpers.assert_engine_empty(eng)
     assert eng.num_free_slots == 2
 
 
-def test_core_books_match_the_slot_table_and_any_drift_raises(tiny):
+def test_core_books_match_the_slot_table_and_any_drift_raises(tiny, tmp_path):
     eng = helpers.bare_engine(tiny, num_slots=2)
-    ipc_dir = tempfile.mkdtemp(prefix="ns-acct-")  # short: an ipc:// path has a length limit
-    shared = SharedSlots.create(SharedLayout(num_slots=2, ring_samples=16000), FileLock(f"{ipc_dir}/lock"))
-    core = EngineCore(eng, shared, ipc_dir)
+    shared = SharedSlots.create(SharedLayout(num_slots=2, ring_samples=16000), FileLock(f"{tmp_path}/lock"))
+    core = EngineCore(eng, shared)  # no transport: its public calls, as core_proc.py's loop makes them
     try:
         slot, gen = shared.allocate(frontend=0)
         assert core.check_invariants() == 0  # allocated, Open not in yet: allowed
-        core._on_control(m.Open(slot, gen, 0, "s1", 0, {}, eng.geometry.context_right))
-        core.iterate_once()
+        core.open(frontend=0, slot=slot, gen=gen, stream_id="s1", context_right=eng.geometry.context_right)
+        core.step()
         assert core.check_invariants() == 1
         assert eng.slots.stream_at(slot).stream_id == "s1"  # the front end's slot is the stream's cache row
         shared.owner[slot] = FREE  # the table lets the slot go while the core still serves it
@@ -139,13 +147,11 @@ def test_core_books_match_the_slot_table_and_any_drift_raises(tiny):
         with pytest.raises(AccountingError, match="generation"):
             core.check_invariants()
         shared.gen[slot] -= 1
-        core._on_control(m.Abort(slot, gen, "test"))
-        core.iterate_once()
-        assert core.check_invariants() == 0 and shared.num_free == 2
+        core.abort(slot, gen, "test")
+        released = core.step().results[0].released
+        assert released == [(slot, gen)] and core.check_invariants() == 0 and shared.num_free == 2
     finally:
-        core.close()
         shared.close()
-        shutil.rmtree(ipc_dir, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------- the issue, end to end

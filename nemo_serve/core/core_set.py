@@ -22,7 +22,8 @@ import zmq
 
 from . import messages as m
 from .addresses import control_address
-from .engine_core import ring_layout, run_core_process
+from .core_proc import run_core_process
+from .engine_core import ring_layout
 from .frontend_process import CoreEndpoint
 from .shared import FAILED, FileLock, SharedSlots
 

@@ -36,7 +36,7 @@ from .geometry import frames_available  # noqa: F401 - the readiness rule, re-ex
 
 class AudioBuffer:
     """One stream's raw samples, owned by the engine's loop thread (no lock: whoever takes audio
-    from the network hands it to that thread first, engine/harness.py or core/engine_core.py)."""
+    from the network hands it to that thread first, core/engine_core.py)."""
 
     def __init__(self) -> None:
         # Samples [offset, offset + _used) are held in _data[:_used].

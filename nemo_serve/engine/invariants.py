@@ -11,7 +11,7 @@ in-process harness's loop thread) checks after each iteration that its books agr
   process, allocated by the harness to that stream id
 
 (engine/loop.py Engine.check_accounting, core/engine_core.py EngineCore.check_invariants,
-engine/harness.py LocalEngine.check_accounting). Any drift raises AccountingError on the loop,
+core/inproc.py LocalEngine.check_accounting). Any drift raises AccountingError on the loop,
 which fails the engine loudly (an engine core exits FAILED; the in-process harness's loop sets
 LocalEngine.error, and a server around it fails every stream).
 Each loop also appends, whenever it changes, the number of streams holding a cache row to

@@ -22,9 +22,9 @@ land before the forced final, as the sequential loop would have it. With `overla
 default; on a CPU the device work is done at launch anyway, nothing to overlap) each step is
 collected as soon as it is launched: the sequential loop, result for result.
 
-Every method is for the thread that owns the engine: the engine core's loop (core/engine_core.py),
-or the in-process harness's thread (engine/harness.py), which hands it the calls other threads
-make. So there are no locks, queues or wake-ups here, and a stream is never half admitted or half
+Every method is for the thread that owns the engine: the thread that steps the engine core
+(core/engine_core.py), in its process (core/core_proc.py) or in this one (core/inproc.py), which
+hands it the calls other threads make. So there are no locks, queues or wake-ups here, and a stream is never half admitted or half
 released between two calls: whether it is open is the slot table's alone (engine/slot_table.py).
 
 `iterate()` returns what it produced (engine/outputs.py) and calls nobody back: whoever drives it

@@ -1,9 +1,9 @@
 """What one `Engine.iterate()` produced: the engine's only way out.
 
 The engine calls nobody back. Whoever drives `iterate()` routes what it returns: the engine
-core ships the updates to the front ends, frees the released streams' shared slots and
-publishes the queue delay (core/engine_core.py); the in-process harness hands each update to
-its stream's consumer and the step statistics to the metrics hook (engine/loop.py).
+core (core/engine_core.py) frees the released streams' slots, publishes the queue delay and
+returns the updates per front end, which core/core_proc.py sends over ZMQ and core/inproc.py
+hands to the streams' consumers.
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ core reads to find a slot's stream; the scheduler's per-slot arrays only mean so
 slot is held, so they need no "open" flag of their own.
 
 Who picks the slot is the caller's business: the engine core passes the one its front end
-allocated in shared memory, the in-process harness (engine/harness.py) the lowest one it has free.
+allocated in shared memory, the in-process engine (core/inproc.py) one from the same slot table
+code in local memory.
 Loop thread only: no lock.
 """
 

@@ -1,0 +1,167 @@
+"""The engine core process: core/engine_core.py's EngineCore inside a ZMQ loop.
+
+One iteration:
+  1 control messages (open, wrote, finish, force-final, abort, front end gone), without blocking,
+    decoded and applied to the core (engine_core.apply_control); Stop ends the loop
+  2-5 EngineCore.step(), then one Results message per front end with news: its StreamUpdates and
+    how far the core read its rings (the front end reuses that space only then: shared.py says why)
+When nothing moved, it waits up to POLL_MS for a control message: audio arriving in a ring
+waits at most that long (plus the step that is running) before the core sees it.
+This module holds everything the core does over the wire; the core holds none of it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import time
+
+import zmq
+
+from ..console import configure_logging
+from ..engine.invariants import from_env as invariant_log
+from . import messages as m
+from .addresses import control_address, results_address
+from .engine_core import CoreStep, EngineCore, apply_control
+from .shared import FAILED, SERVING, STOPPED, SharedSlots
+
+log = logging.getLogger("nemo_serve.core")
+
+POLL_MS = 2
+
+
+class EngineCoreProc:
+    """Receives control messages on one PULL socket, sends Results on a PUSH socket per front end."""
+
+    def __init__(self, engine, shared: SharedSlots, ipc_dir: str, zmq_context: zmq.Context | None = None) -> None:
+        self.core = EngineCore(engine, shared)
+        self.shared = shared
+        self.ipc_dir = ipc_dir
+        self.on_step = None  # metrics: (batch size, seconds, context_right) of every step
+        self._zmq = zmq_context or zmq.Context.instance()
+        self.control = self._zmq.socket(zmq.PULL)
+        self.control.bind(control_address(ipc_dir))
+        self._results: dict[int, zmq.Socket] = {}  # front end -> PUSH socket
+        self._encoder = m.msgspec.msgpack.Encoder()
+
+    @property
+    def engine(self):
+        return self.core.engine
+
+    def run(self, parent_pid: int | None = None) -> None:
+        self.shared.state[0] = SERVING
+        last_check = time.monotonic()
+        invariants = invariant_log("core")  # tests: NEMO_SERVE_CHECK_INVARIANTS (engine/invariants.py)
+        while True:
+            taken = self.take_control()
+            if taken is None:  # Stop
+                break
+            busy = self.step() or taken > 0
+            if invariants is not None:
+                invariants.record(self.core.check_invariants())
+            now = time.monotonic()
+            self.shared.heartbeat[0] = time.time()
+            if parent_pid is not None and now - last_check > 0.5:
+                last_check = now
+                if os.getppid() != parent_pid:
+                    log.error("the supervisor is gone; exiting")
+                    break
+            if not busy:
+                self.control.poll(POLL_MS)
+        self.shared.state[0] = STOPPED
+
+    def iterate_once(self) -> bool:
+        """One iteration without waiting (tests, benchmarks)."""
+        taken = self.take_control()
+        return self.step() or bool(taken)
+
+    def take_control(self) -> int | None:
+        """Every control message waiting, applied to the core; how many (None: Stop came)."""
+        taken = 0
+        while True:
+            try:
+                raw = self.control.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return taken
+            taken += 1
+            try:
+                msg = m.control_decoder.decode(raw)
+            except m.msgspec.DecodeError:
+                log.error("malformed control message dropped (%d bytes)", len(raw))
+                continue
+            if isinstance(msg, m.Stop):
+                return None
+            if isinstance(msg, m.FrontendGone):
+                self._close_results(msg.frontend)
+            apply_control(self.core, msg)
+
+    def step(self) -> bool:
+        """One core step, each front end's news sent to it; whether the engine is busy."""
+        done: CoreStep = self.core.step()
+        for frontend, r in done.results.items():
+            sock = self._results_socket(frontend)
+            msg = m.Results(r.updates, r.read_slots.astype(m.SLOT).tobytes(), r.read_gens.astype(m.GEN).tobytes(),
+                            r.read_ends.astype(m.POS).tobytes())  # fmt: skip
+            sock.send(self._encoder.encode(msg), copy=False)
+        if self.on_step is not None:
+            for st in done.engine.steps:
+                self.on_step(st.batch_size, st.elapsed_s, st.context_right)
+        return done.busy
+
+    def _results_socket(self, frontend: int) -> zmq.Socket:
+        sock = self._results.get(frontend)
+        if sock is None:
+            sock = self._zmq.socket(zmq.PUSH)
+            sock.setsockopt(zmq.SNDHWM, 0)  # never block or drop: a dead front end's socket is closed instead
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(results_address(self.ipc_dir, frontend))
+            self._results[frontend] = sock
+        return sock
+
+    def _close_results(self, frontend: int) -> None:
+        sock = self._results.pop(frontend, None)
+        if sock is not None:
+            sock.close(0)
+
+    def close(self) -> None:
+        for sock in self._results.values():
+            sock.close(0)
+        self.control.close(0)
+
+
+def run_core_process(settings, ipc_dir: str, lock, conn, parent_pid: int) -> None:
+    """Process entry (spawned by the supervisor): load the model, report, attach, serve."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when the core stops
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    configure_logging(settings.log_level)
+    import torch
+
+    from ..compose import load_engine
+    from ..model import ModelLoadError, UnsupportedModeError
+    from ..server.metrics import StepMetrics
+
+    torch.set_grad_enabled(False)
+    try:
+        engine = load_engine(settings)  # CUDA: every graph captured before "ready", not during traffic
+    except (ModelLoadError, UnsupportedModeError, FileNotFoundError, ValueError) as e:
+        conn.send(("error", str(e)))  # the supervisor prints it in one line
+        sys.exit(2)
+    except Exception as e:  # noqa: BLE001 - reported to the supervisor, which prints one line
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+        sys.exit(2)
+    conn.send(("ready", engine.model_info))
+    shm_name, layout = conn.recv()
+    shared = SharedSlots.attach(shm_name, layout, lock)
+    proc = EngineCoreProc(engine, shared, ipc_dir)
+    proc.on_step = StepMetrics().on_step  # into PROMETHEUS_MULTIPROC_DIR, read by the front ends
+    conn.send(("serving", os.getpid()))
+    try:
+        proc.run(parent_pid)
+    except BaseException:
+        log.exception("engine core failed")
+        shared.state[0] = FAILED
+        os._exit(1)
+    proc.close()
+    os._exit(0)

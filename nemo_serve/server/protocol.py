@@ -108,6 +108,7 @@ class EndpointOptions(_Strict):
     rule1_min_trailing_silence_s: Annotated[float, Field(gt=0, le=3600)] | None = None
     rule2_min_trailing_silence_s: Annotated[float, Field(gt=0, le=3600)] | None = None
     rule3_min_utterance_length_s: Annotated[float, Field(gt=0, le=3600)] | None = None
+    eou: bool | None = None  # end segments at an EOU model's <EOU>/<EOB> tokens (engine/eou.py)
 
 
 class ConfigMessage(_Strict):
@@ -253,6 +254,12 @@ class FinalMessage(ResultMessage):
     is the final's text with runs of spaces collapsed)."""
 
     words: list[WordInfo]
+    # Why the segment ended (engine/results.py END_REASONS): "eou" / "eob" (an EOU model's token,
+    # with its probability), "silence" / "max_length" (the endpoint rules), "force_final", "end_of_input".
+    end_reason: str | None = None
+    eou_probability: float | None = None
+    eou_time: float | None = None  # "eou"/"eob": the token's audio time (s), the turn's end
+    backchannel: bool = False  # "eob": an acknowledgement ("uh-huh"), not a turn
 
 
 class ErrorMessage(BaseModel):

@@ -21,6 +21,8 @@ the same decoder (PCM16 at 24 kHz resampled by soxr), push, finish and force_fin
   input_audio_buffer.done (NIM) -> end of input: the last item is completed with
                             `is_last_result: true`, then close 1000
   endpointer final       -> committed, completed (turn_detection on); off with `turn_detection: null`
+  EOU model's <EOU>      -> the same at once, speech_stopped at the token's audio time (engine/eou.py);
+                            such a model is the turn detector: no Silero detector is made for it
   speech detector        -> speech_started at the onset, speech_stopped after the turn's silence
                             (turn_detection on; speech_detector.py: Silero VAD per session, on the
                             appended audio). They time speech only: items end where the endpointer
@@ -50,6 +52,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..engine.endpoint import EndpointConfig
+from ..engine.eou import EouTokens
 from ..engine.errors import NoFreeSlotError
 from ..engine.phrases import encodable_characters
 from ..engine.results import StreamResult
@@ -325,7 +328,10 @@ class RealtimeFormat:
             return  # refused: the session is failing
         rate = ctx.model.geometry.sample_rate
         td = rt.turn_detection
-        if td is not None and speech_detector.available(rate):
+        # An EOU model ending turns (engine/eou.py) is the session's turn detector: speech events come
+        # from its tokens and its EOU, not from a second detector that would disagree with it.
+        eou_turns = bool(EouTokens.from_vocabulary(ctx.model.vocabulary)) and self._endpoint_rules().eou_endings
+        if td is not None and not eou_turns and speech_detector.available(rate):
             threshold = 0.5 if td.threshold is None else td.threshold  # OpenAI's default and silero's
             self.vad = SpeechDetector(rate, threshold, self._endpoint_rules().rule2_min_trailing_silence_s)
 
@@ -538,7 +544,8 @@ class RealtimeFormat:
             return  # silence the endpointer closed, an item the client cleared, audio that stopped in silence
         if not announced:  # the endpointer ended it, or the audio stopped: what server VAD says
             if self.vad is None and self.rt.turn_detection is not None and not last:
-                ms = int(round((item.start_s + r.audio_processed_s) * 1000))
+                end_s = r.eou_time_s if r.eou_time_s is not None else r.audio_processed_s  # an EOU: its audio time
+                ms = int(round((item.start_s + end_s) * 1000))
                 await self.session.send(event("input_audio_buffer.speech_stopped", item_id=item_id, audio_end_ms=ms))
             await self.session.send(self._committed_event(r.segment))
         completed = completed_event(r, item_id, self.ctx.model.vocabulary, item.start_s, last)

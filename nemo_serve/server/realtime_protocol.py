@@ -417,6 +417,10 @@ def completed_event(r, item_id: str, vocabulary: list[str], item_start_s: float,
             "start_time": r.segment_start_s,
             "audio_processed": r.audio_processed_s,
             "item_start": round(item_start_s, 3),
+            "end_reason": r.end_reason,  # as /ws's final: "eou", "eob", "silence", ... (engine/results.py)
+            "eou_probability": r.eou_probability,
+            "eou_time": r.eou_time_s,
+            "backchannel": r.backchannel,
         },
         **extra,
     )  # fmt: skip

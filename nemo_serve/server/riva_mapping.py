@@ -14,6 +14,9 @@ Field mapping (docs/protocol.md, "Riva ASR over gRPC"):
                          no counterpart in a decoder-driven endpointer and is ignored
   speech_contexts        phrases + boost -> the stream's `phrases` / `boost` (engine/phrases.py checks
                          them as for /ws); several contexts merge when they share one boost
+  custom_configuration   "eou": "false" turns an EOU model's segment endings off (engine/eou.py); an
+                         <EOU>/<EOB> otherwise ends the segment: a final result (is_final, stability
+                         1; Riva's proto has no end-of-utterance field, so an EOB is a final too)
   max_alternatives       accepted; one alternative (greedy RNN-T decoding has one hypothesis)
   enable_word_time_offsets  words with start/end in ms on finals
 """
@@ -85,6 +88,7 @@ def parse_config(config, model: ModelInfo, base_endpoint: EndpointConfig, interi
             endpoint = replace(base_endpoint, rule2_min_trailing_silence_s=stop_ms / 1000.0).validated()
         except ValueError:
             raise RivaRequestError(f"endpointing_config.stop_history {stop_ms} ms is outside (0, 3600000]") from None
+    endpoint = _eou_option(config.custom_configuration, endpoint)
     return RivaConfig(
         sample_rate=rate,
         language=language,
@@ -94,6 +98,17 @@ def parse_config(config, model: ModelInfo, base_endpoint: EndpointConfig, interi
         word_time_offsets=config.enable_word_time_offsets,
         **_boosting(config.speech_contexts),
     )
+
+
+def _eou_option(custom: dict, endpoint: EndpointConfig) -> EndpointConfig:
+    """custom_configuration {"eou": "false"}: no segment ends at an EOU model's <EOU>/<EOB> (Riva's
+    proto has no such field; its custom map is where Riva's own servers take per-stream options)."""
+    value = custom.get("eou")
+    if value is None:
+        return endpoint
+    if value.lower() not in ("true", "false"):
+        raise RivaRequestError(f"custom_configuration eou={preview(value)}: use true or false")
+    return replace(endpoint, eou=value.lower() == "true")
 
 
 def check_rate(rate: int, where: str) -> None:

@@ -38,6 +38,8 @@ def segments(finals: list[StreamResult]) -> list[dict]:
             "id": len(out), "seek": 0, "start": start, "end": max(start, end), "text": f.text,
             "tokens": list(f.token_ids), "temperature": 0.0, "avg_logprob": 0.0, "compression_ratio": 1.0,
             "no_speech_prob": 0.0,
+            # extensions: why the engine's segment ended (an EOU model splits at its <EOU>/<EOB>)
+            "end_reason": f.end_reason, "eou_probability": f.eou_probability, "backchannel": f.backchannel,
         })  # fmt: skip
     return out
 

@@ -180,7 +180,9 @@ class WsFormat:
             token_offset, text_offset = self.tail.offsets(r)
             ids = r.token_ids[token_offset:]
             sent = time.time()
-            final = {"words": [WordInfo(**msgspec.structs.asdict(w)) for w in r.words or ()]} if r.is_final else {}
+            final = {"words": [WordInfo(**msgspec.structs.asdict(w)) for w in r.words or ()], "end_reason": r.end_reason,
+                     "eou_probability": r.eou_probability, "eou_time": r.eou_time_s,
+                     "backchannel": r.backchannel} if r.is_final else {}  # fmt: skip
             await s.send(
                 (FinalMessage if r.is_final else ResultMessage)(
                     type="final" if r.is_final else "partial",

@@ -3,4 +3,6 @@
 Kept as a name so code written against the old place goes on working while branches merge; new
 code imports nemo_serve.core.inproc."""
 
-from ..core.inproc import LocalEngine, LocalStream  # noqa: F401
+from ..core.inproc import LocalEngine, LocalStream
+
+__all__ = ["LocalEngine", "LocalStream"]

@@ -19,15 +19,21 @@ itself (measured in issue 17: sockets beyond `max_ongoing_requests` wait in the 
   the socket still reaches one, and nemo-serve's own admission answers 503 at the handshake (or
   1013) at once instead of the proxy queueing it; no `max_queued_requests`;
 - autoscaling on open streams versus slots: `target_ongoing_requests` is a fraction of the slots;
-- drain: a replica being scaled down gets no new sockets; Ray waits up to
-  `graceful_shutdown_timeout_s` for its open streams to end. A stream still open then is lost
-  (close 1006, no final: the app's shutdown drain does not run before Ray stops the replica;
-  tests/test_ray_serve.py holds it as a strict xfail), so that timeout must exceed the longest stream.
+- drain: a replica being scaled down gets no new sockets; its open streams get application()'s
+  `graceful_shutdown_timeout_s` to end on their own, then the replica drains the rest as
+  `nemo-serve` does on SIGTERM (each ends `draining` with the final of the audio it took in,
+  within --drain-timeout-s). Ray runs an app's
+  shutdown only after every ongoing request ended, which an open stream never does, and offers no
+  hook at the start of its graceful shutdown: so the replica watches its own state on Ray's
+  controller (`_stop_timeout_s`), and Ray's `graceful_shutdown_timeout_s` is set to the wait plus
+  the drain, so that Ray's kill comes after both.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -40,6 +46,8 @@ from ray import serve
 from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, RunningReplica
 
 SLOT_HEADROOM = 16  # sockets past the slots a replica takes, to refuse them itself at once
+STOP_POLL_S = 0.25  # how often a replica asks Ray's controller whether it is being stopped
+SHUTDOWN_MARGIN_S = 5.0  # Ray's kill deadline past the wait and the drain: the poll, the close frames, the exit
 
 
 class MostFreeSlotsRouter(FIFOMixin, RequestRouter):
@@ -84,7 +92,56 @@ def build_app():
     print(cores.info.summary, flush=True)  # a replica has no logging set up for nemo_serve's loggers
     threading.Thread(target=cores.watch, args=(watching,), name="engine-cores-watch", daemon=True).start()
     ctx = frontend_context(settings, cores.info, cores.endpoints(), frontend=0)
-    return create_app(ctx, drain_on_shutdown=True, on_shutdown=stop_cores)
+    app = create_app(ctx, drain_on_shutdown=True, on_shutdown=stop_cores)
+    _drain_when_stopped(app, ctx)
+    return app
+
+
+def _drain_when_stopped(app, ctx) -> None:
+    """Runs beside the app's lifespan: once Ray stops this replica, the open streams get the wait
+    application() was given to end on their own, then the replica drains (ctx.drain: each open
+    stream ends `draining` with its final). The app's own shutdown drain is too late on Ray: Ray
+    calls it only after the last ongoing request (an open socket) ended."""
+    inner = app.router.lifespan_context
+
+    async def drain_once_stopped() -> None:
+        while (ray_timeout_s := await asyncio.to_thread(_stop_timeout_s)) is None:
+            await asyncio.sleep(STOP_POLL_S)
+        stream_wait_s = max(0.0, ray_timeout_s - ctx.settings.drain_timeout_s - SHUTDOWN_MARGIN_S)
+        print(f"replica stopping: {len(ctx.sessions)} open streams get {stream_wait_s:g} s, then drain", flush=True)
+        deadline = time.monotonic() + stream_wait_s
+        while ctx.sessions and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        await ctx.drain()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(a):
+        async with inner(a) as state:
+            watcher = asyncio.create_task(drain_once_stopped(), name="ray-stop-watch")
+            try:
+                yield state
+            finally:
+                watcher.cancel()
+
+    app.router.lifespan_context = lifespan
+
+
+def _stop_timeout_s() -> float | None:
+    """None while this replica runs; once Ray's controller marks it STOPPING (scaled down, replaced,
+    deleted), the deployment's graceful_shutdown_timeout_s, the time Ray gives it before the kill.
+    The one private Ray API of the module (`_get_global_client`): serve.status() reads the same
+    details but counts replicas per state without saying which. A replica the controller no longer
+    lists is stopping too."""
+    from ray.serve.context import _get_global_client
+
+    replica = serve.get_replica_context()
+    apps = _get_global_client().get_serve_details().get("applications", {})
+    deployment = apps.get(replica.app_name, {}).get("deployments", {}).get(replica.deployment, {})
+    timeout_s = float(deployment.get("deployment_config", {}).get("graceful_shutdown_timeout_s", 0.0))
+    for r in deployment.get("replicas", []):
+        if r.get("replica_id") == replica.replica_tag:
+            return timeout_s if r.get("state") == "STOPPING" else None
+    return timeout_s
 
 
 def _ray_gpu_ids() -> list:
@@ -111,13 +168,18 @@ def application(
 ):
     """The bound Serve application. `env`: NEMO_SERVE_* settings of every replica (model, context
     right, dtype, ...); `autoscale`: (min, max) replicas, scaling at `target_fill` x slots open per
-    replica, instead of a fixed `replicas`."""
+    replica, instead of a fixed `replicas`. `graceful_shutdown_timeout_s`: how long a replica being
+    stopped lets its open streams end on their own before it drains them; Ray's own timeout is that
+    plus --drain-timeout-s (so the drain finishes before Ray kills the replica)."""
+    from .config import Settings
+
     env_vars = {"NEMO_SERVE_NUM_SLOTS": str(num_slots), **(env or {})}
+    drain_timeout_s = Settings.from_sources({}, env_vars).drain_timeout_s
     options = dict(
         max_ongoing_requests=num_slots + SLOT_HEADROOM,
         ray_actor_options={"num_cpus": cpus, "num_gpus": gpus, "runtime_env": {"env_vars": env_vars}},
         request_router_config={"request_router_class": MostFreeSlotsRouter},
-        graceful_shutdown_timeout_s=graceful_shutdown_timeout_s,
+        graceful_shutdown_timeout_s=graceful_shutdown_timeout_s + drain_timeout_s + SHUTDOWN_MARGIN_S,
         graceful_shutdown_wait_loop_s=0.5,
         health_check_period_s=2.0,
     )

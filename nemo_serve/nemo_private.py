@@ -6,6 +6,9 @@ Each is an attribute or method that NeMo 3.0.0 sets or defines privately:
   - the RNN-T label-looping computer's blank index and its decoder state after <SOS>
     (`_blank_index`, `_get_batched_decoding_state_after_sos`: model.py, engine/slots.py)
   - that computer's confidence set-up (`_init_confidence_method`: engine/step.py, --word-confidence)
+  - that computer's lazily built decoding state and CUDA graphs, and the time its buffers are
+    sized for (`state`, `full_graph`, `separate_graphs`, `INITIAL_MAX_TIME`: engine/step.py's
+    per-bucket copies; public names, but set only by NeMo's own code, nowhere documented)
   - the conformer encoder's input width and attention masks (`_feat_in`, `_create_masks`:
     model.py, engine/encoder.py)
   - the subsampling module's channels and stride, and a causal convolution's padding
@@ -15,6 +18,8 @@ Imports neither torch nor NeMo: the functions take NeMo's objects.
 """
 
 from __future__ import annotations
+
+import copy
 
 from .versions import require
 
@@ -33,6 +38,18 @@ def decoder_state_after_sos(decoding_computer, device, batch_size: int):
 
 def set_confidence_method(decoding_computer, method: dict) -> None:
     decoding_computer._init_confidence_method(method)
+
+
+def computer_copy(decoding_computer, max_time: int | None = None):
+    """A shallow copy of NeMo's label-looping computer that builds its own decoding state and
+    CUDA graphs on first call (NeMo builds them lazily when these are None), instead of sharing
+    the original's; `max_time`: the encoder frames its buffers are sized for (NeMo's default
+    INITIAL_MAX_TIME, 375, is far more than a chunk)."""
+    c = copy.copy(decoding_computer)
+    c.state, c.full_graph, c.separate_graphs = None, None, None
+    if max_time is not None:
+        c.INITIAL_MAX_TIME = max_time
+    return c
 
 
 def encoder_input_width(encoder) -> int:

@@ -68,3 +68,19 @@ def test_an_untested_version_fails_at_import_with_its_name(monkeypatch):
 ])  # fmt: skip
 def test_version_ranges_compare_releases_as_numbers(version, minimum, below, inside):
     assert versions.in_range(version, minimum, below) is inside
+
+
+# The NeMo and torch internals this package reaches, and where each may be named: only in its adapter.
+LEAKS = {
+    r"torch\._C\b": (),  # torch's public switches serve (engine/step.py aten_rnn: torch.backends.mkldnn)
+    r"\._blank_index\b|\.INITIAL_MAX_TIME\b|\.full_graph\b|\.separate_graphs\b": ("nemo_private.py",),
+}
+
+
+@pytest.mark.parametrize("pattern", sorted(LEAKS))
+def test_private_apis_are_named_only_in_their_adapter(pattern):
+    package = ROOT / "nemo_serve"
+    found = [f"{f.relative_to(ROOT)}:{i}: {line.strip()}" for f in sorted(package.rglob("*.py"))
+             if f.name not in LEAKS[pattern] for i, line in enumerate(f.read_text().splitlines(), 1)
+             if re.search(pattern, line)]  # fmt: skip
+    assert not found, "outside the adapter:\n" + "\n".join(found)

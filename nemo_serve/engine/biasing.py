@@ -19,7 +19,6 @@ decoder as `greedy.boosting_tree`, with `boost` as `boosting_tree_alpha`.
 from __future__ import annotations
 
 import collections
-import copy
 
 import torch
 from nemo.collections.asr.parts.context_biasing.biasing_multi_model import GPUBiasingMultiModel
@@ -28,6 +27,7 @@ from nemo.collections.asr.parts.context_biasing.boosting_graph_batched import (
     GPUBoostingTreeModel,
 )
 
+from ..nemo_private import computer_copy
 from .phrases import NO_BIASING, PhraseRequest  # noqa: F401 - re-exported
 
 
@@ -112,14 +112,8 @@ def biasing_computer(base, multi_model: GPUBiasingMultiModel):
     """A shallow copy of NeMo's label-looping computer with per-stream biasing on: what
     `enable_per_stream_biasing=True` builds, sharing `multi_model`. NeMo runs the multi-model inside
     its CUDA graphs only with Triton (`compatible_with_cuda_graphs`); without it, eager."""
-    c = copy_computer(base)
+    c = computer_copy(base)
     c.biasing_multi_model = multi_model
     if not multi_model.compatible_with_cuda_graphs():
         c.cuda_graphs_mode = None
-    return c
-
-
-def copy_computer(base):
-    c = copy.copy(base)
-    c.state, c.full_graph, c.separate_graphs = None, None, None
     return c

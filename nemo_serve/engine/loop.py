@@ -285,7 +285,7 @@ class Engine:
     def _biasing(self) -> BiasingRegistry:
         """The registry, made with the first boosted stream (its multi-model holds device memory)."""
         if self.pool.biasing is None:
-            blank = int(self.model.decoding_computer._blank_index)
+            blank = self.model.blank_id  # nemo_private.blank_index, read at load
             self.pool.biasing = BiasingRegistry(self.model.nemo.tokenizer, blank, self.model.device)
         return self.pool.biasing
 

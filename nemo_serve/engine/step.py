@@ -47,7 +47,6 @@ and that decoder runs eagerly (`biasing_computer`).
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import os
 import traceback
@@ -56,7 +55,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..nemo_private import set_confidence_method
+from ..nemo_private import computer_copy, set_confidence_method
 from .biasing import biasing_computer
 from .buckets import bucket_for, bucket_sizes, split
 from .device_state import restore_device_state
@@ -107,15 +106,18 @@ def aten_rnn(device: torch.device, dtype: torch.dtype):
     GEMM of the decoder (LSTM and joint) rounds to bf16 in other places than NeMo's loop does,
     which changes tokens (test_prompt_model_bf16_mixed_languages_match_oracle fails with it). The
     flag is process-wide; only the step loop thread runs the model, and it is restored at once.
+    torch's public switch (torch.backends.mkldnn.enabled), not its `flags()` context manager,
+    which also resets oneDNN's determinism, TF32 and fp32-precision settings for the block.
     """
-    if device.type != "cpu" or dtype != torch.float32 or not torch._C._get_mkldnn_enabled():
+    mkldnn = torch.backends.mkldnn
+    if device.type != "cpu" or dtype != torch.float32 or not mkldnn.enabled:
         yield
         return
-    torch._C._set_mkldnn_enabled(False)
+    mkldnn.enabled = False
     try:
         yield
     finally:
-        torch._C._set_mkldnn_enabled(True)
+        mkldnn.enabled = True
 
 
 class Stepper:
@@ -388,9 +390,7 @@ class Stepper:
         key = (bucket, self.confidence, self.boosted)
         c = self._computers.get(key)
         if c is None:
-            c = copy.copy(base)
-            c.state, c.full_graph, c.separate_graphs = None, None, None
-            c.INITIAL_MAX_TIME = self.decoder_max_time
+            c = computer_copy(base, max_time=self.decoder_max_time)
             if not self.use_graphs or self.decoder_graph_mode == "off":
                 c.cuda_graphs_mode = None  # NeMo's torch_impl (graphs=False: the eager reference)
             elif self.decoder_graph_mode == "no_while_loops":
@@ -523,10 +523,9 @@ def confidence_computer(base):
     softmax probability p over the V + 1 outputs (blank included) at the frame it was emitted,
     mapped linearly from [1/(V+1), 1] to [0, 1]. Only the emitted labels' steps are recorded
     (NeMo's exclude_blank_from_confidence), so the hypotheses keep their usual layout."""
-    c = copy.copy(base)
+    c = computer_copy(base)
     c.preserve_step_confidence = True
     set_confidence_method(c, {"name": "max_prob", "alpha": 1.0})
-    c.state, c.full_graph, c.separate_graphs = None, None, None
     return c
 
 

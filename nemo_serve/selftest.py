@@ -123,6 +123,7 @@ def run_engine(
         on_step=lambda b, _s, _mode: batch_sizes.append(b),
     )
     print(engine.summary(), file=out, flush=True)
+    print(f"kernels: {engine.engine.encoder.describe(engine.engine.pool)}", file=out, flush=True)
     engine.start()
 
     def on_result(i: int, r) -> None:

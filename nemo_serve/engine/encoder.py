@@ -29,14 +29,16 @@ Both classes take and return `EncoderCache`; the slot pool sizes its attention c
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from nemo.collections.asr.parts.submodules.causal_convs import CausalConv2D
 from nemo.collections.asr.parts.submodules.subsampling import MaskedConvSequential, calculate_conv_output_size
 
 from ..nemo_private import attention_masks, causal_padding, subsampling_channels_and_stride
+from .attention import attention_kind, matmul_attention, sdpa_attention
+from .ring_cache import ring_layout_enabled
 from .slots import EncoderCache
-
-INF_VAL = 10000.0  # NeMo's mask fill (multi_head_attention.INF_VAL)
 
 
 class NemoEncoder:
@@ -54,6 +56,10 @@ class NemoEncoder:
     def cache_bytes_for(self, context_right: int, pooled_bytes: int) -> int:
         """Cache bytes per stream a pool for this mode alone would hold: NeMo's layout is the same in every mode."""
         return pooled_bytes
+
+    def describe(self, pool) -> str:
+        """Which code ran (the selftest prints it)."""
+        return "NeMo's cache_aware_stream_step (layer inputs cached, whole windows gathered and scattered), attention NeMo's"
 
     def step(self, signal, lengths, cache: EncoderCache, drop: int, full: bool = False, context_right: int | None = None):
         with self.model.nemo_mode(context_right):
@@ -95,7 +101,9 @@ class KVCacheEncoder:
 
     kind = "kv"
 
-    def __init__(self, model) -> None:
+    def __init__(self, model, attention: str | None = None) -> None:
+        """`attention`: engine/attention.py's `matmul` (NeMo's arithmetic) or `sdpa`; None: NEMO_SERVE_ATTENTION."""
+        self.attention = attention_kind(attention)
         encoder = model.nemo.encoder
         why = kv_cache_unsupported(encoder)
         if why:
@@ -129,6 +137,15 @@ class KVCacheEncoder:
             self._pos[key] = out
         return self._pos[key]
 
+    def describe(self, pool) -> str:
+        """Which code ran (the selftest prints it): the cache layout the pool has and the attention."""
+        layout = {
+            "ring": "ring layout (per-layer rings read and written in place, engine/ring_cache.py)",
+            "window": "window layout (whole windows gathered and scattered, NEMO_SERVE_KV_LAYOUT=window)",
+        }[pool.layout]
+        attention = {"matmul": "matmul + softmax (NeMo's arithmetic)", "sdpa": "SDPA with the positional bias"}[self.attention]
+        return f"keys/values cached, {layout}; attention {attention}"
+
     def cache_bytes_for(self, context_right: int, pooled_bytes: int) -> int:
         """Cache bytes per stream a pool for this mode alone would hold (`pooled_bytes`: the shared pool's,
         whose attention cache has scratch positions for the largest mode)."""
@@ -140,11 +157,28 @@ class KVCacheEncoder:
         """`full`: every row's length is the signal's width (the caller knows it on the host).
         `context_right`: the rows' mode (None: the default). The mode is an argument, not NeMo's
         module state: the masks get its att_context_size and the output its frame count."""
+        c = self.cache_len
+        front = self._front(signal, lengths, cache.cache_last_channel_len, drop, full, context_right)
+        kv = cache.cache_last_channel  # [L, B, h, C + S, 2 d_k], gathered: ours to write
+        t, dk = front.t, kv.shape[-1] // 2
+
+        def window(i, new):  # new [B, t, 2, h, d_k] -> positions [C, C+t) of the gathered window
+            kv[i][:, :, c : c + t, :dk].copy_(new[:, :, 0].transpose(1, 2))
+            kv[i][:, :, c : c + t, dk:].copy_(new[:, :, 1].transpose(1, 2))
+            return kv[i][:, :, : c + t]
+
+        time_next = []
+        x = self._layers(front, window, lambda i: cache.cache_last_time[i], lambda i, nxt: time_next.append(nxt))
+        encoded, encoded_len = self._outputs(x, front)
+        fill = torch.clamp(cache.cache_last_channel_len + t, max=c)
+        next_kv = kv[:, :, :, t : t + c]  # NeMo's update_cache: drop the oldest t, keep C
+        return encoded, encoded_len, EncoderCache(next_kv, torch.stack(time_next), fill)
+
+    def _front(self, signal, lengths, fill, drop: int, full: bool, context_right):
+        """Subsampling, pre-encode drop, masks and positions: NeMo's forward_internal, L636-681."""
         enc = self.encoder
         c = self.cache_len
         g = self.model.geometry_for(context_right)
-        new_frames = g.encoder_frames
-        # Subsampling, pre-encode drop, masks and positions: NeMo's forward_internal, L636-681.
         x, length = self._pre_encode(signal.transpose(1, 2), lengths, full)
         length = length.to(torch.int64)
         if drop > 0:
@@ -157,38 +191,42 @@ class KVCacheEncoder:
             att_context_size=[g.context_left, g.context_right],
             padding_length=length + c,
             max_audio_length=t + c,
-            offset=c - cache.cache_last_channel_len,
+            offset=c - fill,
             device=x.device,
         )
         pad_mask, att_mask = pad_mask[:, c:], att_mask[:, c:]
-        if t > new_frames:
-            raise ValueError(f"chunk of {t} encoder frames; this mode adds at most {new_frames}")
-        positions = self._positions(pos_emb)
-        kv = cache.cache_last_channel  # [L, B, h, C + S, 2 d_k], gathered: ours to write
-        time_next = []
+        if t > g.encoder_frames:
+            raise ValueError(f"chunk of {t} encoder frames; this mode adds at most {g.encoder_frames}")
         # The mask's per-head view and its all-masked rows are the same in every layer: made once.
         masks = (att_mask, att_mask.unsqueeze(1), att_mask.all(dim=-1)[:, None, :, None])
-        for i, layer in enumerate(enc.layers):
+        return _Front(x, length, t, pad_mask, masks, self._positions(pos_emb), g.encoder_frames)
+
+    def _layers(self, front: "_Front", window, time_cache, keep_time) -> torch.Tensor:
+        """The conformer layers over the new frames. `window(i, new)` stores layer i's new keys/values
+        and returns its attention window; `time_cache(i)` is its convolution cache, `keep_time(i, next)`
+        takes the next one."""
+        x = front.x
+        for i, layer in enumerate(self.encoder.layers):
             # x + ff(x) * fc_factor as one add (alpha): the product by 0.5 is exact, so is the sum.
             residual = torch.add(x, layer.feed_forward1(layer.norm_feed_forward1(x)), alpha=layer.fc_factor)
             residual = residual + self._attention(
-                i, layer.self_attn, layer.norm_self_att(residual), masks, positions[i], kv[i]
+                i, layer.self_attn, layer.norm_self_att(residual), front.masks, front.positions[i], window
             )
-            h, conv_cache = layer.conv(layer.norm_conv(residual), pad_mask=pad_mask, cache=cache.cache_last_time[i])
+            h, conv_cache = layer.conv(layer.norm_conv(residual), pad_mask=front.pad_mask, cache=time_cache(i))
             residual = residual + h
             residual = torch.add(
                 residual, layer.feed_forward2(layer.norm_feed_forward2(residual)), alpha=layer.fc_factor
             )
             x = layer.norm_out(residual)
-            time_next.append(conv_cache)
-        if enc.out_proj is not None:
-            x = enc.out_proj(x)
+            keep_time(i, conv_cache)
+        return x
+
+    def _outputs(self, x, front: "_Front"):
+        if self.encoder.out_proj is not None:
+            x = self.encoder.out_proj(x)
         # streaming_post_process: the encoder emits exactly valid_out_len frames per full chunk.
-        encoded = x.transpose(1, 2)[:, :, :new_frames]
-        encoded_len = length.clamp(max=new_frames)
-        fill = torch.clamp(cache.cache_last_channel_len + t, max=c)
-        next_kv = kv[:, :, :, t : t + c]  # NeMo's update_cache: drop the oldest t, keep C
-        return encoded, encoded_len, EncoderCache(next_kv, torch.stack(time_next), fill)
+        encoded = x.transpose(1, 2)[:, :, : front.new_frames]
+        return encoded, front.length.clamp(max=front.new_frames)
 
     def _pre_encode(self, x, lengths, full: bool):
         """NeMo's subsampling. When no row is padded, its time masks are all ones: multiplying
@@ -210,39 +248,64 @@ class KVCacheEncoder:
         b, _, t, _ = h.shape
         return pe.out(h.transpose(1, 2).reshape(b, t, -1)), cur.long()
 
-    def _attention(self, i, a, x, masks, p, kv):
+    def _attention(self, i, a, x, masks, p, window):
         """RelPositionMultiHeadAttention.forward over cached projected keys/values.
 
         masks: (att_mask [B,T,C+T], its [B,1,T,C+T] view, [B,1,T,1] rows with every position
-        masked); x [B,T,D] new frames (post-LayerNorm); kv [B,h,C+S,2 d_k] this layer's cache, whose
-        positions [C, C+T) receive the new keys/values; p [h,P,d_k] projected positions.
+        masked); x [B,T,D] new frames (post-LayerNorm); `window(i, new)` stores the new keys/values
+        (new [B,T,2,h,d_k]) and returns the layer's window [B,h,C+T,2 d_k]; p [h,P,d_k] projected positions.
         """
         b, t, d = x.shape
         mask, mask_heads, all_masked = masks
-        h, dk, n = a.h, a.d_k, self.cache_len + t
+        h, dk = a.h, a.d_k
         w, bias = self._qkv[i]
         qkv = torch.nn.functional.linear(x, w, bias)  # [B, T, 3D]
         q = qkv[..., :d].view(b, t, h, dk)
-        new = qkv[..., d:].view(b, t, 2, h, dk)
-        kv[:, :, self.cache_len : n, :dk].copy_(new[:, :, 0].transpose(1, 2))
-        kv[:, :, self.cache_len : n, dk:].copy_(new[:, :, 1].transpose(1, 2))
-        k, v = kv[:, :, :n, :dk], kv[:, :, :n, dk:]  # [B, h, C+T, d_k], read in place
+        kv = window(i, qkv[..., d:].view(b, t, 2, h, dk))
+        k, v = kv[..., :dk], kv[..., dk:]  # [B, h, C+T, d_k], read in place
         q_u = (q + a.pos_bias_u).transpose(1, 2)  # [B, h, T, d_k]
         q_v = (q + a.pos_bias_v).transpose(1, 2)
         # Positions are shared by every row: one [h, B*T, d_k] x [h, d_k, P] product per head,
         # instead of broadcasting [1, h, P, d_k] over the batch.
         bd = torch.bmm(q_v.transpose(0, 1).reshape(h, b * t, dk), p.transpose(1, 2))
         bd = a.rel_shift(bd.view(h, b, t, -1).transpose(0, 1))
-        if a.use_pytorch_sdpa:
-            bd = bd[:, :, :, :n] * (1 / a.s_d_k)
-            bd.masked_fill_(mask_heads, -INF_VAL)
-            out = torch.nn.functional.scaled_dot_product_attention(q_u, k, v, attn_mask=bd)
-            out = out.masked_fill(all_masked, 0.0)
-            out = out.transpose(1, 2).reshape(b, t, d)
-            return a.linear_out(out)
-        ac = torch.matmul(q_u, k.transpose(-2, -1))
-        scores = (ac + bd[:, :, :, :n]) / a.s_d_k
-        return a.forward_attention(v, scores, mask)
+        if self.attention == "sdpa" or a.use_pytorch_sdpa:
+            return sdpa_attention(a, q_u, k, v, bd, mask_heads, all_masked)
+        return matmul_attention(a, q_u, k, v, bd, mask)
+
+
+@dataclass
+class _Front:
+    """What the layers need, made once per step by `_front`."""
+
+    x: torch.Tensor  # [B, T, D] subsampled new frames (positional scaling applied)
+    length: torch.Tensor  # [B] valid new frames
+    t: int  # new frames (the tensor's width)
+    pad_mask: torch.Tensor  # [B, T]
+    masks: tuple  # (att_mask [B,T,C+T], [B,1,T,C+T], all-masked rows [B,1,T,1])
+    positions: list  # per layer [h, P, d_k]
+    new_frames: int  # frames this mode emits per chunk
+
+
+class RingKVEncoder(KVCacheEncoder):
+    """KVCacheEncoder over a RingSlotPool (engine/ring_cache.py): reads and writes the rows' caches
+    where they lie, per layer, instead of taking a gathered window and returning a shifted one."""
+
+    kind = "kv"  # the same arithmetic; the pool says the layout (pool.layout)
+    in_place = True
+
+    def step_in_place(self, signal, lengths, pool, rows, drop: int, full: bool = False, context_right=None):
+        """The step over slot `rows` of `pool` (a RingSlotPool); returns (encoded, encoded_len)."""
+        fill = pool.cache_last_channel_len.index_select(0, rows)
+        front = self._front(signal, lengths, fill, drop, full, context_right)
+        ring = pool.plan(rows, front.t)
+
+        def window(i, new):  # [B, t, 2, h, d_k] -> [B, h, t, 2 d_k], the ring's write layout
+            return pool.window(i, ring, new.permute(0, 3, 1, 2, 4))
+
+        x = self._layers(front, window, lambda i: pool.read_time(i, ring), lambda i, nxt: pool.write_time(i, ring, nxt))
+        pool.advance(ring, torch.clamp(fill + front.t, max=self.cache_len))
+        return self._outputs(x, front)
 
 
 def causal_conv2d(conv: CausalConv2D, x: torch.Tensor) -> torch.Tensor:
@@ -271,8 +334,12 @@ def causal_conv2d(conv: CausalConv2D, x: torch.Tensor) -> torch.Tensor:
     return y[..., :out_h, :out_w]
 
 
-def make_encoder(model, kv_cache: bool = True):
-    """The KV-cache step where the architecture allows it, else NeMo's own (`model`: a ServedModel)."""
+def make_encoder(model, kv_cache: bool = True, ring: bool | None = None):
+    """The KV-cache step where the architecture allows it, else NeMo's own (`model`: a ServedModel).
+    `ring`: its caches as per-layer rings read in place (engine/ring_cache.py); None: as
+    NEMO_SERVE_KV_LAYOUT says (ring unless `window`)."""
     if kv_cache and kv_cache_unsupported(model.nemo.encoder) is None:
-        return KVCacheEncoder(model)
+        if ring is None:
+            ring = ring_layout_enabled()
+        return RingKVEncoder(model) if ring else KVCacheEncoder(model)
     return NemoEncoder(model)

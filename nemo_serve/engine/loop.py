@@ -48,6 +48,7 @@ import torch
 from .biasing import BiasingRegistry
 from .phrases import NO_BIASING, PhraseLimits, PhraseRequest, check_phrases, encodable_characters
 from .encoder import make_encoder
+from .ring_cache import make_slot_pool
 from .endpoint import EndpointConfig
 from .eou import EouTokens
 from .frontend import FeatureExtractor
@@ -57,7 +58,6 @@ from .geometry import ModelInfo
 from .invariants import check
 from .queue_delay import QueueDelay
 from .slot_table import SlotTable
-from .slots import SlotPool
 from .step import StepBatch, collect_step, launch_step, prepare_step
 from .in_flight import InFlight, InFlightStep
 from .results import Detokenizer, StreamUpdate
@@ -119,7 +119,7 @@ class Engine:
         self.max_batch = max_batch or num_slots
         self.endpoint = endpoint
         self.encoder = make_encoder(model, kv_cache=kv_cache)
-        self.pool = SlotPool(model, num_slots, self.encoder.channel_shape)
+        self.pool = make_slot_pool(model, self.encoder, num_slots)
         self.token_confidence = token_confidence
         self.eou = EouTokens.from_vocabulary(model.vocabulary)  # empty unless the model has <EOU>/<EOB>
         # An EOU final carries its token's probability: the step computes confidences for an EOU

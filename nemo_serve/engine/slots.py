@@ -44,6 +44,8 @@ class EncoderCache:
 class SlotPool:
     """Owns the cache tensors, one row per slot (engine/slot_table.py says which stream holds it)."""
 
+    layout = "window"  # whole windows gathered and scattered per step (engine/ring_cache.py: "ring")
+
     def __init__(
         self,
         model,
@@ -62,9 +64,7 @@ class SlotPool:
         dev, dtype = model.device, model.dtype
         self.device = dev
         (n_layers, c, d), (_, d2, k) = model.cache_shapes
-        shape = channel_shape or (c, d)
-        self.cache_last_channel = torch.zeros(n_layers, rows, *shape, device=dev, dtype=dtype)  # [L, S+1, *shape]
-        self.cache_last_time = torch.zeros(n_layers, rows, d2, k, device=dev, dtype=dtype)  # [L, S+1, D, K-1]
+        self._allocate_encoder_caches(n_layers, rows, channel_shape or (c, d), (d2, k), dtype)
         self.cache_last_channel_len = torch.zeros(rows, device=dev, dtype=torch.long)  # [S+1]
         # Decoder state after <SOS>, one row; a fresh slot is reset to it.
         sos = decoder_state_after_sos(model.decoding_computer, dev, batch_size=1)
@@ -88,9 +88,7 @@ class SlotPool:
         self.biasing = None  # the BiasingRegistry, made by the engine for its first boosted stream
         self.max_step_rows = max_rows or max_step_rows(num_slots, self.gather_bytes_per_row)
         # gather_encoder's output: one buffer for the largest step, allocated here, never grown.
-        self._channel_buf = torch.empty(
-            n_layers * self.max_step_rows * self.cache_last_channel[0, 0].numel(), device=dev, dtype=dtype
-        )
+        self._channel_buf = torch.empty(self.max_step_rows * self.gather_bytes_per_row // dtype.itemsize, device=dev, dtype=dtype)
         # Freed rows waiting for their reset (flush): host staging (pinned on CUDA) -> device.
         self._to_reset: list[int] = []
         pin = dev.type == "cuda"
@@ -102,11 +100,21 @@ class SlotPool:
         # CUDA graphs hold its tensors' addresses, so they belong to the pool and die with it.
         self.steppers: dict = {}  # context_right -> step.Stepper (not imported: step.py imports this module)
 
+    def _allocate_encoder_caches(self, n_layers: int, rows: int, shape: tuple, time_shape: tuple, dtype) -> None:
+        """The attention and convolution caches, every layer in one tensor each (engine/ring_cache.py
+        lays them out per layer instead)."""
+        dev = self.device
+        self.cache_last_channel = torch.zeros(n_layers, rows, *shape, device=dev, dtype=dtype)  # [L, S+1, *shape]
+        self.cache_last_time = torch.zeros(n_layers, rows, *time_shape, device=dev, dtype=dtype)  # [L, S+1, D, K-1]
+
+    def _encoder_tensors(self) -> list[torch.Tensor]:
+        """The encoder caches with a layer axis first and a slot axis second."""
+        return [self.cache_last_channel, self.cache_last_time]
+
     @property
     def cache_bytes_per_stream(self) -> int:
         """Encoder cache bytes one slot holds (attention + convolution caches)."""
-        t = (self.cache_last_channel, self.cache_last_time)
-        return sum(x[:, 0].numel() * x.element_size() for x in t)
+        return sum(x[:, 0].numel() * x.element_size() for x in self._encoder_tensors())
 
     @property
     def gather_bytes_per_row(self) -> int:
@@ -115,7 +123,7 @@ class SlotPool:
 
     def _slot_tensors(self) -> list[torch.Tensor]:
         return [
-            self.cache_last_channel, self.cache_last_time, self.cache_last_channel_len, *self.predictor_states,
+            *self._encoder_tensors(), self.cache_last_channel_len, *self.predictor_states,
             self.predictor_outputs, self.labels, self.decoded_lengths, self.feature_history, self.languages,
             self.biasing_ids, self.biasing_states,
         ]
@@ -193,8 +201,7 @@ class SlotPool:
 
     def _reset_rows(self, rows: torch.Tensor) -> None:
         """The rows' state back to a fresh stream's. Languages and biasing are not touched: `allocate` sets them."""
-        self.cache_last_channel.index_fill_(1, rows, 0.0)
-        self.cache_last_time.index_fill_(1, rows, 0.0)
+        self._reset_encoder_rows(rows)
         self.cache_last_channel_len.index_fill_(0, rows, 0)
         n = len(rows)
         for dst, src in zip(self.predictor_states, self._sos.predictor_states):
@@ -203,6 +210,23 @@ class SlotPool:
         self.labels.index_copy_(0, rows, self._sos.labels.expand(n))
         self.decoded_lengths.index_fill_(0, rows, 0)
         self.feature_history.index_fill_(0, rows, 0.0)
+
+    def _reset_encoder_rows(self, rows: torch.Tensor) -> None:
+        self.cache_last_channel.index_fill_(1, rows, 0.0)
+        self.cache_last_time.index_fill_(1, rows, 0.0)
+
+    def read_encoder(self, rows: torch.Tensor, cache_len: int | None = None) -> EncoderCache:
+        """A copy of the rows' encoder caches as state (tests compare layouts with it): the
+        attention cache's first `cache_len` positions (the KV layout's scratch positions are
+        not state; None: all)."""
+        self.flush()
+        channel = self.cache_last_channel.index_select(1, rows)
+        if cache_len is not None:
+            channel = channel.narrow(-2, 0, cache_len)
+        return EncoderCache(
+            channel.contiguous(), self.cache_last_time.index_select(1, rows),
+            self.cache_last_channel_len.index_select(0, rows),
+        )
 
     # -- gather / scatter -------------------------------------------------------------------------
     def gather_encoder(self, rows: torch.Tensor) -> EncoderCache:

@@ -339,11 +339,17 @@ class Stepper:
             signal, drop, lengths = features, 0, self.d_lens[:bucket]
         else:
             signal, drop, lengths = with_history, g.drop_frames, self.d_lens[:bucket] + g.pre_cache_frames
-        # 2. encoder, caches gathered from and written back to the slot rows.
-        encoded, encoded_len, cache = self.encoder.step(
-            signal.to(model.dtype), lengths, pool.gather_encoder(rows), drop, full, context_right=self.mode
-        )
-        pool.scatter_encoder(rows, cache)
+        # 2. encoder: caches read and written in the slot rows (ring layout, engine/ring_cache.py),
+        # or gathered from and written back to them (window layout, the reference).
+        if pool.layout == "ring":  # a plain SlotPool keeps the window path, whichever KV encoder
+            encoded, encoded_len = self.encoder.step_in_place(
+                signal.to(model.dtype), lengths, pool, rows, drop, full, context_right=self.mode
+            )
+        else:
+            encoded, encoded_len, cache = self.encoder.step(
+                signal.to(model.dtype), lengths, pool.gather_encoder(rows), drop, full, context_right=self.mode
+            )
+            pool.scatter_encoder(rows, cache)
         if self.prompt:
             encoded = apply_prompt(model, encoded, self.d_langs[:bucket])
         # Padded rows decode nothing: length 0 (what NeMo's graph decoder gives its padding).

@@ -5,7 +5,8 @@ here with one message (versions.py), not as an AttributeError in the middle of a
 Each is an attribute or method that NeMo 3.0.0 sets or defines privately:
   - the RNN-T label-looping computer's blank index and its decoder state after <SOS>
     (`_blank_index`, `_get_batched_decoding_state_after_sos`: model.py, engine/slots.py)
-  - that computer's confidence set-up (`_init_confidence_method`: engine/step.py, --word-confidence)
+  - that computer's confidence set-up and per-label confidence (`_init_confidence_method`,
+    `_get_step_confidence`: engine/step.py and engine/label_loop.py, --word-confidence)
   - the conformer encoder's input width and attention masks (`_feat_in`, `_create_masks`:
     model.py, engine/encoder.py)
   - the subsampling module's channels and stride, and a causal convolution's padding
@@ -33,6 +34,12 @@ def decoder_state_after_sos(decoding_computer, device, batch_size: int):
 
 def set_confidence_method(decoding_computer, method: dict) -> None:
     decoding_computer._init_confidence_method(method)
+
+
+def step_confidence(decoding_computer, logits):
+    """NeMo's confidence of each row's greedy label from its joint logits [N, V+1] (the computer's
+    confidence method; the computer must preserve step confidence)."""
+    return decoding_computer._get_step_confidence(logits)
 
 
 def encoder_input_width(encoder) -> int:

@@ -5,7 +5,8 @@ here with one message (versions.py), not as an AttributeError in the middle of a
 Each is an attribute or method that NeMo 3.0.0 sets or defines privately:
   - the RNN-T label-looping computer's blank index and its decoder state after <SOS>
     (`_blank_index`, `_get_batched_decoding_state_after_sos`: model.py, engine/slots.py)
-  - that computer's confidence set-up (`_init_confidence_method`: engine/step.py, --word-confidence)
+  - that computer's confidence set-up and per-label confidence (`_init_confidence_method`,
+    `_get_step_confidence`: engine/step.py and engine/label_loop.py, --word-confidence)
   - that computer's lazily built decoding state and CUDA graphs, and the time its buffers are
     sized for (`state`, `full_graph`, `separate_graphs`, `INITIAL_MAX_TIME`: engine/step.py's
     per-bucket copies; public names, but set only by NeMo's own code, nowhere documented)
@@ -50,6 +51,12 @@ def computer_copy(decoding_computer, max_time: int | None = None):
     if max_time is not None:
         c.INITIAL_MAX_TIME = max_time
     return c
+
+
+def step_confidence(decoding_computer, logits):
+    """NeMo's confidence of each row's greedy label from its joint logits [N, V+1] (the computer's
+    confidence method; the computer must preserve step confidence)."""
+    return decoding_computer._get_step_confidence(logits)
 
 
 def encoder_input_width(encoder) -> int:

@@ -25,6 +25,7 @@ from .audio_io import audio_path, load_manifest, read_audio
 from .engine.endpoint import EndpointConfig
 from .core.inproc import LocalEngine
 from .engine.loop import Engine
+from .engine.step import decoder_name
 from .model import ServedModel, load_model
 from .oracle import oracle_transcribe
 from .scoring import word_errors
@@ -244,7 +245,7 @@ def run_selftest(
     rights = ",".join(str(g.context_right) for g in modes)
     chunks = "/".join(f"{g.chunk_ms:.0f}" for g in modes)
     mixed = " in one engine" if len(modes) > 1 else ""
-    print(f"{k}/{n} token-identical ({served.name}, context-right {rights} = {chunks} ms{mixed}, {dtype}, {device})", file=out, flush=True)
+    print(f"{k}/{n} token-identical ({served.name}, context-right {rights} = {chunks} ms{mixed}, {dtype}, {device}, decoder {decoder_name(served.device)})", file=out, flush=True)
     if json_path:
         Path(json_path).write_text(json.dumps([
             {

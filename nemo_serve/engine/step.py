@@ -59,6 +59,7 @@ from ..nemo_private import computer_copy, set_confidence_method
 from .biasing import biasing_computer
 from .buckets import bucket_for, bucket_sizes, split
 from .device_state import restore_device_state
+from .label_loop import ROW_MODES, label_loop
 from .slots import SlotPool
 from .staging import LaunchedPart, LaunchedStep, Staging
 
@@ -182,6 +183,13 @@ class Stepper:
         self.decoder_failures: list[dict] = []
         self.fail_next_decoder_capture = False  # tests and the GPU run's forced-failure check
         self.gpu_times: list | None = None  # a list: (start, end) CUDA events around each device step
+        self.decoder = decoder_kind(self.device)
+        # Our loop's rows per joint: "all" (NeMo's shapes, bitwise NeMo's computer) or "active" (only
+        # the rows that need it; a product of fewer rows may round differently: engine/label_loop.py).
+        self.label_rows = os.environ.get("NEMO_SERVE_LABEL_LOOP_ROWS", "all")
+        if self.label_rows not in ROW_MODES:
+            raise ValueError(f"NEMO_SERVE_LABEL_LOOP_ROWS={self.label_rows!r}: one of {', '.join(ROW_MODES)}")
+        self.label_trips = 0  # trips of our label loop, summed over steps (benchmarks)
 
     # ------------------------------------------------------------------ host side
     @property
@@ -363,7 +371,11 @@ class Stepper:
         bias = {"multi_biasing_ids": pool.biasing_ids.index_select(0, rows)} if self.boosted else {}
         key = (bucket, self.confidence, self.boosted)
         with aten_rnn(encoded.device, encoded.dtype):
-            if key in self.decoder_modes:
+            if self.decoder == "label_loop":
+                hyps, new_state = label_loop(self._base(), encoded.transpose(1, 2), encoded_len, state,
+                                             bias.get("multi_biasing_ids"), self.confidence, self.label_rows)  # fmt: skip
+                self.label_trips += hyps.trips
+            elif key in self.decoder_modes:
                 hyps, new_state = self.computer(bucket)(
                     x=encoded.transpose(1, 2), out_len=encoded_len, prev_batched_state=state, **bias
                 )
@@ -478,7 +490,8 @@ class Stepper:
         each bucket's decoder ended in, and every failed decoder attempt."""
         g = self.graphs
         return {
-            "settings": {"decoder_graphs": self.decoder_graph_mode if self.use_graphs else "off",
+            "settings": {"decoder": decoder_name(self.device),
+                         "decoder_graphs": self.decoder_graph_mode if self.use_graphs else "off",
                          "decoder_max_time": self.decoder_max_time},  # fmt: skip
             "graphs": g is not None,
             "encoder_captured": sorted(map(list, g.graphs)) if g is not None else [],
@@ -511,6 +524,26 @@ class Stepper:
                         self.device_step(bucket, is_first, full)
         if self.cuda:
             torch.cuda.synchronize()
+
+
+DECODERS = ("label_loop", "nemo")
+
+
+def decoder_kind(device: torch.device) -> str:
+    """Which RNN-T decoder the step runs: `label_loop` (engine/label_loop.py, ours) or `nemo` (NeMo's
+    label-looping computer, the reference; on CUDA in its graph mode). NEMO_SERVE_DECODER picks one.
+    Default: ours on the CPU, where every parity test and the selftest pass with it; NeMo's on
+    CUDA until a GPU run has shown ours token-identical and not slower (benchmarks/gpu/README.md)."""
+    kind = os.environ.get("NEMO_SERVE_DECODER") or ("nemo" if device.type == "cuda" else "label_loop")
+    if kind not in DECODERS:
+        raise ValueError(f"NEMO_SERVE_DECODER={kind!r}: one of {', '.join(DECODERS)}")
+    return kind
+
+
+def decoder_name(device: torch.device) -> str:
+    """The decoder a step on `device` runs, as the selftest and the start-up report say it."""
+    kind = decoder_kind(device)
+    return kind if kind == "nemo" else f"{kind}/{os.environ.get('NEMO_SERVE_LABEL_LOOP_ROWS', 'all')}"
 
 
 def _mode_name(mode) -> str:

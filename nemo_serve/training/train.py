@@ -86,6 +86,7 @@ from ..audio_io import load_manifest
 from ..config_files import config_dir
 from ..nemo_private import preprocessor_sample_rate
 from ..scoring import word_errors
+from .eou import EOU_PIECE, grow_state, strip_eou
 
 DEFAULT_CONFIG = config_dir() / "demo_model.yaml"
 DEFAULT_TOKENIZER = config_dir() / "demo_tokenizer"
@@ -156,9 +157,13 @@ def init_from(model, path: str) -> None:
     from nemo.collections.asr.models import ASRModel
 
     src = ASRModel.restore_from(str(path), map_location=torch.device("cpu"))
-    if src.tokenizer.vocab_size != model.tokenizer.vocab_size:
-        raise SystemExit(f"{path}: vocabulary {src.tokenizer.vocab_size}, expected {model.tokenizer.vocab_size}")
     state = src.state_dict()
+    grown = model.tokenizer.vocab_size - src.tokenizer.vocab_size
+    if grown > 0 and all(model.tokenizer.ids_to_tokens([src.tokenizer.vocab_size + i])[0].startswith("<")
+                         for i in range(grown)):  # fmt: skip
+        state = grow_state(state, src.tokenizer.vocab_size, grown)  # the EOU recipe (eou.py)
+    elif grown:
+        raise SystemExit(f"{path}: vocabulary {src.tokenizer.vocab_size}, expected {model.tokenizer.vocab_size}")
     n_src, n_new = len(src.encoder.layers), len(model.encoder.layers)
     if n_new != n_src:
         state = stack_layers(state, n_src, n_new)
@@ -380,7 +385,7 @@ def rnnt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lens: torch.Ten
 
 
 def hyp_text(h) -> str:
-    return h.text if hasattr(h, "text") else str(h)
+    return strip_eou(h.text if hasattr(h, "text") else str(h))  # an EOU model's token is no word
 
 
 @torch.no_grad()
@@ -442,6 +447,9 @@ def train(args) -> dict:
     spec_aug = model.spec_augmentation
     centers_hz = mel_centers_hz(model.preprocessor)  # for --vtlp
     tokens = [model.tokenizer.text_to_ids(t) for t in texts]
+    if args.eou:  # the EOU recipe (eou.py): <EOU> after each utterance's last word
+        eou_id = model.tokenizer.token_to_id(EOU_PIECE)
+        tokens = [t + [eou_id] for t in tokens]
     durs = np.array([len(w) / 16000 for w in wavs])
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model params: {n_params / 1e6:.2f}M; vocab {model.tokenizer.vocab_size}", flush=True)
@@ -608,6 +616,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--vtlp", type=float, default=0.0,
                    help="vocal tract length perturbation: features of 80%% of the items warped in frequency by a "
                         "factor in 1 +- W (random_vtlp); 0: off (every run before the fifth flite fine-tune)")
+    p.add_argument("--eou", action="store_true",
+                   help="append <EOU> to every transcript (--tokenizer-dir: a tokenizer grown by eou.grow_tokenizer)")
     p.add_argument("--train-manifest", default="train.jsonl")
     p.add_argument("--dev-manifest", default="dev.jsonl")
     p.add_argument("--limit", type=int, default=None, help="use only the first N training utterances")

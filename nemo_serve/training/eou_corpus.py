@@ -1,0 +1,43 @@
+"""A small corpus for the EOU fine-tune (train --eou): the demo corpus's held-out splits and a short
+espeak-ng training split, drawn exactly as `corpus.main` draws them (same seed, same sentences for the
+same --n-eval), without the flite set and the extra synthesizers: the fine-tune had ~40 minutes of
+two shared CPU cores, most of which synthesis would otherwise take.
+
+    python -m nemo_serve.training.eou_corpus --out work_data/eou_corpus --n-train 1000 --n-eval 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from pathlib import Path
+
+from .corpus import ESPEAK_VOICES, HELDOUT_VARIANTS, TRAIN_VARIANTS, build_split, make_sentence, unique_sentences
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True)
+    p.add_argument("--n-train", type=int, default=1000)
+    p.add_argument("--n-eval", type=int, default=100)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--workers", type=int, default=2)
+    a = p.parse_args(argv)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(a.seed)
+    dev = unique_sentences(rng, a.n_eval, set())  # as corpus.main: dev, held-out sentences, voices, flite
+    hs = unique_sentences(rng, a.n_eval, set(dev))
+    hv = unique_sentences(rng, a.n_eval, set(dev) | set(hs))
+    fl = unique_sentences(rng, a.n_eval, set(dev) | set(hs) | set(hv))
+    held = set(dev) | set(hs) | set(hv) | set(fl)
+    train = [make_sentence(rng) for _ in range(a.n_train * 2)]
+    train = [s for s in train if s not in held and len(s.split()) <= 14][: a.n_train]
+    build_split("dev", dev, "espeak", ESPEAK_VOICES, TRAIN_VARIANTS, out, a.seed + 1, a.workers, keep=True)
+    build_split("heldout_sentences", hs, "espeak", ESPEAK_VOICES, TRAIN_VARIANTS, out, a.seed + 2, a.workers, keep=True)
+    build_split("heldout_voices", hv, "espeak", ESPEAK_VOICES, HELDOUT_VARIANTS, out, a.seed + 3, a.workers, keep=True)
+    build_split("train", train, "espeak", ESPEAK_VOICES, TRAIN_VARIANTS, out, a.seed + 5, a.workers, keep=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -32,6 +32,7 @@ class StreamRecord:
     chunk_ms: float | None = None
     send_ends: list[int] = field(default_factory=list)  # cumulative samples after each packet
     send_times: list[float] = field(default_factory=list)
+    send_lateness: list[float] = field(default_factory=list)  # s per packet: the generator's own delay (_send_paced)
     end_sent: float | None = None
     partials: list[tuple[float, float, float, float]] = field(default_factory=list)  # (recv, processed_s, arrival, sent)
     finals: list[dict] = field(default_factory=list)
@@ -110,13 +111,19 @@ async def _send_paced(ws, audio: np.ndarray, rec: StreamRecord) -> None:
     """Packet k (one server chunk) goes out when its audio would have been recorded."""
     chunk = int(round(rec.chunk_ms * SAMPLE_RATE / 1000))
     loop = asyncio.get_running_loop()
-    t0 = loop.time()
-    for k, start in enumerate(range(0, len(audio), chunk)):
+    t0 = previous_sent = loop.time()
+    for start in range(0, len(audio), chunk):
         packet = audio[start : start + chunk]
-        delay = t0 + (start + len(packet)) / SAMPLE_RATE - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
+        due = t0 + (start + len(packet)) / SAMPLE_RATE
+        if due > loop.time():
+            await asyncio.sleep(due - loop.time())
+        # The generator's lateness: how long after the later of its due time and the previous
+        # send's return this packet got the event loop. A send held up by TCP backpressure (a
+        # server that does not read) is the server's delay, so it is not counted here; a busy
+        # or starved generator loop is.
+        rec.send_lateness.append(max(0.0, loop.time() - max(due, previous_sent)))
         await ws.send(packet.astype(np.float32).tobytes())
+        previous_sent = loop.time()
         rec.send_ends.append(start + len(packet))
         rec.send_times.append(time.time())
     await ws.send(json.dumps({"type": "end"}))
@@ -151,7 +158,7 @@ async def run_level(
     context_right: int | None = None,
 ) -> list[StreamRecord]:
     """N workers for duration_s (plus the streams still in flight at the end). `workers`: the
-    subset of worker numbers this process runs (see run_level_procs); `context_right`: the
+    subset of worker numbers this process runs (load_workers.py); `context_right`: the
     chunk mode every stream asks for (None: the server's default)."""
     loop = asyncio.get_running_loop()
     t_end = loop.time() + duration_s
@@ -186,31 +193,6 @@ async def run_level(
     if bar is not None:
         bar.close()
     return records
-
-
-def run_level_procs(url: str, items: list[LoadItem], num_streams: int, duration_s: float, ramp_s: float,
-                    endpointing: bool, procs: int) -> list[StreamRecord]:
-    """The same level spread over `procs` client processes (worker w runs in process w mod procs),
-    so that one Python event loop is not what limits a large N."""
-    if procs <= 1:
-        return asyncio.run(run_level(url, items, num_streams, duration_s, ramp_s, endpointing))
-    import multiprocessing as mp
-
-    ctx = mp.get_context("fork")  # the children inherit the test set instead of pickling it
-    global _SHARED_ITEMS
-    _SHARED_ITEMS = items
-    args = [(url, num_streams, duration_s, ramp_s, endpointing, list(range(p, num_streams, procs))) for p in range(procs)]
-    with ctx.Pool(procs) as pool:
-        parts = pool.map(_level_part, args)
-    return [r for part in parts for r in part]
-
-
-_SHARED_ITEMS: list[LoadItem] = []
-
-
-def _level_part(a) -> list[StreamRecord]:
-    url, n, duration_s, ramp_s, endpointing, workers = a
-    return asyncio.run(run_level(url, _SHARED_ITEMS, n, duration_s, ramp_s, endpointing, progress=False, workers=workers))
 
 
 def _bar(total: float, desc: str):
@@ -310,8 +292,14 @@ def format_level(level: dict) -> str:
         f"N={level['streams']}: partial p50/p95/p99 {p['p50']}/{p['p95']}/{p['p99']} ms, "
         f"final p50/p95 {f['p50']}/{f['p95']} ms, drift median/p90 {_round(d['median'])}/{_round(d['p90'])} ms/s, "
         f"completed {level['items_completed']}/{level['items_started']}, errors {level['errors'] or 0}{quality}"
-        f" -> {'keeps up' if level.get('keeps_up') else 'BEHIND'}"
+        f" -> {_verdict_words(level)}"
     )
+
+
+def _verdict_words(level: dict) -> str:
+    if level.get("verdict") == "generator_late":
+        return "INVALID: the load generator fell behind"
+    return "keeps up" if level.get("keeps_up") else "BEHIND"
 
 
 def _round(x: float | None) -> float | None:

@@ -3,8 +3,10 @@
     python benchmarks/loadgen.py --url ws://127.0.0.1:8000/ws --streams 4,8,16 --duration 60 \
         --audio synth --oracle-model builtin:fastconformer-l --context-right 13 --out load.json
 
-Each of the N workers starts at a staggered time (spread over --ramp-s), walks the test set
-from its own starting item (worker w starts at item w*K/N), and streams one item per WebSocket:
+The N streams ("lanes") run in --workers processes (default: half the cores), each an event loop
+(uvloop where installed) driving lanes p, p+W, ... (benchmarks/load_workers.py). Each lane starts
+at a staggered time (spread over --ramp-s), walks the test set from its own starting item (lane w
+starts at item w*K/N), and streams one item per WebSocket:
 config, then packets of exactly the server's chunk (from the `ready` message) sent when that
 much audio has "been recorded" (packet k at t0 + (k+1) * chunk), then `end`; it keeps opening
 the next item until --duration has passed, then waits for the streams in flight.
@@ -20,26 +22,26 @@ Every packet's send time and every message's receive time are recorded. Per leve
                    up has a slope near 0; one that falls behind by a fraction f has ~1000 f ms/s;
   quality          token identity with NeMo's own loop (--oracle-model) and, where the test set
                    has text, WER of the final text;
-  errors           refusals, error messages, abnormal closes and timeouts, by kind.
+  errors           refusals, error messages, abnormal closes and timeouts, by kind;
+  send lateness    per worker process, how long after its due time each packet got the loop
+                   (load_level._send_paced); a level where a worker's p99 passed
+                   --max-send-lateness-ms is `generator_late`: invalid, neither kept up nor behind.
+Before a level starts the open-file limit is raised (soft to hard) and checked against the lanes
+per worker.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import run_record, write_json  # noqa: E402
 from benchmarks.load_items import attach_oracle, make_items  # noqa: E402
-from benchmarks.load_level import StreamRecord, format_level, keeps_up, run_level_procs, summarise_level  # noqa: E402
-
-
-def cpu_seconds_self() -> float:
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime + ru.ru_stime
+from benchmarks.load_level import StreamRecord, format_level  # noqa: E402
+from benchmarks.load_workers import DEFAULT_MAX_SEND_LATENESS_MS, default_workers, lateness_line, measure_level  # noqa: E402
 
 
 def main() -> None:
@@ -55,7 +57,10 @@ def main() -> None:
     ap.add_argument("--context-right", type=int, default=None)
     ap.add_argument("--stop-when-behind", action="store_true", help="stop after the first level that falls behind")
     ap.add_argument("--max-drift", type=float, default=20.0, help="ms/s of drift (90th percentile over streams) still counted as keeping up")
-    ap.add_argument("--procs", type=int, default=1, help="client processes (for large N)")
+    ap.add_argument("--workers", "--procs", type=int, default=default_workers(),
+                    help="load generator processes (default: half the cores)")
+    ap.add_argument("--max-send-lateness-ms", type=float, default=DEFAULT_MAX_SEND_LATENESS_MS,
+                    help="a worker whose p99 send lateness passes this makes the level invalid (generator_late)")
     ap.add_argument("--item-seconds", default="10,20", help="length range of the synthetic test items")
     ap.add_argument("--raw", default=None, help="also write every stream's record (JSON lines) here")
     ap.add_argument("--out", required=True)
@@ -66,19 +71,18 @@ def main() -> None:
         attach_oracle(items, args.oracle_model, args.context_right)
     levels = []
     for n in [int(x) for x in args.streams.split(",")]:
-        cpu0 = cpu_seconds_self()
-        records = run_level_procs(args.url, items, n, args.duration, args.ramp_s, args.endpointing, args.procs)
-        level = summarise_level(records, items, n, args.duration)
-        level["loadgen_cpu_s"] = round(cpu_seconds_self() - cpu0, 2)
-        chunk_ms = next((r.chunk_ms for r in records if r.chunk_ms), None)
-        level["keeps_up"] = chunk_ms is not None and keeps_up(level, chunk_ms, args.max_drift)
+        level, run = measure_level(args.url, items, n, args.duration, ramp_s=args.ramp_s, endpointing=args.endpointing,
+                                   num_workers=args.workers, context_right=args.context_right, max_drift=args.max_drift,
+                                   max_send_lateness_ms=args.max_send_lateness_ms)  # fmt: skip
         levels.append(level)
         print(format_level(level), file=sys.stderr)
+        print(lateness_line(level), file=sys.stderr)
         if args.raw:
-            write_raw(args.raw, n, records)
+            write_raw(args.raw, n, run.records)
         if args.stop_when_behind and not level["keeps_up"]:
             break
-    write_json(args.out, {"benchmark": "loadgen", **record, "url": args.url, "audio": args.audio, "levels": levels})
+    write_json(args.out, {"benchmark": "loadgen", **record, "url": args.url, "audio": args.audio,
+                          "workers": args.workers, "levels": levels})  # fmt: skip
 
 
 def write_raw(path: str, n: int, records: list[StreamRecord]) -> None:

@@ -34,7 +34,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import file_digest, model_file, run_record, write_json  # noqa: E402
 from benchmarks.load_items import attach_oracle, make_items  # noqa: E402
-from benchmarks.load_level import format_level, keeps_up, run_level_procs, summarise_level  # noqa: E402
+from benchmarks.load_level import format_level  # noqa: E402
+from benchmarks.load_workers import DEFAULT_MAX_SEND_LATENESS_MS, lateness_line, measure_level  # noqa: E402
 
 SUMMARY_RE = re.compile(r"cache ([\d.]+) MiB/stream x (\d+) slots = ([\d.]+) MiB")
 
@@ -313,14 +314,14 @@ def sweep(args) -> dict:
             before = server.metrics()
             t0 = time.time()
             ws_url = server.url.replace("http", "ws") + "/ws"
-            recs = run_level_procs(ws_url, items, n, args.duration, args.ramp_s, False, args.procs)
+            level, _ = measure_level(ws_url, items, n, args.duration, ramp_s=args.ramp_s, num_workers=args.procs,
+                                     max_drift=args.max_drift, max_send_lateness_ms=getattr(args, "max_send_lateness_ms", DEFAULT_MAX_SEND_LATENESS_MS))  # fmt: skip
             t1 = time.time()
-            level = summarise_level(recs, items, n, args.duration)
-            level["keeps_up"] = keeps_up(level, float(ready["chunk_ms"]), args.max_drift)
             level["step_time_by_batch"] = step_time_by_batch(before, server.metrics())
             level.update(sampler.window(t0, t1))
             results.append(level)
             print(format_level(level), file=sys.stderr, flush=True)
+            print(lateness_line(level), file=sys.stderr, flush=True)
             if not level["keeps_up"]:
                 break
         sampler.stop()
@@ -353,7 +354,8 @@ def _idle_footprint(sampler: Sampler) -> dict:
 
 def _assemble(args, record, name, nemo_path, server, ready, idle, results) -> dict:
     kept = [lv for lv in results if lv["keeps_up"]]
-    behind = next((lv for lv in results if not lv["keeps_up"]), None)
+    behind = next((lv for lv in results if lv.get("verdict", "server_behind") == "server_behind"), None)
+    invalid = next((lv for lv in results if lv.get("verdict") == "generator_late"), None)
     info = server.summary()
     per_stream = info.get("cache_mib_per_stream")
     best = kept[-1] if kept else None
@@ -366,6 +368,8 @@ def _assemble(args, record, name, nemo_path, server, ready, idle, results) -> di
         "cache_mib_per_stream": per_stream,
         "cache_mib_total_at_max": round(per_stream * best["streams"], 1) if (best and per_stream) else None,
         "fell_behind_within_levels": behind is not None,
+        # a level where the load generator itself was late stops the sweep without a server verdict
+        "generator_late_at": invalid["streams"] if invalid else None,
     }
     return {
         "benchmark": "sweep",
@@ -490,7 +494,9 @@ def main() -> None:
     ap.add_argument("--compare-ray", action="store_true",
                     help="one run, two sweeps at the same settings: nemo-serve, then one Ray Serve replica; "
                     "the JSON holds both and their kept-up streams side by side")
-    ap.add_argument("--procs", type=int, default=1, help="load generator processes (for large N)")
+    ap.add_argument("--procs", type=int, default=1, help="load generator worker processes (benchmarks/load_workers.py)")
+    ap.add_argument("--max-send-lateness-ms", type=float, default=DEFAULT_MAX_SEND_LATENESS_MS,
+                    help="a load generator worker whose p99 send lateness passes this makes the level invalid")
     ap.add_argument("--item-seconds", default="10,20", help="length range of the synthetic test items")
     ap.add_argument("--duration", type=float, default=60.0)
     ap.add_argument("--ramp-s", type=float, default=2.0)

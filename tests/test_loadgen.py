@@ -1,0 +1,92 @@
+"""The multi-process load generator (benchmarks/load_workers.py) against the real server: merged
+counts are the workers' sums, tokens equal NeMo's loop, and a worker whose loop is starved makes the
+level invalid (generator_late) instead of a server verdict."""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import load_workers  # noqa: E402
+from benchmarks.load_items import attach_oracle, make_items  # noqa: E402
+from benchmarks.load_workers import Stall, judge, measure_level  # noqa: E402
+
+from .helpers_server import TEST_MODEL, start_server  # noqa: E402
+
+MODE = 1  # 160 ms chunks: several packets per short item
+HONEST_BOUND_MS = 250.0  # generous: this 2-core machine is shared; the stall below is far beyond it
+
+
+@pytest.fixture(scope="module")
+def served():
+    items = make_items("synth", 4, (2.5, 3.5))
+    attach_oracle(items, TEST_MODEL, MODE)
+    with start_server("--context-right", str(MODE), "--num-slots", "8", token=None) as server:
+        yield server, items
+
+
+def test_two_workers_merge_to_their_sum_and_match_nemo(served):
+    server, items = served
+    level, run = measure_level(server.ws_url, items, 4, 3.0, ramp_s=0.5, num_workers=2, context_right=MODE,
+                               max_send_lateness_ms=HONEST_BOUND_MS)  # fmt: skip
+    workers = level["workers"]
+    assert [w["worker"] for w in workers] == [0, 1] and [w["lanes"] for w in workers] == [2, 2]
+    assert len({w["pid"] for w in workers} | {os.getpid()}) == 3, workers  # two processes, neither this one
+    for key in ("items_started", "items_completed"):
+        assert level[key] == sum(w[key] for w in workers) > 0, (key, level[key], workers)
+    assert sum(w["packets"] for w in workers) == sum(len(r.send_lateness) for r in run.records) > 0
+    assert level["errors"] == {}, level["error_examples"]
+    q = level["quality"]
+    assert q["streams_compared"] == level["items_completed"] and q["token_identical_streams"] == q["streams_compared"], q
+    assert level["verdict"] in ("keeps_up", "server_behind") and level["late_workers"] == [], level
+    server.assert_no_leak()
+
+
+def test_a_starved_worker_makes_the_level_invalid_not_a_server_verdict(served):
+    """Worker 1's loop blocks 400 ms of every 500: its packets leave up to 400 ms late. The level
+    must say the generator fell behind (worker 1), whatever its latencies say about the server."""
+    server, items = served
+    level, _ = measure_level(server.ws_url, items, 4, 3.0, ramp_s=0.5, num_workers=2, context_right=MODE,
+                             max_send_lateness_ms=HONEST_BOUND_MS, stall=Stall(worker=1, block_ms=400, every_ms=100))  # fmt: skip
+    w0, w1 = level["workers"]
+    assert w1["send_lateness_ms"]["p99"] > HONEST_BOUND_MS, level["workers"]
+    assert w0["send_lateness_ms"]["p99"] <= HONEST_BOUND_MS, level["workers"]
+    assert level["late_workers"] == [1]
+    assert level["verdict"] == "generator_late" and level["keeps_up"] is False
+    server.assert_no_leak()
+
+
+def _level(p99_by_worker: list[float]) -> dict:
+    """A level whose server figures keep up easily at 160 ms chunks."""
+    return {
+        "partial_latency_ms": {"p50": 50.0, "p95": 90.0, "p99": 100.0},
+        "drift_ms_per_s": {"median": 0.0, "p90": 1.0, "streams_measured": 8},
+        "errors": {}, "items_completed": 8,
+        "workers": [{"worker": i, "packets": 40, "send_lateness_ms": {"p50": 1.0, "p99": p, "max": p}}
+                    for i, p in enumerate(p99_by_worker)],
+    }  # fmt: skip
+
+
+def test_judge_puts_the_generator_first():
+    assert judge(_level([2.0, 3.0]), 160.0, 20.0, 10.0) == "keeps_up"
+    late = _level([2.0, 30.0])
+    assert judge(late, 160.0, 20.0, 10.0) == "generator_late" and late["late_workers"] == [1] and not late["keeps_up"]
+    behind = _level([2.0, 3.0])
+    behind["partial_latency_ms"]["p95"] = 900.0
+    assert judge(behind, 160.0, 20.0, 10.0) == "server_behind"
+
+
+def test_fd_limit_is_raised_to_the_hard_limit_and_refused_beyond_it(monkeypatch):
+    calls = []
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (256, 4096))
+    monkeypatch.setattr(resource, "setrlimit", lambda _, v: calls.append(v))
+    assert load_workers.ensure_fd_limit(1000)["soft"] == 4096 and calls == [(4096, 4096)]
+    with pytest.raises(SystemExit, match="open-file limit too low: 5000 streams per worker need 5064"):
+        load_workers.ensure_fd_limit(5000)
+    assert len(calls) == 1  # refused before anything changed

@@ -3,6 +3,8 @@ computes launches about one kernel, and each one dispatched from Python costs ho
 
     PYTHONPATH=. .venv/bin/python benchmarks/kernel_count.py --model nemotron-0.6b --label after \
         --out benchmarks/results/kernel_count_nemotron.json
+    (--configs window:matmul,ring:matmul,ring:sdpa: each KV layout / attention pair counted, with the
+    cache bytes per row-step its layout moves, `cache_bytes_per_row_step`)
     git worktree add /tmp/before <commit>; .venv/bin/python benchmarks/kernel_count.py \
         --source /tmp/before --label before --out benchmarks/results/kernel_count_nemotron.json
 
@@ -15,7 +17,7 @@ Counted per step (steady state: later chunks, every row full, after warm-up step
 - `leaf_ops`: operators with no ATen operator inside them, less the ones that only make views or
   allocate (view, transpose, slice, empty, ...): an estimate of CUDA kernel launches;
 - `top_level_ops`: operators called from Python (each pays the dispatcher's host cost once);
-- each split by phase: the encoder (`encoder.step`), NeMo's label-looping decoder (its loop runs
+- each split by phase: the encoder (`encoder.step`), its attention (inside the encoder's count too), NeMo's label-looping decoder (its loop runs
   once per emitted label, so with random weights its count is not Nemotron's), and the rest of the
   step (staging, gathers, scatters, prompt, packing).
 With CUDA graphs (engine/cuda_graphs.py) the encoder phase and the rest up to the decoder replay
@@ -44,24 +46,117 @@ NO_KERNEL = {
 }
 
 
+PHASES = ("encoder", "attention", "decoder")  # attention is inside the encoder: counted in both
+
+
 def count(prof) -> dict:
     events = [e for e in prof.events() if e.name.startswith("aten::")]
-    out = {p: {"aten_ops": 0, "leaf_ops": 0, "top_level_ops": 0} for p in ("encoder", "decoder", "rest", "total")}
+    out = {p: {"aten_ops": 0, "leaf_ops": 0, "top_level_ops": 0} for p in (*PHASES, "rest", "total")}
     for e in events:
-        phase, parent, top = "rest", e.cpu_parent, True
+        phases, parent, top = set(), e.cpu_parent, True
         while parent is not None:
             if parent.name.startswith("aten::"):
                 top = False
-            if parent.name in ("phase:encoder", "phase:decoder"):
-                phase = parent.name.split(":")[1]
-                break
+            if parent.name.startswith("phase:"):
+                phases.add(parent.name.split(":")[1])
             parent = parent.cpu_parent
         leaf = not any(c.name.startswith("aten::") for c in e.cpu_children) and e.name not in NO_KERNEL
-        for p in (phase, "total"):
+        for p in (*(phases or {"rest"}), "total"):
             out[p]["aten_ops"] += 1
             out[p]["leaf_ops"] += leaf
             out[p]["top_level_ops"] += top
     return out
+
+
+def cache_bytes_per_row_step(layout: str, layers: int, heads: int, d_k: int, cache_len: int, scratch: int,
+                             t: int, d_model: int, conv_cache: int, elt: int) -> dict:  # fmt: skip
+    """Bytes one row's encoder caches move per step (reads + writes, every layer), from the layout:
+    what the cache handling copies, plus attention's read of the window, plus (ring) the int64
+    indices it reads. Window: gather C+S positions (read + write), new K/V into the buffer, attention
+    reads C+t, scatter C (read + write); the conv cache gathered and scattered whole. Ring: new K/V
+    into the ring, gather C+t (read + write) into the one-layer buffer, attention reads C+t; the conv
+    cache read in order (read + write), its newest min(t, K-1) columns written."""
+    pos = heads * 2 * d_k * elt  # one position's K|V over the heads
+    conv = d_model * elt  # one conv-cache column
+    m = min(t, conv_cache)
+    if layout == "window":
+        parts = {
+            "kv_gather": 2 * (cache_len + scratch) * pos, "kv_new": 2 * t * pos,
+            "attention_read": (cache_len + t) * pos, "kv_scatter": 2 * cache_len * pos,
+            "conv_gather": 2 * conv_cache * conv, "conv_scatter": 2 * conv_cache * conv,
+        }
+    else:
+        parts = {
+            "kv_new": 2 * t * pos, "kv_gather": 2 * (cache_len + t) * pos, "attention_read": (cache_len + t) * pos,
+            "conv_read": 2 * conv_cache * conv, "conv_write": 2 * m * conv,
+            "indices": 8 * (heads * (cache_len + 2 * t) + conv_cache + m),
+        }
+    parts = {k: v * layers for k, v in parts.items()}
+    return {"total": sum(parts.values()), **parts}
+
+
+def _count_config(model, layout: str, attention: str, b: int, record_function, profile, activities, torch) -> dict:
+    import os
+
+    from nemo_serve.engine.encoder import make_encoder
+    from nemo_serve.engine.step import StepBatch, run_step
+
+    os.environ["NEMO_SERVE_KV_LAYOUT"], os.environ["NEMO_SERVE_ATTENTION"] = layout, attention
+    encoder = make_encoder(model)
+    try:
+        from nemo_serve.engine.ring_cache import make_slot_pool
+    except ImportError:  # --source: a checkout from before the ring layout
+        from nemo_serve.engine.slots import SlotPool
+
+        pool = SlotPool(model, b, encoder.channel_shape)
+    else:
+        pool = make_slot_pool(model, encoder, b)
+    g = model.geometry
+    for i in range(b):
+        pool.open_row(i)
+    for name, phase in (("step", "encoder"), ("step_in_place", "encoder"), ("_attention", "attention")):
+        fn = getattr(encoder, name, None)
+        if fn is not None:
+            setattr(encoder, name, _in_phase(fn, phase, record_function))
+    computer_cls = type(model.decoding_computer)
+    call = computer_cls.__call__
+
+    def decoder_call(self, *a, **k):
+        with record_function("phase:decoder"):
+            return call(self, *a, **k)
+
+    computer_cls.__call__ = decoder_call
+    gen = torch.Generator().manual_seed(0)
+    first = torch.randn(b, model.num_mels, g.first_frames, generator=gen)
+    later = torch.randn(b, model.num_mels, g.chunk_frames, generator=gen)
+    rows = torch.arange(b)
+    run_step(model, encoder, pool, StepBatch(rows, first, [g.first_frames] * b, True, None))
+    for _ in range(2):  # warm: lazy caches, the stepper's buffers
+        run_step(model, encoder, pool, StepBatch(rows, later, [g.chunk_frames] * b, False, None))
+    with profile(activities=activities) as prof:
+        res = run_step(model, encoder, pool, StepBatch(rows, later, [g.chunk_frames] * b, False, None))
+    computer_cls.__call__ = call
+    counts = count(prof)
+    layers = len(model.nemo.encoder.layers)
+    counts["tokens_emitted"] = sum(len(t) for t in res.token_ids)
+    counts["layers"] = layers
+    counts["per_layer_leaf_ops"] = {p: round(counts[p]["leaf_ops"] / layers, 2) for p in ("encoder", "attention")}
+    counts["pool_layout"] = getattr(pool, "layout", "window")
+    a = model.nemo.encoder.layers[0].self_attn
+    c = model.nemo.encoder.streaming_cfg.last_channel_cache_size
+    counts["cache_bytes_per_row_step"] = cache_bytes_per_row_step(
+        counts["pool_layout"], layers, a.h, a.d_k, c, encoder.channel_shape[1] - c, g.encoder_frames,
+        model.nemo.encoder.d_model, model.cache_shapes[1][2], torch.finfo(model.dtype).bits // 8,
+    )  # fmt: skip
+    return counts
+
+
+def _in_phase(fn, phase: str, record_function):
+    def wrapped(*a, **k):
+        with record_function(f"phase:{phase}"):
+            return fn(*a, **k)
+
+    return wrapped
 
 
 def main(argv=None) -> None:
@@ -70,6 +165,8 @@ def main(argv=None) -> None:
     ap.add_argument("--modes", default="0,3,13", help="right contexts")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--dtype", default="fp32")
+    ap.add_argument("--configs", default="window:matmul,ring:matmul,ring:sdpa",
+                    help="KV layout:attention pairs (NEMO_SERVE_KV_LAYOUT, NEMO_SERVE_ATTENTION), each counted")
     ap.add_argument("--source", default=None, help="import nemo_serve from this checkout")
     ap.add_argument("--label", required=True)
     ap.add_argument("--out", default=None)
@@ -77,7 +174,6 @@ def main(argv=None) -> None:
     sys.path.insert(0, str(REPO))
     if args.source:
         sys.path.insert(0, str(Path(args.source).resolve()))
-    import numpy as np
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -88,51 +184,21 @@ def main(argv=None) -> None:
     spec = importlib.util.spec_from_file_location("architecture", REPO / "benchmarks" / "architecture.py")
     architecture = importlib.util.module_from_spec(spec)  # this checkout's, whatever --source is
     spec.loader.exec_module(architecture)
-    served = architecture.served
-    from nemo_serve.engine.encoder import make_encoder
-    from nemo_serve.engine.slots import SlotPool
-    from nemo_serve.engine.step import StepBatch, run_step
-
     torch.set_grad_enabled(False)
+    torch.set_num_threads(1)
+    configs = [tuple(c.split(":")) for c in args.configs.split(",")]
     results = {}
     for r in [int(x) for x in args.modes.split(",")]:
         t0 = time.time()
-        model = served(args.model, r, args.dtype)
-        encoder = make_encoder(model)
-        b, g = args.batch, model.geometry
-        pool = SlotPool(model, b, encoder.channel_shape)
-        for i in range(b):
-            pool.open_row(i)
-        step = encoder.step
-
-        def encoder_step(*a, **k):
-            with record_function("phase:encoder"):
-                return step(*a, **k)
-
-        encoder.step = encoder_step
-        computer_cls = type(model.decoding_computer)
-        call = computer_cls.__call__
-
-        def decoder_call(self, *a, **k):
-            with record_function("phase:decoder"):
-                return call(self, *a, **k)
-
-        computer_cls.__call__ = decoder_call
-        gen = torch.Generator().manual_seed(0)
-        first = torch.randn(b, model.num_mels, g.first_frames, generator=gen)
-        later = torch.randn(b, model.num_mels, g.chunk_frames, generator=gen)
-        rows = torch.arange(b)
-        run_step(model, encoder, pool, StepBatch(rows, first, [g.first_frames] * b, True, None))
-        for _ in range(2):  # warm: lazy caches, the stepper's buffers
-            run_step(model, encoder, pool, StepBatch(rows, later, [g.chunk_frames] * b, False, None))
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            res = run_step(model, encoder, pool, StepBatch(rows, later, [g.chunk_frames] * b, False, None))
-        computer_cls.__call__ = call
-        counts = count(prof)
-        counts["tokens_emitted"] = sum(len(t) for t in res.token_ids)
-        counts["layers"] = len(model.nemo.encoder.layers)
-        results[f"r{r}"] = {"chunk_ms": round(g.chunk_ms), "batch": b, **counts}
-        print(args.label, f"r={r}", json.dumps(counts), f"({time.time() - t0:.0f} s)", flush=True)
+        model = architecture.served(args.model, r, args.dtype)
+        for layout, attention in configs:
+            counts = _count_config(model, layout, attention, args.batch, record_function, profile,
+                                   [ProfilerActivity.CPU], torch)  # fmt: skip
+            results.setdefault(f"{layout}:{attention}", {})[f"r{r}"] = {
+                "chunk_ms": round(model.geometry.chunk_ms), "batch": args.batch, **counts,
+            }
+            print(args.label, layout, attention, f"r={r}", json.dumps(counts["per_layer_leaf_ops"]),
+                  counts["cache_bytes_per_row_step"]["total"], f"({time.time() - t0:.0f} s)", flush=True)
     if args.out:
         path = Path(args.out)
         data = json.loads(path.read_text()) if path.exists() else {"model": args.model, "runs": {}}

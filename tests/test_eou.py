@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -127,10 +128,7 @@ def test_force_final_and_silence_rules_say_why():
     m = helpers.model(None, None)  # the demo model: no EOU tokens
     assert not EouTokens.from_vocabulary(m.vocabulary)
     audio = helpers.utterances(1, seed=4)[0]
-    quiet = audio[:1] * 0
-    import numpy as np
-
-    audio = np.concatenate([audio, np.zeros(16000 * 2, np.float32), quiet])
+    audio = np.concatenate([audio, np.zeros(16000 * 2, np.float32)])  # 2 s of silence: rule 2 fires
     driven = _driven(m, [audio], EndpointConfig())
     reasons = [f.end_reason for f in driven.finals(0)]
     assert reasons[0] == "silence" and reasons[-1] == "end_of_input"

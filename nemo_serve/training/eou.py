@@ -71,3 +71,4 @@ def grow_state(state: dict[str, torch.Tensor], old_vocab: int, num_new: int) -> 
 def strip_eou(text: str) -> str:
     """A transcript of the EOU model without its end-of-utterance pieces (for WER)."""
     return " ".join(text.replace(EOU_PIECE, " ").replace("<EOB>", " ").split())
+

@@ -189,14 +189,14 @@ class Sampler(threading.Thread):
         self.pid, self.period_s = pid, period_s
         self.samples: list[tuple[float, float, float, float | None]] = []  # (wall, cpu_s, rss_mib, gpu_mib)
         self.per_process: list[tuple[float, dict[int, float]]] = []  # (wall, {pid: cpu_s})
-        self._stop = threading.Event()
+        self._stopped = threading.Event()  # not `_stop`: that is Thread._stop, which a fork (the load generator's workers) calls
         self._tick = os.sysconf("SC_CLK_TCK")
         self._smi = shutil.which("nvidia-smi")
 
     def run(self) -> None:
         n = 0
         gpu = None
-        while not self._stop.is_set():
+        while not self._stopped.is_set():
             try:
                 cpu, rss, per = tree_cpu_rss(self.pid, self._tick)
             except OSError:
@@ -207,7 +207,7 @@ class Sampler(threading.Thread):
             self.samples.append((now, cpu, rss, gpu))
             self.per_process.append((now, per))
             n += 1
-            self._stop.wait(self.period_s)
+            self._stopped.wait(self.period_s)
 
     def _gpu_mib(self) -> float | None:
         try:
@@ -245,7 +245,7 @@ class Sampler(threading.Thread):
         }
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stopped.set()
 
 
 # ----------------------------------------------------------------------------- server metrics

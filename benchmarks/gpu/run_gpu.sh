@@ -20,6 +20,11 @@
 # millisecond of a step goes, into OUT/profile/{profile.json,summary.txt,trace_*.json.gz}. The
 # bench then gets what is left of BUDGET_S, so profile + bench stay inside one device call.
 # PROFILE_ONLY=1: the profile alone (exit with its status), for a call that has time for nothing else.
+# SERVER_LOAD=1 (default off; issue 46 step 7): after the bench, benchmarks/gpu/server_capacity.py
+# starts the real server on the bench's model and settings and drives it with the multi-process load
+# generator, bounded by SERVER_LOAD_S (default 120) plus 20 s; OUT/server_capacity.json beside
+# results.jsonl. SERVER_LOAD_ARGS: extra options for it (e.g. "--mode 3 --levels 2000,4000").
+# SERVER_LOAD_ONLY=1: that phase alone, on an OUT whose results.jsonl an earlier call wrote.
 # CPU dry run (tests/test_gpu_dry_run.py): DEVICE=cpu DTYPE=fp32 MODEL=tiny-prompt and small options.
 set -uo pipefail
 
@@ -60,7 +65,20 @@ bench() {  # gpu_bench.py with what is left of the budget
   timeout $(( left + 20 )) "$@" $PY benchmarks/gpu/gpu_bench.py --out "$OUT" --model "$MODEL" --device "$DEVICE" \
     --dtype "$DTYPE" --budget-s "$left" "${ARGS[@]}"
 }
+server_load() {  # the real server through sockets, at the bench's settings (its results.jsonl)
+  local budget=${SERVER_LOAD_S:-120}
+  # shellcheck disable=SC2086 - SERVER_LOAD_ARGS is option words
+  timeout $(( budget + 20 )) $PY benchmarks/gpu/server_capacity.py --out "$OUT" --model "$MODEL" --device "$DEVICE" \
+    --dtype "$DTYPE" --budget-s "$budget" ${SERVER_LOAD_ARGS:-}
+  local src=$?
+  echo "[$(( $(date +%s) - START ))s] server_capacity.py exit $src"
+  return $src
+}
 ARGS=("$@")
+if [[ ${SERVER_LOAD_ONLY:-0} == 1 ]]; then
+  server_load
+  exit $?
+fi
 if [[ $PROFILE == 1 ]]; then  # profile before timing anything (issue 46): its output is what the next change needs
   timeout "$PROFILE_S" $PY benchmarks/gpu/profile_step.py --out "$OUT/profile" --model "$MODEL" --device "$DEVICE" \
     --dtype "$DTYPE" --budget-s $(( PROFILE_S - 20 ))
@@ -84,4 +102,5 @@ if [[ $rc == 4 ]]; then
     echo "[$(( $(date +%s) - START ))s] gpu_bench.py with $chosen exit $rc"
   fi
 fi
+[[ ${SERVER_LOAD:-0} == 1 ]] && server_load  # its status is logged; the run's is the bench's
 exit $rc

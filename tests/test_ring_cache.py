@@ -3,8 +3,8 @@
 Two engines, one per layout, get the same calls; after every iteration every slot's encoder caches
 (read back through `read_encoder` in the window layout's order) must be equal bit for bit, and
 every stream's tokens identical. Streams join at different ticks, in every trained mode mixed in one
-pool, one is aborted, and slots are reused. Token identity with NeMo's loop is test_parity.py's
-(run with NEMO_SERVE_KV_LAYOUT=ring while the ring layout is opt-in).
+pool, one is aborted, and slots are reused. Token identity with NeMo's loop is test_parity.py's,
+which runs the ring layout (the CPU's default).
 """
 
 import pytest
@@ -12,7 +12,9 @@ import torch
 
 from nemo_serve.engine import harness, loop
 from nemo_serve.engine.encoder import KVCacheEncoder, RingKVEncoder, make_encoder
-from nemo_serve.engine.ring_cache import INDEX_LIMIT, RingSlotPool, make_slot_pool
+from nemo_serve.engine.ring_cache import (
+    INDEX_LIMIT, RingSlotPool, make_slot_pool, max_ring_step_rows, ring_layout_enabled,
+)
 
 from . import helpers
 
@@ -115,6 +117,11 @@ def test_ring_equals_window_every_step_builtins(spec, dtype):
     _run(spec, "all", dtype)
 
 
+def test_ring_equals_window_every_step_larger_builtin():
+    """FastConformer-L's architecture (17 layers, d 512, random weights), every trained mode."""
+    _run("builtin:fastconformer-l", "all", "fp32", n=4)
+
+
 def test_ring_pool_writes_only_new_frames_and_refuses_64_bit_pools():
     """A step leaves every ring position outside its new frames untouched (the window layout would
     rewrite all C), and a pool whose layer passes 2^31 elements is refused at start-up."""
@@ -147,6 +154,9 @@ def test_ring_pool_writes_only_new_frames_and_refuses_64_bit_pools():
 
 def test_layout_env_picks_the_reference(monkeypatch):
     m = helpers.model("builtin:tiny-hybrid", None)
+    monkeypatch.delenv("NEMO_SERVE_KV_LAYOUT", raising=False)
+    assert type(make_encoder(m)) is RingKVEncoder  # the CPU's default
+    assert not ring_layout_enabled(torch.device("cuda"))  # CUDA's until a GPU run checks it
     monkeypatch.setenv("NEMO_SERVE_KV_LAYOUT", "window")
     assert type(make_encoder(m)) is KVCacheEncoder
     monkeypatch.setenv("NEMO_SERVE_KV_LAYOUT", "ring")
@@ -154,3 +164,16 @@ def test_layout_env_picks_the_reference(monkeypatch):
     monkeypatch.setenv("NEMO_SERVE_KV_LAYOUT", "paged")
     with pytest.raises(ValueError, match="ring or window"):
         make_encoder(m)
+
+
+def test_ring_steps_are_capped_for_activations_not_cache(monkeypatch):
+    """The window layout's 4 GiB step-cache budget does not bound the ring layout; its steps are
+    capped at NEMO_SERVE_MAX_STEP_ROWS (default 2,048) rows."""
+    m = helpers.model("builtin:tiny-hybrid", None)
+    enc = make_encoder(m, ring=True)
+    monkeypatch.setenv("NEMO_SERVE_STEP_CACHE_BYTES", "1")  # the window layout's budget: 1 row per step
+    assert make_slot_pool(m, make_encoder(m, ring=False), 8).max_step_rows == 1
+    assert make_slot_pool(m, enc, 8).max_step_rows == 8
+    assert max_ring_step_rows() == 2048
+    monkeypatch.setenv("NEMO_SERVE_MAX_STEP_ROWS", "4")
+    assert make_slot_pool(m, enc, 8).max_step_rows == 4

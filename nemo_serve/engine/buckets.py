@@ -8,7 +8,9 @@ and a padded step costs at most twice the rows it serves.
 
 The cap bounds what scales with the rows of one step rather than with the slots: the encoder's
 gathered attention cache (rows x one slot's keys/values) and the activations. A ready set larger
-than the cap is split into several steps of at most the cap.
+than the cap is split into several steps of at most the cap. The ring layout (engine/ring_cache.py)
+gathers one layer at a time and caps its steps at 2,048 rows (NEMO_SERVE_MAX_STEP_ROWS, for the
+activations): its one-layer buffer at 2,048 Nemotron bf16 rows at 1120 ms is 0.55 GiB.
 """
 
 from __future__ import annotations

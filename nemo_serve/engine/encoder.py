@@ -337,9 +337,9 @@ def causal_conv2d(conv: CausalConv2D, x: torch.Tensor) -> torch.Tensor:
 def make_encoder(model, kv_cache: bool = True, ring: bool | None = None):
     """The KV-cache step where the architecture allows it, else NeMo's own (`model`: a ServedModel).
     `ring`: its caches as per-layer rings read in place (engine/ring_cache.py); None: as
-    NEMO_SERVE_KV_LAYOUT says (ring unless `window`)."""
+    NEMO_SERVE_KV_LAYOUT says (engine/ring_cache.py `ring_layout_enabled`)."""
     if kv_cache and kv_cache_unsupported(model.nemo.encoder) is None:
         if ring is None:
-            ring = ring_layout_enabled()
+            ring = ring_layout_enabled(model.device)
         return RingKVEncoder(model) if ring else KVCacheEncoder(model)
     return NemoEncoder(model)

@@ -26,8 +26,8 @@ Why a gather of C + t positions and not a kernel reading the ring in place: atte
 torch's matmul (or SDPA, engine/attention.py) over a dense window; a paged kernel (Triton) that
 indexes the ring inside the attention would drop the gather too, but it reorders the softmax's
 accumulation and is for the GPU run to check. The gather is per layer, so the step buffer is one
-layer's (1/L of the window layout's): no step-cache cap at any slot count this serves (the budget
-of engine/buckets.py is applied to one layer's window).
+layer's (1/L of the window layout's): no step-cache cap; steps are bounded at 2,048 rows by default
+for the activations' sake (`max_ring_step_rows`), not the cache's.
 
 32-bit index arithmetic: every layer has its own pool [S+1, h, R, 2 d_k]; `RingSlotPool` refuses a
 slot count whose per-layer pool reaches 2^31 elements (Nemotron bf16 at 1120 ms: ~14,900 slots; at
@@ -46,13 +46,22 @@ from .slots import EncoderCache, SlotPool
 INDEX_LIMIT = 2**31 - 1  # elements one tensor may hold for 32-bit index arithmetic
 
 
-def ring_layout_enabled() -> bool:
-    """NEMO_SERVE_KV_LAYOUT=ring picks the ring layout; window (the default for now) the reference
-    (gather and scatter of whole windows). The selftest names the layout it ran."""
-    v = os.environ.get("NEMO_SERVE_KV_LAYOUT", "window")
+def ring_layout_enabled(device: torch.device | None = None) -> bool:
+    """NEMO_SERVE_KV_LAYOUT=ring picks the ring layout, window the reference (gather and scatter of
+    whole windows); unset: ring on the CPU (proven there: tests/test_ring_cache.py, the parity
+    tests), window on CUDA until a GPU run has checked the ring there (benchmarks/gpu/README.md).
+    The selftest names the layout it ran."""
+    v = os.environ.get("NEMO_SERVE_KV_LAYOUT") or ("window" if device is not None and device.type == "cuda" else "ring")
     if v not in ("ring", "window"):
         raise ValueError(f"NEMO_SERVE_KV_LAYOUT={v!r}: ring or window")
     return v == "ring"
+
+
+def max_ring_step_rows() -> int:
+    """Rows one ring-layout step may run: NEMO_SERVE_MAX_STEP_ROWS, default 2,048. Not a cache bound
+    (the step buffer is one layer's) but the activations' and the CUDA graphs' memory: the pre-encode's
+    first convolution alone writes ~2 MB per row at 1120 ms. The GPU run measures 2,048 against more."""
+    return int(os.environ.get("NEMO_SERVE_MAX_STEP_ROWS", "2048"))
 
 
 @dataclass
@@ -76,7 +85,7 @@ class RingSlotPool(SlotPool):
                  max_rows: int | None = None) -> None:  # fmt: skip
         """`channel_shape`: (heads, C + S, 2 d_k) as KVCacheEncoder's; `cache_len`: C."""
         self.cache_len = cache_len
-        super().__init__(model, num_slots, channel_shape, max_rows)
+        super().__init__(model, num_slots, channel_shape, max_rows or min(num_slots, max_ring_step_rows()))
 
     def _allocate_encoder_caches(self, n_layers: int, rows: int, shape: tuple, time_shape: tuple, dtype) -> None:
         heads, ring, width = shape

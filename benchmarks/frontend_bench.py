@@ -75,7 +75,7 @@ def free_port() -> int:
 
 class Server:
     def __init__(self, model: str, context_right: int, frontends: int, num_slots: int, log_path: Path,
-                 taskset: str | None = None, extra_args: tuple[str, ...] = ()) -> None:  # fmt: skip
+                 taskset: str | None = None, extra_args: tuple[str, ...] = (), cwd: str | None = None) -> None:  # fmt: skip
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.command = [
@@ -89,7 +89,8 @@ class Server:
             self.command = ["taskset", "-c", taskset, *self.command]
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE")
         self._log = open(log_path, "w")
-        self.proc = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        # cwd: `python -m` puts it first on sys.path, so it decides which nemo_serve runs
+        self.proc = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
         self.frontends = frontends
 
     def readyz(self) -> dict:

@@ -21,8 +21,10 @@ write, ZMQ, gRPC, VAD); each share times the measured µs per packet gives µs p
 
 Clients: one asyncio process, frames built and masked once (no per-packet client work but the
 write), gRPC through grpc.aio. On a 2-core machine the client, the engine core and the front end
-share the cores; the JSON records every process's CPU. --frontends 1,4 runs each path with K front
-ends and K x N streams (scaling with cores: only meaningful where there are cores to spare).
+share the cores; the JSON records the client's CPU and how many pacer ticks ran more than a packet
+late (those packets arrive in bursts, which are cheaper per packet). --frontends 1,4 runs each path
+with K front ends and K x N streams (scaling with cores: only meaningful where there are cores to
+spare). --tree LABEL=PATH (twice) runs a before/after pair side by side, alternated path by path.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import run_record, write_json  # noqa: E402
 from benchmarks.frontend_bench import Server, cpu_s, frame, free_port  # noqa: E402
-from benchmarks.packet_profile import categorize  # noqa: E402
+from benchmarks.packet_profile import categorize, plot  # noqa: E402
 
 RATE = 16000
 SPREAD_S = 0.002  # the pacer writes a share of the streams every this often
@@ -266,34 +268,66 @@ async def paced(path: str, ports: tuple[int, int], n: int, seconds: float, packe
     }  # fmt: skip
 
 
-def measure(path: str, server: Server, fe_pids: list[int], args, idle_cores: float, x_by_rate: dict) -> dict:
+class Target:
+    """One server (K front ends) started from source tree `tree`, with --grpc-port."""
+
+    def __init__(self, k: int, label: str, tree: str, args, out_dir: Path) -> None:
+        self.label, self.tree, self.grpc_port = label, tree, free_port()
+        # The server's processes import nemo_serve from `tree` (a copy of another commit: the
+        # "before" of a before/after pair, run side by side with this one): `python -m` puts its
+        # working directory first on sys.path, so the server runs there, PYTHONPATH as well.
+        saved = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = tree
+        try:
+            self.server = Server(str(Path(args.model).resolve()), args.context_right, k, k * args.streams + 16,
+                                 out_dir.resolve() / f"packet_cost_{label}_k{k}.server.log",
+                                 extra_args=("--grpc-port", str(self.grpc_port)), cwd=tree)  # fmt: skip
+        finally:
+            if saved is None:
+                os.environ.pop("PYTHONPATH")
+            else:
+                os.environ["PYTHONPATH"] = saved
+
+    def ready(self, idle_s: float) -> None:
+        self.server.wait_ready()
+        self.fe_pids = self.server.roles()["frontends"]
+        time.sleep(2)
+        self.idle_cores = idle_rate(self.fe_pids, idle_s)
+
+
+def measure(path: str, t: Target, args, idle_cores: float, x_by_rate: dict) -> dict:
     packets = wire_packets(path, x_by_rate)
-    n = args.streams * len(fe_pids)
-    r = asyncio.run(paced(path, (server.port, args.grpc_port), n, args.seconds, packets, fe_pids))
+    n = args.streams * len(t.fe_pids)
+    r = asyncio.run(paced(path, (t.server.port, t.grpc_port), n, args.seconds, packets, t.fe_pids))
+    deadline = time.time() + 60  # the closed streams' slots back before the next run opens its own
+    while t.server.readyz()["open_streams"] and time.time() < deadline:
+        time.sleep(0.2)
     busy = r["frontend_cpu_s"] - idle_cores * r["wall_s"]
     r["frontend_cpu_s_minus_idle"] = round(busy, 4)
     r["results_per_packet"] = round(sum(r["messages_received"].values()) / max(r["packets"], 1), 3)
     r["us_per_packet_all_in"] = round(1e6 * busy / max(r["packets"], 1), 1)
-    print(f"{path:26s} {r['packets']:7d} packets {sum(r['messages_received'].values()):6d} messages  "
+    print(f"{t.label:8s} {path:26s} {r['packets']:7d} packets {sum(r['messages_received'].values()):6d} messages  "
           f"{r['us_per_packet_all_in']:7.1f} us/packet all in  (client {r['client_cpu_s']:.2f} s CPU, "
-          f"late ticks {r['ticks_late_by_over_one_packet']})", flush=True)
+          f"late ticks {r['ticks_late_by_over_one_packet']})", flush=True)  # fmt: skip
     return r
 
 
-def profile(path: str, server: Server, fe_pids: list[int], args, x_by_rate: dict, raw_dir: Path) -> dict:
+def profile(path: str, t: Target, args, x_by_rate: dict, raw_dir: Path) -> dict:
     """The same run under py-spy (one front end: the first): samples by phase and by component."""
-    raw = raw_dir / f"{path}.pyspy.txt"
+    raw = raw_dir / f"{t.label}_{path}.pyspy.txt"
     spy = subprocess.Popen(
-        [str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(fe_pids[0]), "--rate", "500",
+        [str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(t.fe_pids[0]), "--rate", "500",
          "--nonblocking", "--format", "raw", "--output", str(raw), "--duration", str(int(args.seconds + 4))],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     time.sleep(0.5)
     try:
-        measure(path, server, fe_pids, args, 0.0, x_by_rate)
+        r = measure(path, t, args, t.idle_cores, x_by_rate)
     finally:
         spy.wait(60)
-    return categorize(raw.read_text())
+    out = categorize(raw.read_text())
+    out["us_per_packet_all_in_under_py_spy"] = r["us_per_packet_all_in"]
+    return out
 
 
 def idle_rate(pids: list[int], seconds: float) -> float:
@@ -302,42 +336,35 @@ def idle_rate(pids: list[int], seconds: float) -> float:
     return (sum(cpu_s(p) for p in pids) - c0) / (time.time() - w0)
 
 
-def run_for(k: int, label: str, tree: str, args, x_by_rate: dict, out_dir: Path) -> dict:
-    """Every path through one server (K front ends) started from source tree `tree`."""
-    args.grpc_port = free_port()
-    log = out_dir / f"packet_cost_{label}_k{k}.server.log"
-    # The server's processes import nemo_serve from `tree` (a checkout of another commit: the
-    # "before" of a before/after pair, run side by side with this one).
-    saved = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = tree
+def run_k(k: int, trees: list[tuple[str, str]], args, x_by_rate: dict, out_dir: Path) -> dict:
+    """Every path through one server per tree, the trees alternated path by path and repeat by
+    repeat (this machine's load drifts: side by side is the only fair comparison)."""
+    targets = [Target(k, label, tree, args, out_dir) for label, tree in trees]
     try:
-        server = Server(args.model, args.context_right, k, k * args.streams + 16, log,
-                        extra_args=("--grpc-port", str(args.grpc_port)))  # fmt: skip
-    finally:
-        if saved is None:
-            os.environ.pop("PYTHONPATH")
-        else:
-            os.environ["PYTHONPATH"] = saved
-    try:
-        server.wait_ready()
-        fe_pids = server.roles()["frontends"]
-        time.sleep(2)
-        idle = idle_rate(fe_pids, args.idle_s)
-        rows = {}
-        print(f"-- {label} ({tree}), {k} front end(s)", flush=True)
+        for t in targets:
+            t.ready(args.idle_s)
+        rows: dict = {t.label: {} for t in targets}
         for path in args.paths.split(","):
-            rows[path] = measure(path, server, fe_pids, args, idle, x_by_rate)
-            if args.profile and k == 1:
-                rows[path]["profile"] = profile(path, server, fe_pids, args, x_by_rate, out_dir)
-                scale = rows[path]["us_per_packet_all_in"]
-                for table in ("by_phase", "by_component"):
-                    rows[path]["profile"][table + "_us_per_packet"] = {
-                        name: round(share * scale, 1) for name, share in rows[path]["profile"][table].items()
-                    }
-        return {"tree": label, "tree_path": tree, "tree_commit": _commit(tree), "frontends": k,
-                "command": " ".join(server.command), "idle_frontend_cores": round(idle, 4), "paths": rows}  # fmt: skip
+            for rep in range(args.repeats):
+                for t in targets if rep % 2 == 0 else targets[::-1]:
+                    rows[t.label].setdefault(path, {"repeats": []})["repeats"].append(
+                        measure(path, t, args, t.idle_cores, x_by_rate))
+            for t in targets:
+                row = rows[t.label][path]
+                row["us_per_packet_all_in"] = float(np.median([r["us_per_packet_all_in"] for r in row["repeats"]]))
+                if args.profile and k == 1:
+                    row["profile"] = profile(path, t, args, x_by_rate, out_dir)
+                    for table in ("by_phase", "by_component"):
+                        row["profile"][table + "_us_per_packet"] = {
+                            name: round(share * row["us_per_packet_all_in"], 1)
+                            for name, share in row["profile"][table].items()
+                        }  # fmt: skip
+        return {"frontends": k, "trees": [
+            {"tree": t.label, "tree_path": t.tree, "tree_commit": _commit(t.tree), "command": " ".join(t.server.command),
+             "idle_frontend_cores": round(t.idle_cores, 4), "paths": rows[t.label]} for t in targets]}  # fmt: skip
     finally:
-        server.stop()
+        for t in targets:
+            t.server.stop()
 
 
 def _commit(tree: str) -> str | None:
@@ -361,8 +388,8 @@ def main() -> None:
     p.add_argument("--audio", default="nemo_serve/assets/demo/utterances/manifest.jsonl")
     p.add_argument("--tree", action="append", default=None, metavar="LABEL=PATH",
                    help="run the server from this source tree (repeat for before/after side by side, alternated "
-                        "--repeats times); default: this checkout")  # fmt: skip
-    p.add_argument("--repeats", type=int, default=1)
+                        "path by path); default: this checkout")  # fmt: skip
+    p.add_argument("--repeats", type=int, default=1, help="runs of each path on each tree (the median is kept)")
     p.add_argument("--notes", default=None)
     p.add_argument("--out", default=None)
     args = p.parse_args()
@@ -373,13 +400,14 @@ def main() -> None:
     x = speech(args.audio, RATE)
     x_by_rate = {RATE: x, 24000: speech(args.audio, 24000)}
     trees = [t.split("=", 1) for t in args.tree or [f"this={Path(__file__).resolve().parent.parent}"]]
-    runs = [run_for(int(k), label, str(Path(tree).resolve()), args, x_by_rate, out_dir)
-            for _ in range(args.repeats) for k in args.frontends.split(",") for label, tree in trees]  # fmt: skip
+    trees = [(label, str(Path(tree).resolve())) for label, tree in trees]
+    runs = [run_k(int(k), trees, args, x_by_rate, out_dir) for k in args.frontends.split(",")]
     result = {"run": record, "model": args.model, "context_right": args.context_right,
               "streams_per_frontend": args.streams, "seconds": args.seconds, "target_us_per_packet": 25,
               "runs": runs}  # fmt: skip
     if args.out:
         write_json(args.out, result)
+        plot(result, Path(args.out).with_suffix(".png"))
 
 
 if __name__ == "__main__":

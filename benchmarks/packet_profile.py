@@ -6,6 +6,8 @@ Two views of the same samples:
              names one (the session's receive task, the engine client's result task, ...)
   component  what code was running: the innermost frame that is ours or a named library, numpy
              and the standard library's small helpers counted to their caller
+py-spy samples Python threads only: C threads (ZMQ's I/O thread) are in the measured CPU, not here.
+And the plot of packet_cost.py's result.
 """
 
 from __future__ import annotations
@@ -104,3 +106,28 @@ def categorize(raw: str, top: int = 15) -> dict:
     share = lambda c: {k: round(v / max(total, 1), 4) for k, v in c.most_common()}  # noqa: E731
     return {"samples": total, "by_phase": share(phases), "by_component": share(components),
             "top_own": {k: round(v / max(total, 1), 4) for k, v in own.most_common(top)}}  # fmt: skip
+
+
+def plot(result: dict, path) -> None:
+    """µs per paced packet (all in) per path, one bar per source tree, the target as a line; one
+    panel per number of front ends."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = result["runs"]
+    fig, axes = plt.subplots(len(runs), 1, figsize=(11, 4 * len(runs)), squeeze=False)
+    for ax, run in zip(axes[:, 0], runs):
+        paths = list(run["trees"][0]["paths"])
+        width = 0.8 / len(run["trees"])
+        for i, tree in enumerate(run["trees"]):
+            ys = [tree["paths"][p]["us_per_packet_all_in"] for p in paths]
+            ax.bar([j + i * width for j in range(len(paths))], ys, width, label=tree["tree"])
+        ax.axhline(result["target_us_per_packet"], color="grey", ls=":", label="target")
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(paths))], paths, rotation=20, fontsize=8)
+        ax.set_ylabel("front-end CPU per paced packet (µs, results included)")
+        ax.set_title(f"{run['frontends']} front end(s), {result['streams_per_frontend']} streams each")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)

@@ -358,6 +358,35 @@ def table_frontend() -> str:
     return "\n".join(rows) + source(["host_core_cpu.json"], [run_info(d)])
 
 
+PACKET_PATHS = {
+    "ws_s16_100ms": "/ws, 100 ms PCM16 binary frames", "ws_f32_100ms": "/ws, 100 ms float32 binary frames",
+    "ws_s16_20ms": "/ws, 20 ms PCM16", "ws_f32_20ms": "/ws, 20 ms float32",
+    "realtime_24k_20ms": "/v1/realtime append, 20 ms at 24 kHz, server VAD",
+    "realtime_24k_20ms_novad": "/v1/realtime append, 20 ms at 24 kHz, turn_detection null",
+    "grpc_100ms": "Riva StreamingRecognize, 100 ms", "grpc_20ms": "Riva StreamingRecognize, 20 ms",
+}  # fmt: skip
+
+
+def table_packet_cost() -> str:
+    """benchmarks/packet_cost.py: per path, before and after side by side, and where the after's
+    microseconds go (py-spy components)."""
+    d = read("packet_cost_cpu.json")
+    run = d["runs"][0]
+    before, after = run["trees"][0], run["trees"][-1]
+    target = d["target_us_per_packet"]
+    rows = [f"| path ({d['streams_per_frontend']} paced streams, 1 front end) | {before['tree']} | {after['tree']} "
+            f"| result messages per packet | largest parts after (µs per packet, py-spy) | target |",
+            "|---|---|---|---|---|---|"]  # fmt: skip
+    for path, a in after["paths"].items():
+        b = before["paths"][path]["us_per_packet_all_in"]
+        parts = list(a.get("profile", {}).get("by_component_us_per_packet", {}).items())[:3]
+        per_result = statistics.median(r["results_per_packet"] for r in a["repeats"])
+        rows.append(f"| {PACKET_PATHS.get(path, path)} | {b:.0f} µs | {a['us_per_packet_all_in']:.0f} µs "
+                    f"| {per_result:.2f} | {', '.join(f'{k} {v:.0f}' for k, v in parts)} "
+                    f"| {target} µs: {'met' if a['us_per_packet_all_in'] <= target else '**missed**'} |")  # fmt: skip
+    return "\n".join(rows) + source(["packet_cost_cpu.json"], [run_info(d)])
+
+
 def _server(d: dict) -> str:
     devices = str(d.get("server_devices") or "")
     cores = len(devices.split(",")) if devices else 1
@@ -452,6 +481,7 @@ TABLES = {
     "host": table_host, "frontend": table_frontend, "sweeps": table_sweeps, "mode-mix": table_mode_mix,
     "demo-wer": table_demo_wer, "overload": table_overload, "fuzz": table_fuzz, "ring": table_ring,
 }
+TABLES["packet-cost"] = table_packet_cost
 MARKED = re.compile(r"(<!-- table: ([\w-]+) -->\n)(.*?)(<!-- /table -->)", re.S)
 
 

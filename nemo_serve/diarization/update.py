@@ -40,7 +40,7 @@ def take(src: torch.Tensor, index: torch.Tensor, rows: torch.Tensor | None = Non
     return src.reshape(n_rows * n, x).index_select(0, flat).view(index.shape[0], index.shape[1], x)
 
 
-def put(table: torch.Tensor, rows: torch.Tensor, index: torch.Tensor, values: torch.Tensor, valid: torch.Tensor) -> None:
+def put(table: torch.Tensor, rows: torch.Tensor, index: torch.Tensor, values: torch.Tensor, valid) -> None:
     """table[rows[b], index[b, j]] = values[b, j] where valid[b, j], in place. The table's last column
     takes the invalid writes, so that every row writes the same count (no per-row slice)."""
     n_rows, w, x = table.shape
@@ -66,7 +66,8 @@ def model_input(pool: SpeakerCacheSlots, slots, cache_lens, fifo_lens, chunk: Ch
     width = int(total.max())
     j = torch.arange(width, device=total.device).unsqueeze(0)
     out = chunk.embs.new_zeros((len(cache_lens), width, chunk.embs.shape[2]))
-    sources = [(pool.tables.spkcache, slots, cache_lens), (pool.tables.fifo, slots, fifo_lens), (chunk.embs, None, chunk.lengths)]
+    t = pool.tables
+    sources = [(t.spkcache, slots, cache_lens), (t.fifo, slots, fifo_lens), (chunk.embs, None, chunk.lengths)]
     for (src, rows, lengths), start in zip(sources, starts):
         here = (j >= start.unsqueeze(1)) & (j < (start + lengths).unsqueeze(1))
         out = torch.where(here.unsqueeze(-1), take(src, (j - start.unsqueeze(1)).clamp(0, src.shape[1] - 1), rows), out)
@@ -139,6 +140,5 @@ def _compress(modules, pool, slots) -> None:
     t, limit, width = pool.tables, pool.spkcache_len, pool.spkcache_len + pool.pop_room
     packed, packed_preds = compress_spkcache(modules, t.spkcache[slots, :width], t.spkcache_preds[slots, :width],
                                              t.mean_sil_emb[slots])  # fmt: skip
-    t.spkcache[slots] = torch.cat([packed, packed.new_zeros((len(slots), t.spkcache.shape[1] - limit, packed.shape[2]))], 1)
-    t.spkcache_preds[slots] = torch.cat(
-        [packed_preds, packed_preds.new_zeros((len(slots), t.spkcache_preds.shape[1] - limit, packed_preds.shape[2]))], 1)
+    t.spkcache[slots, :limit], t.spkcache_preds[slots, :limit] = packed, packed_preds
+    t.spkcache[slots, limit:], t.spkcache_preds[slots, limit:] = 0.0, 0.0

@@ -6,7 +6,8 @@ nemo_serve.diarization's array version (update.py), side by side in one run, CPU
 The state is the real model's size (512-dim pre-encoder embeddings, 4 speakers) at a model-card
 latency setting, with rows at random fill levels (a quarter with a full cache); every row gets a
 full chunk, so both versions do the same work (tests/test_diarization_update.py checks they agree on
-these states). Timed: the update alone, not the model; the median of --repeats runs per batch size.
+these states). Timed: the update alone (not the model, not setting up the state: both update in place); the
+median of --repeats runs per batch size.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import run_record, write_json  # noqa: E402
 from nemo_serve.diarization.settings import MODEL_CARD_SETTINGS  # noqa: E402
-from nemo_serve.diarization.slots import DiarState  # noqa: E402
-from nemo_serve.diarization.update import ChunkRows, update_rows  # noqa: E402
+from nemo_serve.diarization.slots import DiarState, SpeakerCacheSlots  # noqa: E402
+from nemo_serve.diarization.update import ChunkRows, update_slots  # noqa: E402
 
 
 def sortformer_modules(setting: str, emb_dim: int = 512):
@@ -62,13 +63,31 @@ def random_rows(modules, num_rows: int, gen: torch.Generator):
     return state, randn(num_rows, width, dim), probs(num_rows, cache_len + fifo_len + width, k)
 
 
-def ours(modules, nemo_state, chunk, preds):
-    """update_rows on NeMo's state object: (DiarState, chunk preds [B, C, K], chunk lengths [B])."""
-    n, s = chunk.shape[0], nemo_state
-    state = DiarState(s.spkcache, s.spkcache_preds, s.spkcache_lengths, s.fifo, s.fifo_lengths, s.mean_sil_emb, s.n_sil_frames)
-    lc, rc = modules.chunk_left_context, modules.chunk_right_context
+def load_pool(modules, nemo_state):
+    """A slot table holding NeMo's state, one row per slot: (pool, slots)."""
+    num_rows = nemo_state.spkcache.shape[0]
+    pool = SpeakerCacheSlots.for_modules(modules, num_rows)
+    for row in range(num_rows):
+        pool.acquire(f"row{row}")
+    s, slots = nemo_state, torch.arange(num_rows)
+    pool.load(slots, DiarState(s.spkcache, s.spkcache_preds, s.spkcache_lengths, s.fifo, s.fifo_lengths,
+                               s.mean_sil_emb, s.n_sil_frames))  # fmt: skip
+    return pool, slots
+
+
+def ours_in_place(modules, pool, slots, chunk, preds):
+    """update_slots on a loaded pool: (chunk preds [B, C, K], chunk lengths [B])."""
+    n, lc, rc = chunk.shape[0], modules.chunk_left_context, modules.chunk_right_context
     rows = ChunkRows(chunk, torch.full((n,), chunk.shape[1]), torch.full((n,), lc), torch.full((n,), rc))
-    return update_rows(modules, state, rows, preds)
+    t = pool.tables
+    return update_slots(modules, pool, slots, t.spkcache_lengths[slots], t.fifo_lengths[slots], rows, preds)
+
+
+def ours(modules, nemo_state, chunk, preds):
+    """(state after the step in NeMo's shapes, chunk preds, chunk lengths)."""
+    pool, slots = load_pool(modules, nemo_state)
+    chunk_preds, chunk_lengths = ours_in_place(modules, pool, slots, chunk, preds)
+    return pool.gather(slots), chunk_preds, chunk_lengths
 
 
 def nemo(modules, state, chunk, preds):
@@ -79,11 +98,13 @@ def nemo(modules, state, chunk, preds):
     return modules.streaming_update_async(state, chunk, lengths, preds, lc=lc, rc=rc)
 
 
-def _median_ms(fn, repeats: int) -> float:
+def _median_ms(setup, fn, repeats: int) -> float:
+    """Median time of fn(setup()) over repeats; setup (a fresh state: both updates work in place) untimed."""
     times = []
     for _ in range(repeats):
+        args = setup()
         start = time.perf_counter()
-        fn()
+        fn(*args)
         times.append(time.perf_counter() - start)
     return 1000 * statistics.median(times)
 
@@ -101,9 +122,12 @@ def main() -> None:
     with torch.no_grad():
         for num_rows in args.rows:
             state, chunk, preds = random_rows(modules, num_rows, torch.Generator().manual_seed(num_rows))
-            copy_ms = _median_ms(lambda: copy.deepcopy(state), args.repeats)  # NeMo's timing includes a copy
-            nemo_ms = _median_ms(lambda: nemo(modules, state, chunk, preds), args.repeats) - copy_ms
-            ours_ms = _median_ms(lambda: ours(modules, state, chunk, preds), args.repeats)
+            lc, rc = modules.chunk_left_context, modules.chunk_right_context
+            lengths = torch.full((num_rows,), chunk.shape[1])
+            nemo_ms = _median_ms(lambda: (copy.deepcopy(state),), lambda s: modules.streaming_update_async(
+                s, chunk, lengths, preds, lc=lc, rc=rc), args.repeats)
+            ours_ms = _median_ms(lambda: load_pool(modules, state), lambda pool, slots: ours_in_place(
+                modules, pool, slots, chunk, preds), args.repeats)
             row = {"rows": num_rows, "nemo_per_row_ms": round(nemo_ms, 3), "vectorised_ms": round(ours_ms, 3),
                    "speedup": round(nemo_ms / ours_ms, 2)}  # fmt: skip
             record["rows"].append(row)

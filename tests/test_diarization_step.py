@@ -86,14 +86,14 @@ def test_batched_step_matches_nemo_loop_per_stream(setting):
 
 
 def test_slots_refuse_when_full_and_release_is_idempotent():
-    pool = SpeakerCacheSlots(2, spkcache_len=8, fifo_len=4, emb_dim=3, num_speakers=2)
+    pool = SpeakerCacheSlots(2, spkcache_len=8, fifo_len=4, emb_dim=3, num_speakers=2, chunk_room=2, pop_room=3)
     assert [pool.acquire("a"), pool.acquire("b")] == [0, 1]
     with pytest.raises(NoFreeSlot):
         pool.acquire("c")
     with pytest.raises(ValueError, match="already holds"):
         pool.acquire("a")
-    pool._state.fifo[0].fill_(1.0)
-    pool._state.fifo_lengths[0] = 4
+    pool.tables.fifo[0].fill_(1.0)
+    pool.tables.fifo_lengths[0] = 4
     pool.release("a")
     pool.release("a")
     assert pool.num_free == 1 and pool.num_used == 1

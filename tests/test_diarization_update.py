@@ -1,4 +1,4 @@
-"""The vectorised speaker-cache update against NeMo's per-row `streaming_update_async`, at 256 rows.
+"""The in-place speaker-cache update (update.py) against NeMo's per-row `streaming_update_async`, at 256 rows.
 
 Random states at every fill level (empty cache, part-filled, full; FIFO empty to full; rows whose
 cache overflows this step and is compressed, rows that only append). All rows have the same chunk
@@ -17,7 +17,7 @@ NUM_ROWS = 256
 
 
 @pytest.mark.parametrize("setting", list(MODEL_CARD_SETTINGS))
-def test_update_rows_equals_nemo_async_update(setting):
+def test_in_place_update_equals_nemo_async_update(setting):
     modules = sortformer_modules(setting, emb_dim=32)
     state, chunk, preds = random_rows(modules, NUM_ROWS, torch.Generator().manual_seed(7))
     new, chunk_preds, chunk_lengths = ours(modules, state, chunk, preds)

@@ -37,17 +37,23 @@ class DiarState:
 
 
 class SpeakerCacheSlots:
+    """The state table. The speaker cache and FIFO tables are wider than NeMo's state by the most one
+    step appends (a pop-out, a chunk) plus one column that masked writes land in, so that a step
+    appends in place, row offsets and all, without copying a row (see update.py)."""
+
     def __init__(self, num_slots: int, *, spkcache_len: int, fifo_len: int, emb_dim: int, num_speakers: int,
-                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):  # fmt: skip
+                 chunk_room: int, pop_room: int, device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32):  # fmt: skip
         def zeros(*shape, dtype=dtype):
             return torch.zeros(shape, dtype=dtype, device=device)
 
-        self.num_slots = num_slots
-        self._state = DiarState(  # one table, allocated once; rows are zeroed in place on reuse
-            spkcache=zeros(num_slots, spkcache_len, emb_dim),
-            spkcache_preds=zeros(num_slots, spkcache_len, num_speakers),
+        self.num_slots, self.spkcache_len, self.fifo_len = num_slots, spkcache_len, fifo_len
+        self.chunk_room, self.pop_room = chunk_room, pop_room  # frames one step may append / pop out
+        self.tables = DiarState(  # one table, allocated once; rows are zeroed in place on reuse
+            spkcache=zeros(num_slots, spkcache_len + pop_room + 1, emb_dim),
+            spkcache_preds=zeros(num_slots, spkcache_len + pop_room + 1, num_speakers),
             spkcache_lengths=zeros(num_slots, dtype=torch.long),
-            fifo=zeros(num_slots, fifo_len, emb_dim),
+            fifo=zeros(num_slots, fifo_len + chunk_room + 1, emb_dim),
             fifo_lengths=zeros(num_slots, dtype=torch.long),
             mean_sil_emb=zeros(num_slots, emb_dim),
             n_sil_frames=zeros(num_slots, dtype=torch.long),
@@ -57,9 +63,14 @@ class SpeakerCacheSlots:
 
     @classmethod
     def for_model(cls, model, num_slots: int, device=None) -> "SpeakerCacheSlots":
-        modules = model.sortformer_modules
-        return cls(num_slots, spkcache_len=modules.spkcache_len, fifo_len=modules.fifo_len,
-                   emb_dim=modules.fc_d_model, num_speakers=modules.n_spk, device=device or model.device)  # fmt: skip
+        """Sized for the model's current streaming settings (apply_settings first)."""
+        return cls.for_modules(model.sortformer_modules, num_slots, device or model.device)
+
+    @classmethod
+    def for_modules(cls, m, num_slots: int, device="cpu") -> "SpeakerCacheSlots":
+        pop_room = min(max(m.spkcache_update_period, m.chunk_len), m.chunk_len + m.fifo_len)  # NeMo's max_pop_out_len
+        return cls(num_slots, spkcache_len=m.spkcache_len, fifo_len=m.fifo_len, emb_dim=m.fc_d_model,
+                   num_speakers=m.n_spk, chunk_room=m.chunk_len, pop_room=pop_room, device=device)  # fmt: skip
 
     @property
     def num_free(self) -> int:
@@ -75,7 +86,7 @@ class SpeakerCacheSlots:
         if not self._free_slots:
             raise NoFreeSlot(f"all {self.num_slots} diarization slots are in use")
         slot = self._free_slots.pop()
-        for tensor in self._state.fields().values():
+        for tensor in self.tables.fields().values():
             tensor[slot].zero_()
         self.stream_to_slot[stream_id] = slot
         return slot
@@ -88,8 +99,20 @@ class SpeakerCacheSlots:
         assert self.num_free + self.num_used == self.num_slots
 
     def gather(self, slots: torch.Tensor) -> DiarState:
-        return DiarState(**{name: t.index_select(0, slots) for name, t in self._state.fields().items()})
+        """A copy of the rows' state in NeMo's async shapes (for checks and hand-over; the step works in place)."""
+        t = self.tables
+        return DiarState(
+            t.spkcache[slots, : self.spkcache_len], t.spkcache_preds[slots, : self.spkcache_len],
+            t.spkcache_lengths[slots], t.fifo[slots, : self.fifo_len], t.fifo_lengths[slots],
+            t.mean_sil_emb[slots], t.n_sil_frames[slots],
+        )  # fmt: skip
 
-    def scatter(self, slots: torch.Tensor, state: DiarState) -> None:
-        for name, table in self._state.fields().items():
-            table.index_copy_(0, slots, getattr(state, name))
+    def load(self, slots: torch.Tensor, state: DiarState) -> None:
+        """Put a NeMo-shaped state (zero past each row's fill, as NeMo keeps it) into the rows."""
+        for name, table in self.tables.fields().items():
+            value = getattr(state, name)
+            table[slots] = 0
+            if value.dim() == 3:
+                table[slots, : value.shape[1]] = value
+            else:
+                table[slots] = value

@@ -2,7 +2,7 @@
 
 What NeMo's `forward_streaming_step` does for a batch, with rows at different fill levels and at
 different points of their streams (first chunk without left context, last one short) in one batch,
-and the state read from and written back to slots. Each row's speaker probabilities match NeMo's
+and the state updated in place in its slots. Each row's speaker probabilities match NeMo's
 loop run on that stream alone, within float tolerance (padding changes the matmul shapes).
 """
 
@@ -14,7 +14,7 @@ import torch
 
 from .reference import FeatureChunk
 from .slots import SpeakerCacheSlots
-from .update import ChunkRows, concat_rows, update_rows
+from .update import ChunkRows, model_input, update_slots
 
 
 @dataclass
@@ -53,16 +53,15 @@ def make_batch(slots: list[int], chunks: list[FeatureChunk], device=None) -> Dia
 def diarize_step(model, pool: SpeakerCacheSlots, batch: DiarStepBatch) -> DiarStepResult:
     modules = model.sortformer_modules
     chunk = _pre_encode(model, batch)
-    state = pool.gather(batch.slots)
-    parts = [(state.spkcache, state.spkcache_lengths), (state.fifo, state.fifo_lengths), (chunk.embs, chunk.lengths)]
-    lengths = state.spkcache_lengths + state.fifo_lengths + chunk.lengths
-    embs = concat_rows(parts, int(lengths.max()))
+    cache_lens = pool.tables.spkcache_lengths[batch.slots]
+    fifo_lens = pool.tables.fifo_lengths[batch.slots]
+    embs = model_input(pool, batch.slots, cache_lens, fifo_lens, chunk)
+    lengths = cache_lens + fifo_lens + chunk.lengths
     encoded, encoded_lengths = model.frontend_encoder(processed_signal=embs, processed_signal_length=lengths,
                                                       bypass_pre_encode=True)  # fmt: skip
     preds = model.forward_infer(emb_seq=encoded, emb_seq_length=encoded_lengths)
     preds = modules.apply_mask_to_preds(preds, encoded_lengths)
-    new_state, chunk_preds, chunk_lengths = update_rows(modules, state, chunk, preds)
-    pool.scatter(batch.slots, new_state)
+    chunk_preds, chunk_lengths = update_slots(modules, pool, batch.slots, cache_lens, fifo_lens, chunk, preds)
     return DiarStepResult(batch.slots, chunk_preds, chunk_lengths)
 
 

@@ -1,12 +1,15 @@
-"""NeMo's async speaker-cache update (`SortformerModules.streaming_update_async`) as array operations.
+"""NeMo's async speaker-cache update (`SortformerModules.streaming_update_async`), in place, as array operations.
 
-NeMo's version walks the rows of a batch in Python, reading each row's fill levels with `.item()`
-(and sizes a row's pop-out by the batch's widest chunk, which matters only where a chunk outgrows
-the update period plus the FIFO's free room: at none of the model card's settings).
-Here every per-row quantity is a [B] tensor: the FIFO append, the pop-out into the speaker cache,
-the silence statistics and the FIFO shift are gathers with per-row offsets and masks, and the rows
+NeMo's version walks the rows of a batch in Python, reading each row's fill levels with `.item()`,
+and rebuilds every row's speaker cache and FIFO in fresh buffers each step (and sizes a row's
+pop-out by the batch's widest chunk, which matters only where a chunk outgrows the update period
+plus the FIFO's free room: at none of the model card's settings). Here the state stays in the slot
+table and a step writes only what changes: the chunk's frames appended to each row's FIFO (one
+index_copy_ at per-row offsets), and, on the rows whose FIFO overflows (once per update period),
+the pop-out into the speaker cache, the silence statistics and the FIFO shift; of those, the rows
 whose cache overflows are compressed together by NeMo's own (already batched) `_compress_spkcache`.
-Each row behaves as it does alone in NeMo's loop: its pop-out is sized by its own chunk width.
+Flattened index_select / index_copy_ rather than torch.gather: on the CPU gather copies element by
+element. The appends rely on what NeMo's state also keeps: zeros past each row's fill.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from .nemo_sortformer import compress_spkcache
-from .slots import DiarState
+from .slots import SpeakerCacheSlots
 
 
 @dataclass
@@ -29,94 +32,113 @@ class ChunkRows:
     right: torch.Tensor  # [B] long: right-context frames at the end (rc)
 
 
-def place(out: torch.Tensor, src: torch.Tensor, src_start, dst_start, count) -> torch.Tensor:
-    """out[b, dst_start[b] + j] = src[b, src_start[b] + j] for j < count[b]; other positions kept.
+def take(src: torch.Tensor, index: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """src[rows[b], index[b, j]]: [N_rows, N, X] and [B, W] -> [B, W, X]; index within [0, N); rows default 0..B-1."""
+    n_rows, n, x = src.shape
+    rows = torch.arange(index.shape[0], device=src.device) if rows is None else rows
+    flat = (rows.unsqueeze(1) * n + index).reshape(-1)
+    return src.reshape(n_rows * n, x).index_select(0, flat).view(index.shape[0], index.shape[1], x)
 
-    out [B, W, X], src [B, N, X]; starts and counts [B] long. Positions are a mask over W, not a
-    per-row slice, so rows of any fill level share one kernel.
+
+def put(table: torch.Tensor, rows: torch.Tensor, index: torch.Tensor, values: torch.Tensor, valid) -> None:
+    """table[rows[b], index[b, j]] = values[b, j] where valid[b, j], in place. The table's last column
+    takes the invalid writes, so that every row writes the same count (no per-row slice)."""
+    n_rows, w, x = table.shape
+    index = torch.where(valid, index, w - 1)
+    flat = (rows.unsqueeze(1) * w + index).reshape(-1)
+    table.view(n_rows * w, x).index_copy_(0, flat, values.reshape(-1, x))
+
+
+def masked_take(src: torch.Tensor, start: torch.Tensor, count: torch.Tensor, width: int, rows=None) -> torch.Tensor:
+    """Per row, src[row, start[b] : start[b] + count[b]] at the front of [B, width, X], zero after."""
+    j = torch.arange(width, device=src.device).unsqueeze(0)
+    index = (start.unsqueeze(1) + j).clamp(0, src.shape[1] - 1)
+    return torch.where((j < count.unsqueeze(1)).unsqueeze(-1), take(src, index, rows), 0.0)
+
+
+def model_input(pool: SpeakerCacheSlots, slots, cache_lens, fifo_lens, chunk: ChunkRows) -> torch.Tensor:
+    """Per row [speaker cache | FIFO | chunk] back to back, zero after: [B, W, D], W the longest row.
+
+    What NeMo's `concat_and_pad` does with a Python loop over rows, read straight from the table.
     """
-    positions = torch.arange(out.shape[1], device=out.device).unsqueeze(0)  # [1, W]
-    j = positions - dst_start.unsqueeze(1)  # [B, W]
-    valid = (j >= 0) & (j < count.unsqueeze(1))
-    index = (src_start.unsqueeze(1) + j).clamp(0, src.shape[1] - 1)
-    taken = torch.gather(src, 1, index.unsqueeze(-1).expand(-1, -1, src.shape[2]))
-    return torch.where(valid.unsqueeze(-1), taken, out)
-
-
-def concat_rows(parts: list[tuple[torch.Tensor, torch.Tensor]], width: int) -> torch.Tensor:
-    """Per row, the first lengths[b] frames of each part back to back, zero after ([B, width, X]).
-
-    What NeMo's `concat_and_pad` does with a Python loop over rows.
-    """
-    first = parts[0][0]
-    out = first.new_zeros((first.shape[0], width, first.shape[2]))
-    offset = torch.zeros_like(parts[0][1])
-    for src, lengths in parts:
-        out = place(out, src, torch.zeros_like(offset), offset, lengths)
-        offset = offset + lengths
+    starts = [torch.zeros_like(cache_lens), cache_lens, cache_lens + fifo_lens]
+    total = starts[2] + chunk.lengths
+    width = int(total.max())
+    j = torch.arange(width, device=total.device).unsqueeze(0)
+    out = chunk.embs.new_zeros((len(cache_lens), width, chunk.embs.shape[2]))
+    t = pool.tables
+    sources = [(t.spkcache, slots, cache_lens), (t.fifo, slots, fifo_lens), (chunk.embs, None, chunk.lengths)]
+    for (src, rows, lengths), start in zip(sources, starts):
+        here = (j >= start.unsqueeze(1)) & (j < (start + lengths).unsqueeze(1))
+        out = torch.where(here.unsqueeze(-1), take(src, (j - start.unsqueeze(1)).clamp(0, src.shape[1] - 1), rows), out)
     return out
 
 
-def update_rows(modules, state: DiarState, chunk: ChunkRows, preds: torch.Tensor):
-    """New state, chunk predictions [B, C, K] and their lengths [B], from preds [B, P, K] of [cache|fifo|chunk]."""
-    cache_lens, fifo_lens = state.spkcache_lengths, state.fifo_lengths
-    max_fifo = state.fifo.shape[1]
+def update_slots(modules, pool: SpeakerCacheSlots, slots, cache_lens, fifo_lens, chunk: ChunkRows, preds):
+    """Apply one step to the rows' slots; returns chunk predictions [B, chunk_len, K] and their lengths [B].
+
+    preds [B, P, K]: the model's speaker probabilities over each row's [cache | fifo | chunk].
+    """
+    t = pool.tables
     row_chunk_width = chunk.lengths - chunk.left - chunk.right  # NeMo's max_chunk_len, row by row
     chunk_lens = (chunk.lengths - chunk.left).clamp(min=0).minimum(row_chunk_width)
-    width = int(row_chunk_width.max())
-    zero = torch.zeros_like(cache_lens)
-
-    fifo_preds = place(preds.new_zeros(state.fifo.shape[:2] + preds.shape[2:]), preds, cache_lens, zero, fifo_lens)
-    chunk_preds = place(preds.new_zeros((preds.shape[0], width, preds.shape[2])), preds,
-                        cache_lens + fifo_lens + chunk.left, zero, chunk_lens)  # fmt: skip
-    new_fifo = concat_rows([(state.fifo, fifo_lens), (_from(chunk.embs, chunk.left), chunk_lens)], max_fifo + width)
-    new_fifo_preds = concat_rows([(fifo_preds, fifo_lens), (chunk_preds, chunk_lens)], max_fifo + width)
+    j = torch.arange(pool.chunk_room, device=preds.device).unsqueeze(0)
+    chunk_preds = masked_take(preds, cache_lens + fifo_lens + chunk.left, chunk_lens, pool.chunk_room)
+    chunk_embs = take(chunk.embs, (chunk.left.unsqueeze(1) + j).clamp(max=chunk.embs.shape[1] - 1))
+    put(t.fifo, slots, fifo_lens.unsqueeze(1) + j, chunk_embs, j < chunk_lens.unsqueeze(1))
     new_fifo_lens = fifo_lens + chunk_lens
 
-    pop = torch.maximum(torch.full_like(fifo_lens, modules.spkcache_update_period), row_chunk_width - max_fifo + fifo_lens)
-    pop = torch.where(new_fifo_lens > max_fifo, pop.minimum(new_fifo_lens), zero)  # [B] frames into the cache
-    mean_sil_emb, n_sil_frames = _silence_profile(modules, state, new_fifo, new_fifo_preds, pop)
-
-    max_pop = min(max(modules.spkcache_update_period, width), width + max_fifo)
-    cache_width = state.spkcache.shape[1] + max_pop
-    cache = concat_rows([(state.spkcache, cache_lens), (new_fifo, pop)], cache_width)
-    cache_preds = concat_rows([(state.spkcache_preds, cache_lens), (new_fifo_preds, pop)], cache_width)
-    cache_lens = cache_lens + pop
-    remaining = new_fifo_lens - pop
-    fifo = place(torch.zeros_like(state.fifo), new_fifo, pop, zero, remaining)
-
-    spkcache, spkcache_preds, cache_lens = _compress_overflowing(modules, cache, cache_preds, cache_lens, mean_sil_emb)
-    new_state = DiarState(spkcache, spkcache_preds, cache_lens, fifo, remaining, mean_sil_emb, n_sil_frames)
-    return new_state, chunk_preds, chunk_lens
-
-
-def _from(src: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
-    """src shifted left by start[b] frames per row (zero-filled at the end)."""
-    return place(torch.zeros_like(src), src, start, torch.zeros_like(start), src.shape[1] - start)
-
-
-def _silence_profile(modules, state: DiarState, frames, frames_preds, pop):
-    """NeMo's `_get_silence_profile` over each row's first pop[b] frames; rows without new silence keep theirs."""
-    in_pop = torch.arange(frames.shape[1], device=frames.device).unsqueeze(0) < pop.unsqueeze(1)  # [B, W]
-    is_sil = (frames_preds.sum(dim=2) < modules.sil_threshold) & in_pop
-    sil_count = is_sil.sum(dim=1)
-    sil_sum = torch.sum(frames * is_sil.unsqueeze(-1), dim=1)  # [B, D]
-    n_sil = state.n_sil_frames + sil_count
-    mean = (state.mean_sil_emb * state.n_sil_frames.unsqueeze(1) + sil_sum) / n_sil.clamp(min=1).unsqueeze(1)
-    has_new = (sil_count > 0).unsqueeze(1)
-    return torch.where(has_new, mean, state.mean_sil_emb), n_sil
-
-
-def _compress_overflowing(modules, cache, cache_preds, cache_lens, mean_sil_emb):
-    """Keep the first spkcache_len frames; rows over it are compressed by NeMo's top-k per speaker.
-
-    Only the overflowing rows are compressed (a nonzero(): one host sync per step) rather than all
-    rows under a mask: a stream overflows once per update period (24 steps at the 1.04 s setting).
-    """
-    limit = modules.spkcache_len
-    spkcache, spkcache_preds = cache[:, :limit].clone(), cache_preds[:, :limit].clone()
-    rows = torch.nonzero(cache_lens > limit).squeeze(1)
+    period = torch.full_like(fifo_lens, modules.spkcache_update_period)
+    pop = torch.maximum(period, row_chunk_width - pool.fifo_len + fifo_lens).minimum(new_fifo_lens)
+    pop = torch.where(new_fifo_lens > pool.fifo_len, pop, 0)  # [B] frames into the cache this step
+    t.fifo_lengths.index_copy_(0, slots, new_fifo_lens)
+    rows = torch.nonzero(pop).squeeze(1)  # one host sync per step: most steps pop no row
     if rows.numel():
-        packed, packed_preds = compress_spkcache(modules, cache[rows], cache_preds[rows], mean_sil_emb[rows])
-        spkcache[rows], spkcache_preds[rows] = packed, packed_preds
-    return spkcache, spkcache_preds, cache_lens.clamp(max=limit)
+        _pop_into_cache(modules, pool, slots[rows], cache_lens[rows], fifo_lens[rows], chunk.left[rows],
+                        pop[rows], preds[rows])  # fmt: skip
+    return chunk_preds, chunk_lens
+
+
+def _pop_into_cache(modules, pool, slots, cache_lens, fifo_lens, left, pop, preds) -> None:
+    """Move each row's first pop[b] FIFO frames (and this step's predictions of them) into its cache."""
+    t, width = pool.tables, pool.pop_room
+    j = torch.arange(width, device=preds.device).unsqueeze(0)
+    valid = j < pop.unsqueeze(1)
+    popped = t.fifo[slots, :width]  # [R, P, D]
+    # preds rows are [cache | fifo | lc | chunk | rc]: a popped chunk frame sits lc further on
+    pred_index = cache_lens.unsqueeze(1) + j + torch.where(j >= fifo_lens.unsqueeze(1), left.unsqueeze(1), 0)
+    popped_preds = torch.where(valid.unsqueeze(-1), take(preds, pred_index.clamp(max=preds.shape[1] - 1)), 0.0)
+    _update_silence_profile(modules, pool, slots, popped, popped_preds, valid)
+    put(t.spkcache, slots, cache_lens.unsqueeze(1) + j, popped, valid)
+    put(t.spkcache_preds, slots, cache_lens.unsqueeze(1) + j, popped_preds, valid)
+    remaining = t.fifo_lengths[slots] - pop
+    fifo_width = t.fifo.shape[1] - 1
+    t.fifo[slots, :fifo_width] = masked_take(t.fifo, pop, remaining, fifo_width, rows=slots)
+    t.fifo_lengths.index_copy_(0, slots, remaining)
+    new_cache_lens = cache_lens + pop
+    t.spkcache_lengths.index_copy_(0, slots, new_cache_lens.clamp(max=pool.spkcache_len))
+    over = slots[new_cache_lens > pool.spkcache_len]
+    if over.numel():
+        _compress(modules, pool, over)
+
+
+def _update_silence_profile(modules, pool, slots, frames, frames_preds, valid) -> None:
+    """NeMo's `_get_silence_profile` over the popped frames; rows without new silence keep theirs exactly."""
+    t = pool.tables
+    is_sil = (frames_preds.sum(dim=2) < modules.sil_threshold) & valid  # [R, P]
+    sil_count = is_sil.sum(dim=1)
+    sil_sum = torch.sum(frames * is_sil.unsqueeze(-1), dim=1)  # [R, D]
+    old_mean, old_count = t.mean_sil_emb[slots], t.n_sil_frames[slots]
+    count = old_count + sil_count
+    mean = (old_mean * old_count.unsqueeze(1) + sil_sum) / count.clamp(min=1).unsqueeze(1)
+    t.mean_sil_emb.index_copy_(0, slots, torch.where((sil_count > 0).unsqueeze(1), mean, old_mean))
+    t.n_sil_frames.index_copy_(0, slots, count)
+
+
+def _compress(modules, pool, slots) -> None:
+    """NeMo's top-k per speaker keeps spkcache_len of the rows' frames; the room after them is zeroed."""
+    t, limit, width = pool.tables, pool.spkcache_len, pool.spkcache_len + pool.pop_room
+    packed, packed_preds = compress_spkcache(modules, t.spkcache[slots, :width], t.spkcache_preds[slots, :width],
+                                             t.mean_sil_emb[slots])  # fmt: skip
+    t.spkcache[slots, :limit], t.spkcache_preds[slots, :limit] = packed, packed_preds
+    t.spkcache[slots, limit:], t.spkcache_preds[slots, limit:] = 0.0, 0.0

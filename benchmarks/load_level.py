@@ -110,20 +110,19 @@ async def stream_item(
 async def _send_paced(ws, audio: np.ndarray, rec: StreamRecord) -> None:
     """Packet k (one server chunk) goes out when its audio would have been recorded."""
     chunk = int(round(rec.chunk_ms * SAMPLE_RATE / 1000))
-    loop = asyncio.get_running_loop()
-    t0 = previous_sent = loop.time()
+    t0 = previous_sent = time.monotonic()  # not loop.time(): uvloop's clock ticks in whole milliseconds
     for start in range(0, len(audio), chunk):
         packet = audio[start : start + chunk]
         due = t0 + (start + len(packet)) / SAMPLE_RATE
-        if due > loop.time():
-            await asyncio.sleep(due - loop.time())
+        while due - time.monotonic() > 0.0005:  # a uvloop timer may fire up to a millisecond early
+            await asyncio.sleep(due - time.monotonic())
         # The generator's lateness: how long after the later of its due time and the previous
         # send's return this packet got the event loop. A send held up by TCP backpressure (a
         # server that does not read) is the server's delay, so it is not counted here; a busy
         # or starved generator loop is.
-        rec.send_lateness.append(max(0.0, loop.time() - max(due, previous_sent)))
+        rec.send_lateness.append(max(0.0, time.monotonic() - max(due, previous_sent)))
         await ws.send(packet.astype(np.float32).tobytes())
-        previous_sent = loop.time()
+        previous_sent = time.monotonic()
         rec.send_ends.append(start + len(packet))
         rec.send_times.append(time.time())
     await ws.send(json.dumps({"type": "end"}))
@@ -156,10 +155,12 @@ async def run_level(
     progress: bool = True,
     workers: list[int] | None = None,
     context_right: int | None = None,
+    protocol: str = "ws",
 ) -> list[StreamRecord]:
     """N workers for duration_s (plus the streams still in flight at the end). `workers`: the
     subset of worker numbers this process runs (load_workers.py); `context_right`: the
-    chunk mode every stream asks for (None: the server's default)."""
+    chunk mode every stream asks for (None: the server's default); `protocol`: "ws", or
+    "realtime" (`url` is then a /v1/realtime URL; load_realtime.py)."""
     loop = asyncio.get_running_loop()
     t_end = loop.time() + duration_s
     records: list[StreamRecord] = []
@@ -171,7 +172,12 @@ async def run_level(
         while loop.time() < t_end:
             item = items[k % len(items)]
             timeout = 3 * len(item.audio) / SAMPLE_RATE + 60
-            records.append(await stream_item(url, w, item, endpointing, timeout, context_right))
+            if protocol == "realtime":
+                from benchmarks.load_realtime import stream_item_realtime
+
+                records.append(await stream_item_realtime(url, w, item, timeout, context_right))
+            else:
+                records.append(await stream_item(url, w, item, endpointing, timeout, context_right))
             k += 1
             if records[-1].error and records[-1].error.startswith(("refused", "connect")):
                 await asyncio.sleep(1.0)  # do not spin on a refusing server

@@ -15,12 +15,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import load_workers  # noqa: E402
 from benchmarks.load_items import attach_oracle, make_items  # noqa: E402
+from benchmarks.load_realtime import APPEND_SAMPLES, on_pcm16_grid  # noqa: E402
 from benchmarks.load_workers import Stall, judge, measure_level  # noqa: E402
 
 from .helpers_server import TEST_MODEL, start_server  # noqa: E402
 
 MODE = 1  # 160 ms chunks: several packets per short item
-HONEST_BOUND_MS = 250.0  # generous: this 2-core machine is shared; the stall below is far beyond it
+# Generous: this 2-core machine is shared by eight sessions (a descheduled worker was seen 478 ms late
+# at a load average of 17); the stall below makes the first packet after each block ~1.4 s late.
+HONEST_BOUND_MS = 1000.0
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +32,16 @@ def served():
     attach_oracle(items, TEST_MODEL, MODE)
     with start_server("--context-right", str(MODE), "--num-slots", "8", token=None) as server:
         yield server, items
+
+
+@pytest.fixture(scope="module")
+def pcm16_items():
+    """The same items on the PCM16 grid (what /v1/realtime carries), with NeMo's loop tokens on them."""
+    items = make_items("synth", 4, (2.5, 3.5))
+    for it in items:
+        it.audio = on_pcm16_grid(it.audio)
+    attach_oracle(items, TEST_MODEL, MODE)
+    return items
 
 
 def test_two_workers_merge_to_their_sum_and_match_nemo(served):
@@ -48,12 +61,31 @@ def test_two_workers_merge_to_their_sum_and_match_nemo(served):
     server.assert_no_leak()
 
 
+def test_realtime_20ms_appends_through_two_workers_match_nemo(served, pcm16_items):
+    """/v1/realtime, OpenAI's guide flow: every 20 ms append paced and timed, one commit per item,
+    each `completed` token-identical to NeMo's loop (= /ws) on the item's PCM16 audio."""
+    server, _ = served
+    url = server.ws_url.replace("/ws", "/v1/realtime")
+    level, run = measure_level(url, pcm16_items, 4, 3.0, ramp_s=0.5, num_workers=2, context_right=MODE,
+                               max_send_lateness_ms=HONEST_BOUND_MS, protocol="realtime")  # fmt: skip
+    assert level["errors"] == {}, level["error_examples"]
+    assert level["protocol"] == "realtime" and level["items_completed"] == sum(w["items_completed"] for w in level["workers"]) > 0
+    appends = sum(-(-len(next(i for i in pcm16_items if i.item_id == r.item_id).audio) // APPEND_SAMPLES) for r in run.records)
+    assert sum(w["packets"] for w in level["workers"]) == appends  # one timed packet per 20 ms append
+    assert {r.chunk_ms for r in run.records} == {160.0}  # the session's mode, as the server echoed it
+    q = level["quality"]
+    assert q["streams_compared"] == level["items_completed"] and q["token_identical_streams"] == q["streams_compared"], q
+    assert level["final_latency_ms"]["p50"] is not None and level["partial_latency_ms"]["p50"] is None
+    assert level["verdict"] in ("keeps_up", "server_behind", "generator_late")
+    server.assert_no_leak()
+
+
 def test_a_starved_worker_makes_the_level_invalid_not_a_server_verdict(served):
-    """Worker 1's loop blocks 400 ms of every 500: its packets leave up to 400 ms late. The level
+    """Worker 1's loop blocks 1.5 s of every 1.6: its packets leave up to 1.5 s late. The level
     must say the generator fell behind (worker 1), whatever its latencies say about the server."""
     server, items = served
     level, _ = measure_level(server.ws_url, items, 4, 3.0, ramp_s=0.5, num_workers=2, context_right=MODE,
-                             max_send_lateness_ms=HONEST_BOUND_MS, stall=Stall(worker=1, block_ms=400, every_ms=100))  # fmt: skip
+                             max_send_lateness_ms=HONEST_BOUND_MS, stall=Stall(worker=1, block_ms=1500, every_ms=100))  # fmt: skip
     w0, w1 = level["workers"]
     assert w1["send_lateness_ms"]["p99"] > HONEST_BOUND_MS, level["workers"]
     assert w0["send_lateness_ms"]["p99"] <= HONEST_BOUND_MS, level["workers"]
@@ -80,6 +112,16 @@ def test_judge_puts_the_generator_first():
     behind = _level([2.0, 3.0])
     behind["partial_latency_ms"]["p95"] = 900.0
     assert judge(behind, 160.0, 20.0, 10.0) == "server_behind"
+
+
+def test_judge_realtime_uses_the_finals():
+    """/v1/realtime has no partial positions: the finals within two chunks decide."""
+    rt = _level([2.0, 3.0]) | {"protocol": "realtime", "partial_latency_ms": {"p50": None, "p95": None, "p99": None},
+                                "drift_ms_per_s": {"median": None, "p90": None, "streams_measured": 0},
+                                "final_latency_ms": {"p50": 100.0, "p95": 300.0, "p99": 310.0}}  # fmt: skip
+    assert judge(rt, 160.0, 20.0, 10.0) == "keeps_up"
+    rt["final_latency_ms"]["p95"] = 400.0
+    assert judge(rt, 160.0, 20.0, 10.0) == "server_behind"
 
 
 def test_fd_limit_is_raised_to_the_hard_limit_and_refused_beyond_it(monkeypatch):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import page_figures, performance_page
+from benchmarks import page_figures, page_gpu, page_quality, page_results, performance_page
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -68,16 +68,16 @@ def test_pages_match_their_result_files():
 def test_a_changed_result_changes_the_page(tmp_path, monkeypatch):
     """The tables are read from the files: a level that fell behind must show as fewer streams kept up."""
     results = tmp_path / "results"
-    shutil.copytree(performance_page.RESULTS, results)
-    gpu = results / performance_page.GPU_RUN["file"]
+    shutil.copytree(page_results.RESULTS, results)
+    gpu = results / page_gpu.GPU_RUN["file"]
     recs = [json.loads(line) for line in gpu.read_text().splitlines() if line.strip()]
     for r in recs:
         if r["kind"] == "capacity" and r["chunk_ms"] == 80:
             r["keeps_up"] = False
     gpu.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
-    monkeypatch.setattr(performance_page, "RESULTS", results)
+    monkeypatch.setattr(page_results, "RESULTS", results)
 
-    row = next(line for line in performance_page.table_gpu().splitlines() if line.startswith("| 80 ms"))
+    row = next(line for line in page_gpu.table_gpu().splitlines() if line.startswith("| 80 ms"))
     assert "| **0** " in row and "missed" in row, row
     page = (ROOT / "docs" / "performance.md").read_text()
     assert performance_page.render(page, {}) != page
@@ -86,13 +86,13 @@ def test_a_changed_result_changes_the_page(tmp_path, monkeypatch):
 def test_the_overload_table_is_read_from_its_files(tmp_path, monkeypatch):
     """The overload figures come from the overload results: a changed file changes the page."""
     results = tmp_path / "results"
-    shutil.copytree(performance_page.RESULTS, results)
+    shutil.copytree(page_results.RESULTS, results)
     path = results / "overload_demo_r13_cpu.json"
     d = json.loads(path.read_text())
     d["runs"][1]["level"]["quality"]["token_identical_streams"] -= 1
     path.write_text(json.dumps(d))
-    monkeypatch.setattr(performance_page, "RESULTS", results)
-    row = next(line for line in performance_page.table_overload().splitlines() if "token-identical" in line)
+    monkeypatch.setattr(page_results, "RESULTS", results)
+    row = next(line for line in page_quality.table_overload().splitlines() if "token-identical" in line)
     assert "| 293/294 |" in row, row
     page = (ROOT / "docs" / "performance.md").read_text()
     assert performance_page.render(page, {}) != page
@@ -111,7 +111,7 @@ def _pages_copy(tmp_path: Path) -> Path:
 
 
 def test_every_hand_written_figure_is_backed():
-    assert page_figures.unbacked(ROOT, performance_page.RESULTS, performance_page.checked_pages()) == []
+    assert page_figures.unbacked(ROOT, page_results.RESULTS, performance_page.checked_pages()) == []
 
 
 def test_a_planted_unbacked_figure_fails_the_check_naming_its_line(tmp_path, monkeypatch, capsys):
@@ -130,7 +130,7 @@ def test_a_figure_under_a_marker_must_equal_a_number_of_its_file(tmp_path):
     page = tmp_path / "docs" / "x.md"
     page.parent.mkdir()
     marked = "<!-- figures: riva_vs_ws_demo_r13.json -->\nThe last final came {} after the last audio.\n"
-    results = performance_page.RESULTS
+    results = page_results.RESULTS
     page.write_text(marked.format("25 ms"))
     assert page_figures.unbacked(tmp_path, results, ["docs/x.md"]) == []
     for wrong in ("31 ms", "41.7 ms", "300 times"):
@@ -147,17 +147,17 @@ def test_what_is_not_a_measurement(tmp_path):
     page.write_text("```\nstep 5 ms\n```\n\nRun `sleep 5 s` at 80 / 1120 ms chunks.\n\n"
                     "`--idle-timeout-s` closes a stream after 30 s.\n\n<!-- figures: settings -->\n"
                     "Each item is 20 s of audio.\n\nA step took 5 ms.\n")
-    assert page_figures.unbacked(tmp_path, performance_page.RESULTS, ["x.md"]) == ["x.md:12: 5 ms (no result file backs it)"]
+    assert page_figures.unbacked(tmp_path, page_results.RESULTS, ["x.md"]) == ["x.md:12: 5 ms (no result file backs it)"]
 
 
 def test_the_gpu_rows_name_the_commit_and_command_their_file_records(tmp_path, monkeypatch):
     results = tmp_path / "results"
-    shutil.copytree(performance_page.RESULTS, results)
-    gpu = results / performance_page.GPU_RUN["file"]
+    shutil.copytree(page_results.RESULTS, results)
+    gpu = results / page_gpu.GPU_RUN["file"]
     recs = [json.loads(line) for line in gpu.read_text().splitlines() if line.strip()]
     run = next(r for r in recs if r["kind"] == "run")
     run["git_commit"], run["command"] = "abc1234", "bash benchmarks/gpu/run_gpu.sh ELSEWHERE"
     gpu.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
-    monkeypatch.setattr(performance_page, "RESULTS", results)
-    assert all("abc1234 |" in row for row in performance_page.table_headline().splitlines() if "H200" in row)
-    assert "`bash benchmarks/gpu/run_gpu.sh ELSEWHERE` at abc1234" in performance_page.table_gpu()
+    monkeypatch.setattr(page_results, "RESULTS", results)
+    assert all("abc1234 |" in row for row in page_gpu.table_headline().splitlines() if "H200" in row)
+    assert "`bash benchmarks/gpu/run_gpu.sh ELSEWHERE` at abc1234" in page_gpu.table_gpu()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import page_figures, performance_page
+from benchmarks import page_figures, page_gpu, page_quality, page_results, performance_page
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -68,16 +68,16 @@ def test_pages_match_their_result_files():
 def test_a_changed_result_changes_the_page(tmp_path, monkeypatch):
     """The tables are read from the files: a level that fell behind must show as fewer streams kept up."""
     results = tmp_path / "results"
-    shutil.copytree(performance_page.RESULTS, results)
-    gpu = results / performance_page.GPU_RUN["file"]
+    shutil.copytree(page_results.RESULTS, results)
+    gpu = results / page_gpu.GPU_RUN["file"]
     recs = [json.loads(line) for line in gpu.read_text().splitlines() if line.strip()]
     for r in recs:
         if r["kind"] == "capacity" and r["chunk_ms"] == 80:
             r["keeps_up"] = False
     gpu.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
-    monkeypatch.setattr(performance_page, "RESULTS", results)
+    monkeypatch.setattr(page_results, "RESULTS", results)
 
-    row = next(line for line in performance_page.table_gpu().splitlines() if line.startswith("| 80 ms"))
+    row = next(line for line in page_gpu.table_gpu().splitlines() if line.startswith("| 80 ms"))
     assert "| **0** " in row and "missed" in row, row
     page = (ROOT / "docs" / "performance.md").read_text()
     assert performance_page.render(page, {}) != page
@@ -86,13 +86,13 @@ def test_a_changed_result_changes_the_page(tmp_path, monkeypatch):
 def test_the_overload_table_is_read_from_its_files(tmp_path, monkeypatch):
     """The overload figures come from the overload results: a changed file changes the page."""
     results = tmp_path / "results"
-    shutil.copytree(performance_page.RESULTS, results)
+    shutil.copytree(page_results.RESULTS, results)
     path = results / "overload_demo_r13_cpu.json"
     d = json.loads(path.read_text())
     d["runs"][1]["level"]["quality"]["token_identical_streams"] -= 1
     path.write_text(json.dumps(d))
-    monkeypatch.setattr(performance_page, "RESULTS", results)
-    row = next(line for line in performance_page.table_overload().splitlines() if "token-identical" in line)
+    monkeypatch.setattr(page_results, "RESULTS", results)
+    row = next(line for line in page_quality.table_overload().splitlines() if "token-identical" in line)
     assert "| 293/294 |" in row, row
     page = (ROOT / "docs" / "performance.md").read_text()
     assert performance_page.render(page, {}) != page
@@ -111,7 +111,7 @@ def _pages_copy(tmp_path: Path) -> Path:
 
 
 def test_every_hand_written_figure_is_backed():
-    assert page_figures.unbacked(ROOT, performance_page.RESULTS, performance_page.checked_pages()) == []
+    assert page_figures.unbacked(ROOT, page_results.RESULTS, performance_page.checked_pages()) == []
 
 
 def test_a_planted_unbacked_figure_fails_the_check_naming_its_line(tmp_path, monkeypatch, capsys):
@@ -130,7 +130,7 @@ def test_a_figure_under_a_marker_must_equal_a_number_of_its_file(tmp_path):
     page = tmp_path / "docs" / "x.md"
     page.parent.mkdir()
     marked = "<!-- figures: riva_vs_ws_demo_r13.json -->\nThe last final came {} after the last audio.\n"
-    results = performance_page.RESULTS
+    results = page_results.RESULTS
     page.write_text(marked.format("25 ms"))
     assert page_figures.unbacked(tmp_path, results, ["docs/x.md"]) == []
     for wrong in ("31 ms", "41.7 ms", "300 times"):
@@ -147,17 +147,118 @@ def test_what_is_not_a_measurement(tmp_path):
     page.write_text("```\nstep 5 ms\n```\n\nRun `sleep 5 s` at 80 / 1120 ms chunks.\n\n"
                     "`--idle-timeout-s` closes a stream after 30 s.\n\n<!-- figures: settings -->\n"
                     "Each item is 20 s of audio.\n\nA step took 5 ms.\n")
-    assert page_figures.unbacked(tmp_path, performance_page.RESULTS, ["x.md"]) == ["x.md:12: 5 ms (no result file backs it)"]
+    assert page_figures.unbacked(tmp_path, page_results.RESULTS, ["x.md"]) == ["x.md:12: 5 ms (no result file backs it)"]
 
 
 def test_the_gpu_rows_name_the_commit_and_command_their_file_records(tmp_path, monkeypatch):
     results = tmp_path / "results"
-    shutil.copytree(performance_page.RESULTS, results)
-    gpu = results / performance_page.GPU_RUN["file"]
+    shutil.copytree(page_results.RESULTS, results)
+    gpu = results / page_gpu.GPU_RUN["file"]
     recs = [json.loads(line) for line in gpu.read_text().splitlines() if line.strip()]
     run = next(r for r in recs if r["kind"] == "run")
     run["git_commit"], run["command"] = "abc1234", "bash benchmarks/gpu/run_gpu.sh ELSEWHERE"
     gpu.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
-    monkeypatch.setattr(performance_page, "RESULTS", results)
-    assert all("abc1234 |" in row for row in performance_page.table_headline().splitlines() if "H200" in row)
-    assert "`bash benchmarks/gpu/run_gpu.sh ELSEWHERE` at abc1234" in performance_page.table_gpu()
+    monkeypatch.setattr(page_results, "RESULTS", results)
+    assert all("abc1234 |" in row for row in page_gpu.table_headline().splitlines() if "H200" in row)
+    assert "`bash benchmarks/gpu/run_gpu.sh ELSEWHERE` at abc1234" in page_gpu.table_gpu()
+
+
+# ----------------------------------------------------------------------------- docs/server.md's Limits table
+
+
+def _setting_default(name: str) -> float:
+    from nemo_serve.config import Settings
+
+    return Settings.model_fields[name].default
+
+
+def _constants():
+    """Each Limits row's numbers besides `--flag N` pairs, in the order the row writes them, with the
+    value in the code each must equal (as written: its unit and decimals). A number the table gains
+    without an entry here fails the check, so a value is never written by hand alone."""
+    from nemo_serve.server import auth, connections, file_audio, nim_body, outbox, realtime, session
+
+    mib, max_stream_s = 2**20, _setting_default("max_stream_s")
+    return {
+        "connections in all": [("64", connections.FILE_RESERVE)],  # `ulimit -n` minus this
+        "probes beyond those caps": [("8 connections", connections.MAX_PROBE_CONNECTIONS)],
+        "an upload to": [("25 MiB", _setting_default("max_file_bytes") / mib)],
+        "an uploaded file's header": [("1 to", file_audio.MIN_RATE / 1e3), ("192 kHz", file_audio.MAX_RATE / 1e3),
+                                      ("1 to", 1), ("8 channels", file_audio.MAX_CHANNELS)],  # 1 channel: mono
+        "an uploaded file's length": [("96,000 samples", file_audio.MAX_INPUT_SAMPLES_PER_LIMIT_S),
+                                      ("48 kHz", file_audio.MAX_INPUT_SAMPLES_PER_LIMIT_S / 2 / 1e3)],  # stereo
+        "memory to decode an upload": [("4 bytes", 4), ("230 MB", 4 * 16000 * max_stream_s / 1e6),  # float32
+                                       ("16 kHz", 16), ("16 MiB", 4 * file_audio.BLOCK_BYTES / mib)],
+        "slots one `/v1/realtime` session holds": [("2", realtime.MAX_SLOTS_PER_SESSION)],
+        "a forged, malformed or expired client secret": [("60 s", auth.CLIENT_SECRET_TTL_S)],
+        "a frame larger than": [("1 MiB", _setting_default("max_message_bytes") / mib)],
+        "NIM's session POST body": [("64 kB", nim_body.MAX_BODY_BYTES / 1024), ("32 levels", nim_body.MAX_NESTING),
+                                    ("100 digits", nim_body.MAX_INT_DIGITS)],
+        "audio read ahead of the model": [("20 s", session.MAX_AHEAD_S)],
+        "results not read for": [("64 messages", outbox.MAX_QUEUED)],
+        "tokens a partial carries whole": [("256", outbox.WHOLE_PARTIAL_MAX_TOKENS)],
+    }
+
+
+FLAG_VALUE = re.compile(r"`--([a-z-]+)`(?: (\d+(?:,\d{3})*(?:\.\d+)?))?")
+
+
+def _as_written(text: str, value: float) -> bool:
+    n = re.match(r"\d+(?:,\d{3})*(?:\.\d+)?", text).group(0).replace(",", "")
+    decimals = len(n.split(".")[1]) if "." in n else 0
+    return round(value, decimals) == float(n)
+
+
+def limit_problems(server_md: str) -> list[str]:
+    """What in server.md's Limits table disagrees with the code: a flag that does not exist, a flag's
+    default written wrong, or another number not equal to its constant (or tied to none)."""
+    from nemo_serve.config import Settings
+
+    table = server_md.split("\n## Limits\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| limit |")]
+    constants, problems = _constants(), []
+    for row in rows:
+        label, defaults = (c.strip() for c in row.strip("|").split("|")[:2])
+        for flag, written in FLAG_VALUE.findall(defaults):
+            name = flag.replace("-", "_")
+            if name not in Settings.model_fields:
+                problems.append(f"{label}: --{flag} is no flag")
+            elif written and not _as_written(written, _setting_default(name)):
+                problems.append(f"{label}: --{flag} {written}, the code's default is {_setting_default(name)}")
+        rest = re.sub(r"\[[^\]]*\]\([^)]*\)|`[^`]*`|\b0:", "", FLAG_VALUE.sub("", defaults))  # links, code, "0: off"
+        found = re.findall(r"\d+(?:,\d{3})*(?:\.\d+)?(?: ?[A-Za-z]+)?", rest)
+        expected = next((v for k, v in constants.items() if label.startswith(k)), [])
+        if [_shape(text) for text in found] != [_shape(text) for text, _ in expected]:
+            problems.append(f"{label}: numbers {found}, tied to the code: {[text for text, _ in expected]}")
+            continue
+        problems += [f"{label}: {text}, the code says {value}"
+                     for text, (_, value) in zip(found, expected) if not _as_written(text, value)]
+    return problems
+
+
+def _shape(figure: str) -> str:
+    """'20 s' -> 'N s': a row's numbers are matched to their constants by place and unit, then compared."""
+    return re.sub(r"\d+(?:,\d{3})*(?:\.\d+)?", "N", figure)
+
+
+def test_every_limit_in_the_server_guide_is_the_codes():
+    assert limit_problems((ROOT / "docs" / "server.md").read_text()) == []
+
+
+@pytest.mark.parametrize("planted, problem", [
+    ("`--send-timeout-s` 10", "results not read for: --send-timeout-s 15, the code's default is 10.0"),
+    ("`--max-file-bytes` 26214400", "--max-file-bytes 26214401, the code's default is 26214400"),
+    ("| audio read ahead of the model | 20 s |", "audio read ahead of the model: 25 s, the code says 20.0"),
+    ("| 60 s lifetime |", "a forged, malformed or expired client secret on `/v1/realtime`: 65 s, the code says 60"),
+    ("`--idle-timeout-s` 30", "nothing sent for: --idle-timeouts-s is no flag"),
+    ("`--max-phrases-total` 10000", "numbers ['3 retries'], tied to the code: []"),
+])
+def test_a_planted_wrong_limit_is_named(planted, problem):
+    wrong = {"`--send-timeout-s` 10": "`--send-timeout-s` 15", "`--max-file-bytes` 26214400": "`--max-file-bytes` 26214401",
+             "| audio read ahead of the model | 20 s |": "| audio read ahead of the model | 25 s |",
+             "| 60 s lifetime |": "| 65 s lifetime |", "`--idle-timeout-s` 30": "`--idle-timeouts-s` 30",
+             "`--max-phrases-total` 10000": "`--max-phrases-total` 10000, 3 retries"}[planted]
+    text = (ROOT / "docs" / "server.md").read_text()
+    assert text.count(planted) == 1, planted
+    problems = limit_problems(text.replace(planted, wrong))
+    assert len(problems) == 1 and problem in problems[0], problems

@@ -5,9 +5,10 @@
     serve run deploy/ray_serve.yaml               # or: python -m nemo_serve.ray_serve --replicas 2
 
 Each replica is a whole nemo-serve: the same engine-core process(es) as `nemo-serve` runs (one per
-device of the replica), with the replica itself as their one front end (the same FastAPI app,
-protocol, auth and limits), built on the replica from NEMO_SERVE_* environment variables (the same
-settings as the flags, through compose.py). Ray's proxy carries each WebSocket to one replica for its life; a socket is one
+device of the replica), with the replica itself as their one front end (build_frontend, as a
+front-end process: the same app, protocol, auth, caps, metrics and log redaction), built on the
+replica from NEMO_SERVE_* environment variables (the same settings as the flags, through
+compose.py). Ray's proxy carries each WebSocket to one replica for its life; a socket is one
 ongoing request there, so Ray's own counters follow the open streams. Around what Ray does by
 itself (measured in issue 17: sockets beyond `max_ongoing_requests` wait in the proxy, and
 `max_queued_requests` answers 500 and refuses sockets that fit):
@@ -19,6 +20,8 @@ itself (measured in issue 17: sockets beyond `max_ongoing_requests` wait in the 
   the socket still reaches one, and nemo-serve's own admission answers 503 at the handshake (or
   1013) at once instead of the proxy queueing it; no `max_queued_requests`;
 - autoscaling on open streams versus slots: `target_ongoing_requests` is a fraction of the slots;
+- health: `check_health` raises once the replica's engine cores are all dead, so Ray stops routing
+  to it and replaces it (a dead replica refuses at once, so would otherwise draw every new stream);
 - drain: a replica being scaled down gets no new sockets; its open streams get application()'s
   `graceful_shutdown_timeout_s` to end on their own, then the replica drains the rest as
   `nemo-serve` does on SIGTERM (each ends `draining` with the final of the audio it took in,
@@ -45,6 +48,10 @@ import time
 from ray import serve
 from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, RunningReplica
 
+from .server.connections import PROBE_PATHS
+from .server.protocol import CLOSE_TRY_AGAIN_LATER
+
+_REPLICA_CONTEXT: list = []  # this replica's ServerContext, for check_health (one replica per Ray actor process)
 SLOT_HEADROOM = 16  # sockets past the slots a replica takes, to refuse them itself at once
 STOP_POLL_S = 0.25  # how often a replica asks Ray's controller whether it is being stopped
 SHUTDOWN_MARGIN_S = 5.0  # Ray's kill deadline past the wait and the drain: the poll, the close frames, the exit
@@ -64,10 +71,9 @@ def build_app():
     """Runs on each replica: the replica starts its engine core(s) as `nemo-serve` does (the same
     CoreSet and processes, from NEMO_SERVE_*: the deployment's env_vars), and is itself their one
     front end: Ray's proxy hands it the sockets."""
-    from .compose import frontend_context
     from .config import Settings
     from .core.core_set import CoreSet
-    from .server.app import create_app
+    from .core.frontend_process import build_frontend
 
     settings = Settings.from_sources({}, os.environ)
     if settings.device == "cpu" and settings.devices is None and _ray_gpu_ids():
@@ -91,10 +97,46 @@ def build_app():
         raise
     print(cores.info.summary, flush=True)  # a replica has no logging set up for nemo_serve's loggers
     threading.Thread(target=cores.watch, args=(watching,), name="engine-cores-watch", daemon=True).start()
-    ctx = frontend_context(settings, cores.info, cores.endpoints(), frontend=0)
-    app = create_app(ctx, drain_on_shutdown=True, on_shutdown=stop_cores)
-    _drain_when_stopped(app, ctx)
-    return app
+    # The same front end as a front-end process (caps, redaction, metrics, drain); Ray's proxy owns
+    # the sockets, so the caps apply to the requests it hands over (ConnectionCaps) and the header
+    # deadline is the proxy's (it has read the headers before the replica sees the request).
+    built = build_frontend(settings, cores.info, cores.endpoints(), 0, drain_on_shutdown=True, on_shutdown=stop_cores)
+    built.app.add_middleware(ConnectionCaps, limiter=built.limiter)
+    _drain_when_stopped(built.app, built.ctx)
+    _REPLICA_CONTEXT.append(built.ctx)
+    return built.app
+
+
+class ConnectionCaps:
+    """--max-connections and --max-connections-per-ip on a replica: each request or WebSocket that
+    Ray's proxy hands over counts, while it runs, as a connection from its client's address (probes
+    do not count, as in connections.py); one over a cap is refused before the app sees it: 503, or
+    close 1013 before a WebSocket is accepted."""
+
+    def __init__(self, app, limiter) -> None:
+        self.app, self.limiter = app, limiter
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] not in ("http", "websocket") or scope.get("path", "").encode() in PROBE_PATHS:
+            return await self.app(scope, receive, send)
+        connection = object()  # the limiter's key for this request
+        reason = self.limiter.acquire(connection, (scope.get("client") or ("unknown",))[0])
+        if reason is not None:
+            return await _refuse(scope, send, reason)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.limiter.release(connection)
+
+
+async def _refuse(scope, send, reason: str) -> None:
+    if scope["type"] == "websocket":
+        await send({"type": "websocket.close", "code": CLOSE_TRY_AGAIN_LATER, "reason": reason[:120]})
+        return
+    body = reason.encode()
+    await send({"type": "http.response.start", "status": 503,
+                "headers": [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())]})  # fmt: skip
+    await send({"type": "http.response.body", "body": body})
 
 
 def _drain_when_stopped(app, ctx) -> None:
@@ -153,7 +195,24 @@ def _ray_gpu_ids() -> list:
         return []
 
 
-NemoServe = serve.deployment(serve.ingress(build_app)(), name="nemo-serve")
+@serve.deployment(name="nemo-serve")
+@serve.ingress(build_app)
+class NemoServe:
+    def check_health(self) -> None:
+        """Ray calls it every health_check_period_s; raising marks the replica unhealthy, so Ray
+        stops routing to it and replaces it. Without it a replica whose engine cores died stayed
+        routable, refused every stream at once, so had the fewest ongoing requests, which
+        MostFreeSlotsRouter prefers: every new stream went there."""
+        _check_engine_cores()
+
+
+def _check_engine_cores() -> None:
+    """Module-level on purpose: Ray pickles the deployment class by value, with a copy of the
+    globals its methods name (an empty _REPLICA_CONTEXT: the first version never raised); a module
+    function is pickled by reference and reads the replica's own list."""
+    for ctx in _REPLICA_CONTEXT:
+        if not ctx.engine_alive:
+            raise RuntimeError(f"engine core failed: {ctx.engine.error}")
 
 
 def application(

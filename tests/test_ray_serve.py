@@ -3,8 +3,10 @@
 Needs `pip install -e '.[ray]'` (ray[serve]), which `.ci/run` installs; skipped without it.
 Checks: streams spread over both replicas, every stream token-identical to NeMo's loop, a full
 cluster refuses a new stream at once (503 at the handshake) while a stream that fits is never
-refused, a replica scaled down loses no final (and drains streams that outlast Ray's wait), a replica runs the engine-core process (the same
-as `nemo-serve`), and the replicas honour every setting (--word-confidence: once dropped there).
+refused, a replica scaled down loses no final (and drains streams that outlast Ray's wait), a
+replica runs the engine-core process (the same as `nemo-serve`), the replicas honour every setting
+(--word-confidence: once dropped there), a replica's connection caps refuse past the cap, and a
+replica whose engine core died leaves routing (check_health) while new streams are served.
 """
 
 from __future__ import annotations
@@ -152,3 +154,91 @@ def test_replica_scaled_down_mid_stream_drains_its_streams(cluster, oracle_model
             taken = len(w)
         assert t.token_ids == oracle_tokens(oracle_model, w[:taken], 16000)
 
+
+def test_replica_connection_caps_refuse_past_the_per_address_cap():
+    """A replica's ConnectionCaps (Ray's proxy owns the sockets): with --max-connections-per-ip 1, a
+    second WebSocket from the same address while the first runs is closed 1013 before the app sees
+    it, another address is let in, a probe passes beyond the caps, and once the first ends the
+    address may connect again."""
+    from nemo_serve.ray_serve import ConnectionCaps
+    from nemo_serve.server.connections import ConnectionLimiter
+
+    async def scenario():
+        release, seen = asyncio.Event(), []
+
+        async def app(scope, receive, send):
+            seen.append((scope["client"][0], scope["path"]))
+            if scope["client"][0] == "10.0.0.1" and len(seen) == 1:
+                await release.wait()
+
+        caps = ConnectionCaps(app, ConnectionLimiter(max_total=8, max_per_ip=1))
+        sent = []
+
+        async def send(message):
+            sent.append(message)
+
+        def ws(ip, path="/ws"):
+            return {"type": "websocket", "path": path, "client": (ip, 5000)}
+
+        first = asyncio.create_task(caps(ws("10.0.0.1"), None, send))
+        await asyncio.sleep(0.01)
+        await caps(ws("10.0.0.1"), None, send)  # over the cap
+        await caps(ws("10.0.0.2"), None, send)
+        await caps({"type": "http", "path": "/readyz", "client": ("10.0.0.1", 5001)}, None, send)
+        release.set()
+        await first
+        await caps(ws("10.0.0.1"), None, send)
+        return seen, sent
+
+    seen, sent = asyncio.run(scenario())
+    assert seen == [("10.0.0.1", "/ws"), ("10.0.0.2", "/ws"), ("10.0.0.1", "/readyz"), ("10.0.0.1", "/ws")], seen
+    assert [m["type"] for m in sent] == ["websocket.close"] and sent[0]["code"] == 1013, sent
+    assert "too many connections from your address" in sent[0]["reason"]
+
+
+def test_replica_whose_engine_core_died_leaves_routing_new_streams_go_to_a_healthy_one(cluster, oracle_model):
+    """Issue 47: a long stream holds one replica; /readyz then answers from the other (fewest ongoing
+    requests), whose engine core is killed. That replica refuses at once, so it keeps the fewest
+    ongoing requests, which MostFreeSlotsRouter prefers: without check_health every new request
+    went to it. Its check_health raises, so Ray stops routing to it (and replaces it): within 60 s,
+    ten /readyz in a row answer from replicas whose core serves, and new streams are served
+    token-identical to NeMo's loop; the long stream is unharmed."""
+    import os
+    import signal
+
+    import httpx
+    import numpy as np
+
+    from nemo_serve.ray_serve import application
+
+    url, env = cluster
+    serve.run(application(num_slots=SLOTS, replicas=2, env=env, cpus=0.5), name="nemo-serve", route_prefix="/")
+    readyz = url.replace("ws://", "http://").replace("/ws", "/readyz")
+    long_wire = encode(np.concatenate(helpers.utterances(8, seed=41)), "pcm_f32le")  # ~25 s at real time
+    wires = [encode(u, "pcm_f32le") for u in helpers.utterances(2, seed=37)]
+
+    def get():
+        return httpx.get(readyz, timeout=10, trust_env=False)
+
+    async def scenario():
+        holder = asyncio.create_task(stream(url, long_wire, 16000, "pcm_f32le", speed=1.0, packet=1600))
+        await asyncio.sleep(1.5)
+        other = (await asyncio.to_thread(get)).json()
+        assert other["open_streams"] == 0, other  # the replica without the long stream answered
+        os.kill(other["cores"][0]["pid"], signal.SIGKILL)
+        deadline, in_a_row, answers = time.monotonic() + 60, 0, []
+        while in_a_row < 10:
+            assert time.monotonic() < deadline, answers[-12:]
+            r = await asyncio.to_thread(get)
+            serving = r.status_code == 200 and all(c["serving"] for c in r.json()["cores"])
+            answers.append((r.status_code, r.json().get("pid")))
+            in_a_row = in_a_row + 1 if serving else 0
+            await asyncio.sleep(0.2)
+        served = [await stream(url, w, 16000, "pcm_f32le", speed=0.0) for w in wires]
+        return served, await holder
+
+    served, held = asyncio.run(scenario())
+    check_well_formed(held)
+    for t, w in zip(served, wires):
+        check_well_formed(t)
+        assert t.token_ids == oracle_tokens(oracle_model, w, 16000)

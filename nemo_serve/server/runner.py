@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import resource
 import signal
 import socket
 import sys
@@ -25,7 +24,7 @@ from uvicorn.config import STARTUP_FAILURE
 
 from ..config import Settings
 from . import logsafe
-from .connections import ConnectionLimiter, ConnectionLimits, max_connections_for
+from .connections import ConnectionLimits
 from .context import ServerContext
 from .uvicorn_protocols import protocol_classes
 
@@ -90,16 +89,11 @@ class DrainingServer(uvicorn.Server):
             self.should_exit = True
 
 
-def serve(app, ctx: ServerContext, settings: Settings, sock: socket.socket) -> None:
-    """Serve a front-end process's app on `sock`, its bound SO_REUSEPORT socket (the supervisor
-    owns --host/--port)."""
-    soft_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    max_total = max_connections_for(settings.max_connections, None if soft_limit == resource.RLIM_INFINITY else soft_limit)
-    if max_total < settings.max_connections:
-        log.warning("--max-connections %d lowered to %d: this process may open only %d files (ulimit -n)",
-                    settings.max_connections, max_total, soft_limit)  # fmt: skip
-    limiter = ConnectionLimiter(max_total, min(settings.max_connections_per_ip, max_total), ctx.metrics)
-    http_protocol, ws_protocol = protocol_classes(ConnectionLimits(limiter, settings.header_timeout_s))
+def serve(frontend, settings: Settings, sock: socket.socket) -> None:
+    """Serve a front end (core/frontend_process.build_frontend: app, context, connection caps) on
+    `sock`, its bound SO_REUSEPORT socket (the supervisor owns --host/--port)."""
+    app, ctx = frontend.app, frontend.ctx
+    http_protocol, ws_protocol = protocol_classes(ConnectionLimits(frontend.limiter, frontend.header_timeout_s))
     config = uvicorn.Config(
         app,
         host=settings.host,

@@ -37,12 +37,16 @@ def test_gpu_bench_dry_run_on_cpu_every_phase_validation_eager_against_eager(tmp
         "--out", str(tmp_path), "--model", "tiny-prompt", "--device", "cpu", "--dtype", "fp32", "--modes", "3,0",
         "--batches", "1,3,8", "--step-seconds", "0.1", "--levels", "3:2,3;0:2", "--level-seconds", "1.5",
         "--selftest-models", "builtin:tiny-prompt", "--selftest-dtypes", "fp32", "--selftest-n", "2",
-        "--threads", "1", "--budget-s", "150",
+        "--selftest-configs", "ring:sdpa,window:matmul", "--threads", "1", "--budget-s", "150",
     ])
     assert rc == 0
     recs = _records(tmp_path / "results.jsonl")
     kinds = [r["kind"] for r in recs]
-    assert kinds[:6] == ["env", "preflight", "selftest", "model", "calibration", "calibration"], kinds
+    assert kinds[:7] == ["env", "preflight", "selftest", "selftest", "model", "calibration", "calibration"], kinds
+    for st, words in zip(recs[2:4], (("ring layout", "SDPA"), ("window layout", "matmul + softmax"))):
+        assert st["passed"] and st["summary"].startswith("2/2 token-identical"), st
+        assert all(w in st["kernels"] for w in words), st  # the selftest named what the pair picked
+    del recs[3], kinds[3]  # the rest of the run as before
     assert kinds[-1] == "done" and recs[-1]["ok"] and recs[-1]["seconds"] < 150, recs[-1]
     assert "error" not in kinds and "skipped" not in kinds, recs
     pre = recs[1]
@@ -75,8 +79,9 @@ def test_gpu_bench_dry_run_on_cpu_every_phase_validation_eager_against_eager(tmp
     engine = recs[6]
     assert engine["kind"] == "engine" and engine["slots"] == 8 and engine["buckets"] == [1, 2, 4, 8]
     assert engine["graphs"] is False
-    caps = [r for r in recs if r["kind"] == "capacity"]
-    assert [(c["chunk_ms"], c["streams"]) for c in caps] == [(320, 2), (320, 3), (80, 2)]
+    caps = [r for r in recs if r["kind"] == "capacity"]  # per mode: the ring layout, then the window reference
+    assert [(c["chunk_ms"], c["streams"], c["kv_layout"]) for c in caps] == [
+        (320, 2, "ring"), (320, 3, "ring"), (320, 2, "window"), (320, 3, "window"), (80, 2, "ring"), (80, 2, "window")]
     for c in caps:
         assert c["updates"] > 0 and 0 <= c["lateness_p50_ms"] <= c["lateness_p95_ms"] <= c["lateness_max_ms"], c
         assert c["bound_ms"] == 2 * c["chunk_ms"] and c["keeps_up"] and c["open_after_drain"] == 0

@@ -8,7 +8,9 @@ Phases, each started only if it fits the budget (--budget-s, from the process st
    is wrong): package versions, NeMo's import, CUDA, NeMo's conditional-node check (full-graph
    decoding needs it), and one bucket of a tiny prompt model captured and stepped on the device.
 2. `selftest`: `--selftest` parity with NeMo's own loop on the device, every trained mode in one
-   engine, in fp32 and bf16: the shipped demo model (real speech) and the tiny prompt built-in.
+   engine, in fp32 and bf16: the shipped demo model (real speech) and the tiny prompt built-in,
+   once per --selftest-configs pair (ring KV layout, the window reference, ring with SDPA
+   attention); each record names the kernels that ran (the selftest's `kernels:` line).
 3. `model`, `calibration` per mode: the architecture built from configs/ (random init), a trained
    model's decoder load (benchmarks/gpu/emission.py): the decoder's max_symbols capped at
    --max-symbols (3), then a bias on its blank logit bracketed and bisected (>= 14 steps, one
@@ -32,7 +34,9 @@ Phases, each started only if it fits the budget (--budget-s, from the process st
    on one thread, no other threads): N real-time streams whose starts spread over one chunk;
    lateness of every update after a warm-up (its delivery - the arrival of the last sample it
    needed) against 2 chunk periods; GPU ms per step, the loop's busy fraction. Levels rise
-   until one does not keep up; slots are sized to the levels (and to GPU memory).
+   until one does not keep up; slots are sized to the levels (and to GPU memory). Once per
+   --capacity-layouts entry (ring, then the window reference), each record naming its layout
+   and its rows per step.
 """
 
 from __future__ import annotations
@@ -200,11 +204,13 @@ def selftest(args, res: Results) -> None:
     procs = {}
     for model in args.selftest_models:
         for dtype in args.selftest_dtypes:
-            cmd = [sys.executable, "-m", "nemo_serve.cli", "--selftest", str(args.selftest_n), "--context-right", "all",
-                   "--dtype", dtype, "--device", args.device] + (["--model", model] if model else [])  # fmt: skip
-            procs[(model or "demo", dtype)] = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE,
-                                                               stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    for (model, dtype), p in procs.items():
+            for layout, attention in args.selftest_configs:  # KV layout and attention (engine/ring_cache.py, attention.py)
+                cmd = [sys.executable, "-m", "nemo_serve.cli", "--selftest", str(args.selftest_n), "--context-right",
+                       "all", "--dtype", dtype, "--device", args.device] + (["--model", model] if model else [])  # fmt: skip
+                env = {**os.environ, "NEMO_SERVE_KV_LAYOUT": layout, "NEMO_SERVE_ATTENTION": attention}
+                procs[(model or "demo", dtype, layout, attention)] = subprocess.Popen(
+                    cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    for (model, dtype, layout, attention), p in procs.items():
         try:
             out, _ = p.communicate(timeout=max(10.0, min(180.0, left(args.budget_s) - args.reserve_s)))
         except subprocess.TimeoutExpired:
@@ -213,6 +219,7 @@ def selftest(args, res: Results) -> None:
         lines = [ln for ln in out.splitlines() if not ln.startswith(("[NeMo", "    "))]
         summary = next((ln for ln in reversed(lines) if "token-identical" in ln and "/" in ln.split()[0]), None)
         res.write("selftest", model=model, dtype=dtype, device=args.device, n=args.selftest_n, passed=p.returncode == 0,
+                  kv_layout=layout, attention=attention, kernels=next((ln for ln in lines if ln.startswith("kernels: ")), None),
                   rc=p.returncode, summary=summary, per_mode=[ln for ln in lines if ln.startswith("context-right")],
                   diffs=[ln for ln in lines if ln.startswith("[DIFF]")],
                   tail=None if p.returncode == 0 else "\n".join(lines[-15:])[-3000:],
@@ -393,7 +400,8 @@ def make_engine(model, slots: int, res: Results | None = None, what: str = "engi
                   buckets=stepper.sizes, max_step_rows=engine.pool.max_step_rows, graphs=rep["graphs"],
                   encoder_graphs=len(rep["encoder_captured"]), encoder_failed=rep["encoder_failed"],
                   decoder_modes=rep["decoder_modes"], build_s=round(t_prep - t, 1), capture_s=round(prep, 1),
-                  memory=engine.pool.memory_summary(), gpu_memory=mem, startup_line=line)  # fmt: skip
+                  memory=engine.pool.memory_summary(), gpu_memory=mem, startup_line=line,
+                  kv_layout=engine.pool.layout, kernels=engine.encoder.describe(engine.pool))  # fmt: skip
     return engine, stepper
 
 
@@ -403,13 +411,13 @@ def graph_vs_eager(args, model, engine, stepper, steps: int = 4) -> dict:
     identical at every step, at three batch sizes (one padded)."""
     import torch
 
-    from nemo_serve.engine.slots import SlotPool
+    from nemo_serve.engine.ring_cache import make_slot_pool
     from nemo_serve.engine.step import StepBatch, Stepper
 
     g = model.geometry
     sizes = sorted({1, min(5, engine.pool.max_step_rows), min(64, engine.pool.max_step_rows)})
     top = max(sizes)
-    eager_pool = SlotPool(model, top, engine.encoder.channel_shape)
+    eager_pool = make_slot_pool(model, engine.encoder, top)  # the engine's layout
     eager = Stepper(model, engine.encoder, eager_pool, graphs=False, context_right=g.context_right)
     gen = torch.Generator().manual_seed(7)
     out = {"batches": sizes, "steps": steps, "identical": True, "tokens": 0, "first_difference": None,
@@ -430,8 +438,9 @@ def graph_vs_eager(args, model, engine, stepper, steps: int = 4) -> dict:
                 if a.token_ids != b.token_ids or a.decoded_frames != b.decoded_frames:
                     out["identical"] = False
                     out["first_difference"] = out["first_difference"] or {"batch": n, "step": k}
-            ca = engine.pool.gather_encoder(torch.as_tensor(rows_a, device=model.device))
-            cb = eager_pool.gather_encoder(torch.as_tensor(rows_b, device=model.device))
+            c = getattr(engine.encoder, "cache_len", None)  # state positions (the KV layouts' scratch is not state)
+            ca = engine.pool.read_encoder(torch.as_tensor(rows_a, device=model.device), c)
+            cb = eager_pool.read_encoder(torch.as_tensor(rows_b, device=model.device), c)
             for x, y in ((ca.cache_last_channel, cb.cache_last_channel), (ca.cache_last_time, cb.cache_last_time)):
                 d = (x.float() - y.float()).abs().max().item() if x.numel() else 0.0
                 out["max_abs_cache_diff"] = max(out["max_abs_cache_diff"], d)
@@ -645,6 +654,21 @@ def capacity_level(args, model, engine, stepper, n: int, audio: np.ndarray, seco
 
 
 def capacity(args, model, res: Results, levels: list[int]) -> None:
+    """The levels once per KV layout (--capacity-layouts: the ring layout against the window
+    reference, side by side in one run)."""
+    before = os.environ.get("NEMO_SERVE_KV_LAYOUT")
+    try:
+        for layout in args.capacity_layouts:
+            os.environ["NEMO_SERVE_KV_LAYOUT"] = layout
+            _capacity_levels(args, model, res, levels, layout)
+    finally:
+        if before is None:
+            os.environ.pop("NEMO_SERVE_KV_LAYOUT", None)
+        else:
+            os.environ["NEMO_SERVE_KV_LAYOUT"] = before
+
+
+def _capacity_levels(args, model, res: Results, levels: list[int], layout: str) -> None:
     g = model.geometry
     if not levels:
         return
@@ -664,7 +688,8 @@ def capacity(args, model, res: Results, levels: list[int]) -> None:
                 res.write("skipped", what=f"capacity {round(g.chunk_ms)} ms {n} streams", why="budget")
                 break
             out = capacity_level(args, model, engine, stepper, n, audio, args.level_seconds)
-            res.write("capacity", context_right=g.context_right, dtype=args.dtype, **out)
+            res.write("capacity", context_right=g.context_right, dtype=args.dtype, kv_layout=engine.pool.layout,
+                      max_step_rows=engine.pool.max_step_rows, **out)  # fmt: skip
             if not out["keeps_up"] or out["open_after_drain"]:
                 break
     finally:
@@ -709,6 +734,9 @@ def parse(argv=None):
     ap.add_argument("--selftest-models", default="demo,builtin:tiny-prompt",
                     help="comma-separated; 'demo' is the shipped model; empty: no selftest")
     ap.add_argument("--selftest-dtypes", default="fp32,bf16")
+    ap.add_argument("--selftest-configs", default="ring:matmul,window:matmul,ring:sdpa",
+                    help="KV layout:attention pairs the selftest runs with (NEMO_SERVE_KV_LAYOUT, NEMO_SERVE_ATTENTION)")
+    ap.add_argument("--capacity-layouts", default="ring,window", help="KV layouts whose capacity is measured, in order")
     ap.add_argument("--selftest-n", type=int, default=4)
     ap.add_argument("--memory-fraction", type=float, default=0.7)
     ap.add_argument("--force-capture-failure", action="store_true",
@@ -722,6 +750,8 @@ def parse(argv=None):
     args.levels_by_mode = {int(k): [int(x) for x in v.split(",")] for k, v in (p.split(":") for p in args.levels.split(";"))}
     args.selftest_models = [None if m == "demo" else m for m in args.selftest_models.split(",") if m]
     args.selftest_dtypes = [d for d in args.selftest_dtypes.split(",") if d]
+    args.selftest_configs = [tuple(c.split(":")) for c in args.selftest_configs.split(",") if c]
+    args.capacity_layouts = [x for x in args.capacity_layouts.split(",") if x]
     return args
 
 

@@ -57,6 +57,9 @@ if [[ -d "$CARRY/wheels" ]] && compgen -G "$CARRY/wheels/*.whl" > /dev/null; the
 fi
 [[ -d "$CARRY/cache" ]] && export NEMO_SERVE_CACHE="$(cd "$CARRY/cache" && pwd)"
 export PYTHONPATH=$(pwd)${PYTHONPATH:+:$PYTHONPATH}
+# The KV layout the checks and step sweep run with (engine/ring_cache.py; opt-in on the CPU until this
+# run confirms it on the device); the selftest and capacity run both layouts themselves.
+export NEMO_SERVE_KV_LAYOUT=${NEMO_SERVE_KV_LAYOUT:-ring}
 export PYTHONUNBUFFERED=1  # PYTORCH_CUDA_ALLOC_CONF is left to the caller: expandable segments with graph pools is untested here
 echo "[$(( $(date +%s) - START ))s] environment ready"
 

@@ -147,17 +147,35 @@ def test_frames_at_max_symbols_match(spec, max_symbols, scale):
 @pytest.mark.parametrize("rows_mode", ["all", "active"])
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_boosted_rows_beside_plain_rows_match_nemo(dtype, rows_mode):
+    """Boosted rows (two trees, a strong boost) beside unboosted ones; the boost is seen to change
+    labels (NeMo's own computer with and without it), so a loop that ignored it would fail."""
     model = helpers.model(None, None, dtype)
     registry = BiasingRegistry(model.nemo.tokenizer, int(model.decoding_computer._blank_index), model.device)
     from nemo_serve.engine.phrases import PhraseRequest
 
-    a, sa = registry.acquire(PhraseRequest(("nine fifty",), 3.0))
-    c, sc = registry.acquire(PhraseRequest(("each game", "girl test snow"), 5.0))
+    a, sa = registry.acquire(PhraseRequest(("nine fifty",), 20.0))
+    c, sc = registry.acquire(PhraseRequest(("each game", "girl test snow"), 20.0))
     ids = torch.tensor([a, -1, c, a, -1, c])
     init = torch.tensor([sa, 0, sc, sa, 0, sc])
     computer = biasing_computer(model.decoding_computer, registry.multi_model)
+    changed = 0
     for scale, seed in ((1.0, 5), (3.0, 6)):
         chunks = _chunks(model, b=6, t=5, n=4, scale=scale, seed=seed, dtype=dtype)
         _compare(computer, model, chunks, ids, fusion_init=init, rows_mode=rows_mode)
         _compare(confidence_computer(computer), model, chunks, ids, confidence=True, fusion_init=init,
                  rows_mode=rows_mode)
+        changed += _labels(computer, model, chunks, ids, init) != _labels(model.decoding_computer, model, chunks)
+    assert changed, "the boost changed no label: the test would not see a loop that ignores it"
+
+
+def _labels(computer, model, chunks, bias_ids=None, fusion_init=None) -> list:
+    state = decoder_state_after_sos(computer, model.device, chunks[0][0].shape[0])
+    if fusion_init is not None:
+        state.fusion_states_list = [fusion_init.clone()]
+    extra = {"multi_biasing_ids": bias_ids} if bias_ids is not None else {}
+    out = []
+    with torch.inference_mode():
+        for x, lens in chunks:
+            hyps, state = computer(x=x, out_len=lens, prev_batched_state=state, **extra)
+            out.append([hyps.transcript[i, :m].tolist() for i, m in enumerate(hyps.current_lengths.tolist())])
+    return out

@@ -6,7 +6,9 @@ cache write-back, the prompt and the padded rows' zero lengths. Its inputs are t
 persistent device buffers sliced to the bucket, its outputs (encoded frames and lengths) are
 static tensors of the graph, consumed at once by the decoder half.
 
-The decoder half runs NeMo's label-looping computer in its own CUDA-graph mode, one computer per
+With NEMO_SERVE_DECODER=label_loop (engine/label_loop.py) the decoder half is our loop, eager after
+the encoder graph's replay (one host sync per label trip; not captured yet). Otherwise (CUDA's
+default) the decoder half runs NeMo's label-looping computer in its own CUDA-graph mode, one computer per
 bucket (`Stepper.computer`) whose graph NeMo captures on that bucket's first call (at start-up
 with `Stepper.prepare`). It cannot sit inside our capture: NeMo replays its graph with a
 cudaGraphLaunch and clones its outputs, neither of which stream capture records. Around it,

@@ -52,9 +52,12 @@ class LoopHyps:
 
 
 class _Rows:
-    """Per-row loop state [B], allocated once per call."""
+    """Per-row loop state [B], allocated once per call. `take` and `put` read and write a field for
+    the rows a trip evaluates: every row (idx None: the tensor itself, rebound, no gather or
+    scatter) or the compacted rows (index_select / index_copy_)."""
 
-    def __init__(self, out_len: torch.Tensor, state: BatchedLabelLoopingState, width: int, float_dtype, confidence):
+    def __init__(self, out_len: torch.Tensor, state: BatchedLabelLoopingState, width: int, float_dtype, confidence,
+                 boosted: bool):  # fmt: skip
         b, dev = out_len.shape[0], out_len.device
         self.t = torch.zeros(b, dtype=torch.long, device=dev)  # frame each row is at
         self.count = torch.zeros(b, dtype=torch.long, device=dev)  # labels emitted at that frame
@@ -69,6 +72,20 @@ class _Rows:
         self.confidence = torch.zeros(b, width + 1, dtype=float_dtype, device=dev) if confidence else None
         self.width = width
         self.frame_offset = state.decoded_lengths  # global frame of this chunk's frame 0
+        self.g = state.predictor_outputs.clone()  # [B, 1, H] the predictor's (projected) output
+        self.h = [s.clone() for s in state.predictor_states]  # [layers, B, H] each
+        self.fusion = state.fusion_states_list[0].clone() if boosted else None  # [B] boosting-tree state
+        self.every_row = torch.arange(b, device=dev)
+
+    def take(self, name: str, idx: torch.Tensor | None) -> torch.Tensor:
+        x = getattr(self, name)
+        return x if idx is None else x.index_select(0, idx)
+
+    def put(self, name: str, idx: torch.Tensor | None, value: torch.Tensor) -> None:
+        if idx is None:
+            setattr(self, name, value)
+        else:
+            getattr(self, name).index_copy_(0, idx, value)
 
 
 ROW_MODES = ("all", "active")
@@ -89,27 +106,22 @@ def label_loop(computer, encoded: torch.Tensor, out_len: torch.Tensor, state: Ba
     floats can differ from NeMo's in the last bits (tokens identical in every test here)."""
     if rows_mode not in ROW_MODES:
         raise ValueError(f"rows_mode {rows_mode!r}: one of {ROW_MODES}")
-    b, t_max, _ = encoded.shape
+    t_max = encoded.shape[1]
     blank = blank_index(computer)
     max_symbols = int(computer.max_symbols)  # the engine sizes its results by it (Stepper.out_width)
-    boosted = multi_biasing_ids is not None
     f_proj = computer.joint.project_encoder(encoded)  # [B, T, H]: once per frame, not per trip
-    rows = _Rows(out_len, state, t_max * max_symbols, f_proj.dtype, confidence)
-    g = state.predictor_outputs.clone()  # [B, 1, H]
-    h = [s.clone() for s in state.predictor_states]  # [layers, B, H] each
-    fusion = state.fusion_states_list[0].clone() if boosted else None  # [B]
-    every_row = torch.arange(b, device=encoded.device)
+    rows = _Rows(out_len, state, t_max * max_symbols, f_proj.dtype, confidence, multi_biasing_ids is not None)
     trips = 0
     while True:
-        n_pending, n_active = torch.stack([rows.pending.sum(), rows.active.sum()]).tolist()  # the trip's one sync
+        n_pending, n_active = torch.stack([rows.pending, rows.active]).sum(1).tolist()  # the trip's one sync
         if n_pending:
-            _predict(computer, rows, every_row if rows_mode == "all" else _indices(rows.pending, n_pending), g, h)
+            _predict(computer, rows, None if rows_mode == "all" else _indices(rows.pending, n_pending))
         if not n_active:
             break
         trips += 1
-        idx = every_row if rows_mode == "all" else _indices(rows.active, n_active)
-        labels, unbiased, fusion_next = _joint(computer, f_proj, g, rows.t, idx, blank, fusion, multi_biasing_ids)
-        _advance(computer, rows, idx, labels, unbiased, blank, max_symbols, confidence, fusion, fusion_next)
+        idx = None if rows_mode == "all" else _indices(rows.active, n_active)
+        labels, unbiased, fusion_next = _joint(computer, rows, f_proj, idx, blank, multi_biasing_ids)
+        _advance(computer, rows, idx, labels, unbiased, blank, max_symbols, confidence, fusion_next)
     hyps = LoopHyps(
         transcript=rows.transcript[:, : rows.width],
         timestamps=rows.timestamps[:, : rows.width],
@@ -118,11 +130,11 @@ def label_loop(computer, encoded: torch.Tensor, out_len: torch.Tensor, state: Ba
         trips=trips,
     )
     new_state = BatchedLabelLoopingState(
-        predictor_states=h,
-        predictor_outputs=g,
+        predictor_states=rows.h,
+        predictor_outputs=rows.g,
         labels=rows.last_label,
         decoded_lengths=out_len + state.decoded_lengths,
-        fusion_states_list=[fusion] if boosted else [],
+        fusion_states_list=[rows.fusion] if rows.fusion is not None else [],
         time_jumps=None,
     )
     return hyps, new_state
@@ -134,61 +146,66 @@ def _indices(mask: torch.Tensor, n: int) -> torch.Tensor:
     return torch.argsort((~mask).to(torch.int8), stable=True)[:n]
 
 
-def _joint(computer, f_proj, g, t, idx, blank, fusion, multi_biasing_ids):
-    """Greedy labels of the rows `idx` at their frames (a finished row reads its chunk's last frame,
-    as NeMo's `safe_time_indices`); with boosting, NeMo's rule: the boosted argmax over non-blank
-    labels unless the unboosted argmax is blank. Returns (labels, the unboosted logits, each row's
-    tree state after its label, or None without boosting)."""
-    frames = t.index_select(0, idx).clamp_(max=f_proj.shape[1] - 1)
-    f = f_proj[idx, frames].unsqueeze(1)  # [n, 1, H]
-    logits = computer.joint.joint_after_projection(f, g.index_select(0, idx)).squeeze(1).squeeze(1)  # [n, V+1]
+def _joint(computer, rows: _Rows, f_proj, idx, blank, multi_biasing_ids):
+    """Greedy labels of the rows `idx` (None: all) at their frames (a finished row reads its
+    chunk's last frame, as NeMo's `safe_time_indices`); with boosting, NeMo's rule: the boosted
+    argmax over non-blank labels unless the unboosted argmax is blank. Returns (labels, the
+    unboosted logits, each row's tree state after its label, or None without boosting)."""
+    frames = rows.take("t", idx).clamp(max=f_proj.shape[1] - 1)
+    f = f_proj[rows.every_row if idx is None else idx, frames].unsqueeze(1)  # [n, 1, H]
+    logits = computer.joint.joint_after_projection(f, rows.take("g", idx)).squeeze(1).squeeze(1)  # [n, V+1]
     labels = logits.max(-1)[1]  # NeMo's op (first maximum on ties)
-    if fusion is None:
+    if rows.fusion is None:
         return labels, logits, None
     unbiased = logits.clone()
-    scores, candidates = computer.advance_fusion_models([fusion.index_select(0, idx)],
-                                                        multi_biasing_ids.index_select(0, idx), logits.dtype)  # fmt: skip
+    ids = multi_biasing_ids if idx is None else multi_biasing_ids.index_select(0, idx)
+    scores, candidates = computer.advance_fusion_models([rows.take("fusion", idx)], ids, logits.dtype)
     logits[:, :-1] += scores[0]
     labels = torch.where(labels == blank, labels, logits[:, :-1].max(-1)[1])
     fusion_next = candidates[0].gather(1, torch.where(labels == blank, 0, labels).unsqueeze(1)).squeeze(1)
     return labels, unbiased, fusion_next
 
 
-def _advance(computer, rows: _Rows, idx, labels, unbiased, blank, max_symbols, confidence, fusion, fusion_next):
+def _advance(computer, rows: _Rows, idx, labels, unbiased, blank, max_symbols, confidence, fusion_next) -> None:
     """One fused update of the evaluated rows that are still live: emit labels, move frames, force
     the next frame after max_symbols labels at one frame."""
-    live = rows.active.index_select(0, idx)
+    live = rows.take("active", idx)
     emit = (labels != blank) & live
-    t = rows.t.index_select(0, idx)
-    count = torch.where(emit, rows.count.index_select(0, idx) + 1, 0)
+    t = rows.take("t", idx)
+    count = torch.where(emit, rows.take("count", idx) + 1, 0)
     step = live & (~emit | (count >= max_symbols))
     # results: a row that emitted writes at its length, the others into the spare column
-    length = rows.lengths.index_select(0, idx)
-    col = torch.where(emit, length, rows.width).unsqueeze(1)
-    rows.transcript[idx.unsqueeze(1), col] = labels.unsqueeze(1)
-    rows.timestamps[idx.unsqueeze(1), col] = (t + rows.frame_offset.index_select(0, idx)).unsqueeze(1)
+    length = rows.take("lengths", idx)
+    at = (rows.every_row if idx is None else idx).unsqueeze(1), torch.where(emit, length, rows.width).unsqueeze(1)
+    rows.transcript[at] = labels.unsqueeze(1)
+    rows.timestamps[at] = (t + rows.take("frame_offset", idx)).unsqueeze(1)
     if confidence:
-        rows.confidence[idx.unsqueeze(1), col] = step_confidence(computer, unbiased).unsqueeze(1)
-    rows.lengths.index_copy_(0, idx, length + emit)
-    rows.last_label.index_copy_(0, idx, torch.where(emit, labels, rows.last_label.index_select(0, idx)))
-    if fusion is not None:
-        fusion.index_copy_(0, idx, torch.where(emit, fusion_next, fusion.index_select(0, idx)))
+        rows.confidence[at] = step_confidence(computer, unbiased).unsqueeze(1)
+    rows.put("lengths", idx, length + emit)
+    rows.put("last_label", idx, torch.where(emit, labels, rows.take("last_label", idx)))
+    if fusion_next is not None:
+        rows.put("fusion", idx, torch.where(emit, fusion_next, rows.take("fusion", idx)))
     t = t + step
-    rows.t.index_copy_(0, idx, t)
-    rows.count.index_copy_(0, idx, torch.where(step, 0, count))
-    rows.active.index_copy_(0, idx, t < rows.out_len.index_select(0, idx))
-    rows.pending.index_copy_(0, idx, emit)
+    rows.put("t", idx, t)
+    rows.put("count", idx, torch.where(step, 0, count))
+    rows.put("active", idx, t < rows.take("out_len", idx))
+    rows.put("pending", idx, emit)
 
 
-def _predict(computer, rows: _Rows, idx, g, h) -> None:
-    """The prediction network on the rows `idx` (every row, or only those due), on each row's last
-    label; only the rows that emitted last trip take the new state."""
-    due = rows.pending.index_select(0, idx)
-    labels = rows.last_label.index_select(0, idx).unsqueeze(1)  # [n, 1]
-    state = [s.index_select(1, idx) for s in h]
-    out, new_state, *_ = computer.decoder.predict(labels, state, add_sos=False, batch_size=idx.shape[0])
-    out = computer.joint.project_prednet(out).to(g.dtype)
-    g.index_copy_(0, idx, torch.where(due.view(-1, 1, 1), out, g.index_select(0, idx)))
-    for dst, old, new in zip(h, state, new_state):
-        dst.index_copy_(1, idx, torch.where(due.view(1, -1, 1), new.to(dst.dtype), old))
-    rows.pending.zero_()
+def _predict(computer, rows: _Rows, idx) -> None:
+    """The prediction network on the rows `idx` (None: every row) on each row's last label; only
+    the rows that emitted last trip take the new state."""
+    due = rows.take("pending", idx)
+    labels = rows.take("last_label", idx).unsqueeze(1)  # [n, 1]
+    state = [s if idx is None else s.index_select(1, idx) for s in rows.h]
+    n = labels.shape[0]
+    out, new_state, *_ = computer.decoder.predict(labels, state, add_sos=False, batch_size=n)
+    out = computer.joint.project_prednet(out).to(rows.g.dtype)
+    rows.put("g", idx, torch.where(due.view(-1, 1, 1), out, rows.take("g", idx)))
+    for k, (old, new) in enumerate(zip(state, new_state)):
+        kept = torch.where(due.view(1, -1, 1), new.to(old.dtype), old)
+        if idx is None:
+            rows.h[k] = kept
+        else:
+            rows.h[k].index_copy_(1, idx, kept)
+    rows.pending = torch.zeros_like(rows.pending)

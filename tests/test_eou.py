@@ -142,3 +142,22 @@ def test_force_final_and_silence_rules_say_why():
     assert [r.end_reason for r in got if r.is_final] == ["force_final"]
     eng.abort(s)
     helpers.assert_engine_empty(eng)
+
+
+def test_shipped_demo_eou_model_ends_the_turn_after_the_last_word():
+    """nemo_serve/assets/demo/demo_eou.nemo (docs/demo_model.md): a bundled utterance followed by
+    silence gives one final with the whole text, ended by an EOU, whose tokens are NeMo's loop's."""
+    from nemo_serve.model import DEMO_MODEL_PATH
+
+    m = helpers.model(str(DEMO_MODEL_PATH.with_name("demo_eou.nemo")), 0)
+    eou_ids = _eou_ids(m)
+    assert list(eou_ids.values()) == ["eou"]
+    audios = [np.concatenate([a, np.zeros(16000, np.float32)]) for a in helpers.utterances(4, seed=0)]
+    driven = _driven(m, audios, EndpointConfig())
+    ended_by_eou = 0
+    for i, a in enumerate(audios):
+        texts = [f for f in driven.finals(i) if f.text]
+        ref = oracle_transcribe(m, a).token_ids
+        assert [t for f in driven.finals(i) for t in f.token_ids] == [t for t in ref if t not in eou_ids]
+        ended_by_eou += len(texts) == 1 and texts[0].end_reason == "eou"
+    assert ended_by_eou >= 3, [[(f.text, f.end_reason) for f in driven.finals(i)] for i in range(4)]

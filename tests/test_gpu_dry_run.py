@@ -31,28 +31,29 @@ def test_gpu_bench_dry_run_on_cpu(tmp_path):
         "--out", str(tmp_path), "--model", "tiny-prompt", "--device", "cpu", "--dtype", "fp32", "--modes", "3,0",
         "--batches", "1,3,8", "--step-seconds", "0.1", "--levels", "3:2,3;0:2", "--level-seconds", "1.5",
         "--selftest-models", "builtin:tiny-prompt", "--selftest-dtypes", "fp32", "--selftest-n", "2",
-        "--threads", "1", "--budget-s", "150",
+        "--threads", "1", "--budget-s", "400",
     ])
     assert rc == 0
     recs = _records(tmp_path / "results.jsonl")
     kinds = [r["kind"] for r in recs]
-    assert kinds[:6] == ["env", "preflight", "selftest", "model", "calibration", "calibration"], kinds
-    assert kinds[-1] == "done" and recs[-1]["ok"] and recs[-1]["seconds"] < 150, recs[-1]
+    assert kinds[:7] == ["env", "preflight", "selftest", "selftest", "model", "calibration", "calibration"], kinds
+    assert kinds[-1] == "done" and recs[-1]["ok"] and recs[-1]["seconds"] < 400, recs[-1]
     assert "error" not in kinds and "skipped" not in kinds, recs
     pre = recs[1]
     assert pre["ok"] and pre["problems"] == [] and pre["versions"]["nemo-toolkit"] == "3.0.0"
     assert pre["one_bucket"]["tokens"] > 0 and pre["one_bucket"]["report"]["decoder_failures"] == []
-    st = recs[2]
-    assert st["passed"] and st["summary"].startswith("2/2 token-identical"), st
-    cals = recs[4:6]  # each mode its own blank bias, each within tolerance of the target
+    for st, decoder in zip(recs[2:4], ["label_loop", "nemo"]):  # ours and NeMo's computer, each said in the summary
+        assert st["passed"] and st["summary"].startswith("2/2 token-identical"), st
+        assert st["decoder"] == decoder and st["summary"].endswith(f"decoder {decoder}{'/all' * (decoder != 'nemo')})"), st
+    cals = recs[5:7]  # each mode its own blank bias, each within tolerance of the target
     assert [c["chunk_ms"] for c in cals] == [320, 80], cals
     assert all(c["within_tolerance"] and abs(c["measured"] - TRAINED["tokens_per_frame"]) <= 0.03 for c in cals), cals
-    assert recs[3]["max_symbols"] == 3 and recs[3]["max_symbols_configured"] == 10, recs[3]
+    assert recs[4]["max_symbols"] == 3 and recs[4]["max_symbols_configured"] == 10, recs[4]
     for c in cals:  # the probe's own load at the kept bias, with its trip counts
         assert c["load"]["tokens_per_frame"] == c["measured"] and c["load"]["outer_median"] >= 1, c
     # every mode's checks and step sweep come before any capacity level
     first_capacity = kinds.index("capacity_engine")
-    assert kinds[6:first_capacity].count("validate") == 2 and "capacity" not in kinds[:first_capacity]
+    assert kinds[7:first_capacity].count("validate") == 2 and "capacity" not in kinds[:first_capacity]
     for v in (r for r in recs if r["kind"] == "validate"):
         ge = v["graph_vs_eager"]
         assert v["ok"] and ge["identical"] and ge["batches"] == [1, 5, 8] and ge["tokens"] > 0, v
@@ -65,11 +66,15 @@ def test_gpu_bench_dry_run_on_cpu(tmp_path):
         loop, frames = r["label_loop"], r["chunk_ms"] // 80
         assert loop["device_steps"] == r["calls"] and 1 <= loop["outer_median"] <= loop["outer_max"] <= 3 * frames + 1, r
         assert 0 <= loop["tokens_per_frame"] <= 3 and loop["inner_max"] <= loop["outer_max"] * frames, r
-    engine = recs[6]
+    engine = recs[7]
     assert engine["kind"] == "engine" and engine["slots"] == 8 and engine["buckets"] == [1, 2, 4, 8]
     assert engine["graphs"] is False
     caps = [r for r in recs if r["kind"] == "capacity"]
-    assert [(c["chunk_ms"], c["streams"]) for c in caps] == [(320, 2), (320, 3), (80, 2)]
+    # each mode's levels with NeMo's computer, then with our loop, each on its own engine
+    assert [(c["chunk_ms"], c["decoder"], c["streams"]) for c in caps] == [
+        (320, "nemo", 2), (320, "nemo", 3), (320, "label_loop", 2), (320, "label_loop", 3), (80, "nemo", 2),
+        (80, "label_loop", 2)]
+    assert [r["decoder"] for r in recs if r["kind"] == "capacity_engine"] == ["nemo", "label_loop/all"] * 2
     for c in caps:
         assert c["updates"] > 0 and 0 <= c["lateness_p50_ms"] <= c["lateness_p95_ms"] <= c["lateness_max_ms"], c
         assert c["bound_ms"] == 2 * c["chunk_ms"] and c["keeps_up"] and c["open_after_drain"] == 0
@@ -96,9 +101,10 @@ def test_preflight_stops_the_run_with_a_plain_message(tmp_path, monkeypatch, cap
     assert "PREFLIGHT FAILED: one bucket on the device failed: RuntimeError: no kernel image" in capsys.readouterr().out
 
 
-def test_forced_capture_failure_falls_back_and_is_recorded(tmp_path):
+def test_forced_capture_failure_falls_back_and_is_recorded(tmp_path, monkeypatch):
     """--force-capture-failure: the preflight's first decoder call fails (on a GPU its encoder
     capture too); the bucket is retried, still steps, and the failure is in the record."""
+    monkeypatch.setenv("NEMO_SERVE_DECODER", "nemo")  # NeMo's computer: its capture fallback (CUDA's default decoder)
     from benchmarks.gpu import gpu_bench
 
     args = gpu_bench.parse(["--out", str(tmp_path), "--model", "tiny-prompt", "--device", "cpu", "--dtype", "fp32",
@@ -141,10 +147,11 @@ def test_calibration_reaches_its_target_on_a_step_like_response():
     assert cal["probes"] <= 30
 
 
-def test_decoder_capture_failure_falls_back_mode_by_mode():
+def test_decoder_capture_failure_falls_back_mode_by_mode(monkeypatch):
     """Stepper._first_decode with a computer that fails in full-graph mode (an AssertionError, as
     NeMo's capture-status check raises) and in no-while-loops mode: the bucket ends without
     graphs, both failures are recorded, and its tokens equal a stepper that never failed."""
+    monkeypatch.setenv("NEMO_SERVE_DECODER", "nemo")  # NeMo's computer: its capture fallback (CUDA's default decoder)
     import torch
 
     from nemo_serve.engine.slots import SlotPool

@@ -8,7 +8,8 @@ Phases, each started only if it fits the budget (--budget-s, from the process st
    is wrong): package versions, NeMo's import, CUDA, NeMo's conditional-node check (full-graph
    decoding needs it), and one bucket of a tiny prompt model captured and stepped on the device.
 2. `selftest`: `--selftest` parity with NeMo's own loop on the device, every trained mode in one
-   engine, in fp32 and bf16: the shipped demo model (real speech) and the tiny prompt built-in.
+   engine, in fp32 and bf16: the shipped demo model (real speech) and the tiny prompt built-in;
+   once per `--selftest-decoders` (our label loop, engine/label_loop.py, and NeMo's computer).
 3. `model`, `calibration` per mode: the architecture built from configs/ (random init), a trained
    model's decoder load (benchmarks/gpu/emission.py): the decoder's max_symbols capped at
    --max-symbols (3), then a bias on its blank logit bracketed and bisected (>= 14 steps, one
@@ -27,7 +28,8 @@ Phases, each started only if it fits the budget (--budget-s, from the process st
    each batch, ms per call from the host and GPU ms from CUDA events, with the calls' tokens per
    encoder frame and label-loop trip counts (outer and inner iterations per device step, counted
    from the tokens: emission.label_loop_trips; capacity levels report them too).
-5. per mode, after every mode's step sweep: `capacity`, the engine core's loop as it runs in
+5. per mode, after every mode's step sweep: `capacity` (once per `--capacity-decoders`: NeMo's
+   computer, then our label loop, each record naming its decoder), the engine core's loop as it runs in
    production (streams opened with updates=True, audio handed over with take_audio, iterate()
    on one thread, no other threads): N real-time streams whose starts spread over one chunk;
    lateness of every update after a warm-up (its delivery - the arrival of the last sample it
@@ -200,11 +202,13 @@ def selftest(args, res: Results) -> None:
     procs = {}
     for model in args.selftest_models:
         for dtype in args.selftest_dtypes:
-            cmd = [sys.executable, "-m", "nemo_serve.cli", "--selftest", str(args.selftest_n), "--context-right", "all",
-                   "--dtype", dtype, "--device", args.device] + (["--model", model] if model else [])  # fmt: skip
-            procs[(model or "demo", dtype)] = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE,
-                                                               stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    for (model, dtype), p in procs.items():
+            for decoder in args.selftest_decoders:  # ours and NeMo's computer (engine/step.py decoder_kind)
+                cmd = [sys.executable, "-m", "nemo_serve.cli", "--selftest", str(args.selftest_n), "--context-right",
+                       "all", "--dtype", dtype, "--device", args.device] + (["--model", model] if model else [])  # fmt: skip
+                env = {**os.environ, "NEMO_SERVE_DECODER": decoder}
+                procs[(model or "demo", dtype, decoder)] = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, env=env,
+                                                                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    for (model, dtype, decoder), p in procs.items():
         try:
             out, _ = p.communicate(timeout=max(10.0, min(180.0, left(args.budget_s) - args.reserve_s)))
         except subprocess.TimeoutExpired:
@@ -212,7 +216,8 @@ def selftest(args, res: Results) -> None:
             out, _ = p.communicate()
         lines = [ln for ln in out.splitlines() if not ln.startswith(("[NeMo", "    "))]
         summary = next((ln for ln in reversed(lines) if "token-identical" in ln and "/" in ln.split()[0]), None)
-        res.write("selftest", model=model, dtype=dtype, device=args.device, n=args.selftest_n, passed=p.returncode == 0,
+        res.write("selftest", model=model, dtype=dtype, decoder=decoder, device=args.device, n=args.selftest_n,
+                  passed=p.returncode == 0,
                   rc=p.returncode, summary=summary, per_mode=[ln for ln in lines if ln.startswith("context-right")],
                   diffs=[ln for ln in lines if ln.startswith("[DIFF]")],
                   tail=None if p.returncode == 0 else "\n".join(lines[-15:])[-3000:],
@@ -392,7 +397,7 @@ def make_engine(model, slots: int, res: Results | None = None, what: str = "engi
         res.write(what, chunk_ms=round(g.chunk_ms), context_right=g.context_right, slots=slots,
                   buckets=stepper.sizes, max_step_rows=engine.pool.max_step_rows, graphs=rep["graphs"],
                   encoder_graphs=len(rep["encoder_captured"]), encoder_failed=rep["encoder_failed"],
-                  decoder_modes=rep["decoder_modes"], build_s=round(t_prep - t, 1), capture_s=round(prep, 1),
+                  decoder=rep["settings"]["decoder"], decoder_modes=rep["decoder_modes"], build_s=round(t_prep - t, 1), capture_s=round(prep, 1),
                   memory=engine.pool.memory_summary(), gpu_memory=mem, startup_line=line)  # fmt: skip
     return engine, stepper
 
@@ -645,6 +650,18 @@ def capacity_level(args, model, engine, stepper, n: int, audio: np.ndarray, seco
 
 
 def capacity(args, model, res: Results, levels: list[int]) -> None:
+    """Capacity with each of `--capacity-decoders` in turn (NeMo's computer, the reference, first),
+    each on an engine of its own at the same levels."""
+    for decoder in args.capacity_decoders:
+        before = os.environ.get("NEMO_SERVE_DECODER")
+        os.environ["NEMO_SERVE_DECODER"] = decoder  # read by each Stepper as it is made (engine/step.py)
+        try:
+            _capacity(args, model, res, levels, decoder)
+        finally:
+            os.environ.pop("NEMO_SERVE_DECODER") if before is None else os.environ.__setitem__("NEMO_SERVE_DECODER", before)
+
+
+def _capacity(args, model, res: Results, levels: list[int], decoder: str) -> None:
     g = model.geometry
     if not levels:
         return
@@ -664,7 +681,7 @@ def capacity(args, model, res: Results, levels: list[int]) -> None:
                 res.write("skipped", what=f"capacity {round(g.chunk_ms)} ms {n} streams", why="budget")
                 break
             out = capacity_level(args, model, engine, stepper, n, audio, args.level_seconds)
-            res.write("capacity", context_right=g.context_right, dtype=args.dtype, **out)
+            res.write("capacity", context_right=g.context_right, dtype=args.dtype, decoder=decoder, **out)
             if not out["keeps_up"] or out["open_after_drain"]:
                 break
     finally:
@@ -710,6 +727,9 @@ def parse(argv=None):
                     help="comma-separated; 'demo' is the shipped model; empty: no selftest")
     ap.add_argument("--selftest-dtypes", default="fp32,bf16")
     ap.add_argument("--selftest-n", type=int, default=4)
+    ap.add_argument("--selftest-decoders", default="label_loop,nemo", help="NEMO_SERVE_DECODER values, each a selftest")
+    ap.add_argument("--capacity-decoders", default="nemo,label_loop",
+                    help="NEMO_SERVE_DECODER values, each a capacity run at the same levels (the reference first)")
     ap.add_argument("--memory-fraction", type=float, default=0.7)
     ap.add_argument("--force-capture-failure", action="store_true",
                     help="preflight: the first encoder capture and decoder capture fail (checks the fallback)")
@@ -722,6 +742,8 @@ def parse(argv=None):
     args.levels_by_mode = {int(k): [int(x) for x in v.split(",")] for k, v in (p.split(":") for p in args.levels.split(";"))}
     args.selftest_models = [None if m == "demo" else m for m in args.selftest_models.split(",") if m]
     args.selftest_dtypes = [d for d in args.selftest_dtypes.split(",") if d]
+    args.selftest_decoders = [d for d in args.selftest_decoders.split(",") if d]
+    args.capacity_decoders = [d for d in args.capacity_decoders.split(",") if d]
     return args
 
 
@@ -740,7 +762,8 @@ def _run(args, res: Results) -> int:
     res.write("env", python=platform.python_version(), torch=torch.__version__, cuda=torch.version.cuda,
               device=torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu", argv=sys.argv[1:],
               budget_s=args.budget_s,
-              graph_settings={k: v for k, v in os.environ.items() if k.startswith("NEMO_SERVE_") and "GRAPH" in k or k == "NEMO_SERVE_DECODER_MAX_TIME"})  # fmt: skip
+              graph_settings={k: v for k, v in os.environ.items() if k.startswith("NEMO_SERVE_") and "GRAPH" in k
+                              or k in ("NEMO_SERVE_DECODER_MAX_TIME", "NEMO_SERVE_DECODER", "NEMO_SERVE_LABEL_LOOP_ROWS")})  # fmt: skip
     if not preflight(args, res):
         res.write("done", ok=False, seconds=round(time.time() - T0, 1), why="preflight")
         return 4

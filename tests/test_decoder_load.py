@@ -44,10 +44,11 @@ def _counting(computer):
     return calls, lambda: (delattr(joint, "joint_after_projection"), delattr(decoder, "predict"))
 
 
-def test_trip_counts_equal_nemo_loop_iterations():
+def test_trip_counts_equal_nemo_loop_iterations(monkeypatch):
     """Per step, NeMo's loop calls the joint once per outer and once per inner iteration and the
     prediction network once per outer iteration: both equal label_loop_trips of the step's own
     tokens, over blank biases that give no emission, sparse emission and max_symbols per frame."""
+    monkeypatch.setenv("NEMO_SERVE_DECODER", "nemo")  # the trips counted are NeMo's loop's (CUDA's default decoder)
     from nemo_serve.engine.slots import SlotPool
     from nemo_serve.engine.step import StepBatch, Stepper
 

@@ -37,17 +37,19 @@ def test_gpu_bench_dry_run_on_cpu_every_phase_validation_eager_against_eager(tmp
         "--out", str(tmp_path), "--model", "tiny-prompt", "--device", "cpu", "--dtype", "fp32", "--modes", "3,0",
         "--batches", "1,3,8", "--step-seconds", "0.1", "--levels", "3:2,3;0:2", "--level-seconds", "1.5",
         "--selftest-models", "builtin:tiny-prompt", "--selftest-dtypes", "fp32", "--selftest-n", "2",
-        "--selftest-configs", "ring:sdpa,window:matmul", "--threads", "1", "--budget-s", "150",
+        "--selftest-configs", "ring:sdpa:label_loop,window:matmul:nemo", "--threads", "1", "--budget-s", "400",
     ])
     assert rc == 0
     recs = _records(tmp_path / "results.jsonl")
     kinds = [r["kind"] for r in recs]
     assert kinds[:7] == ["env", "preflight", "selftest", "selftest", "model", "calibration", "calibration"], kinds
-    for st, words in zip(recs[2:4], (("ring layout", "SDPA"), ("window layout", "matmul + softmax"))):
+    for st, words, decoder in zip(recs[2:4], (("ring layout", "SDPA"), ("window layout", "matmul + softmax")),
+                                  ("label_loop", "nemo")):
         assert st["passed"] and st["summary"].startswith("2/2 token-identical"), st
-        assert all(w in st["kernels"] for w in words), st  # the selftest named what the pair picked
+        assert all(w in st["kernels"] for w in words), st  # the selftest named what the triple picked
+        assert st["decoder"] == decoder and f"decoder {decoder}" in st["summary"], st
     del recs[3], kinds[3]  # the rest of the run as before
-    assert kinds[-1] == "done" and recs[-1]["ok"] and recs[-1]["seconds"] < 150, recs[-1]
+    assert kinds[-1] == "done" and recs[-1]["ok"] and recs[-1]["seconds"] < 400, recs[-1]
     assert "error" not in kinds and "skipped" not in kinds, recs
     pre = recs[1]
     assert pre["ok"] and pre["problems"] == [] and pre["versions"]["nemo-toolkit"] == "3.0.0"
@@ -79,9 +81,13 @@ def test_gpu_bench_dry_run_on_cpu_every_phase_validation_eager_against_eager(tmp
     engine = recs[6]
     assert engine["kind"] == "engine" and engine["slots"] == 8 and engine["buckets"] == [1, 2, 4, 8]
     assert engine["graphs"] is False
-    caps = [r for r in recs if r["kind"] == "capacity"]  # per mode: the ring layout, then the window reference
-    assert [(c["chunk_ms"], c["streams"], c["kv_layout"]) for c in caps] == [
-        (320, 2, "ring"), (320, 3, "ring"), (320, 2, "window"), (320, 3, "window"), (80, 2, "ring"), (80, 2, "window")]
+    # per mode: the reference (window layout, NeMo's computer), then the ring layout with our loop,
+    # each on an engine of its own
+    caps = [r for r in recs if r["kind"] == "capacity"]
+    assert [(c["chunk_ms"], c["streams"], c["kv_layout"], c["decoder"]) for c in caps] == [
+        (320, 2, "window", "nemo"), (320, 3, "window", "nemo"), (320, 2, "ring", "label_loop"),
+        (320, 3, "ring", "label_loop"), (80, 2, "window", "nemo"), (80, 2, "ring", "label_loop")]
+    assert [r["decoder"] for r in recs if r["kind"] == "capacity_engine"] == ["nemo", "label_loop/all"] * 2
     for c in caps:
         assert c["updates"] > 0 and 0 <= c["lateness_p50_ms"] <= c["lateness_p95_ms"] <= c["lateness_max_ms"], c
         assert c["bound_ms"] == 2 * c["chunk_ms"] and c["keeps_up"] and c["open_after_drain"] == 0
@@ -136,11 +142,12 @@ def test_preflight_stops_the_run_with_a_plain_message(tmp_path, monkeypatch, cap
     assert "PREFLIGHT FAILED: one bucket on the device failed: RuntimeError: no kernel image" in capsys.readouterr().out
 
 
-def test_forced_capture_failure_falls_back_and_is_recorded(tmp_path):
+def test_forced_capture_failure_falls_back_and_is_recorded(tmp_path, monkeypatch):
     """--force-capture-failure: the preflight's first decoder call fails (on a GPU its encoder
     capture too); the bucket is retried, still steps, and the failure is in the record."""
     from benchmarks.gpu import gpu_bench
 
+    monkeypatch.setenv("NEMO_SERVE_DECODER", "nemo")  # NeMo's computer: its capture fallback (CUDA's default decoder)
     args = gpu_bench.parse(["--out", str(tmp_path), "--model", "tiny-prompt", "--device", "cpu", "--dtype", "fp32",
                             "--force-capture-failure"])  # fmt: skip
     out = gpu_bench._one_bucket(args)
@@ -181,10 +188,11 @@ def test_calibration_reaches_its_target_on_a_step_like_response():
     assert cal["probes"] <= 30
 
 
-def test_decoder_capture_failure_falls_back_mode_by_mode():
+def test_decoder_capture_failure_falls_back_mode_by_mode(monkeypatch):
     """Stepper._first_decode with a computer that fails in full-graph mode (an AssertionError, as
     NeMo's capture-status check raises) and in no-while-loops mode: the bucket ends without
     graphs, both failures are recorded, and its tokens equal a stepper that never failed."""
+    monkeypatch.setenv("NEMO_SERVE_DECODER", "nemo")  # NeMo's computer: its capture fallback (CUDA's default decoder)
     import torch
 
     from nemo_serve.engine.slots import SlotPool

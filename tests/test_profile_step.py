@@ -10,7 +10,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def test_profile_step_dry_run_on_cpu(tmp_path):
+def test_profile_step_dry_run_on_cpu(tmp_path, monkeypatch):
+    monkeypatch.setenv("NEMO_SERVE_DECODER", "nemo")  # the profile's ranges are NeMo's loop's (CUDA's default decoder)
     import nemo_serve.engine.encoder as enc_mod
     import nemo_serve.engine.step as step_mod
     from benchmarks.gpu import profile_step

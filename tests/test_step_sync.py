@@ -32,6 +32,14 @@ from nemo_serve.engine.step import StepBatch, run_step, stepper_for
 
 from . import helpers
 
+
+@pytest.fixture(autouse=True)
+def _nemo_decoder(monkeypatch):
+    """The one wait per step is a property of CUDA's default decoder, NeMo's computer (its graph has
+    no host sync). Our label loop (engine/label_loop.py, the CPU's default) syncs once per label
+    trip by design, so these tests run NeMo's."""
+    monkeypatch.setenv("NEMO_SERVE_DECODER", "nemo")
+
 HOST_READS = {
     torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.cpu, torch.Tensor.numpy, torch.Tensor.__bool__,
     torch.Tensor.__int__, torch.Tensor.__float__, torch.Tensor.__index__, torch.Tensor.nonzero, torch.nonzero,

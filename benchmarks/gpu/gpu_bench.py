@@ -9,8 +9,9 @@ Phases, each started only if it fits the budget (--budget-s, from the process st
    decoding needs it), and one bucket of a tiny prompt model captured and stepped on the device.
 2. `selftest`: `--selftest` parity with NeMo's own loop on the device, every trained mode in one
    engine, in fp32 and bf16: the shipped demo model (real speech) and the tiny prompt built-in,
-   once per --selftest-configs pair (ring KV layout, the window reference, ring with SDPA
-   attention); each record names the kernels that ran (the selftest's `kernels:` line).
+   once per --selftest-configs triple of KV layout, attention and decoder (the ring layout with our
+   label loop, the window reference with NeMo's computer, ring with SDPA attention); each record
+   names the kernels and the decoder that ran (the selftest's `kernels:` and summary lines).
 3. `model`, `calibration` per mode: the architecture built from configs/ (random init), a trained
    model's decoder load (benchmarks/gpu/emission.py): the decoder's max_symbols capped at
    --max-symbols (3), then a bias on its blank logit bracketed and bisected (>= 14 steps, one
@@ -35,8 +36,8 @@ Phases, each started only if it fits the budget (--budget-s, from the process st
    lateness of every update after a warm-up (its delivery - the arrival of the last sample it
    needed) against 2 chunk periods; GPU ms per step, the loop's busy fraction. Levels rise
    until one does not keep up; slots are sized to the levels (and to GPU memory). Once per
-   --capacity-layouts entry (ring, then the window reference), each record naming its layout
-   and its rows per step.
+   --capacity-configs pair (the window layout with NeMo's computer, the reference, then the ring
+   layout with our label loop), each record naming its layout, decoder and rows per step.
 """
 
 from __future__ import annotations
@@ -204,13 +205,14 @@ def selftest(args, res: Results) -> None:
     procs = {}
     for model in args.selftest_models:
         for dtype in args.selftest_dtypes:
-            for layout, attention in args.selftest_configs:  # KV layout and attention (engine/ring_cache.py, attention.py)
+            for layout, attention, decoder in args.selftest_configs:  # engine/ring_cache.py, attention.py, label_loop.py
                 cmd = [sys.executable, "-m", "nemo_serve.cli", "--selftest", str(args.selftest_n), "--context-right",
                        "all", "--dtype", dtype, "--device", args.device] + (["--model", model] if model else [])  # fmt: skip
-                env = {**os.environ, "NEMO_SERVE_KV_LAYOUT": layout, "NEMO_SERVE_ATTENTION": attention}
-                procs[(model or "demo", dtype, layout, attention)] = subprocess.Popen(
+                env = {**os.environ, "NEMO_SERVE_KV_LAYOUT": layout, "NEMO_SERVE_ATTENTION": attention,
+                       "NEMO_SERVE_DECODER": decoder}
+                procs[(model or "demo", dtype, layout, attention, decoder)] = subprocess.Popen(
                     cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    for (model, dtype, layout, attention), p in procs.items():
+    for (model, dtype, layout, attention, decoder), p in procs.items():
         try:
             out, _ = p.communicate(timeout=max(10.0, min(180.0, left(args.budget_s) - args.reserve_s)))
         except subprocess.TimeoutExpired:
@@ -219,7 +221,7 @@ def selftest(args, res: Results) -> None:
         lines = [ln for ln in out.splitlines() if not ln.startswith(("[NeMo", "    "))]
         summary = next((ln for ln in reversed(lines) if "token-identical" in ln and "/" in ln.split()[0]), None)
         res.write("selftest", model=model, dtype=dtype, device=args.device, n=args.selftest_n, passed=p.returncode == 0,
-                  kv_layout=layout, attention=attention, kernels=next((ln for ln in lines if ln.startswith("kernels: ")), None),
+                  kv_layout=layout, attention=attention, decoder=decoder, kernels=next((ln for ln in lines if ln.startswith("kernels: ")), None),
                   rc=p.returncode, summary=summary, per_mode=[ln for ln in lines if ln.startswith("context-right")],
                   diffs=[ln for ln in lines if ln.startswith("[DIFF]")],
                   tail=None if p.returncode == 0 else "\n".join(lines[-15:])[-3000:],
@@ -399,7 +401,7 @@ def make_engine(model, slots: int, res: Results | None = None, what: str = "engi
         res.write(what, chunk_ms=round(g.chunk_ms), context_right=g.context_right, slots=slots,
                   buckets=stepper.sizes, max_step_rows=engine.pool.max_step_rows, graphs=rep["graphs"],
                   encoder_graphs=len(rep["encoder_captured"]), encoder_failed=rep["encoder_failed"],
-                  decoder_modes=rep["decoder_modes"], build_s=round(t_prep - t, 1), capture_s=round(prep, 1),
+                  decoder=rep["settings"]["decoder"], decoder_modes=rep["decoder_modes"], build_s=round(t_prep - t, 1), capture_s=round(prep, 1),
                   memory=engine.pool.memory_summary(), gpu_memory=mem, startup_line=line,
                   kv_layout=engine.pool.layout, kernels=engine.encoder.describe(engine.pool))  # fmt: skip
     return engine, stepper
@@ -654,18 +656,18 @@ def capacity_level(args, model, engine, stepper, n: int, audio: np.ndarray, seco
 
 
 def capacity(args, model, res: Results, levels: list[int]) -> None:
-    """The levels once per KV layout (--capacity-layouts: the ring layout against the window
-    reference, side by side in one run)."""
-    before = os.environ.get("NEMO_SERVE_KV_LAYOUT")
+    """The levels once per --capacity-configs pair of KV layout and decoder (the reference, window
+    with NeMo's computer, first; then the ring layout with our label loop), each on an engine of its
+    own, side by side in one run. Both are read by the pool and the Stepper as they are made."""
+    names = ("NEMO_SERVE_KV_LAYOUT", "NEMO_SERVE_DECODER")
+    before = {k: os.environ.get(k) for k in names}
     try:
-        for layout in args.capacity_layouts:
-            os.environ["NEMO_SERVE_KV_LAYOUT"] = layout
+        for layout, decoder in args.capacity_configs:
+            os.environ.update(dict(zip(names, (layout, decoder))))
             _capacity_levels(args, model, res, levels, layout)
     finally:
-        if before is None:
-            os.environ.pop("NEMO_SERVE_KV_LAYOUT", None)
-        else:
-            os.environ["NEMO_SERVE_KV_LAYOUT"] = before
+        for k, v in before.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
 
 
 def _capacity_levels(args, model, res: Results, levels: list[int], layout: str) -> None:
@@ -689,7 +691,7 @@ def _capacity_levels(args, model, res: Results, levels: list[int], layout: str) 
                 break
             out = capacity_level(args, model, engine, stepper, n, audio, args.level_seconds)
             res.write("capacity", context_right=g.context_right, dtype=args.dtype, kv_layout=engine.pool.layout,
-                      max_step_rows=engine.pool.max_step_rows, **out)  # fmt: skip
+                      decoder=os.environ.get("NEMO_SERVE_DECODER"), max_step_rows=engine.pool.max_step_rows, **out)  # fmt: skip
             if not out["keeps_up"] or out["open_after_drain"]:
                 break
     finally:
@@ -734,9 +736,11 @@ def parse(argv=None):
     ap.add_argument("--selftest-models", default="demo,builtin:tiny-prompt",
                     help="comma-separated; 'demo' is the shipped model; empty: no selftest")
     ap.add_argument("--selftest-dtypes", default="fp32,bf16")
-    ap.add_argument("--selftest-configs", default="ring:matmul,window:matmul,ring:sdpa",
-                    help="KV layout:attention pairs the selftest runs with (NEMO_SERVE_KV_LAYOUT, NEMO_SERVE_ATTENTION)")
-    ap.add_argument("--capacity-layouts", default="ring,window", help="KV layouts whose capacity is measured, in order")
+    ap.add_argument("--selftest-configs", default="ring:matmul:label_loop,window:matmul:nemo,ring:sdpa:label_loop",
+                    help="layout:attention:decoder triples the selftest runs with (NEMO_SERVE_KV_LAYOUT, "
+                         "NEMO_SERVE_ATTENTION, NEMO_SERVE_DECODER)")
+    ap.add_argument("--capacity-configs", default="window:nemo,ring:label_loop",
+                    help="layout:decoder pairs whose capacity is measured, in order (the reference first)")
     ap.add_argument("--selftest-n", type=int, default=4)
     ap.add_argument("--memory-fraction", type=float, default=0.7)
     ap.add_argument("--force-capture-failure", action="store_true",
@@ -751,7 +755,9 @@ def parse(argv=None):
     args.selftest_models = [None if m == "demo" else m for m in args.selftest_models.split(",") if m]
     args.selftest_dtypes = [d for d in args.selftest_dtypes.split(",") if d]
     args.selftest_configs = [tuple(c.split(":")) for c in args.selftest_configs.split(",") if c]
-    args.capacity_layouts = [x for x in args.capacity_layouts.split(",") if x]
+    args.capacity_configs = [tuple(c.split(":")) for c in args.capacity_configs.split(",") if c]
+    if any(len(c) != 3 for c in args.selftest_configs) or any(len(c) != 2 for c in args.capacity_configs):
+        ap.error("--selftest-configs takes layout:attention:decoder, --capacity-configs layout:decoder")
     return args
 
 
@@ -773,7 +779,8 @@ def _run(args, res: Results) -> int:
               command=os.environ.get("NEMO_SERVE_RUN_COMMAND", " ".join(["python", *sys.argv])),
               git_commit=os.environ.get("NEMO_SERVE_GIT_COMMIT", "?"),
               budget_s=args.budget_s,
-              graph_settings={k: v for k, v in os.environ.items() if k.startswith("NEMO_SERVE_") and "GRAPH" in k or k == "NEMO_SERVE_DECODER_MAX_TIME"})  # fmt: skip
+              graph_settings={k: v for k, v in os.environ.items() if k.startswith("NEMO_SERVE_") and "GRAPH" in k
+                              or k in ("NEMO_SERVE_DECODER_MAX_TIME", "NEMO_SERVE_DECODER", "NEMO_SERVE_LABEL_LOOP_ROWS")})  # fmt: skip
     if not preflight(args, res):
         res.write("done", ok=False, seconds=round(time.time() - T0, 1), why="preflight")
         return 4

@@ -26,6 +26,7 @@ from .engine.endpoint import EndpointConfig
 from .core.inproc import LocalEngine
 from .engine.loop import Engine
 from .engine.step import decoder_name
+from .engine.eou import EouTokens
 from .model import ServedModel, load_model
 from .oracle import oracle_transcribe
 from .scoring import word_errors
@@ -168,9 +169,23 @@ def run_engine(
                                        f"({engine.num_open_streams} streams open)")
     finally:
         engine.stop()
-    ids = [[t for r in rs for t in r.new_token_ids] for rs in results]
+    ids = [engine_token_ids(model, rs) for rs in results]
     texts = [" ".join(r.text for r in rs if r.is_final and r.text) for rs in results]
     return ids, texts, batch_sizes
+
+
+def engine_token_ids(model: ServedModel, results: list) -> list[int]:
+    """A stream's token ids as the decoder emitted them: every result's new tokens, and where a final
+    was ended by an end-of-utterance token (engine/eou.py: cut out of what clients see), that token
+    put back at the segment's end. So an EOU model is held to NeMo's loop too, EOU tokens and the
+    place of every model-ended segment included."""
+    reason_id = {reason: i for i, reason in EouTokens.from_vocabulary(model.vocabulary).id_to_reason.items()}
+    ids: list[int] = []
+    for r in results:
+        ids.extend(r.new_token_ids)
+        if r.is_final and r.end_reason in reason_id:
+            ids.append(reason_id[r.end_reason])
+    return ids
 
 
 # ----------------------------------------------------------------------------- main

@@ -161,3 +161,20 @@ def test_shipped_demo_eou_model_ends_the_turn_after_the_last_word():
         assert [t for f in driven.finals(i) for t in f.token_ids] == [t for t in ref if t not in eou_ids]
         ended_by_eou += len(texts) == 1 and texts[0].end_reason == "eou"
     assert ended_by_eou >= 3, [[(f.text, f.end_reason) for f in driven.finals(i)] for i in range(4)]
+
+
+def test_selftest_holds_an_eou_model_to_nemos_loop_eou_tokens_included():
+    """`nemo-serve --selftest` on an EOU model: the engine cuts EOU tokens out of what clients see,
+    so the selftest puts each back at the end of the final it closed and compares with NeMo's loop,
+    every mode in one engine. Seen to fail before (3/6 on demo_eou.nemo: the EOU tokens were
+    missing from the engine's side); also fails if a model-ended final lands anywhere but at its
+    EOU token."""
+    import io
+
+    from nemo_serve.selftest import run_selftest
+
+    out = io.StringIO()
+    code = run_selftest(4, model=EOU_MODEL, context_right="all", num_slots=4, seed=3, out=out)
+    assert code == 0, out.getvalue()
+    assert "4/4 token-identical" in out.getvalue().splitlines()[-1]
+    assert "<EOU>" in out.getvalue(), "NeMo's loop emitted no EOU here: the test proves nothing"

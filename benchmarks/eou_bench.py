@@ -62,7 +62,7 @@ def load_set(data: Path, split: str, limit: int) -> list[dict]:
 def run_engine(spec: str, audios: list[np.ndarray], context_right: int, num_slots: int) -> list[list]:
     """Every final of each stream (all audio pushed at once, streams num_slots at a time)."""
     from nemo_serve.engine.endpoint import EndpointConfig
-    from nemo_serve.engine.harness import LocalEngine
+    from nemo_serve.core.inproc import LocalEngine
     from nemo_serve.engine.loop import Engine
     from nemo_serve.model import load_model
 

@@ -141,7 +141,10 @@ def test_replica_scaled_down_mid_stream_drains_its_streams(cluster, oracle_model
     transcripts = asyncio.run(scenario())
     ends = [(t.done, t.error, t.close_code) for t in transcripts]
     assert all(t.done is not None for t in transcripts), ends  # each stream got its `done`
-    assert sorted(t.done["reason"] for t in transcripts) == ["draining", "end"], ends  # one left mid-stream
+    # Ray's router usually puts one stream on each replica, but not always (a CI run saw both on the
+    # leaving one): whichever streams were on it end `draining`, the others `end`; at least one left.
+    reasons = [t.done["reason"] for t in transcripts]
+    assert "draining" in reasons and set(reasons) <= {"draining", "end"}, ends
     for t, w in zip(transcripts, wires):
         check_well_formed(t)
         # audio_processed: the feature frames of the ended input, NeMo's floor(n / hop) + 1, in seconds

@@ -48,15 +48,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
-NO_KERNEL = {
-    "aten::view", "aten::_unsafe_view", "aten::as_strided", "aten::transpose", "aten::t", "aten::permute",
-    "aten::slice", "aten::select", "aten::unsqueeze", "aten::squeeze", "aten::expand", "aten::reshape",
-    "aten::alias", "aten::detach", "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::resize_",
-    "aten::narrow", "aten::split", "aten::unbind", "aten::chunk", "aten::lift_fresh", "aten::contiguous",
-    "aten::flatten", "aten::view_as", "aten::expand_as", "aten::unflatten", "aten::movedim", "aten::numpy_T",
-    "aten::result_type", "aten::is_nonzero", "aten::_reshape_alias", "aten::set_", "aten::item",
-    "aten::_local_scalar_dense", "aten::dim", "aten::size", "aten::stride", "aten::is_same_size",
-}
+# The same view/allocation ops as kernel_count.py (one list: an estimate of kernels must not drift apart).
+from kernel_count import NO_KERNEL  # noqa: E402  (run as a script: benchmarks/ is on the path)
 
 
 def count(prof) -> dict:

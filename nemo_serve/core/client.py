@@ -265,6 +265,8 @@ class EngineClient:
 
     def _write(self, h: StreamHandle, samples: np.ndarray, now: float) -> np.ndarray | None:
         """Write what fits into the slot's ring; the rest, or None when all of it went in."""
+        if not self._holds_slot(h):
+            return None  # released by the core: its `done` is on the way; the audio is dropped
         k = min(self.shared.ring_samples - (h.written - h.read), len(samples))
         if k:
             self.shared.write(h.slot, h.written, samples[:k])
@@ -276,6 +278,15 @@ class EngineClient:
             if self._loop is None:  # not started (tests): at once
                 self._announce_written()
         return samples[k:] if k < len(samples) else None
+
+    def _holds_slot(self, h: StreamHandle) -> bool:
+        """Whether the slot is still this stream's in the slot table. The core frees a released
+        stream's slot before its front end hears `done`, and another stream may take it meanwhile:
+        a write for the old stream would land in the new one's ring (tests/test_client_late_push.py).
+        Checked without the lock: only a release and a new allocation and write by another front
+        end, all within this call, could still slip past, against a window of a round trip."""
+        slot = h.slot
+        return self.shared.gen[slot] == h.gen and self.shared.owner[slot] == self.frontend
 
     def _schedule_announce(self) -> None:
         """The next Wrote: at the end of this tick, or WROTE_PERIOD_S after the last one."""

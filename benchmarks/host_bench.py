@@ -148,7 +148,8 @@ def _tids() -> set[int]:
     return {int(t.name) for t in Path("/proc/self/task").iterdir()}
 
 
-def measure_core(model, num_streams: int, seconds: float, tokens_per_frame: float, ready_fraction: float = 1.0) -> dict:
+def measure_core(model, num_streams: int, seconds: float, tokens_per_frame: float, ready_fraction: float = 1.0,
+                 io_threads: bool = False) -> dict:  # fmt: skip
     """The same work through the engine core (nemo_serve/core/core_proc.py): the streams are
     opened with Open control messages over ZMQ, the bench writes each stream's audio into its
     shared-memory ring as a front end would (off the clock), and the clock covers
@@ -158,7 +159,12 @@ def measure_core(model, num_streams: int, seconds: float, tokens_per_frame: floa
     PULL) is bound here and drained off the clock. Counted: the iterating thread's CPU
     (time.thread_time) plus the CPU of the core's ZMQ I/O thread over the measured iterations
     (it writes the results message to the socket: the core process pays for it), reported
-    apart as `core_zmq_io_us_per_stream_step` and included in `core_cpu_us_per_stream_step`."""
+    apart as `core_zmq_io_us_per_stream_step` and included in `core_cpu_us_per_stream_step`.
+    `io_threads`: the core's sockets on their own threads (core/core_io.py, as run() has them):
+    the clock then covers the stepping thread's iteration (controls taken from the receiver,
+    results handed to the sender), and the receiver's and sender's CPU (decode, encode, send) is
+    counted with the ZMQ I/O threads'. Those threads' CPU is read from before the front end's
+    write to after the results arrived, so it covers the receiving of the Wrote in both modes."""
     import tempfile
 
     import zmq
@@ -182,7 +188,9 @@ def measure_core(model, num_streams: int, seconds: float, tokens_per_frame: floa
     before_tids = _tids()
     core_ctx = zmq.Context()
     core = EngineCoreProc(engine, shared, ipc_dir, core_ctx)
-    io_tids = sorted(_tids() - before_tids)  # the core context's I/O (and reaper) threads
+    if io_threads:
+        core.start_io()
+    io_tids = sorted(_tids() - before_tids)  # the core context's I/O (and reaper) threads, and core_io's
     fe_ctx = zmq.Context()  # the front end's side, its own I/O thread (not counted)
     results = fe_ctx.socket(zmq.PULL)
     results.setsockopt(zmq.RCVHWM, 0)
@@ -225,7 +233,7 @@ def measure_core(model, num_streams: int, seconds: float, tokens_per_frame: floa
             control.send(m.control_encoder.encode(m.Wrote(
                 ring[:, 0].astype(m.SLOT).tobytes(), ring[:, 1].astype(m.GEN).tobytes(),
                 written[picked].astype(m.POS).tobytes(), np.full(len(picked), now, m.TIME).tobytes())))  # fmt: skip
-            core.control.poll(1000)
+            core.wait_control(1.0)
 
         write(range(num_streams), audio[:first_samples], time.time())
         core.iterate_once()  # first chunks
@@ -236,9 +244,9 @@ def measure_core(model, num_streams: int, seconds: float, tokens_per_frame: floa
         gc.collect()
         for i in range(steps):
             now = time.time()
-            write(range(i * per_turn, (i + 1) * per_turn), audio[first_samples:], now)  # off the clock
-            before = engine.stats.stream_steps
             io0 = _thread_cpu_s(io_tids)
+            write(range(i * per_turn, (i + 1) * per_turn), audio[first_samples:], now)  # off the loop's clock
+            before = engine.stats.stream_steps
             t0 = time.thread_time()
             core.iterate_once()
             dt = time.thread_time() - t0
@@ -264,6 +272,7 @@ def measure_core(model, num_streams: int, seconds: float, tokens_per_frame: floa
         shared.close()
     total = cpu + io_cpu
     return {
+        "core_io": "threads" if io_threads else "inline",
         "core_iterations": iterations,
         "core_stream_steps": stream_steps,
         "core_cpu_us_per_stream_step": round(1e6 * total / max(stream_steps, 1), 2),
@@ -286,6 +295,8 @@ def main() -> None:
     p.add_argument("--tokens-per-frame", type=float, default=0.33, help="stub emission rate (real models: 0.2-0.5)")
     p.add_argument("--core-only", action="store_true", help="skip the in-process Engine measurement")
     p.add_argument("--frontend", action="store_true", help="also parts (b) and (c): a real server's front ends (benchmarks/frontend_bench.py)")
+    p.add_argument("--core-io", default="inline", help="comma list of inline / threads, repeats allowed (inline,threads,inline,threads: an A/B run, "
+                   "interleaved): the core's socket I/O on the stepping thread, or on its own threads (core/core_io.py)")
     p.add_argument("--overlap", action="store_true", help="the overlapped loop (launch N+1, then collect N), as on CUDA")
     p.add_argument("--notes", default=None, help="free text kept in the JSON (what else ran on the machine)")
     p.add_argument("--out", default=None, help="JSON file")
@@ -308,15 +319,16 @@ def main() -> None:
             e = measure(model, n, args.seconds, args.tokens_per_frame, f) if not args.core_only else {
                 "streams": n, "context_right": r, "chunk_ms": model.geometry.chunk_ms, "ready_fraction": f,
                 "budget_us_per_stream_step": round(1e3 * model.geometry.chunk_ms / n, 2)}  # fmt: skip
-            gc.collect()
-            e.update(measure_core(model, n, args.seconds, args.tokens_per_frame, f))
-            gc.collect()
-            entries.append(e)
-            print(f"streams {n:6d} ready {f:4.2f}  {e['chunk_ms']:5.0f} ms  core {e['core_cpu_us_per_stream_step']:7.2f} us/stream-step"
-                  f" (loop {e['core_loop_thread_us_per_stream_step']:.2f} + zmq io {e['core_zmq_io_us_per_stream_step']:.2f})"
-                  f"  in-process engine {e.get('inprocess_cpu_us_per_stream_step', float('nan')):7.2f}"
-                  f"  (budget {e['budget_us_per_stream_step']:.1f} us)  {e['core_cpu_ms_per_iteration']:.1f} ms/iteration",
-                  flush=True)
+            for io in args.core_io.split(","):
+                gc.collect()
+                e = dict(e, **measure_core(model, n, args.seconds, args.tokens_per_frame, f, io_threads=io == "threads"))
+                gc.collect()
+                entries.append(e)
+                print(f"streams {n:6d} ready {f:4.2f}  {e['chunk_ms']:5.0f} ms  io {io:7s}  core {e['core_cpu_us_per_stream_step']:7.2f} "
+                      f"us/stream-step (loop {e['core_loop_thread_us_per_stream_step']:.2f} + io threads "
+                      f"{e['core_zmq_io_us_per_stream_step']:.2f})  in-process engine "
+                      f"{e.get('inprocess_cpu_us_per_stream_step', float('nan')):7.2f}  (budget {e['budget_us_per_stream_step']:.1f} us)"
+                      f"  {e['core_cpu_ms_per_iteration']:.1f} ms/iteration", flush=True)
     out = {"run": record, "core": entries}
     if args.frontend:
         from benchmarks.frontend_bench import run_frontend_parts

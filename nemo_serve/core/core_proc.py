@@ -1,12 +1,15 @@
 """The engine core process: core/engine_core.py's EngineCore inside a ZMQ loop.
 
-One iteration:
+One iteration, on the stepping thread:
   1 control messages (open, wrote, finish, force-final, abort, front end gone), without blocking,
-    decoded and applied to the core (engine_core.apply_control); Stop ends the loop
+    applied to the core (engine_core.apply_control); Stop ends the loop
   2-5 EngineCore.step(), then one Results message per front end with news: its StreamUpdates and
     how far the core read its rings (the front end reuses that space only then: shared.py says why)
 When nothing moved, it waits up to POLL_MS for a control message: audio arriving in a ring
 waits at most that long (plus the step that is running) before the core sees it.
+`run()` puts the sockets on threads of their own (core/core_io.py: receive and decode, encode and
+send), so the stepping thread neither waits on nor encodes for the network; without them
+(`iterate_once()` before `start_io()`: tests, benchmarks) the same iteration does its I/O inline.
 This module holds everything the core does over the wire; the core holds none of it.
 """
 
@@ -24,6 +27,7 @@ from ..console import configure_logging
 from ..engine.invariants import from_env as invariant_log
 from . import messages as m
 from .addresses import control_address, results_address
+from .core_io import CoreIO
 from .engine_core import CoreStep, EngineCore, apply_control
 from .shared import FAILED, SERVING, STOPPED, SharedSlots
 
@@ -43,14 +47,24 @@ class EngineCoreProc:
         self._zmq = zmq_context or zmq.Context.instance()
         self.control = self._zmq.socket(zmq.PULL)
         self.control.bind(control_address(ipc_dir))
-        self._results: dict[int, zmq.Socket] = {}  # front end -> PUSH socket
+        self._results: dict[int, zmq.Socket] = {}  # front end -> PUSH socket (inline I/O only)
         self._encoder = m.msgspec.msgpack.Encoder()
+        self._own_context = zmq_context is None
+        self.io: CoreIO | None = None  # the I/O threads, once start_io() ran
+        self._waiting: list = []  # control messages taken by wait_control(), applied by the next take_control()
+
+    def start_io(self) -> CoreIO:
+        """The sockets on their own threads from now on (core/core_io.py)."""
+        self.io = CoreIO(self.control, self._zmq, self.ipc_dir).start()
+        return self.io
 
     @property
     def engine(self):
         return self.core.engine
 
     def run(self, parent_pid: int | None = None) -> None:
+        if self.io is None:
+            self.start_io()
         self.shared.state[0] = SERVING
         last_check = time.monotonic()
         invariants = invariant_log("core")  # tests: NEMO_SERVE_CHECK_INVARIANTS (engine/invariants.py)
@@ -69,7 +83,8 @@ class EngineCoreProc:
                     log.error("the supervisor is gone; exiting")
                     break
             if not busy:
-                self.control.poll(POLL_MS)
+                self.wait_control(POLL_MS / 1000)
+        self.io.stop()  # after sending what the last steps handed it
         self.shared.state[0] = STOPPED
 
     def iterate_once(self) -> bool:
@@ -77,34 +92,46 @@ class EngineCoreProc:
         taken = self.take_control()
         return self.step() or bool(taken)
 
+    def wait_control(self, timeout_s: float) -> None:
+        """Until a control message has come, or `timeout_s`."""
+        if self.io is None:
+            self.control.poll(int(timeout_s * 1000))
+        elif not self._waiting:
+            self._waiting = self.io.take(timeout_s)
+
     def take_control(self) -> int | None:
         """Every control message waiting, applied to the core; how many (None: Stop came)."""
-        taken = 0
-        while True:
-            try:
-                raw = self.control.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return taken
-            taken += 1
-            try:
-                msg = m.control_decoder.decode(raw)
-            except m.msgspec.DecodeError:
-                log.error("malformed control message dropped (%d bytes)", len(raw))
-                continue
+        msgs, self._waiting = self._waiting + (self.io.take() if self.io else self._receive_inline()), []
+        for msg in msgs:
             if isinstance(msg, m.Stop):
                 return None
             if isinstance(msg, m.FrontendGone):
                 self._close_results(msg.frontend)
             apply_control(self.core, msg)
+        return len(msgs)
+
+    def _receive_inline(self) -> list:
+        msgs = []
+        while True:
+            try:
+                raw = self.control.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return msgs
+            try:
+                msgs.append(m.control_decoder.decode(raw))
+            except m.msgspec.DecodeError:
+                log.error("malformed control message dropped (%d bytes)", len(raw))
 
     def step(self) -> bool:
         """One core step, each front end's news sent to it; whether the engine is busy."""
         done: CoreStep = self.core.step()
-        for frontend, r in done.results.items():
-            sock = self._results_socket(frontend)
+        for frontend, r in done.results.items():  # after step() freed the released slots
             msg = m.Results(r.updates, r.read_slots.astype(m.SLOT).tobytes(), r.read_gens.astype(m.GEN).tobytes(),
                             r.read_ends.astype(m.POS).tobytes())  # fmt: skip
-            sock.send(self._encoder.encode(msg), copy=False)
+            if self.io is not None:
+                self.io.send(frontend, msg)  # encoded and sent on the sender thread
+            else:
+                self._results_socket(frontend).send(self._encoder.encode(msg), copy=False)
         if self.on_step is not None:
             for st in done.engine.steps:
                 self.on_step(st.batch_size, st.elapsed_s, st.context_right)
@@ -121,14 +148,18 @@ class EngineCoreProc:
         return sock
 
     def _close_results(self, frontend: int) -> None:
-        sock = self._results.pop(frontend, None)
-        if sock is not None:
+        if self.io is not None:
+            self.io.close_frontend(frontend)
+        elif (sock := self._results.pop(frontend, None)) is not None:
             sock.close(0)
 
     def close(self) -> None:
+        stopped = self.io is None or self.io.stop()
         for sock in self._results.values():
             sock.close(0)
         self.control.close(0)
+        if self._own_context and stopped:  # waits for the results sockets' linger (core_io.STOP_LINGER_MS): the last finals go out
+            self._zmq.term()
 
 
 def run_core_process(settings, ipc_dir: str, lock, conn, parent_pid: int) -> None:

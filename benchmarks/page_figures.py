@@ -12,6 +12,11 @@ It is backed when it sits
 A paragraph under `<!-- figures: settings -->` states the settings of a run, a test or a recipe
 (packet sizes, durations, thresholds it was given), not what came out: its numbers are not checked.
 
+A count of cases, `k/n`, `k / n` or `k of n` (24/24 transcripts equal, 5 of 24 changed), is a
+figure too, without a unit, also on a line that names a flag: backed by the test that asserts it
+when its paragraph (up to it) or its table row names that test (`tests/test_x.py`, a file that
+exists), else by the paragraph's result files as above; with neither it fails.
+
 Not figures: code (fenced blocks and `inline`), chunk durations (a mode is configured, not
 measured), and lines (or tables, by their header) that state a configured limit or a flag's
 default: they name a `--flag`, or say "default", "limit" or "cap". NOT_MEASURED below is the short,
@@ -31,6 +36,10 @@ from pathlib import Path
 UNITS = r"µs|us|ms|s|%|x|times|MB|MiB|GB|GiB|kB|KB|KiB|bytes|streams|tokens|min|minutes|seconds|hours"
 NUMBER = r"[-+]?\d[\d,]*(?:\.\d+)?"
 FIGURE = re.compile(rf"(?<![\w./-])({NUMBER}(?:\s?(?:-|to|/)\s?{NUMBER})*)\s?({UNITS})(?!\w)")
+INTEGER = r"(?:\d{1,3}(?:,\d{3})+|\d+)"
+COUNT = re.compile(rf"(?<![\w./-])(?<!HTTP )({INTEGER}\s?(?:/|of)\s?{INTEGER})(?![\w./-]|\s?(?:{UNITS})(?!\w))")
+TEST_FILE = re.compile(r"tests/test_\w+\.py")
+SENTENCE_END = re.compile(r"[.;:](?:\s+|$)(?=[A-Z(*`]|$)")
 CHUNK_MS = {80, 160, 320, 480, 560, 640, 1120}  # chunk modes of the served models: configured, not measured
 CONFIG_LINE = re.compile(r"`--[a-z]|\bdefaults?\b|\blimits?\b|\bcaps?\b", re.I)
 FIGURES_MARK = re.compile(r"^<!-- figures: ([^>]+?) -->$")
@@ -63,19 +72,24 @@ def _blank(m: re.Match) -> str:
     return "\n" * m.group(0).count("\n")
 
 
+def _blank_code(m: re.Match) -> str:
+    return "``" + "\n" * m.group(0).count("\n")
+
+
 def _prose(text: str) -> str:
     """The page with code, generated tables, comments and link targets blanked; lines keep their numbers."""
     text = re.sub(r"^```.*?^```", _blank, text, flags=re.S | re.M)
     text = re.sub(r"<!-- table: [\w-]+ -->.*?<!-- /table -->", _blank, text, flags=re.S)
     text = re.sub(r"<!--(?! figures:).*?-->", _blank, text, flags=re.S)
-    text = re.sub(r"`[^`\n]*`", "``", text)
+    # inline code may wrap a line, not cross a blank line or a figures mark
+    text = re.sub(r"`(?:[^`\n]|\n(?![ \t]*\n|<!-- figures:))*`", _blank_code, text)
     return re.sub(r"\]\([^)]*\)", "]()", text)
 
 
 def _values(parts: str) -> list[tuple[float, int]]:
     """(value, decimals) of each number in a figure such as `52-62` or `2.5 / 3.1`."""
     out = []
-    for n in re.findall(NUMBER, parts):
+    for n in re.findall(NUMBER, parts.replace(" of ", " / ")):
         n = n.replace(",", "")
         out.append((float(n), len(n.split(".")[1]) if "." in n else 0))
     return out
@@ -85,19 +99,29 @@ def is_config(figure: str, unit: str) -> bool:
     return unit == "ms" and all(v in CHUNK_MS for v, _ in _values(figure))
 
 
-def figures(page: str, text: str) -> list[tuple[int, str, str, list[str]]]:
-    """(line, figure, unit, result files of its paragraph, or []) of every figure on a page."""
-    out, files, config_table = [], [], False
+def figures(page: str, text: str, root: Path | None = None) -> list[tuple[int, str, str, list[str]]]:
+    """(line, figure, unit, result files of its paragraph, or []) of every figure on a page; a count
+    (unit "") on a line naming tests under `root` carries those tests instead of result files."""
+    out, files, config_table, tests = [], [], False, []
     raw = text.split("\n")
     for i, line in enumerate(_prose(text).split("\n")):
         mark = FIGURES_MARK.match(line.strip())
         if mark:
             files = mark.group(1).split()
             continue
-        if not line.strip():
-            files = []
+        if not raw[i].strip():  # the page's blank line (a wrapped code span leaves blank prose lines)
+            files, tests = [], []
         if files == ["settings"]:
             continue
+        # a count of cases is a result even on a line that names a flag: checked before that rule
+        named = [t for t in TEST_FILE.findall(raw[i]) if root is not None and (root / t).is_file()]
+        in_scope = named if line.startswith("|") else tests + named  # a table row names its own test
+        for m in COUNT.finditer(line):
+            out.append((i + 1, m.group(1), "", in_scope or files))
+        # a test named in a sentence backs the counts of that sentence only
+        ends = list(SENTENCE_END.finditer(raw[i]))
+        rest = raw[i][ends[-1].end() :] if ends else None
+        tests = in_scope if rest is None else [t for t in TEST_FILE.findall(rest) if t in named]
         if line.startswith("|") and not (i and raw[i - 1].startswith("|")):
             config_table = bool(CONFIG_LINE.search(raw[i]))  # a table of limits or defaults, by its header
         if CONFIG_LINE.search(raw[i]) or (config_table and line.startswith("|")):
@@ -133,12 +157,13 @@ def _numbers(path: Path) -> list[float]:
 
 
 def held(value: float, decimals: int, unit: str, numbers: list[float]) -> bool:
-    """Whether some number of the file, scaled to the unit and rounded as written, is the figure."""
+    """Whether some number of the file, scaled to the unit and rounded as written, is the figure
+    (a count, unit "", as it is)."""
     half = 0.5 * 10**-decimals + 1e-9
-    for scale in SCALES[UNIT_KIND[unit]]:
+    for scale in SCALES[UNIT_KIND.get(unit, "count")]:
         for n in numbers:
             x = n * scale
-            if UNIT_KIND[unit] == "x" and n:  # "sherpa-onnx is 1.8x faster" from engine_over_sherpa 0.558
+            if UNIT_KIND.get(unit) == "x" and n:  # "sherpa-onnx is 1.8x faster" from engine_over_sherpa 0.558
                 x = x if abs(abs(x) - abs(value)) <= half else 1 / n
             if abs(abs(x) - abs(value)) <= half or (unit == "%" and abs(abs((n - 1) * 100) - abs(value)) <= half):
                 return True
@@ -149,11 +174,13 @@ def unbacked(root: Path, results: Path, pages: list[str]) -> list[str]:
     """'page:line: figure (why)' for every figure on the pages that no generated table or named file backs."""
     problems, cache = [], {}
     for page in pages:
-        for line, fig, unit, files in figures(page, (root / page).read_text()):
-            where = f"{page}:{line}: {fig} {unit}"
+        for line, fig, unit, files in figures(page, (root / page).read_text(), root):
+            where = f"{page}:{line}: {fig} {unit}".rstrip()
             if not files:
                 problems.append(f"{where} (no result file backs it)")
                 continue
+            if all(TEST_FILE.fullmatch(f) for f in files):
+                continue  # a count of cases on the line of the test that asserts it
             missing = [f for f in files if not (results / f).is_file()]
             if missing:
                 problems.append(f"{where} (no such result file: {', '.join(missing)})")

@@ -262,3 +262,38 @@ def test_a_planted_wrong_limit_is_named(planted, problem):
     assert text.count(planted) == 1, planted
     problems = limit_problems(text.replace(planted, wrong))
     assert len(problems) == 1 and problem in problems[0], problems
+
+
+def test_a_count_of_cases_needs_a_result_file_or_the_test_that_asserts_it(tmp_path):
+    """`k/n` and `k of n` are figures without a unit (issue 51 item 7): unbacked they fail, also on a
+    line naming a flag; the test named in their sentence (a file that exists) backs them, a test
+    named in an earlier sentence or a missing test file does not."""
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_real.py").write_text("")
+    page = tmp_path / "x.md"
+    results = page_results.RESULTS
+    cases = {
+        "The client printed 23/24 transcripts whole.": ["x.md:1: 23/24 (no result file backs it)"],
+        "`--selftest 24` gave 5 of 24 right.": ["x.md:1: 5 of 24 (no result file backs it)"],
+        "`tests/test_real.py` holds it: 24/24 equal.": [],
+        "| client | `tests/test_real.py` | 24/24 |": [],
+        "`tests/test_gone.py` holds it: 24/24 equal.": ["x.md:1: 24/24 (no result file backs it)"],
+        "Tested by `tests/test_real.py`. Then by hand\n3/4 equal.": ["x.md:2: 3/4 (no result file backs it)"],
+        "Tested by `tests/test_real.py` on\nall files, 24/24 equal.": [],
+        "HTTP 431 / 414 closes it.": [],
+    }
+    for text, expected in cases.items():
+        page.write_text(text + "\n")
+        assert page_figures.unbacked(tmp_path, results, ["x.md"]) == expected, text
+
+
+def test_inline_code_wrapped_over_a_line_hides_no_figure_and_keeps_the_mark(tmp_path):
+    """A code span that wraps a line was paired with the next line's backtick, so the prose between
+    (here `5 ms`) was read as code; and the blank prose lines a wrapped span leaves must not end the
+    paragraph of its `figures` mark (the figure after it is checked against the mark's file)."""
+    page = tmp_path / "x.md"
+    results = page_results.RESULTS
+    page.write_text("Ran `tool\n--y` and it took 5 ms with `z`.\n")
+    assert page_figures.unbacked(tmp_path, results, ["x.md"]) == ["x.md:2: 5 ms (no result file backs it)"]
+    page.write_text("<!-- figures: riva_vs_ws_demo_r13.json -->\nRun (`a\nb\nc`), then 31 ms.\n")
+    assert page_figures.unbacked(tmp_path, results, ["x.md"]) == ["x.md:4: 31 ms (not in riva_vs_ws_demo_r13.json)"]

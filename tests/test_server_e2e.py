@@ -63,9 +63,11 @@ async def stream(
     speed: float = 0.0,
     delay_s: float = 0.0,
     force_final_at: int | None = None,
+    sent: list[tuple[float, int]] | None = None,
     **options,
 ) -> Transcript:
-    """One client: config, packets of `packet` samples at `speed` x real time (0: no pacing), end."""
+    """One client: config, packets of `packet` samples at `speed` x real time (0: no pacing), end.
+    `sent`, if given, gets (monotonic time, samples sent so far) after each packet."""
     await asyncio.sleep(delay_s)
     options.setdefault("token", TOKEN)
     async with StreamingClient(url, sample_rate=rate, encoding=encoding, **options) as c:
@@ -77,6 +79,8 @@ async def stream(
                 if force_final_at is not None and i <= force_final_at < i + packet:
                     await c.force_final()
                 await c.send_audio(wire[i : i + packet])
+                if sent is not None:
+                    sent.append((time.monotonic(), min(i + packet, len(wire))))
                 if speed:
                     await asyncio.sleep(max(0.0, t0 + (i + packet) / rate / speed - time.monotonic()))
             await c.end()
@@ -518,6 +522,9 @@ def test_client_microphone_with_a_fake_sound_device(server, monkeypatch):
 # ----------------------------------------------------------------------------- drain
 
 
+DRAIN_READ_MARGIN_S = 0.5  # audio sent this long before SIGTERM has been read by the server
+
+
 def test_sigterm_delivers_finals_then_exits():
     """On a multilingual prompt model, over TLS (a server of its own, since SIGTERM ends it):
     an unknown language is refused with the valid codes; two streams in different languages
@@ -543,13 +550,14 @@ def test_sigterm_delivers_finals_then_exits():
             clients = [
                 asyncio.create_task(
                     stream(srv.ws_url, encode(u, "pcm_f32le"), 16000, "pcm_f32le", speed=1.0, packet=800,
-                           language=lang, ssl_context=tls)
+                           language=lang, ssl_context=tls, sent=log)
                 )  # fmt: skip
-                for u, lang in zip(utts, languages)
+                for u, lang, log in zip(utts, languages, sent)
             ]
             while srv.readyz()["open_streams"] < 2:
                 await asyncio.sleep(0.05)
             await asyncio.sleep(1.0)
+            signalled_at = time.monotonic()
             srv.proc.send_signal(signal.SIGTERM)
             refusal = []
             try:
@@ -558,20 +566,30 @@ def test_sigterm_delivers_finals_then_exits():
                         refusal.append(json.loads(m))
             except ConnectionClosed:
                 pass
-            return unknown, await asyncio.gather(*clients), (refusal, waiting.close_code)
+            # What each client had sent half a second before the signal: by then the server had read it.
+            before = [max((n for t, n in log if t <= signalled_at - DRAIN_READ_MARGIN_S), default=0) for log in sent]
+            return unknown, await asyncio.gather(*clients), (refusal, waiting.close_code), before
 
-        (unknown_msgs, unknown_code), transcripts, (refusal, refusal_code) = asyncio.run(scenario())
+        sent: list[list[tuple[float, int]]] = [[], []]
+        (unknown_msgs, unknown_code), transcripts, (refusal, refusal_code), sent_before = asyncio.run(scenario())
         assert srv.proc.wait(timeout=60) == 0
     assert unknown_code == 1008 and all(code in unknown_msgs[-1]["reason"] for code in ("xx-XX", "de-DE", "en-US"))
     assert [m["type"] for m in refusal] == ["error"] and "draining" in refusal[0]["reason"], refusal
     assert refusal_code == 1013
     prompt_model = helpers.model(PROMPT_TEST_MODEL, None)
-    for t, audio, lang in zip(transcripts, utts, languages):
+    for t, audio, lang, before in zip(transcripts, utts, languages, sent_before):
         check_well_formed(t)
         assert t.ready["language"] == lang
         assert t.done["reason"] == "draining"
         # Cut short, and the finals are NeMo's loop on the prefix the server had taken in, whole (not a
         # truncated final): the drain decodes every sample that arrived, with the end-of-input tail rule.
-        taken = round(t.done["audio_processed"] * 16000)
-        assert 0 < taken < len(audio) and taken % 800 == 0, (taken, len(audio))  # whole packets of 800
+        # That prefix holds at least what the client had sent well before the signal (a server that
+        # dropped audio it had read would report a shorter prefix, and NeMo's loop on it would agree).
+        # `audio_processed` counts 10 ms feature frames, and at the end of input NeMo's frame count
+        # (samples // hop + 1) can reach one frame past the last sample: the prefix is the whole
+        # packets of 800 it covers, at most one frame (160 samples) short of it.
+        processed = round(t.done["audio_processed"] * 16000)
+        taken = processed // 800 * 800
+        assert processed - taken <= 160, (processed, taken)
+        assert before >= 4000 and before <= taken < len(audio), (before, taken, len(audio))
         assert t.token_ids == oracle_transcribe(prompt_model, audio[:taken], language=lang).token_ids

@@ -83,15 +83,15 @@ def measure(model, num_streams: int, seconds: float, tokens_per_frame: float, re
     """Core CPU us per stream-step for `num_streams` streams, `ready_fraction` of them (in turn)
     fed one chunk before each iteration: 1.0 steps every stream every time; a real server's
     iterations come every few milliseconds, when only some streams have a new chunk."""
-    from nemo_serve.engine import loop
+    from nemo_serve.engine import loop, runner
     from nemo_serve.engine.endpoint import EndpointConfig
     from nemo_serve.core.inproc import LocalEngine
 
     g = model.geometry
     engine = LocalEngine(loop.Engine(model, num_slots=num_streams, max_batch=num_streams, endpoint=EndpointConfig(), overlap=OVERLAP[0]))
     engine.engine.features.pre = _StubPreprocessor(model.num_mels, g.hop_samples)
-    real_step = loop.launch_step, loop.collect_step
-    loop.launch_step, loop.collect_step = _stub_step(tokens_per_frame, num_streams), _collect_stub
+    real_step = runner.launch_step, runner.collect_step
+    runner.launch_step, runner.collect_step = _stub_step(tokens_per_frame, num_streams), _collect_stub
     try:
         streams = [engine.open_stream(lambda r: None) for _ in range(num_streams)]
         chunk_samples = g.chunk_frames * g.hop_samples
@@ -119,7 +119,7 @@ def measure(model, num_streams: int, seconds: float, tokens_per_frame: float, re
             engine.abort(s)
         engine.iterate()
     finally:
-        loop.launch_step, loop.collect_step = real_step
+        runner.launch_step, runner.collect_step = real_step
     return {
         "streams": num_streams,
         "context_right": g.context_right,
@@ -173,7 +173,7 @@ def measure_core(model, num_streams: int, seconds: float, tokens_per_frame: floa
     from nemo_serve.core.addresses import control_address, results_address
     from nemo_serve.core.core_proc import EngineCoreProc
     from nemo_serve.core.shared import FileLock, SharedLayout, SharedSlots
-    from nemo_serve.engine import loop
+    from nemo_serve.engine import loop, runner
     from nemo_serve.engine.endpoint import EndpointConfig
 
     g = model.geometry
@@ -183,8 +183,8 @@ def measure_core(model, num_streams: int, seconds: float, tokens_per_frame: floa
     shared = SharedSlots.create(SharedLayout(num_streams, max(first_samples, chunk_samples)), FileLock(f"{ipc_dir}/slots.lock"))
     engine = loop.Engine(model, num_slots=num_streams, max_batch=num_streams, endpoint=EndpointConfig(), overlap=OVERLAP[0])
     engine.features.pre = _StubPreprocessor(model.num_mels, g.hop_samples)
-    real_step = loop.launch_step, loop.collect_step
-    loop.launch_step, loop.collect_step = _stub_step(tokens_per_frame, num_streams), _collect_stub
+    real_step = runner.launch_step, runner.collect_step
+    runner.launch_step, runner.collect_step = _stub_step(tokens_per_frame, num_streams), _collect_stub
     before_tids = _tids()
     core_ctx = zmq.Context()
     core = EngineCoreProc(engine, shared, ipc_dir, core_ctx)
@@ -263,7 +263,7 @@ def measure_core(model, num_streams: int, seconds: float, tokens_per_frame: floa
         core.iterate_once()
         drain(200)
     finally:
-        loop.launch_step, loop.collect_step = real_step
+        runner.launch_step, runner.collect_step = real_step
         core.close()
         results.close(0)
         control.close(0)

@@ -99,15 +99,15 @@ def test_real_time_stream_on_an_engine_that_keeps_up_or_runs_at_half_speed(monke
     """A client at real-time pace, 80 ms chunks. Each iteration steps its one ready chunk, so no chunk
     is ever there before the previous step ends; with every step slowed by two chunks of audio the
     engine still falls behind by about half of the time that passes, and that is what must show."""
-    from nemo_serve.engine import loop
+    from nemo_serve.engine import runner
 
-    real_step = loop.launch_step
+    real_step = runner.launch_step
 
     def step(*args, **kw):
         time.sleep(step_sleep_s)
         return real_step(*args, **kw)
 
-    monkeypatch.setattr(loop, "launch_step", step)
+    monkeypatch.setattr(runner, "launch_step", step)
     engine = helpers.new_engine(helpers.model(None, 0), 2)
     audio = helpers.utterances(1, seed=4)[0]
     stream = engine.open_stream(lambda r: None)

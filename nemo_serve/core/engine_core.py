@@ -89,7 +89,7 @@ class EngineCore:
     # ------------------------------------------------------------------ 1 inputs
     def open(self, *, frontend: int, slot: int, gen: int, stream_id: str, language_index: int = 0,
              endpoint: dict | None = None, context_right: int | None = None, phrases: list[str] | None = None,
-             boost: float | None = None) -> None:  # fmt: skip
+             boost: float | None = None, diarization: dict | None = None) -> None:  # fmt: skip
         """A stream on `slot`, allocated by `frontend` at generation `gen`. A refusal (a sane front
         end: only the server-wide phrase total) is an error update to the front end, slot freed.
         `endpoint`: EndpointConfig's fields; empty or None: the engine's own rules."""
@@ -99,7 +99,7 @@ class EngineCore:
         try:
             self.engine.admit(slot=slot, stream_id=stream_id, language_index=language_index,
                               endpoint=EndpointConfig(**endpoint) if endpoint else None, context_right=context_right,
-                              phrases=phrases, boost=boost)  # fmt: skip
+                              phrases=phrases, boost=boost, diarization=diarization)  # fmt: skip
         except (RuntimeError, ValueError, TypeError) as e:
             log.error("open refused for slot %d: %s", slot, e)
             self._outgoing[frontend].updates.append(StreamUpdate(stream_id, 0, True, True, [], [], 0, 0.0, time.time(),
@@ -251,7 +251,7 @@ def apply_control(core: EngineCore, msg) -> None:
     elif isinstance(msg, m.Open):
         core.open(frontend=msg.frontend, slot=msg.slot, gen=msg.gen, stream_id=msg.stream_id,
                   language_index=msg.language_index, endpoint=msg.endpoint, context_right=msg.context_right,
-                  phrases=msg.phrases, boost=msg.boost)  # fmt: skip
+                  phrases=msg.phrases, boost=msg.boost, diarization=msg.diarization)  # fmt: skip
     elif isinstance(msg, m.Finish):
         core.finish(msg.slot, msg.gen)
     elif isinstance(msg, m.ForceFinal):

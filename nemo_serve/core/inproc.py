@@ -155,12 +155,14 @@ class LocalEngine:
         context_right: int | None = None,
         phrases: list[str] | None = None,
         boost: float | None = None,
+        diarization: dict | None = None,
     ) -> LocalStream:
         """A stream whose results reach `on_result` on the thread that iterates, each as a
         `StreamResult` (text and the segment's tokens, assembled here) or, if `updates`, each raw
         `StreamUpdate`. NoFreeSlotError or ValueError (bad options, the phrase total, an id
         already open) at once."""
-        options = self.engine.check_options(language=language, context_right=context_right, phrases=phrases, boost=boost)
+        options = self.engine.check_options(language=language, context_right=context_right, phrases=phrases, boost=boost,
+                                            diarization=diarization)  # fmt: skip
         consumer = on_result if updates else _assembling(on_result, self.engine)
         stream_id = stream_id or uuid.uuid4().hex
         with self._lock:
@@ -177,7 +179,7 @@ class LocalEngine:
             ep = dataclasses.asdict(endpoint) if endpoint is not None else None
             # Sent under the lock: another thread's open cannot overtake this one on the queue.
             self._send(m.Open(slot, gen, FRONTEND, stream_id, options.language_index, ep, options.context_right,
-                              phrases, boost))  # fmt: skip
+                              phrases, boost, diarization))  # fmt: skip
         return h
 
     def push(self, h: LocalStream, samples: np.ndarray, arrived: float | None = None) -> None:

@@ -31,6 +31,7 @@ class Open(msgspec.Struct, tag=True, array_like=True):
     context_right: int | None = None  # the stream's chunk mode (None: the default)
     phrases: list[str] | None = None  # boosted phrases, checked by the front end (engine/phrases.py)
     boost: float | None = None
+    diarization: dict | None = None  # {"max_speakers": N}: speakers on its results (engine/speakers.py)
 
 
 class Wrote(msgspec.Struct, tag=True, array_like=True):

@@ -58,7 +58,9 @@ from .geometry import ModelInfo
 from .invariants import check
 from .queue_delay import QueueDelay
 from .slot_table import SlotTable
-from .step import StepBatch, collect_step, launch_step, prepare_step
+from .runner import RnntRunner
+from .speakers import DiarizationRequest, SpeakerAttacher, check_diarization
+from .step import StepBatch, prepare_step
 from .in_flight import InFlight, InFlightStep
 from .results import Detokenizer, StreamUpdate
 from .stream import Stream
@@ -92,6 +94,7 @@ class StreamOptions:
     language_index: int
     context_right: int  # the chunk mode, resolved (a served one)
     phrases: PhraseRequest
+    diarization: DiarizationRequest | None = None  # speakers asked for (engine/speakers.py)
 
 
 class Engine:
@@ -107,12 +110,14 @@ class Engine:
         token_confidence: bool = False,
         phrase_limits: PhraseLimits = PhraseLimits(),
         overlap: bool | None = None,
+        diarizer=None,
     ) -> None:
         """`kv_cache`: cache projected keys/values (engine/encoder.py) where the architecture
         allows; False runs NeMo's own layer code (caches layer inputs). `token_confidence`: each
         new token comes with the decoder's confidence (engine/step.py), for word confidences.
         `overlap`: launch step N+1 before collecting step N (module docstring); None: as
-        NEMO_SERVE_OVERLAP says (off unless 1)."""
+        NEMO_SERVE_OVERLAP says (off unless 1). `diarizer`: a streaming Sortformer (NeMo
+        SortformerEncLabelModel, its streaming settings applied) for streams that ask for speakers."""
         self.model = model
         self.geometry = model.geometry
         self.num_slots = num_slots
@@ -120,6 +125,14 @@ class Engine:
         self.endpoint = endpoint
         self.encoder = make_encoder(model, kv_cache=kv_cache)
         self.pool = make_slot_pool(model, self.encoder, num_slots)
+        self.runner = RnntRunner(model, self.encoder, self.pool)  # the ASR model's slots and step (engine/runner.py)
+        # The second runner, for diarized streams only, and their results waiting for its speakers.
+        self.diarizer = self.speakers = None
+        if diarizer is not None:
+            from ..diarization.runner import SortformerRunner  # NeMo's Sortformer only where one is served
+
+            self.diarizer = SortformerRunner(diarizer, num_slots)
+            self.speakers = SpeakerAttacher(self.diarizer, model.geometry.encoder_frame_s)
         self.token_confidence = token_confidence
         self.eou = EouTokens.from_vocabulary(model.vocabulary)  # empty unless the model has <EOU>/<EOB>
         # An EOU final carries its token's probability: the step computes confidences for an EOU
@@ -217,14 +230,16 @@ class Engine:
         context_right: int | None = None,
         phrases: list[str] | None = None,
         boost: float | None = None,
+        diarization: dict | None = None,
     ) -> StreamOptions:
         """A stream's options checked, or ValueError: a bad language, a chunk mode `context_right`
         the engine does not serve (the message lists those it does), bad `phrases` / `boost`
-        (over a limit, or not spelled by the tokenizer). Pure: reads only the model and the
+        (over a limit, or not spelled by the tokenizer), `diarization` asked of a server without a
+        diarizer or malformed (engine/speakers.py). Pure: reads only the model and the
         limits, so any thread may call it (the harness does, in the caller's thread)."""
         lang = self.model.language_index(language) if language_index is None else language_index
         mode = self.model.geometry_for(context_right).context_right
-        return StreamOptions(lang, mode, self.check_phrases(phrases, boost))
+        return StreamOptions(lang, mode, self.check_phrases(phrases, boost), check_diarization(diarization, self.diarizer))
 
     def check_phrases(self, phrases: list[str] | None, boost: float | None) -> PhraseRequest:
         """The stream's phrases checked against the limits and the tokenizer (no <unk>)."""
@@ -254,13 +269,14 @@ class Engine:
         context_right: int | None = None,
         phrases: list[str] | None = None,
         boost: float | None = None,
+        diarization: dict | None = None,
     ) -> Stream:
         """Open a stream on `slot` (free: the caller allocated it, as a front end does in shared
         memory): the slot, its cache row and its scheduler row at once. ValueError as
         `check_options`, for the server's phrase total, a stream id already open or a slot that
         is not free. Its results come out of `iterate()`."""
         options = self.check_options(language=language, language_index=language_index, context_right=context_right,
-                                     phrases=phrases, boost=boost)  # fmt: skip
+                                     phrases=phrases, boost=boost, diarization=diarization)  # fmt: skip
         request = options.phrases
         error = self.phrase_total_error(self._num_phrases, request)
         if error is not None:
@@ -274,10 +290,14 @@ class Engine:
             phrases=request,
         )
         self.slots.take(stream, slot)
+        if options.diarization is not None:  # its diarizer slot: one per engine slot, so one is free
+            self.diarizer.open(stream.stream_id, options.diarization.max_speakers)
+            self.speakers.open(stream.stream_id)
+            stream.diarized = True
         tree_state = 0
         if request:  # checked above: the tree builds
             stream.biasing_id, tree_state = self._biasing().acquire(request)
-        self.pool.open_row(slot, stream.language_index, stream.biasing_id, tree_state)
+        self.runner.open_row(slot, language_index=stream.language_index, biasing_id=stream.biasing_id, tree_state=tree_state)
         self.scheduler.admit(slot, self.model.geometries[stream.context_right])
         self._num_phrases += len(request.phrases)
         return stream
@@ -296,6 +316,8 @@ class Engine:
         audio = stream.audio
         audio.extend(parts, arrived)
         self.scheduler.set_audio(stream.slot, audio.num_samples, audio.finished)
+        if stream.diarized:
+            self.diarizer.take_audio(stream.stream_id, parts, arrived)
 
     def finish(self, stream: Stream, at: float | None = None) -> None:
         """End of input; `at`: when it reached the server (default now). Its final comes out of a
@@ -304,6 +326,8 @@ class Engine:
             audio = stream.audio
             audio.finish(at)
             self.scheduler.set_audio(stream.slot, audio.num_samples, audio.finished)
+            if stream.diarized:
+                self.diarizer.finish(stream.stream_id)
 
     def force_final(self, stream: Stream) -> None:
         """Close the stream's segment now: a final with what it has, in the next `iterate()`'s
@@ -322,7 +346,7 @@ class Engine:
         if self.in_flight.defer_abort(stream.slot, reason):  # its step owns the row until collected
             return
         log.debug("stream %s aborted: %s", stream.stream_id, reason)
-        self._release(stream)
+        self._release(stream, aborted=True)
 
     # ------------------------------------------------------------------ what the engine holds
     @property
@@ -384,8 +408,9 @@ class Engine:
                 self._collect(step)  # 3, at once: the sequential loop
         for step in earlier:  # 3: launched by the last call; the device ran them meanwhile
             self._collect(step)
+        diar_rows = self._diarize() if self.speakers else 0  # 4: diarized streams only
         out = IterationOutput(tuple(self._updates), tuple(self._update_slots), tuple(self._released), tuple(self._steps),
-                              self.queue_delay.published, len(self.in_flight.steps))  # fmt: skip
+                              self.queue_delay.published, len(self.in_flight.steps), diar_rows)  # fmt: skip
         self._updates.clear()
         self._update_slots.clear()
         self._released.clear()
@@ -446,14 +471,14 @@ class Engine:
         # languages on the device (languages None); the step's one wait is in collect_step.
         batch = StepBatch(group.slots, self._features(streams, group), group.widths.tolist(), group.is_first, None,
                           group.context_right, self._step_confidence)  # fmt: skip
-        launched = launch_step(self.model, self.encoder, self.pool, batch)
+        launched = self.runner.launch(batch)
         if self.test_step_sleep_s:
             time.sleep(self.test_step_sleep_s)
         self.scheduler.advance(group)  # at launch: the next plan must not take these chunks again
         return InFlightStep(group, streams, launched, t_start, wall_start)
 
     def _collect(self, step: InFlightStep) -> None:
-        result = collect_step(step.launched)
+        result = self.runner.collect(step.launched)
         group, streams, wall_start = step.group, step.streams, step.wall_started
         self.in_flight.landed(step)
         slots, widths = group.slots.tolist(), group.widths.tolist()
@@ -486,7 +511,7 @@ class Engine:
         if reason is None:
             return False
         log.debug("stream %s aborted: %s", s.stream_id, reason)
-        self._release(s)
+        self._release(s, aborted=True)
         return True
 
     def _count_step(self, group: Group, num_rows: int, widths: list[int], elapsed: float) -> None:
@@ -546,12 +571,37 @@ class Engine:
         self._update_slots.append(s.slot)
         s.close_segment(next_start_frame)
 
-    def _release(self, s: Stream) -> None:
+    def _diarize(self) -> int:
+        """One diarizer step over the diarized streams with a chunk ready, then this iteration's
+        diarized updates held until their speakers are known, and what is known published
+        (engine/speakers.py). Returns the rows stepped."""
+        plan = self.diarizer.plan()
+        if plan is not None:
+            self.diarizer.collect(self.diarizer.launch(plan))
+        updates, slots, speakers = [], [], self.speakers
+        for u, slot in zip(self._updates, self._update_slots):
+            if speakers.holds(u.stream_id):
+                speakers.hold(u, slot)
+            else:
+                updates.append(u)
+                slots.append(slot)
+        speakers.publish(updates, slots, self._released)
+        self._updates[:], self._update_slots[:] = updates, slots
+        return len(plan.stream_ids) if plan is not None else 0
+
+    def _release(self, s: Stream, aborted: bool = False) -> None:
         """Close the stream's cache row and give its slot back (its scheduler row is ignored from
-        now on: the slot is no longer held); the release is in the next output."""
-        self.pool.close_row(s.slot)
+        now on: the slot is no longer held); the release is in the next output, a diarized
+        stream's once its results have their speakers (engine/speakers.py), an aborted one's at once."""
+        self.runner.close_row(s.slot)
         if s.biasing_id != NO_BIASING:
             self.pool.biasing.release(s.biasing_id)
         self.slots.give_back(s)
         self._num_phrases -= len(s.phrases.phrases) if s.phrases else 0
-        self._released.append(ReleasedStream(s.stream_id, s.slot))
+        released = ReleasedStream(s.stream_id, s.slot)
+        if s.diarized and not aborted:
+            self.speakers.hold_release(released)
+            return
+        if s.diarized:
+            self.speakers.drop(s.stream_id)
+        self._released.append(released)

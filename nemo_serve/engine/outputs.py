@@ -38,9 +38,10 @@ class IterationOutput:
     steps: tuple[StepStats, ...]
     queue_delay: tuple[float, float]  # (seconds behind real time, valid until): engine/queue_delay.py
     in_flight: int = 0  # steps launched and not yet collected (Engine overlap): their results come next
+    diarized_rows: int = 0  # rows of this iteration's diarizer step (0: none ran)
 
     @property
     def busy(self) -> bool:
         """A stream advanced or a step is in flight: the caller should iterate again without sleeping."""
-        return bool(self.steps) or self.in_flight > 0
+        return bool(self.steps) or self.in_flight > 0 or self.diarized_rows > 0
 

@@ -35,6 +35,10 @@ class StreamUpdate(msgspec.Struct, array_like=True, gc=False):
     end_reason: str | None = None
     eou_probability: float | None = None
     eou_frame: int = -1
+    # Diarized streams only (engine/speakers.py): each new token's speaker (0-based, below the
+    # stream's max_speakers) and, on finals, the speaker of most of the segment's tokens.
+    new_token_speakers: list[int] | None = None
+    speaker: int | None = None
 
 
 # Why a final closed its segment: the model's end-of-utterance / end-of-backchannel token, the
@@ -67,6 +71,11 @@ class StreamResult:
     eou_probability: float | None = None  # finals ended by "eou"/"eob": the token's probability
     eou_time_s: float | None = None  # finals ended by "eou"/"eob": the token's audio time
     backchannel: bool = False  # an "eob" final: an acknowledgement ("uh-huh"), not a turn
+    # Diarized streams: each token's speaker (as token_ids) and, on finals, the segment's speaker
+    # (engine/speakers.py); on finals, each word's speaker (its first token's, so its start time's).
+    token_speakers: list[int] | None = None
+    speaker: int | None = None
+    word_speakers: list[int] | None = None
 
     @property
     def ended_by_model(self) -> bool:
@@ -98,6 +107,7 @@ class ResultAssembler:
         self.token_ids: list[int] = []
         self.token_times_s: list[float] = []
         self.token_confidences: list[float] | None = []  # None once a token came without one
+        self.token_speakers: list[int] = []  # diarized streams only
         self.text = ""
 
     def __call__(self, u: StreamUpdate) -> StreamResult:
@@ -109,6 +119,8 @@ class ResultAssembler:
                 self.token_confidences = None
             else:
                 self.token_confidences.extend(u.new_token_confidences)
+            if u.new_token_speakers is not None:
+                self.token_speakers.extend(u.new_token_speakers)
         r = StreamResult(
             stream_id=u.stream_id,
             text=self.text.strip(),
@@ -122,6 +134,8 @@ class ResultAssembler:
             audio_arrival_time=u.audio_arrival_time,
             done=u.done,
             error=u.error,
+            token_speakers=list(self.token_speakers) if u.new_token_speakers is not None else None,
+            speaker=u.speaker,
         )
         if u.is_final:  # the segment is closed: the next update starts a new one
             r.end_reason, r.eou_probability, r.backchannel = u.end_reason, u.eou_probability, u.end_reason == "eob"
@@ -132,5 +146,9 @@ class ResultAssembler:
                 [self.detok.piece(t) for t in self.token_ids], self.token_times_s, self.frame_s, r.token_confidences,
                 u.audio_processed_s,
             )
+            if self.token_speakers:
+                by_time = dict(zip(self.token_times_s, self.token_speakers))  # tokens of one frame: one speaker
+                r.word_speakers = [by_time[w.start] for w in r.words]
             self.token_ids, self.token_times_s, self.text, self.token_confidences = [], [], "", []
+            self.token_speakers = []
         return r

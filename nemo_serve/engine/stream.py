@@ -26,6 +26,7 @@ class Stream:
     audio: AudioBuffer = field(default_factory=AudioBuffer)
     slot: int | None = None  # set at admission (engine/slot_table.py)
     biasing_id: int = -1  # its tree's id in the decoder's multi-model (-1: none)
+    diarized: bool = False  # its audio also goes to the diarizer (engine/speakers.py)
     segment: int = 0
     decoded_frames: int = 0
     due: float = float("-inf")  # when its last stepped chunk was due (engine/queue_delay.py)

@@ -1,0 +1,187 @@
+"""Streaming Sortformer as an engine model runner (engine/runner.py): its own slots, chunking and step.
+
+One owner: `SortformerRunner` owns the diarized streams' audio copies, chunk positions and speaker
+probabilities, and (through `SpeakerCacheSlots`) their speaker caches; only the engine's loop
+thread calls it. Streams that did not ask for speakers never reach it.
+
+Chunking is NeMo's `streaming_feat_loader` grid on live audio: chunk k reports feature frames
+[k*C, k*C + C) and reads L frames of left and R of right context (C, L, R: chunk_len,
+chunk_left_context, chunk_right_context times the subsampling factor). A chunk is ready once every
+frame up to its right context is final (engine/frontend.py's readiness rule); once the input has
+ended, the stream's feature count T is known and the last chunks are cut short as NeMo cuts them
+(`end = min(stt + C, T)`, `right = min(R, T - end)`). So each stream gets exactly the chunks NeMo's
+loop gets on the whole file, and its speaker probabilities equal NeMo's loop on that stream alone
+(tests/test_diarization_engine.py). The runner keeps its own copy of the audio: its look-ahead
+differs from the ASR model's, and the ASR side drops samples it no longer needs.
+
+Features are computed per step for the rows' chunks only (engine/frontend.py FeatureExtractor on the
+diarizer's own preprocessor): equal to the whole-file features, as for the ASR model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..engine.frontend import AudioBuffer, FeatureExtractor
+from .reference import FeatureChunk
+from .slots import SpeakerCacheSlots
+from .step import DiarStepBatch, DiarStepResult, diarize_step, make_batch
+
+
+@dataclass
+class DiarStream:
+    """One diarized stream's chunk position and the speaker probabilities reported so far."""
+
+    stream_id: str
+    max_speakers: int
+    audio: AudioBuffer = field(default_factory=AudioBuffer)
+    next_start: int = 0  # feature frame where its next chunk's reported frames start
+    preds: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))  # [frames, K]
+    done: bool = False  # every chunk of its (ended) input stepped
+
+    @property
+    def num_frames(self) -> int:
+        """Diarizer frames whose speaker probabilities are known."""
+        return len(self.preds)
+
+
+@dataclass
+class DiarPlan:
+    """The rows of one step: which streams, and the chunk each steps."""
+
+    stream_ids: list[str]
+    chunks: list[FeatureChunk]
+    ends: list[int]  # feature frame each row's chunk ends at (its next start)
+
+
+class SortformerRunner:
+    """The diarizer in the engine core's loop (module docstring)."""
+
+    def __init__(self, model, num_slots: int) -> None:
+        modules = model.sortformer_modules
+        self.model = model
+        self.pool = SpeakerCacheSlots.for_model(model, num_slots)
+        self.featurizer = fb = model.preprocessor.featurizer
+        self.features = FeatureExtractor(model.preprocessor, fb.hop_length, fb.n_fft, model.device)
+        sub = modules.subsampling_factor
+        self.chunk_frames = modules.chunk_len * sub
+        self.left_frames = modules.chunk_left_context * sub
+        self.right_frames = modules.chunk_right_context * sub
+        self.sample_rate = int(model.preprocessor._cfg.sample_rate)
+        self.frame_s = sub * fb.hop_length / self.sample_rate  # one diarizer frame (80 ms)
+        self.num_speakers = modules.n_spk
+        self.streams: dict[str, DiarStream] = {}  # stream_id -> its state, while open
+        self.num_steps = 0  # steps run (tests: a server with only plain streams runs none)
+
+    # ------------------------------------------------------------------ streams
+    def check_max_speakers(self, max_speakers) -> int:
+        if isinstance(max_speakers, bool) or not isinstance(max_speakers, int) or not 1 <= max_speakers <= self.num_speakers:
+            raise ValueError(f"diarization.max_speakers must be an integer from 1 to {self.num_speakers} "
+                             f"(the diarizer's speakers), got {max_speakers!r}")  # fmt: skip
+        return max_speakers
+
+    def open(self, stream_id: str, max_speakers: int) -> None:
+        self.pool.acquire(stream_id)  # NoFreeSlot, ValueError for an id already open
+        self.streams[stream_id] = DiarStream(stream_id, max_speakers,
+                                             preds=np.zeros((0, self.num_speakers), np.float32))  # fmt: skip
+
+    def close(self, stream_id: str) -> None:
+        """Idempotent."""
+        self.streams.pop(stream_id, None)
+        self.pool.release(stream_id)
+
+    def take_audio(self, stream_id: str, parts: tuple[np.ndarray, ...], arrived: float) -> None:
+        self.streams[stream_id].audio.extend(parts, arrived)
+
+    def finish(self, stream_id: str) -> None:
+        if (s := self.streams.get(stream_id)) is not None:
+            s.audio.finish()
+            self._mark_done(s)
+
+    # ------------------------------------------------------------------ one step
+    def plan(self) -> DiarPlan | None:
+        """Every stream whose next chunk is ready, one chunk each (a row's next chunk needs this
+        one's state), or None. Python per diarized stream: diarized streams are few beside the
+        plain ones, and a plain stream costs nothing here. Features: one preprocessor call per
+        distinct chunk width (first, steady, last chunks)."""
+        cuts = [(s, cut) for s in self.streams.values() if (cut := self._next_cut(s)) is not None]
+        if not cuts:
+            return None
+        chunks: list[FeatureChunk | None] = [None] * len(cuts)
+        widths = np.array([cut[1] for _, cut in cuts])
+        for n in np.unique(widths).tolist():
+            rows = np.flatnonzero(widths == n).tolist()
+            feats = self.features.compute([cuts[r][0].audio for r in rows], [cuts[r][1][0] for r in rows], n)
+            for k, r in enumerate(rows):
+                t0, _, left, right, _ = cuts[r][1]
+                chunks[r] = FeatureChunk(feats[k].T, left, right)  # [n, F]
+        return DiarPlan([s.stream_id for s, _ in cuts], chunks, [cut[4] for _, cut in cuts])
+
+    def launch(self, plan: DiarPlan) -> tuple[DiarPlan, DiarStepResult]:
+        """Runs the step (its update syncs with the host a few times: diarization/step.py)."""
+        slots = [self.pool.stream_to_slot[i] for i in plan.stream_ids]
+        batch: DiarStepBatch = make_batch(slots, plan.chunks, self.model.device)
+        self.num_steps += 1
+        return plan, diarize_step(self.model, self.pool, batch)
+
+    def collect(self, launched: tuple[DiarPlan, DiarStepResult]) -> list[str]:
+        """Each row's new speaker probabilities appended to its stream; returns the rows' stream ids."""
+        plan, result = launched
+        preds = result.chunk_preds.float().cpu().numpy()
+        lengths = result.chunk_lengths.tolist()
+        for row, (stream_id, end) in enumerate(zip(plan.stream_ids, plan.ends)):
+            s = self.streams[stream_id]
+            s.preds = np.concatenate([s.preds, preds[row, : lengths[row]]])
+            s.next_start = end
+            s.audio.discard_before(self.features.first_sample_needed(end - self.left_frames))
+            self._mark_done(s)
+        return plan.stream_ids
+
+    def _next_cut(self, s: DiarStream) -> tuple[int, int, int, int, int] | None:
+        """The stream's next chunk as NeMo's loader cuts it (module docstring): (first feature
+        frame read, frames read, left context, right context, end of the reported frames), or None."""
+        if s.done:
+            return None
+        audio, stt = s.audio, s.next_start
+        available = self._final_frames(audio) if audio.finished else self.features.frames_available(audio)
+        if audio.finished:
+            end = min(stt + self.chunk_frames, available)
+            right = min(self.right_frames, available - end)
+        elif stt + self.chunk_frames + self.right_frames <= available:
+            end, right = stt + self.chunk_frames, self.right_frames
+        else:
+            return None
+        left = min(self.left_frames, stt)
+        return stt - left, end + right - stt + left, left, right, end
+
+    def _mark_done(self, s: DiarStream) -> None:
+        if s.audio.finished and s.next_start >= self._final_frames(s.audio):
+            s.done = True
+
+    def _final_frames(self, audio: AudioBuffer) -> int:
+        """An ended stream's feature count as NeMo's diarizer has it: the preprocessor's length,
+        one short of the frames the STFT makes (NeMo crops its masked last frame, `forward`)."""
+        return int(self.featurizer.get_seq_len(torch.tensor([audio.num_samples])).item())
+
+    # ------------------------------------------------------------------ speakers for the ASR's tokens
+    def speaker_at(self, stream_id: str, time_s: float) -> int | None:
+        """The most probable of the stream's first max_speakers speakers at `time_s`, or None while
+        the diarizer has not reached that time (past the end of a finished stream: its last frame)."""
+        s = self.streams[stream_id]
+        frame = int(time_s / self.frame_s + 1e-6)
+        if frame >= s.num_frames:
+            if not s.done or not s.num_frames:
+                return None
+            frame = s.num_frames - 1
+        return int(np.argmax(s.preds[frame, : s.max_speakers]))
+
+    def is_done(self, stream_id: str) -> bool:
+        return self.streams[stream_id].done
+
+    @torch.no_grad()
+    def probabilities(self, stream_id: str) -> np.ndarray:
+        """[frames, K] the stream's speaker probabilities so far."""
+        return self.streams[stream_id].preds

@@ -38,6 +38,7 @@ import torch
 from nemo.collections.asr.parts.submodules.transducer_decoding.label_looping_base import BatchedLabelLoopingState
 
 from ..nemo_private import blank_index, step_confidence
+from .greedy_joint import greedy_labels
 
 
 @dataclass
@@ -120,7 +121,7 @@ def label_loop(computer, encoded: torch.Tensor, out_len: torch.Tensor, state: Ba
             break
         trips += 1
         idx = None if rows_mode == "all" else _indices(rows.active, n_active)
-        labels, unbiased, fusion_next = _joint(computer, rows, f_proj, idx, blank, multi_biasing_ids)
+        labels, unbiased, fusion_next = _joint(computer, rows, f_proj, idx, blank, multi_biasing_ids, confidence)
         _advance(computer, rows, idx, labels, unbiased, blank, max_symbols, confidence, fusion_next)
     hyps = LoopHyps(
         transcript=rows.transcript[:, : rows.width],
@@ -146,13 +147,17 @@ def _indices(mask: torch.Tensor, n: int) -> torch.Tensor:
     return torch.argsort((~mask).to(torch.int8), stable=True)[:n]
 
 
-def _joint(computer, rows: _Rows, f_proj, idx, blank, multi_biasing_ids):
+def _joint(computer, rows: _Rows, f_proj, idx, blank, multi_biasing_ids, need_logits: bool):
     """Greedy labels of the rows `idx` (None: all) at their frames (a finished row reads its
     chunk's last frame, as NeMo's `safe_time_indices`); with boosting, NeMo's rule: the boosted
     argmax over non-blank labels unless the unboosted argmax is blank. Returns (labels, the
-    unboosted logits, each row's tree state after its label, or None without boosting)."""
+    unboosted logits, each row's tree state after its label, or None without boosting). Without
+    boosting or confidence only the labels are needed: engine/greedy_joint.py (NeMo's joint, or
+    with NEMO_SERVE_JOINT=argmax its labels without the log-softmax's full pass; logits None)."""
     frames = rows.take("t", idx).clamp(max=f_proj.shape[1] - 1)
     f = f_proj[rows.every_row if idx is None else idx, frames].unsqueeze(1)  # [n, 1, H]
+    if rows.fusion is None and not need_logits:
+        return greedy_labels(computer.joint, f, rows.take("g", idx)), None, None
     logits = computer.joint.joint_after_projection(f, rows.take("g", idx)).squeeze(1).squeeze(1)  # [n, V+1]
     labels = logits.max(-1)[1]  # NeMo's op (first maximum on ties)
     if rows.fusion is None:

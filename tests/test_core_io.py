@@ -223,3 +223,21 @@ def test_core_io_threads_off_keeps_the_io_inline(monkeypatch):
     finally:
         bench.close()
     assert bench.shared is not None and not bench.error
+
+
+def test_a_malformed_control_message_is_dropped_and_the_rest_served(caplog):
+    bench = _Bench(SequenceEngine(1), num_slots=1).start()
+    try:
+        bench.control.send(b"\x93not a control message")
+        a = bench.open("s-1")
+        bench.push(a, sequence("s-1", 0, 500))
+        bench.send(m.Finish(*a))
+        got = []
+        while not any(u.done for u in got):
+            r = bench.receive(5000)
+            assert r is not None
+            got.extend(r.updates)
+        assert [u.done for u in got] == [True] and got[0].audio_processed_s == 500 and got[0].error is None
+    finally:
+        bench.close()
+    assert not bench.error and "malformed control message dropped" in caplog.text

@@ -202,3 +202,42 @@ def test_a_failed_io_thread_fails_the_core_instead_of_hanging(monkeypatch):
         assert bench.error and "socket I/O failed" in str(bench.error[0])
     finally:
         bench.close()
+
+
+def test_core_io_threads_off_keeps_the_io_inline(monkeypatch):
+    """NEMO_SERVE_CORE_IO_THREADS=0 (the A/B switch): run() serves without I/O threads."""
+    monkeypatch.setenv("NEMO_SERVE_CORE_IO_THREADS", "0")
+    before = {t.name for t in threading.enumerate()}
+    bench = _Bench(SequenceEngine(1), num_slots=1).start()
+    try:
+        a = bench.open("s-1")
+        bench.push(a, sequence("s-1", 0, 1000))
+        bench.send(m.Finish(*a))
+        got = []
+        while not any(u.done for u in got):
+            r = bench.receive(5000)
+            assert r is not None
+            got.extend(r.updates)
+        assert [u.done for u in got] == [True] and got[0].audio_processed_s == 1000
+        assert bench.proc.io is None and not {t.name for t in threading.enumerate()} - before - {bench.thread.name}
+    finally:
+        bench.close()
+    assert bench.shared is not None and not bench.error
+
+
+def test_a_malformed_control_message_is_dropped_and_the_rest_served(caplog):
+    bench = _Bench(SequenceEngine(1), num_slots=1).start()
+    try:
+        bench.control.send(b"\x93not a control message")
+        a = bench.open("s-1")
+        bench.push(a, sequence("s-1", 0, 500))
+        bench.send(m.Finish(*a))
+        got = []
+        while not any(u.done for u in got):
+            r = bench.receive(5000)
+            assert r is not None
+            got.extend(r.updates)
+        assert [u.done for u in got] == [True] and got[0].audio_processed_s == 500 and got[0].error is None
+    finally:
+        bench.close()
+    assert not bench.error and "malformed control message dropped" in caplog.text

@@ -99,25 +99,37 @@ class CoreIO:
             self._inbox.put([])  # wakes a stepping thread waiting in take()
 
     def _receive(self) -> None:
+        # A blocking receive with a timeout, not poll() then receive: pyzmq's poll() builds a
+        # Poller each call, a large share of a wake-up's CPU here.
+        self.control.setsockopt(zmq.RCVTIMEO, RECEIVE_POLL_MS)
         while not self._stopping.is_set():
-            if not self.control.poll(RECEIVE_POLL_MS):
+            try:
+                raws = [self.control.recv()]
+            except zmq.Again:
                 continue
-            batch, stop = [], False
-            while not stop:
+            while True:  # and whatever else has come
                 try:
-                    raw = self.control.recv(zmq.NOBLOCK)
+                    raws.append(self.control.recv(zmq.NOBLOCK))
                 except zmq.Again:
                     break
-                try:
-                    msg = m.control_decoder.decode(raw)
-                except m.msgspec.DecodeError:
-                    log.error("malformed control message dropped (%d bytes)", len(raw))
-                    continue
-                batch.append(msg)
-                stop = isinstance(msg, m.Stop)
+            batch = self._decode(raws)
             self._inbox.put(batch)
-            if stop:
+            if batch and isinstance(batch[-1], m.Stop):
                 return
+
+    @staticmethod
+    def _decode(raws: list) -> list:
+        """The messages up to a Stop (the core ends there); a malformed one is dropped."""
+        batch = []
+        for raw in raws:
+            try:
+                batch.append(m.control_decoder.decode(raw))
+            except m.msgspec.DecodeError:
+                log.error("malformed control message dropped (%d bytes)", len(raw))
+                continue
+            if isinstance(batch[-1], m.Stop):
+                break
+        return batch
 
     def _send_results(self) -> None:
         encoder = m.msgspec.msgpack.Encoder()

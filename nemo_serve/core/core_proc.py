@@ -9,7 +9,8 @@ When nothing moved, it waits up to POLL_MS for a control message: audio arriving
 waits at most that long (plus the step that is running) before the core sees it.
 `run()` puts the sockets on threads of their own (core/core_io.py: receive and decode, encode and
 send), so the stepping thread neither waits on nor encodes for the network; without them
-(`iterate_once()` before `start_io()`: tests, benchmarks) the same iteration does its I/O inline.
+(`iterate_once()` before `start_io()`: tests, benchmarks; NEMO_SERVE_CORE_IO_THREADS=0) the same
+iteration does its I/O inline.
 This module holds everything the core does over the wire; the core holds none of it.
 """
 
@@ -63,7 +64,10 @@ class EngineCoreProc:
         return self.core.engine
 
     def run(self, parent_pid: int | None = None) -> None:
-        if self.io is None:
+        # NEMO_SERVE_CORE_IO_THREADS=0: the I/O inline on this thread, as before core_io.py (an
+        # A/B switch: on the CPU the threads cost more CPU in all than they take off this thread,
+        # benchmarks/results/host_bench_core_io_*.json; a GPU run decides)
+        if self.io is None and os.environ.get("NEMO_SERVE_CORE_IO_THREADS", "1") != "0":
             self.start_io()
         self.shared.state[0] = SERVING
         last_check = time.monotonic()
@@ -84,7 +88,8 @@ class EngineCoreProc:
                     break
             if not busy:
                 self.wait_control(POLL_MS / 1000)
-        self.io.stop()  # after sending what the last steps handed it
+        if self.io is not None:
+            self.io.stop()  # after sending what the last steps handed it
         self.shared.state[0] = STOPPED
 
     def iterate_once(self) -> bool:

@@ -48,28 +48,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
-# The same view/allocation ops as kernel_count.py (one list: an estimate of kernels must not drift apart).
-from kernel_count import NO_KERNEL  # noqa: E402  (run as a script: benchmarks/ is on the path)
+# kernel_count.py's count (one definition of a kernel estimate: the two must not drift apart).
+import kernel_count  # noqa: E402  (run as a script: benchmarks/ is on the path)
 
 
 def count(prof) -> dict:
-    events = [e for e in prof.events() if e.name.startswith("aten::")]
-    out = {p: {"aten_ops": 0, "leaf_ops": 0, "top_level_ops": 0} for p in ("encoder", "decoder", "rest", "total")}
-    for e in events:
-        phase, parent, top = "rest", e.cpu_parent, True
-        while parent is not None:
-            if parent.name.startswith("aten::"):
-                top = False
-            if parent.name in ("phase:encoder", "phase:decoder"):
-                phase = parent.name.split(":")[1]
-                break
-            parent = parent.cpu_parent
-        leaf = not any(c.name.startswith("aten::") for c in e.cpu_children) and e.name not in NO_KERNEL
-        for p in (phase, "total"):
-            out[p]["aten_ops"] += 1
-            out[p]["leaf_ops"] += leaf
-            out[p]["top_level_ops"] += top
-    return out
+    return kernel_count.count(prof, ("encoder", "decoder"))
 
 
 def main(argv=None) -> None:

@@ -49,16 +49,19 @@ NO_KERNEL = {
 PHASES = ("encoder", "attention", "decoder")  # attention is inside the encoder: counted in both
 
 
-def count(prof) -> dict:
+def count(prof, phases_counted: tuple[str, ...] = PHASES) -> dict:
+    """Per phase (a `phase:NAME` record_function around it; nested phases count in each, an op
+    in none counts as "rest") and in total: ATen ops, leaf ops that launch a kernel, ops called
+    from Python. decoder_kernel_count.py counts its phases with this too."""
     events = [e for e in prof.events() if e.name.startswith("aten::")]
-    out = {p: {"aten_ops": 0, "leaf_ops": 0, "top_level_ops": 0} for p in (*PHASES, "rest", "total")}
+    out = {p: {"aten_ops": 0, "leaf_ops": 0, "top_level_ops": 0} for p in (*phases_counted, "rest", "total")}
     for e in events:
         phases, parent, top = set(), e.cpu_parent, True
         while parent is not None:
             if parent.name.startswith("aten::"):
                 top = False
-            if parent.name.startswith("phase:"):
-                phases.add(parent.name.split(":")[1])
+            if parent.name.startswith("phase:") and parent.name[6:] in phases_counted:
+                phases.add(parent.name[6:])
             parent = parent.cpu_parent
         leaf = not any(c.name.startswith("aten::") for c in e.cpu_children) and e.name not in NO_KERNEL
         for p in (*(phases or {"rest"}), "total"):

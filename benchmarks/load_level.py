@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import re
@@ -10,6 +11,7 @@ import sys
 import time
 from bisect import bisect_left
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -32,7 +34,7 @@ class StreamRecord:
     chunk_ms: float | None = None
     send_ends: list[int] = field(default_factory=list)  # cumulative samples after each packet
     send_times: list[float] = field(default_factory=list)
-    send_lateness: list[float] = field(default_factory=list)  # s per packet: the generator's own delay (_send_paced)
+    send_lateness: list[float] = field(default_factory=list)  # s per packet: the generator's own delay (send_paced)
     end_sent: float | None = None
     partials: list[tuple[float, float, float, float]] = field(default_factory=list)  # (recv, processed_s, arrival, sent)
     finals: list[dict] = field(default_factory=list)
@@ -74,7 +76,6 @@ async def stream_item(
 ) -> StreamRecord:
     """One item at real-time pace; `context_right`: the chunk mode to ask for (None: the server's default)."""
     from websockets.asyncio.client import connect
-    from websockets.exceptions import ConnectionClosed, InvalidStatus
 
     rec = StreamRecord(worker, item.item_id, len(item.audio) / SAMPLE_RATE, opened=time.time())
     config = {"type": "config", "id": f"w{worker}-{item.item_id}", "encoding": "pcm_f32le", "sample_rate": SAMPLE_RATE}
@@ -82,7 +83,7 @@ async def stream_item(
         config["endpointing"] = {"enabled": False}
     if context_right is not None:
         config["context_right"] = context_right
-    try:
+    with failures_recorded(rec):
         async with asyncio.timeout(timeout_s):
             async with connect(url, max_size=None, compression=None, open_timeout=30) as ws:
                 await ws.send(json.dumps(config))
@@ -92,8 +93,21 @@ async def stream_item(
                     return rec
                 rec.chunk_ms = float(ready["chunk_ms"])
                 reader = asyncio.create_task(_read(ws, rec))
-                await _send_paced(ws, item.audio, rec)
+                chunk = int(round(rec.chunk_ms * SAMPLE_RATE / 1000))  # packet k is one server chunk
+                await send_paced(ws, item.audio, chunk, rec, lambda p: p.astype(np.float32).tobytes(),
+                                 json.dumps({"type": "end"}))  # fmt: skip
                 await reader
+    return rec
+
+
+@contextlib.contextmanager
+def failures_recorded(rec: StreamRecord):
+    """A stream's connection failure kept as `rec.error` (the first error said wins), not raised;
+    a stream that ended without `done` is an error too. Every protocol's stream uses it."""
+    from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+    try:
+        yield
     except InvalidStatus as e:
         rec.error = f"refused: HTTP {e.response.status_code}"
     except ConnectionClosed as e:
@@ -104,16 +118,16 @@ async def stream_item(
         rec.error = f"connect: {type(e).__name__}"
     if rec.error is None and not rec.done:
         rec.error = "no done message"
-    return rec
 
 
-async def _send_paced(ws, audio: np.ndarray, rec: StreamRecord) -> None:
-    """Packet k (one server chunk) goes out when its audio would have been recorded."""
-    chunk = int(round(rec.chunk_ms * SAMPLE_RATE / 1000))
+async def send_paced(ws, audio: np.ndarray, packet: int, rec: StreamRecord, message: Callable[[np.ndarray], object],
+                     end_message: str) -> None:  # fmt: skip
+    """Packet k (`packet` samples, sent as `message(samples)`) goes out when its audio would have
+    been recorded; then `end_message`."""
     t0 = previous_sent = time.monotonic()  # not loop.time(): uvloop's clock ticks in whole milliseconds
-    for start in range(0, len(audio), chunk):
-        packet = audio[start : start + chunk]
-        due = t0 + (start + len(packet)) / SAMPLE_RATE
+    for start in range(0, len(audio), packet):
+        samples = audio[start : start + packet]
+        due = t0 + (start + len(samples)) / SAMPLE_RATE
         while due - time.monotonic() > 0.0005:  # a uvloop timer may fire up to a millisecond early
             await asyncio.sleep(due - time.monotonic())
         # The generator's lateness: how long after the later of its due time and the previous
@@ -121,11 +135,11 @@ async def _send_paced(ws, audio: np.ndarray, rec: StreamRecord) -> None:
         # server that does not read) is the server's delay, so it is not counted here; a busy
         # or starved generator loop is.
         rec.send_lateness.append(max(0.0, time.monotonic() - max(due, previous_sent)))
-        await ws.send(packet.astype(np.float32).tobytes())
+        await ws.send(message(samples))
         previous_sent = time.monotonic()
-        rec.send_ends.append(start + len(packet))
+        rec.send_ends.append(start + len(samples))
         rec.send_times.append(time.time())
-    await ws.send(json.dumps({"type": "end"}))
+    await ws.send(end_message)
     rec.end_sent = time.time()
 
 

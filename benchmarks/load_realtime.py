@@ -2,7 +2,7 @@
 
 GA `session.update` (PCM16 at 16 kHz, `turn_detection: null`), then `input_audio_buffer.append`
 every 20 ms of audio (base64 in JSON, the packet size of the OpenAI SDK's guide, pipecat and
-livekit), paced and timed as load_level._send_paced does /ws packets (with the generator's own
+livekit), paced and timed by load_level.send_paced as /ws packets are (with the generator's own
 lateness per packet), then one `commit` for the whole item; the item's `completed` carries the
 tokens (`nemo_serve.token_ids`). 16 kHz rather than 24: the items' oracle tokens are NeMo's loop on
 16 kHz audio, so no resampler stands between them (loadgen.py rounds the items to the PCM16 grid
@@ -23,7 +23,7 @@ import numpy as np
 
 from benchmarks.common import SAMPLE_RATE
 from benchmarks.load_items import LoadItem
-from benchmarks.load_level import StreamRecord
+from benchmarks.load_level import StreamRecord, failures_recorded, send_paced
 
 APPEND_SAMPLES = SAMPLE_RATE // 50  # 20 ms
 TRANSCRIPTION = "conversation.item.input_audio_transcription"
@@ -41,29 +41,23 @@ def on_pcm16_grid(audio: np.ndarray) -> np.ndarray:
 async def stream_item_realtime(url: str, worker: int, item: LoadItem, timeout_s: float,
                                context_right: int | None = None) -> StreamRecord:  # fmt: skip
     from websockets.asyncio.client import connect
-    from websockets.exceptions import ConnectionClosed, InvalidStatus
 
     rec = StreamRecord(worker, item.item_id, len(item.audio) / SAMPLE_RATE, opened=time.time())
     query = "?intent=transcription" + (f"&context_right={context_right}" if context_right is not None else "")
-    try:
+    with failures_recorded(rec):
         async with asyncio.timeout(timeout_s):
             async with connect(url + query, max_size=None, compression=None, open_timeout=30) as ws:
                 if not await _configure(ws, rec):
                     return rec
                 reader = asyncio.create_task(_read(ws, rec))
-                await _append_paced(ws, as_pcm16(item.audio), rec)
+                await send_paced(ws, as_pcm16(item.audio), APPEND_SAMPLES, rec, _append,
+                                 json.dumps({"type": "input_audio_buffer.commit"}))  # one commit: the whole item
                 await reader
-    except InvalidStatus as e:
-        rec.error = f"refused: HTTP {e.response.status_code}"
-    except ConnectionClosed as e:
-        rec.error = rec.error or f"closed {e.rcvd.code if e.rcvd else 'abnormally'}"
-    except TimeoutError:
-        rec.error = "timeout"
-    except OSError as e:
-        rec.error = f"connect: {type(e).__name__}"
-    if rec.error is None and not rec.done:
-        rec.error = "no done message"
     return rec
+
+
+def _append(pcm: np.ndarray) -> str:
+    return json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm.tobytes()).decode()})
 
 
 async def _configure(ws, rec: StreamRecord) -> bool:
@@ -78,24 +72,6 @@ async def _configure(ws, rec: StreamRecord) -> bool:
     mode = updated["session"].get("context_right", created["session"].get("context_right"))
     rec.chunk_ms = 80.0 * (int(mode) + 1)
     return True
-
-
-async def _append_paced(ws, pcm: np.ndarray, rec: StreamRecord) -> None:
-    """As load_level._send_paced (the same lateness rule), in 20 ms appends, then one commit."""
-    t0 = previous_sent = time.monotonic()  # not loop.time(): uvloop's clock ticks in whole milliseconds
-    for start in range(0, len(pcm), APPEND_SAMPLES):
-        packet = pcm[start : start + APPEND_SAMPLES]
-        due = t0 + (start + len(packet)) / SAMPLE_RATE
-        while due - time.monotonic() > 0.0005:  # a uvloop timer may fire up to a millisecond early
-            await asyncio.sleep(due - time.monotonic())
-        rec.send_lateness.append(max(0.0, time.monotonic() - max(due, previous_sent)))
-        audio = base64.b64encode(packet.tobytes()).decode()
-        await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
-        previous_sent = time.monotonic()
-        rec.send_ends.append(start + len(packet))
-        rec.send_times.append(time.time())
-    await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
-    rec.end_sent = time.time()
 
 
 async def _read(ws, rec: StreamRecord) -> None:

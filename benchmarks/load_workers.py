@@ -5,7 +5,7 @@ scheduling delay then shows up as lower offered load and late packets, and a lev
 counted against the server for the generator's fault. So a level runs in `num_workers` processes
 (forked: they inherit the test set), each an event loop (uvloop where installed) driving lanes
 p, p + W, p + 2W, ... of the N (load_level.run_level), and each measures its OWN lateness: per
-packet, how long after its due time the loop got to it (load_level._send_paced). A level whose
+packet, how long after its due time the loop got to it (load_level.send_paced). A level whose
 workers were late beyond `max_send_lateness_ms` (99th percentile, any worker) gets the verdict
 `generator_late` and is not counted as kept up or as behind: the generator, not the server,
 fell behind.

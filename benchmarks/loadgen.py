@@ -27,7 +27,7 @@ Every packet's send time and every message's receive time are recorded. Per leve
                    appends, one commit per item; final latency and tokens, no partial latency
                    (deltas carry no audio position), so its keep-up rule uses the finals;
   send lateness    per worker process, how long after its due time each packet got the loop
-                   (load_level._send_paced); a level where a worker's p99 passed
+                   (load_level.send_paced); a level where a worker's p99 passed
                    --max-send-lateness-ms is `generator_late`: invalid, neither kept up nor behind.
 Before a level starts the open-file limit is raised (soft to hard) and checked against the lanes
 per worker.

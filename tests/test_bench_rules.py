@@ -54,3 +54,32 @@ def test_a_result_file_does_not_make_its_own_run_dirty(tmp_path, monkeypatch):
     assert common.run_record()["git_dirty"] is False
     (tmp_path / "benchmarks" / "b.py").write_text("b = 2\n")
     assert common.run_record()["git_dirty"] is True
+
+
+def test_kernel_count_splits_ops_by_phase_for_both_kernel_scripts():
+    """benchmarks/kernel_count.count, which decoder_kernel_count.py now uses too: an op counts in
+    every counted phase around it (attention inside the encoder counts in both), a phase the
+    caller does not count is passed through (its ops go to the counted phase around it, or to
+    "rest"), views are not kernels, and the total is every op once."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from benchmarks import kernel_count
+
+    x = torch.ones(4, 4)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with record_function("phase:encoder"):
+            y = torch.relu(x)
+            with record_function("phase:attention"):
+                z = torch.neg(y)
+        with record_function("phase:decoder"):
+            w = y.view(16)
+            with record_function("phase:other"):
+                w = torch.abs(w)
+        torch.exp(z)
+    both = kernel_count.count(prof)
+    two = kernel_count.count(prof, ("encoder", "decoder"))
+    leaf = {p: c["leaf_ops"] for p, c in both.items()}
+    assert leaf == {"encoder": 2, "attention": 1, "decoder": 1, "rest": 1, "total": 4}, both
+    assert {p: c["leaf_ops"] for p, c in two.items()} == {"encoder": 2, "decoder": 1, "rest": 1, "total": 4}, two
+    assert two["decoder"]["top_level_ops"] == 2 and two["decoder"]["aten_ops"] > two["decoder"]["leaf_ops"]  # view, abs

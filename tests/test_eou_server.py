@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -181,4 +182,28 @@ def test_file_api_segments_split_at_eou(server):
         (f["text"], f["token_ids"], f["end_reason"], f["backchannel"]) for f in reference
     ]
     assert any(s["end_reason"] == "eou" and 0 < s["eou_probability"] <= 1 for s in segments)
+    server.assert_no_leak()
+
+
+def test_nvidia_nim_client_shows_each_eou_item_and_the_last_as_its_final(server, tmp_path):
+    """NIM's dialect (a session from NIM's bootstrap: commits are flushes) on an EOU model, with
+    NVIDIA's client unchanged (tests/nim_client/, as tests/test_nim_sessions.py runs it): items end
+    at the model's EOU tokens, so what it prints, `Interim Transcript` per item and `Final
+    Transcript` for the last, is /ws's non-empty finals in order, the EOU token never in the text,
+    and it saves the last; the events it read carry each item's end_reason."""
+    pytest.importorskip("riva.client.realtime")
+    from .test_nim_sessions import nvidia_client_runs, riva_args, run_riva_client
+
+    samples, rate = soundfile.read(UTTERANCE, dtype="int16")
+    reference = [f for f in ws_finals(server, samples, rate) if f["text"]]
+    assert sum(f["end_reason"] in ("eou", "eob") for f in reference) >= 2, reference  # the test needs EOU items
+    (rc, shown, saved), = asyncio.run(nvidia_client_runs(server, [UTTERANCE], tmp_path, concurrency=1)).values()
+    printed = re.findall(r" - INFO - (Interim|Final) Transcript: (.*)$", shown, re.MULTILINE)
+    expected = [("Interim", f["text"]) for f in reference[:-1]] + [("Final", reference[-1]["text"])]
+    assert rc == 0 and printed == expected and saved == reference[-1]["text"], (shown[-1500:], expected)
+    assert "<EOU>" not in shown and "<EOB>" not in shown
+    events, _ = asyncio.run(run_riva_client(riva_args(server, sample_rate_hz=rate), UTTERANCE))
+    completed = [e for e in events if e["type"] == f"{TRANSCRIPTION}.completed"]
+    assert [(e["transcript"], e["nemo_serve"]["end_reason"]) for e in completed] == [
+        (f["text"], f["end_reason"]) for f in reference]  # fmt: skip
     server.assert_no_leak()

@@ -15,7 +15,6 @@ from ..config import Settings
 from ..engine.errors import NoFreeSlotError
 from ..admission import Verdict
 from .metrics import ServerMetrics
-from .protocol import CLOSE_GOING_AWAY, CLOSE_SERVER_ERROR
 
 if TYPE_CHECKING:
     from ..engine_api import EngineAPI
@@ -34,13 +33,14 @@ class Refused(Exception):
 
 
 class Session(Protocol):
-    """What the context asks of an open session (session.Session, riva_grpc.RivaCall,
+    """What the context asks of an open session (session.Session, stream_session.StreamSession,
     file_transcription.FileTranscription): named here, so that the context need not import the
-    sessions, which import it."""
+    sessions, which import it. A failure is a reason and its label; each adapter says it in its
+    protocol's terms (a close code, a gRPC status, an HTTP status)."""
 
     def drain(self) -> None: ...
 
-    def fail(self, reason: str, code: int = ..., reason_label: str = ...) -> None: ...
+    def fail(self, reason: str, *, reason_label: str) -> None: ...
 
     def drop(self) -> None: ...
 
@@ -66,11 +66,19 @@ class ServerContext:
     def admit(self, on_result: Callable | None = None, **stream_options):
         """The one admission call of every protocol: judge the load, then take a slot with
         `engine.open_stream(on_result, **stream_options)` and return the engine's handle. Without
-        `on_result` it only judges (a handshake; a realtime session, whose items take their slots
+        `on_result` it only checks (a handshake, an upload not yet read: their slots are taken
         later) and returns None. Raises Refused, counted in the refusal metric, or the engine's
-        ValueError for options it does not serve (a bad config: not a refusal)."""
-        refusal = self.refusal()
-        if refusal is None and on_result is not None:
+        ValueError for options it does not serve (a bad config: not a refusal).
+
+        The overload guard moves once per stream (admission.py: its cap is set from the decisions
+        it sees): where the slot is taken, or where the stream is refused, whichever comes first.
+        A check that admits reads only; rejected: deciding at the check and again at the slot,
+        which counted every /ws stream twice and moved the guard for streams that never came."""
+        taking = on_result is not None
+        refusal = self._judge(lambda: self.engine.overload(decide=taking).refusal)
+        if refusal is not None and refusal[0] == "overloaded" and not taking:
+            self.engine.overload(decide=True)  # a check that refuses: this stream's one decision
+        if refusal is None and taking:
             try:
                 return self.engine.open_stream(on_result, **stream_options)
             except NoFreeSlotError as e:  # lost the race for the last slot since the check
@@ -81,10 +89,9 @@ class ServerContext:
         return None
 
     def refusal(self) -> tuple[str, str] | None:
-        """(metric label, reason for the client) for a stream being admitted or refused now, else
-        None. The admission decision: it moves the engine's overload guards (admission.py: one per
-        engine core, shared by every front end), so only the handshake and the slot taking call
-        it; /readyz asks `readiness()`."""
+        """(metric label, reason for the client) for a stream whose slot is being taken or refused
+        now, else None. Moves the engine's overload guards (admission.py: one per engine core,
+        shared by every front end); /readyz asks `readiness()`, a check `admit()`."""
         return self._judge(lambda: self.engine.overload(decide=True).refusal)
 
     def readiness(self, now: float | None = None) -> tuple[tuple[str, str] | None, Verdict]:
@@ -126,7 +133,7 @@ class ServerContext:
             s.drain()
         await self._wait_idle(self.settings.drain_timeout_s)
         for s in list(self.sessions):
-            s.fail("server shut down before the stream finished (drain timeout)", CLOSE_GOING_AWAY, "drain_timeout")
+            s.fail("server shut down before the stream finished (drain timeout)", reason_label="drain_timeout")
         # Let the send tasks put their error and close frames on the wire before uvicorn tears
         # down; a client that does not read cannot take them, and is dropped, so that it cannot
         # hold the exit past the drain deadline (uvicorn would wait for its buffer to empty).
@@ -150,4 +157,4 @@ class ServerContext:
             await asyncio.sleep(period_s)
         log.error("engine failed: %r; failing %d open streams", self.engine.error, len(self.sessions))
         for s in list(self.sessions):
-            s.fail(f"engine failed: {type(self.engine.error).__name__}", CLOSE_SERVER_ERROR, "engine")
+            s.fail(f"engine failed: {type(self.engine.error).__name__}", reason_label="engine")

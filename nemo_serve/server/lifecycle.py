@@ -1,6 +1,6 @@
-"""A streaming session's lifecycle, whatever carries it: a WebSocket (session.Session) or a Riva
-gRPC call (riva_grpc.RivaCall). Each transport subclasses it and says two things: how its engine
-streams abort, and what item in its outbox ends it (an error frame and a close; a gRPC status).
+"""A WebSocket session's lifecycle (session.Session: /ws and /v1/realtime). It says two things:
+how its engine streams abort, and what item in its outbox ends it (an error frame and a close).
+Riva gRPC and the file API run on stream_session.StreamSession, where /ws and realtime go next.
 
   admit          ServerContext.admit (the one admission), then the stream counted open in its mode
   fail           once: abort the engine streams, count and log the reason, put the ending item
@@ -26,7 +26,10 @@ from .context import ServerContext
 from .handover import hand_over
 from .logsafe import clean
 from .outbox import Outbox
-from .protocol import CLOSE_PROTOCOL_ERROR, CLOSE_SERVER_ERROR, MAX_REASON_CHARS
+from .protocol import CLOSE_GOING_AWAY, CLOSE_PROTOCOL_ERROR, CLOSE_SERVER_ERROR, MAX_REASON_CHARS
+
+# A failure's close code by its label, where the caller gives none; the rest: 1008.
+_CLOSE_FOR_LABEL = {"drain_timeout": CLOSE_GOING_AWAY, "engine": CLOSE_SERVER_ERROR}
 
 
 class StreamLifecycle:
@@ -63,12 +66,14 @@ class StreamLifecycle:
         self.ctx.metrics.stream_opened(self.mode_label)
         return handle
 
-    def fail(self, reason: str, code: Any = CLOSE_PROTOCOL_ERROR, reason_label: str = "protocol") -> None:
+    def fail(self, reason: str, code: Any = None, reason_label: str = "protocol") -> None:
         """Abort the engine streams (their slots come back between steps), tell the peer why and
-        end. Idempotent. `code`: a WebSocket close code (ServerContext's drain and watchdog give
-        those), or what the transport's ending_item takes besides."""
+        end. Idempotent. `code`: a WebSocket close code; None: the one for `reason_label`
+        (ServerContext's drain and watchdog give only the label)."""
         if self.closing or self.client_gone:
             return
+        if code is None:
+            code = _CLOSE_FOR_LABEL.get(reason_label, CLOSE_PROTOCOL_ERROR)
         self.closing = True
         self._progress.set()
         self.abort_streams(reason)

@@ -131,6 +131,7 @@ class RealtimeFormat:
         self.items: list[ItemStream] = []  # engine streams not yet done, in order
         self.current: ItemStream | None = None  # the one appends go to
         self.num_items = 0  # engine streams started
+        self._num_opened = 0  # of them, given a slot (the first is the session's admission)
         self.num_items_sent = 0  # engine streams whose last result was sent (send task)
         self.keys = SegmentKeys()
         self.segment_to_item: dict[int, str] = {}  # session segment -> item_id
@@ -358,11 +359,14 @@ class RealtimeFormat:
             if self.aborted or self._num_held() >= MAX_SLOTS_PER_SESSION:
                 return  # the next `done` of ours opens it (or the session is over)
             boost = {"phrases": list(self.rt.phrases.phrases), "boost": self.rt.phrases.boost} if self.rt.phrases else {}
+            if not self._num_opened and not self._admitted_by_guard():
+                return
             try:
                 item.handle = self.ctx.engine.open_stream(
                     self.session.engine_callback(functools.partial(self._take_item_result, item)),
                     language=self.language, endpoint=self._endpoint_rules(), context_right=self.rt.context_right, **boost,
                 )  # fmt: skip
+                self._num_opened += 1
             except NoFreeSlotError as e:
                 self._wait_for_slot(str(e))
                 return
@@ -374,6 +378,17 @@ class RealtimeFormat:
             item.waiting.clear()
             if item.finishing:
                 self.ctx.engine.finish(item.handle)
+
+    def _admitted_by_guard(self) -> bool:
+        """The session's first slot is its stream's admission: the overload guard moves here, once
+        (ServerContext.refusal), as /ws's does where its slot is taken; the session's later items
+        are the same stream. A full server: open_stream's own refusal, as for any item."""
+        refusal = self.ctx.refusal()
+        if refusal is None or refusal[0] == "no_free_slot":
+            return True
+        self.ctx.metrics.refusals.labels(reason=refusal[0]).inc()
+        self.session.fail(refusal[1], code=CLOSE_TRY_AGAIN_LATER, reason_label="refused")
+        return False
 
     def _num_held(self) -> int:
         return sum(i.handle is not None for i in self.items)

@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--word-confidence", dest="word_confidence", action="store_const", const=True,
                    help="a confidence per word in finals, from the decoder's scores (costs a softmax per "
                    "emitted token in every step; default off)")
+    m.add_argument("--diarizer", metavar="builtin:NAME|FILE.nemo",
+                   help="also load a streaming Sortformer diarizer (builtin:tiny-sortformer, or NVIDIA's "
+                   "diar_streaming_sortformer .nemo) so streams may ask for speakers (default: none)")
     n = p.add_argument_group("network and security")
     n.add_argument("--host", help="bind address (default 127.0.0.1; 0.0.0.0 for all interfaces)")
     n.add_argument("--port", type=int, help="default 8000")

@@ -37,7 +37,16 @@ def engine_for(model, settings: Settings) -> "Engine":
         kv_cache=settings.kv_cache,
         token_confidence=settings.word_confidence,
         phrase_limits=settings.phrase_limits,
+        diarizer=_diarizer(settings, model.device),
     )
+
+
+def _diarizer(settings: Settings, device):
+    if settings.diarizer is None:
+        return None
+    from .diarization.load import load_diarizer
+
+    return load_diarizer(settings.diarizer, str(device))
 
 
 def load_engine(settings: Settings, device: str | None = None) -> "Engine":

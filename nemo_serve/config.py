@@ -50,6 +50,9 @@ class Settings(BaseModel):
     # A confidence per word in finals, from the decoder's own scores (engine/step.py); off by
     # default: it adds a softmax per emitted label to every step (benchmarks/confidence_bench.py).
     word_confidence: bool = False
+    # A streaming Sortformer beside the ASR model (diarization/load.py): builtin:NAME or a .nemo;
+    # None: streams that ask for speakers are refused.
+    diarizer: Annotated[str, Field(min_length=1)] | None = None
     # network
     host: str = "127.0.0.1"  # loopback by default: exposing the port is a deliberate --host 0.0.0.0
     port: Annotated[int, Field(ge=0, le=65535)] = 8000

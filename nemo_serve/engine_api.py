@@ -69,6 +69,7 @@ class EngineAPI(Protocol):
         context_right: int | None = None,
         phrases: list[str] | None = None,
         boost: float | None = None,
+        diarization: dict | None = None,
     ) -> Any:
         """A handle, or NoFreeSlotError / ValueError (bad language, mode or phrases)."""
         ...

@@ -31,6 +31,7 @@ import zmq.asyncio
 from ..engine.endpoint import EndpointConfig
 from ..engine.geometry import ModelInfo
 from ..engine.phrases import PhraseLimits, check_phrases, encodable_characters
+from ..engine.speakers import check_diarization
 from ..engine.results import Detokenizer, ResultAssembler, StreamResult, StreamUpdate
 from ..admission import OverloadGuard, Verdict
 from . import messages as m
@@ -156,12 +157,14 @@ class EngineClient:
         context_right: int | None = None,
         phrases: list[str] | None = None,
         boost: float | None = None,
+        diarization: dict | None = None,
     ) -> StreamHandle:
         """Take a slot now, or raise NoFreeSlotError / ValueError (bad language, mode or phrases;
         the phrase total: this front end's share, frontend_process.py; the core counts the whole)."""
         lang = self.model_info.language_index(language)
         mode = self.model_info.geometry_for(context_right).context_right
         request = check_phrases(phrases, boost, self.phrase_limits, self.encodable, self.model_info.is_bpe)
+        check_diarization(diarization, self.model_info.num_speakers)
         if request:  # a sum over the open streams, for boosted opens only
             held = sum(h.num_phrases for h in self._streams.values())
             if held + len(request.phrases) > self.phrase_limits.max_phrases_total:
@@ -177,7 +180,7 @@ class EngineClient:
         self._by_slot[slot] = h
         ep = dataclasses.asdict(endpoint) if endpoint is not None else {}
         self._send(m.Open(slot, gen, self.frontend, stream_id, lang, ep, mode,
-                          list(request.phrases) or None, request.boost if request else None))  # fmt: skip
+                          list(request.phrases) or None, request.boost if request else None, diarization))  # fmt: skip
         return h
 
     def push(self, h: StreamHandle, samples: np.ndarray, arrived: float | None = None) -> None:

@@ -77,12 +77,6 @@ class SortformerRunner:
         self.num_steps = 0  # steps run (tests: a server with only plain streams runs none)
 
     # ------------------------------------------------------------------ streams
-    def check_max_speakers(self, max_speakers) -> int:
-        if isinstance(max_speakers, bool) or not isinstance(max_speakers, int) or not 1 <= max_speakers <= self.num_speakers:
-            raise ValueError(f"diarization.max_speakers must be an integer from 1 to {self.num_speakers} "
-                             f"(the diarizer's speakers), got {max_speakers!r}")  # fmt: skip
-        return max_speakers
-
     def open(self, stream_id: str, max_speakers: int) -> None:
         self.pool.acquire(stream_id)  # NoFreeSlot, ValueError for an id already open
         self.streams[stream_id] = DiarStream(stream_id, max_speakers,

@@ -114,6 +114,7 @@ class ModelInfo:
     feature_margin: int  # samples a feature frame reads past its hop (readiness rule)
     summary: str  # the start-up line
     geometries: dict[int, ChunkGeometry] | None = None  # every served mode by right context; the first is the default
+    num_speakers: int | None = None  # the diarizer's speakers (--diarizer); None: none loaded
 
     @property
     def modes(self) -> tuple[int, ...]:

@@ -123,9 +123,9 @@ class Engine:
         self.num_slots = num_slots
         self.max_batch = max_batch or num_slots
         self.endpoint = endpoint
-        self.encoder = make_encoder(model, kv_cache=kv_cache)
-        self.pool = make_slot_pool(model, self.encoder, num_slots)
-        self.runner = RnntRunner(model, self.encoder, self.pool)  # the ASR model's slots and step (engine/runner.py)
+        # The ASR model's slots and step (engine/runner.py); `encoder` and `pool` are its.
+        encoder = make_encoder(model, kv_cache=kv_cache)
+        self.runner = RnntRunner(model, encoder, make_slot_pool(model, encoder, num_slots))
         # The second runner, for diarized streams only, and their results waiting for its speakers.
         self.diarizer = self.speakers = None
         if diarizer is not None:
@@ -155,6 +155,7 @@ class Engine:
             default_language=model.default_language,
             feature_margin=self.features.margin,
             summary=self.summary(),
+            num_speakers=self.diarizer.num_speakers if self.diarizer else None,
         )
         self.stats = EngineStats()
         self.queue_delay = QueueDelay()  # recorded here; the in-process harness reads it from any thread
@@ -179,6 +180,23 @@ class Engine:
         if self.test_step_sleep_s:
             log.warning("NEMO_SERVE_TEST_STEP_SLEEP_S=%g: every step sleeps that long (a test hook)", self.test_step_sleep_s)
 
+
+    # The ASR runner's encoder and slot pool, by their old names (tests swap them for variants).
+    @property
+    def encoder(self):
+        return self.runner.encoder
+
+    @encoder.setter
+    def encoder(self, encoder) -> None:
+        self.runner.encoder = encoder
+
+    @property
+    def pool(self):
+        return self.runner.pool
+
+    @pool.setter
+    def pool(self, pool) -> None:
+        self.runner.pool = pool
 
     def summary(self) -> str:
         layout = "keys/values cached" if self.encoder.kind == "kv" else "NeMo layer inputs cached"
@@ -239,7 +257,7 @@ class Engine:
         limits, so any thread may call it (the harness does, in the caller's thread)."""
         lang = self.model.language_index(language) if language_index is None else language_index
         mode = self.model.geometry_for(context_right).context_right
-        return StreamOptions(lang, mode, self.check_phrases(phrases, boost), check_diarization(diarization, self.diarizer))
+        return StreamOptions(lang, mode, self.check_phrases(phrases, boost), check_diarization(diarization, self.model_info.num_speakers))
 
     def check_phrases(self, phrases: list[str] | None, boost: float | None) -> PhraseRequest:
         """The stream's phrases checked against the limits and the tokenizer (no <unk>)."""

@@ -37,19 +37,23 @@ class DiarizationRequest:
     split_on_speaker_change: bool = False  # not served yet: refused (docs/diarization.md)
 
 
-def check_diarization(value: dict | None, diarizer) -> DiarizationRequest | None:
+def check_diarization(value: dict | None, num_speakers: int | None) -> DiarizationRequest | None:
     """The stream's `diarization` option ({"max_speakers": N}) checked before any work, or
-    ValueError: asked of a server without a diarizer, unknown keys, N outside the diarizer's."""
+    ValueError: asked of a server without a diarizer (`num_speakers` None: the front ends read it
+    from ModelInfo), unknown keys, N outside the diarizer's 1..num_speakers. Pure, no torch."""
     if value is None:
         return None
-    if diarizer is None:
+    if num_speakers is None:
         raise ValueError("diarization: this server has no diarizer loaded (start it with --diarizer)")
     if not isinstance(value, dict):
         raise ValueError(f"diarization must be an object such as {{\"max_speakers\": 2}}, got {value!r}")
     unknown = sorted(set(value) - {"max_speakers", "split_on_speaker_change"})
     if unknown:
         raise ValueError(f"diarization: unknown option(s) {unknown}; known: max_speakers, split_on_speaker_change")
-    max_speakers = diarizer.check_max_speakers(value.get("max_speakers", diarizer.num_speakers))
+    max_speakers = value.get("max_speakers", num_speakers)
+    if isinstance(max_speakers, bool) or not isinstance(max_speakers, int) or not 1 <= max_speakers <= num_speakers:
+        raise ValueError(f"diarization.max_speakers must be an integer from 1 to {num_speakers} "
+                         f"(the diarizer's speakers), got {max_speakers!r}")  # fmt: skip
     split = value.get("split_on_speaker_change", False)
     if split is not False:
         raise ValueError("diarization.split_on_speaker_change is not supported yet")

@@ -111,6 +111,11 @@ class EndpointOptions(_Strict):
     eou: bool | None = None  # end segments at an EOU model's <EOU>/<EOB> tokens (engine/eou.py)
 
 
+class DiarizationOptions(_Strict):
+    max_speakers: Annotated[int, Field(ge=1, le=64)] | None = None  # None: all the diarizer's (4)
+    split_on_speaker_change: bool = False  # not served yet: refused
+
+
 class ConfigMessage(_Strict):
     type: Literal["config"] = "config"
     id: Annotated[str, Field(max_length=128)] | None = None  # chosen by the client, echoed in every reply
@@ -127,6 +132,9 @@ class ConfigMessage(_Strict):
     # the server's limits and the model's vocabulary before any audio (engine/phrases.py).
     phrases: list[str] | None = None
     boost: float | None = None
+    # Who spoke (docs/diarization.md): speakers on tokens, words and finals, from the server's
+    # --diarizer; refused before any audio when the server has none.
+    diarization: DiarizationOptions | None = None
 
     @field_validator("encoding")
     @classmethod
@@ -260,6 +268,25 @@ class FinalMessage(ResultMessage):
     eou_probability: float | None = None
     eou_time: float | None = None  # "eou"/"eob": the token's audio time (s), the turn's end
     backchannel: bool = False  # "eob": an acknowledgement ("uh-huh"), not a turn
+
+
+class SpeakerWordInfo(WordInfo):
+    speaker: int  # 0-based: who said it (its first token's speaker)
+
+
+class DiarizedResultMessage(ResultMessage):
+    """A diarized stream's partial: a `ResultMessage` with each token's speaker."""
+
+    speakers: list[int]  # one per entry of tokens: 0-based speaker index
+
+
+class DiarizedFinalMessage(FinalMessage):
+    """A diarized stream's final: speakers on tokens and words, and the segment's speaker (the
+    speaker of most of its tokens; null for a segment without tokens)."""
+
+    speakers: list[int]
+    words: list[SpeakerWordInfo]
+    speaker: int | None
 
 
 class ErrorMessage(BaseModel):

@@ -27,6 +27,8 @@ from .protocol import (
     END_OF_INPUT_REPLY,
     BareEndMessage,
     ConfigMessage,
+    DiarizedFinalMessage,
+    DiarizedResultMessage,
     DoneMessage,
     EndMessage,
     ErrorMessage,
@@ -36,6 +38,7 @@ from .protocol import (
     ProtocolState,
     ReadyMessage,
     ResultMessage,
+    SpeakerWordInfo,
     WordInfo,
     parse_client_text,
     parse_query_config,
@@ -43,6 +46,14 @@ from .protocol import (
 )
 from .session import Session
 from .tokens import token_pieces
+
+
+def _diarized(r: StreamResult, final: dict, token_offset: int) -> tuple[type, dict]:
+    """A diarized stream's message class and its speaker fields (`final`'s words get theirs)."""
+    if not r.is_final:
+        return DiarizedResultMessage, {"speakers": r.token_speakers[token_offset:]}
+    final["words"] = [SpeakerWordInfo(**w.model_dump(), speaker=k) for w, k in zip(final["words"], r.word_speakers or ())]
+    return DiarizedFinalMessage, {"speakers": r.token_speakers[token_offset:], "speaker": r.speaker}
 
 
 class WsFormat:
@@ -110,6 +121,7 @@ class WsFormat:
         self.stream = s.open(
             config.context_right, s.engine_callback(self._take_result), language=config.language,
             endpoint=self._endpoint(config), phrases=config.phrases, boost=config.boost,
+            **({"diarization": config.diarization.model_dump(exclude_none=True)} if config.diarization else {}),
         )  # fmt: skip
         if s.state is not ProtocolState.STREAMING:
             return  # refused, or a bad config: the session is failing
@@ -183,8 +195,12 @@ class WsFormat:
             final = {"words": [WordInfo(**msgspec.structs.asdict(w)) for w in r.words or ()], "end_reason": r.end_reason,
                      "eou_probability": r.eou_probability, "eou_time": r.eou_time_s,
                      "backchannel": r.backchannel} if r.is_final else {}  # fmt: skip
+            message_class, speaker_fields = (FinalMessage if r.is_final else ResultMessage), {}
+            if r.token_speakers is not None:  # a diarized stream
+                message_class, speaker_fields = _diarized(r, final, token_offset)
             await s.send(
-                (FinalMessage if r.is_final else ResultMessage)(
+                message_class(
+                    **speaker_fields,
                     type="final" if r.is_final else "partial",
                     id=self.config.id,
                     stream_id=r.stream_id,

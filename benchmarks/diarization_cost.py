@@ -1,0 +1,104 @@
+"""What a diarized stream costs against a plain one: the engine's CPU time per step, side by side.
+
+    python benchmarks/diarization_cost.py --out benchmarks/results/diarization_cost_cpu.json
+
+B streams of the same synthetic audio in one in-process engine (core/inproc.py, the production
+core), all plain or all diarized ({"max_speakers": 4}), their audio pushed at once so each ASR step
+holds all B rows (and each diarizer step too). Timed: every iterate() until the last stream is
+released, i.e. the ASR steps, the diarizer steps (diarized runs only) and the host work around
+them, divided by the ASR steps (the same count in both runs). Plain and diarized runs alternate,
+--repeats of each; the medians' ratio is the cost of diarization per step. One CPU thread.
+
+Models: the ASR model --model (default: the shipped demo model) beside the diarizer --diarizer
+(default builtin:tiny-sortformer, toy width) at --setting (default: the server's, diarization/load.py).
+A ratio holds for that pair of sizes only: a 4-speaker Sortformer at NVIDIA's width beside a small
+ASR model costs relatively more.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.common import run_record, write_json  # noqa: E402
+from nemo_serve.core.inproc import LocalEngine  # noqa: E402
+from nemo_serve.diarization.load import DEFAULT_SETTING, load_diarizer  # noqa: E402
+from nemo_serve.diarization.settings import MODEL_CARD_SETTINGS, apply_settings  # noqa: E402
+from nemo_serve.engine.endpoint import EndpointConfig  # noqa: E402
+from nemo_serve.engine.loop import Engine  # noqa: E402
+from nemo_serve.model import load_model  # noqa: E402
+from nemo_serve.synth import synth_audio  # noqa: E402
+
+
+def timed_run(model, diarizer, batch: int, audio, diarized: bool) -> dict:
+    """One run: B streams of `audio`, all diarized or all plain; seconds and step counts."""
+    engine = LocalEngine(Engine(model, num_slots=batch, max_batch=batch, endpoint=EndpointConfig.off(), diarizer=diarizer))
+    done = []
+    option = {"max_speakers": 4} if diarized else None
+    handles = [engine.open_stream(lambda r: done.append(r) if r.done else None, diarization=option) for _ in range(batch)]
+    for h in handles:
+        engine.push(h, audio)
+        engine.finish(h)
+    asr_steps = asr_rows = diar_rows = iterations = 0
+    start = time.perf_counter()
+    while len(done) < batch or engine.num_open_streams:
+        out = engine.iterate()
+        iterations += 1
+        asr_steps += len(out.steps)
+        asr_rows += sum(s.batch_size for s in out.steps)
+        diar_rows += out.diarized_rows
+    elapsed = time.perf_counter() - start
+    assert diarized or engine.engine.diarizer.num_steps == 0  # plain streams: no diarizer work
+    return {"seconds": elapsed, "asr_steps": asr_steps, "asr_rows": asr_rows, "diarizer_rows": diar_rows,
+            "diarizer_steps": engine.engine.diarizer.num_steps, "iterations": iterations,
+            "ms_per_asr_step": 1e3 * elapsed / max(asr_steps, 1)}  # fmt: skip
+
+
+def measure(model, diarizer, batch: int, audio, repeats: int) -> dict:
+    runs = {"plain": [], "diarized": []}
+    for _ in range(repeats):
+        for kind in ("plain", "diarized"):
+            runs[kind].append(timed_run(model, diarizer, batch, audio, kind == "diarized"))
+    med = {k: statistics.median(r["ms_per_asr_step"] for r in v) for k, v in runs.items()}
+    return {"batch": batch, "plain_ms_per_step": round(med["plain"], 3), "diarized_ms_per_step": round(med["diarized"], 3),
+            "ratio": round(med["diarized"] / med["plain"], 3), "runs": runs}  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=None)
+    p.add_argument("--diarizer", default="builtin:tiny-sortformer")
+    p.add_argument("--setting", default=DEFAULT_SETTING, choices=list(MODEL_CARD_SETTINGS), help="diarizer latency setting")
+    p.add_argument("--batches", default="1,16,32")
+    p.add_argument("--seconds", type=float, default=8.0, help="audio per stream")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--target", type=float, default=1.3, help="issue 50: diarized at most this x plain at the largest B")
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    torch.set_grad_enabled(False)
+    model = load_model(args.model)
+    diarizer = load_diarizer(args.diarizer)
+    apply_settings(diarizer, MODEL_CARD_SETTINGS[args.setting])
+    audio = synth_audio(args.seconds, 50).numpy()
+    rows = []
+    for batch in [int(b) for b in args.batches.split(",")]:
+        rows.append(measure(model, diarizer, batch, audio, args.repeats))
+        print(f"B={batch}: plain {rows[-1]['plain_ms_per_step']} ms/step, diarized {rows[-1]['diarized_ms_per_step']} "
+              f"ms/step, ratio {rows[-1]['ratio']}x", flush=True)  # fmt: skip
+    largest = rows[-1]
+    write_json(args.out, {
+        **run_record(), "asr_model": model.name, "diarizer": args.diarizer, "diarizer_setting": args.setting,
+        "audio_s_per_stream": args.seconds, "threads": 1, "target_ratio_at_largest_batch": args.target,
+        "target_met": largest["ratio"] <= args.target, "results": rows,
+    })  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -25,6 +25,7 @@ Triton kernels' tokens (benchmarks/gpu/README.md).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import torch
@@ -83,11 +84,9 @@ class TritonEpilogues:
     backend = "triton"
 
     def __init__(self) -> None:
-        try:
-            import triton  # noqa: F401  (epilogue_kernels builds its kernels with it on first use)
-        except ImportError as e:
+        if importlib.util.find_spec("triton") is None:  # epilogue_kernels builds its kernels with it on first use
             raise RuntimeError("NEMO_SERVE_KERNELS=fused on CUDA needs the triton package "
-                               "(or NEMO_SERVE_KERNELS=nemo: NeMo's layer)") from e  # fmt: skip
+                               "(or NEMO_SERVE_KERNELS=nemo: NeMo's layer)")  # fmt: skip
         from . import epilogue_kernels
 
         self.k = epilogue_kernels

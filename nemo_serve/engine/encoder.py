@@ -62,6 +62,10 @@ class NemoEncoder:
         """Which code ran (the selftest prints it)."""
         return "NeMo's cache_aware_stream_step (layer inputs cached, whole windows gathered and scattered), attention NeMo's"
 
+    def paths(self, pool) -> dict:
+        """Which path ran, per part, as short names (the selftest's `paths:` line)."""
+        return {"layout": "nemo", "attention": "nemo", "epilogues": "nemo"}
+
     def step(self, signal, lengths, cache: EncoderCache, drop: int, full: bool = False, context_right: int | None = None):
         with self.model.nemo_mode(context_right):
             encoded, encoded_len, c_ch, c_t, c_len = self.encoder.cache_aware_stream_step(
@@ -149,6 +153,11 @@ class KVCacheEncoder:
         }[pool.layout]
         attention = {"matmul": "matmul + softmax (NeMo's arithmetic)", "sdpa": "SDPA with the positional bias"}[self.attention]
         return f"keys/values cached, {layout}; attention {attention}; epilogues {self.describe_epilogues()}"
+
+    def paths(self, pool) -> dict:
+        """Which path ran, per part, as short names (the selftest's `paths:` line)."""
+        epilogues = "nemo" if self.epilogues is None else f"fused/{self.epilogues.backend}"
+        return {"layout": pool.layout, "attention": self.attention, "epilogues": epilogues}
 
     def describe_epilogues(self) -> str:
         """Which layer epilogues ran (engine/epilogues.py)."""

@@ -25,6 +25,7 @@ from .audio_io import audio_path, load_manifest, read_audio
 from .engine.endpoint import EndpointConfig
 from .core.inproc import LocalEngine
 from .engine.loop import Engine
+from .engine.greedy_joint import joint_mode
 from .engine.step import decoder_name
 from .engine.eou import EouTokens
 from .model import ServedModel, load_model
@@ -105,6 +106,14 @@ def pick_utterances(model: ServedModel, n: int, audio: str | None, seed: int) ->
 # ----------------------------------------------------------------------------- engine run
 
 
+def paths_line(encoder_paths: dict, device) -> str:
+    """`paths: layout=ring attention=matmul epilogues=fused/torch decoder=label_loop/all joint=full`:
+    which path each part of the step took (engine/ring_cache.py, attention.py, epilogues.py,
+    label_loop.py, greedy_joint.py), one word each, for a GPU run's records to parse."""
+    parts = {**encoder_paths, "decoder": decoder_name(device), "joint": joint_mode()}
+    return "paths: " + " ".join(f"{k}={v}" for k, v in parts.items())
+
+
 def run_engine(
     model: ServedModel, utts: list[Utterance], num_slots: int, max_batch: int | None, seed: int, kv_cache: bool = True,
     out=sys.stdout,
@@ -126,6 +135,7 @@ def run_engine(
     )
     print(engine.summary(), file=out, flush=True)
     print(f"kernels: {engine.engine.encoder.describe(engine.engine.pool)}", file=out, flush=True)
+    print(paths_line(engine.engine.encoder.paths(engine.engine.pool), model.device), file=out, flush=True)
     engine.start()
 
     def on_result(i: int, r) -> None:

@@ -37,6 +37,7 @@ from nemo.collections.asr.parts.submodules.subsampling import MaskedConvSequenti
 
 from ..nemo_private import attention_masks, causal_padding, subsampling_channels_and_stride
 from .attention import attention_kind, matmul_attention, sdpa_attention
+from .epilogues import fused_layer, kernels_kind, make_epilogues
 from .ring_cache import ring_layout_enabled
 from .slots import EncoderCache
 
@@ -60,6 +61,10 @@ class NemoEncoder:
     def describe(self, pool) -> str:
         """Which code ran (the selftest prints it)."""
         return "NeMo's cache_aware_stream_step (layer inputs cached, whole windows gathered and scattered), attention NeMo's"
+
+    def paths(self, pool) -> dict:
+        """Which path ran, per part, as short names (the selftest's `paths:` line)."""
+        return {"layout": "nemo", "attention": "nemo", "epilogues": "nemo"}
 
     def step(self, signal, lengths, cache: EncoderCache, drop: int, full: bool = False, context_right: int | None = None):
         with self.model.nemo_mode(context_right):
@@ -101,9 +106,12 @@ class KVCacheEncoder:
 
     kind = "kv"
 
-    def __init__(self, model, attention: str | None = None) -> None:
-        """`attention`: engine/attention.py's `matmul` (NeMo's arithmetic) or `sdpa`; None: NEMO_SERVE_ATTENTION."""
+    def __init__(self, model, attention: str | None = None, kernels: str | None = None) -> None:
+        """`attention`: engine/attention.py's `matmul` (NeMo's arithmetic) or `sdpa`; None: NEMO_SERVE_ATTENTION.
+        `kernels`: engine/epilogues.py's `nemo` (NeMo's layer) or `fused` epilogues; None: NEMO_SERVE_KERNELS."""
         self.attention = attention_kind(attention)
+        self.kernels = kernels_kind(model.device, kernels)
+        self.epilogues = make_epilogues(model.device) if self.kernels == "fused" else None
         encoder = model.nemo.encoder
         why = kv_cache_unsupported(encoder)
         if why:
@@ -144,7 +152,19 @@ class KVCacheEncoder:
             "window": "window layout (whole windows gathered and scattered, NEMO_SERVE_KV_LAYOUT=window)",
         }[pool.layout]
         attention = {"matmul": "matmul + softmax (NeMo's arithmetic)", "sdpa": "SDPA with the positional bias"}[self.attention]
-        return f"keys/values cached, {layout}; attention {attention}"
+        return f"keys/values cached, {layout}; attention {attention}; epilogues {self.describe_epilogues()}"
+
+    def paths(self, pool) -> dict:
+        """Which path ran, per part, as short names (the selftest's `paths:` line)."""
+        epilogues = "nemo" if self.epilogues is None else f"fused/{self.epilogues.backend}"
+        return {"layout": pool.layout, "attention": self.attention, "epilogues": epilogues}
+
+    def describe_epilogues(self) -> str:
+        """Which layer epilogues ran (engine/epilogues.py)."""
+        if self.epilogues is None:
+            return "NeMo's (add and LayerNorm, GLU, BatchNorm and SiLU as separate ops)"
+        how = {"torch": "torch twins, NeMo's ops", "triton": "Triton kernels"}[self.epilogues.backend]
+        return f"fused ({how}; NEMO_SERVE_KERNELS=nemo for NeMo's layer)"
 
     def cache_bytes_for(self, context_right: int, pooled_bytes: int) -> int:
         """Cache bytes per stream a pool for this mode alone would hold (`pooled_bytes`: the shared pool's,
@@ -204,22 +224,30 @@ class KVCacheEncoder:
     def _layers(self, front: "_Front", window, time_cache, keep_time) -> torch.Tensor:
         """The conformer layers over the new frames. `window(i, new)` stores layer i's new keys/values
         and returns its attention window; `time_cache(i)` is its convolution cache, `keep_time(i, next)`
-        takes the next one."""
+        takes the next one. Each layer runs as NeMo's (`_nemo_layer`) or with fused epilogues
+        (engine/epilogues.py `fused_layer`), as NEMO_SERVE_KERNELS says."""
         x = front.x
         for i, layer in enumerate(self.encoder.layers):
-            # x + ff(x) * fc_factor as one add (alpha): the product by 0.5 is exact, so is the sum.
-            residual = torch.add(x, layer.feed_forward1(layer.norm_feed_forward1(x)), alpha=layer.fc_factor)
-            residual = residual + self._attention(
-                i, layer.self_attn, layer.norm_self_att(residual), front.masks, front.positions[i], window
-            )
-            h, conv_cache = layer.conv(layer.norm_conv(residual), pad_mask=front.pad_mask, cache=time_cache(i))
-            residual = residual + h
-            residual = torch.add(
-                residual, layer.feed_forward2(layer.norm_feed_forward2(residual)), alpha=layer.fc_factor
-            )
-            x = layer.norm_out(residual)
+            def attend(h, i=i, layer=layer):
+                return self._attention(i, layer.self_attn, h, front.masks, front.positions[i], window)
+
+            if self.epilogues is None:
+                x, conv_cache = self._nemo_layer(layer, x, attend, front.pad_mask, time_cache(i))
+            else:
+                x, conv_cache = fused_layer(self.epilogues, layer, x, attend, front.pad_mask, time_cache(i))
             keep_time(i, conv_cache)
         return x
+
+    @staticmethod
+    def _nemo_layer(layer, x, attend, pad_mask, conv_cache):
+        """ConformerLayer.forward at inference, NeMo's modules and ops."""
+        # x + ff(x) * fc_factor as one add (alpha): the product by 0.5 is exact, so is the sum.
+        residual = torch.add(x, layer.feed_forward1(layer.norm_feed_forward1(x)), alpha=layer.fc_factor)
+        residual = residual + attend(layer.norm_self_att(residual))
+        h, conv_cache = layer.conv(layer.norm_conv(residual), pad_mask=pad_mask, cache=conv_cache)
+        residual = residual + h
+        residual = torch.add(residual, layer.feed_forward2(layer.norm_feed_forward2(residual)), alpha=layer.fc_factor)
+        return layer.norm_out(residual), conv_cache
 
     def _outputs(self, x, front: "_Front"):
         if self.encoder.out_proj is not None:

@@ -349,18 +349,20 @@ def idle_rate(pids: list[int], seconds: float) -> float:
 
 
 def run_k(k: int, trees: list[tuple[str, str]], args, x_by_rate: dict, out_dir: Path) -> dict:
-    """Every path through one server per tree, the trees alternated path by path and repeat by
-    repeat (this machine's load drifts: side by side is the only fair comparison)."""
+    """Every path through one server per tree, paths and trees alternated repeat by repeat (this
+    machine's load drifts: side by side is the only fair comparison)."""
     targets = [Target(k, label, tree, args, out_dir) for label, tree in trees]
     try:
         for t in targets:
             t.ready(args.idle_s)
         rows: dict = {t.label: {} for t in targets}
-        for path in args.paths.split(","):
-            for rep in range(args.repeats):
+        paths = args.paths.split(",")
+        for rep in range(args.repeats):  # paths and trees alternated repeat by repeat: side by side
+            for path in paths if rep % 2 == 0 else paths[::-1]:
                 for t in targets if rep % 2 == 0 else targets[::-1]:
                     rows[t.label].setdefault(path, {"repeats": []})["repeats"].append(
                         measure(path, t, args, t.idle_cores, x_by_rate))
+        for path in paths:
             for t in targets:
                 row = rows[t.label][path]
                 row["us_per_packet_all_in"] = float(np.median([r["us_per_packet_all_in"] for r in row["repeats"]]))

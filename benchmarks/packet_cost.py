@@ -12,6 +12,7 @@ the packets sent is the figure: every result message that came back in the windo
                              resampled to 16 kHz), server VAD on (the SDK's guide flow)
   realtime_24k_20ms_novad    the same with turn_detection null (NIM's flow)
   grpc_100ms / grpc_20ms     Riva StreamingRecognize, audio_content PCM16 at 16 kHz, interim results
+  *_fast                     (--fast-ws) a WebSocket path through --fast-ws-port: picows, not uvicorn
 
 With --profile each path runs a second time under py-spy (sampling, --nonblocking: the front end
 is never stopped) and the samples are sorted two ways: by phase (which task of the front end was
@@ -59,6 +60,9 @@ PATHS = {  # name: (protocol, encoding, packet_s, input rate)
     "grpc_100ms": ("grpc", "pcm_s16le", 0.1, RATE),
     "grpc_20ms": ("grpc", "pcm_s16le", 0.02, RATE),
 }
+# --fast-ws: each WebSocket path again through --fast-ws-port (server/picows_listener.py), same packets
+FAST = "_fast"
+PATHS.update({name + FAST: spec for name, spec in PATHS.items() if spec[0] != "grpc"})
 
 
 # ----------------------------------------------------------------------------- packets
@@ -273,15 +277,17 @@ class Target:
 
     def __init__(self, k: int, label: str, tree: str, args, out_dir: Path) -> None:
         self.label, self.tree, self.grpc_port = label, tree, free_port()
+        self.fast_port = free_port() if args.fast_ws else None
+        fast_args = ("--fast-ws-port", str(self.fast_port)) if args.fast_ws else ()
         # The server's processes import nemo_serve from `tree` (a copy of another commit: the
         # "before" of a before/after pair, run side by side with this one): `python -m` puts its
         # working directory first on sys.path, so the server runs there, PYTHONPATH as well.
         saved = os.environ.get("PYTHONPATH")
-        os.environ["PYTHONPATH"] = tree
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [tree, saved]))  # tree first; packages after
         try:
             self.server = Server(str(Path(args.model).resolve()), args.context_right, k, k * args.streams + 16,
                                  out_dir.resolve() / f"packet_cost_{label}_k{k}.server.log",
-                                 extra_args=("--grpc-port", str(self.grpc_port)), cwd=tree)  # fmt: skip
+                                 extra_args=("--grpc-port", str(self.grpc_port), *fast_args), cwd=tree)  # fmt: skip
         finally:
             if saved is None:
                 os.environ.pop("PYTHONPATH")
@@ -298,7 +304,8 @@ class Target:
 def measure(path: str, t: Target, args, idle_cores: float, x_by_rate: dict) -> dict:
     packets = wire_packets(path, x_by_rate)
     n = args.streams * len(t.fe_pids)
-    r = asyncio.run(paced(path, (t.server.port, t.grpc_port), n, args.seconds, packets, t.fe_pids))
+    port = t.fast_port if path.endswith(FAST) else t.server.port
+    r = asyncio.run(paced(path, (port, t.grpc_port), n, args.seconds, packets, t.fe_pids))
     deadline = time.time() + 60  # the closed streams' slots back before the next run opens its own
     while time.time() < deadline:
         try:
@@ -342,18 +349,20 @@ def idle_rate(pids: list[int], seconds: float) -> float:
 
 
 def run_k(k: int, trees: list[tuple[str, str]], args, x_by_rate: dict, out_dir: Path) -> dict:
-    """Every path through one server per tree, the trees alternated path by path and repeat by
-    repeat (this machine's load drifts: side by side is the only fair comparison)."""
+    """Every path through one server per tree, paths and trees alternated repeat by repeat (this
+    machine's load drifts: side by side is the only fair comparison)."""
     targets = [Target(k, label, tree, args, out_dir) for label, tree in trees]
     try:
         for t in targets:
             t.ready(args.idle_s)
         rows: dict = {t.label: {} for t in targets}
-        for path in args.paths.split(","):
-            for rep in range(args.repeats):
+        paths = args.paths.split(",")
+        for rep in range(args.repeats):  # paths and trees alternated repeat by repeat: side by side
+            for path in paths if rep % 2 == 0 else paths[::-1]:
                 for t in targets if rep % 2 == 0 else targets[::-1]:
                     rows[t.label].setdefault(path, {"repeats": []})["repeats"].append(
                         measure(path, t, args, t.idle_cores, x_by_rate))
+        for path in paths:
             for t in targets:
                 row = rows[t.label][path]
                 row["us_per_packet_all_in"] = float(np.median([r["us_per_packet_all_in"] for r in row["repeats"]]))
@@ -395,6 +404,7 @@ def main() -> None:
                    help="run the server from this source tree (repeat for before/after side by side, alternated "
                         "path by path); default: this checkout")  # fmt: skip
     p.add_argument("--repeats", type=int, default=1, help="runs of each path on each tree (the median is kept)")
+    p.add_argument("--fast-ws", action="store_true", help="start the server with --fast-ws-port (the *_fast paths)")
     p.add_argument("--notes", default=None)
     p.add_argument("--out", default=None)
     args = p.parse_args()

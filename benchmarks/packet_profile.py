@@ -16,6 +16,7 @@ from collections import Counter
 
 PHASES = (  # (function, file substring) -> phase; the first match from the leaf up wins
     (("data_received", "protocols/"), "packet in: transport + WebSocket frames"),
+    (("on_ws_frame", "picows_listener.py"), "packet in: transport + WebSocket frames"),
     (("_receive_loop", "session.py"), "packet in: session, decode, ring write"),
     (("_receive", "riva_grpc.py"), "packet in: session, decode, ring write"),
     (("_read", "riva_grpc.py"), "packet in: session, decode, ring write"),
@@ -30,6 +31,7 @@ OTHER_PHASE = "event loop, timers, other"
 
 COMPONENTS = (  # file substring -> component; the innermost frame that matches one wins
     ("websockets/", "WebSocket frames (websockets)"),
+    ("picows", "WebSocket frames (picows)"),
     ("uvicorn/", "ASGI + uvicorn"),
     ("starlette/", "ASGI + uvicorn"),
     ("httptools", "ASGI + uvicorn"),

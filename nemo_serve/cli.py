@@ -57,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--grpc-port", type=int,
                    help="also serve NVIDIA Riva's ASR gRPC API (StreamingRecognize, Recognize) on this port, "
                    "with the same TLS, token and limits (default: off; needs nvidia-riva-client)")
+    n.add_argument("--fast-ws-port", type=int,
+                   help="also serve the streaming routes (/ws, /, /v1/realtime) on this port through picows, "
+                   "less CPU per packet than --port's uvicorn (default: off; needs picows)")
     n.add_argument("--ssl-certfile", help="TLS certificate (PEM): serves https:// and wss://")
     n.add_argument("--ssl-keyfile", help="TLS private key (PEM)")
     n.add_argument("--auth-token", help="require this bearer token (better: NEMO_SERVE_AUTH_TOKEN)")

@@ -58,6 +58,8 @@ class Settings(BaseModel):
     port: Annotated[int, Field(ge=0, le=65535)] = 8000
     # Riva ASR gRPC (server/riva_grpc.py) on its own port, same host, TLS and token; None: off
     grpc_port: Annotated[int, Field(ge=0, le=65535)] | None = None
+    # the streaming routes again on picows (server/picows_listener.py), same host and TLS; None: off
+    fast_ws_port: Annotated[int, Field(ge=0, le=65535)] | None = None
     ssl_certfile: Path | None = None
     ssl_keyfile: Path | None = None
     auth_token: Annotated[str, Field(min_length=1)] | None = None
@@ -140,6 +142,8 @@ class Settings(BaseModel):
         if self.grpc_port is not None and self.grpc_port == self.port and self.port != 0:
             # both are SO_REUSEPORT sockets: the kernel would hand HTTP clients to gRPC and back
             raise ValueError(f"--grpc-port {self.grpc_port} is --port's too; give it a port of its own")
+        if self.fast_ws_port is not None and self.fast_ws_port in (self.port, self.grpc_port) and self.fast_ws_port:
+            raise ValueError(f"--fast-ws-port {self.fast_ws_port} is taken by --port or --grpc-port")
         return self
 
     def device_list(self) -> list[str]:

@@ -67,6 +67,7 @@ class Supervisor:
             os.set_blocking(fd, False)
         self._port_socket = None
         self._grpc_socket = None
+        self._fast_ws_socket = None
 
     # ------------------------------------------------------------------ main
     def run(self) -> int:
@@ -104,6 +105,9 @@ class Supervisor:
         if self.settings.grpc_port is not None:  # reserved the same way: --grpc-port 0 too
             self._grpc_socket = bind_reuseport(self.settings.host, self.settings.grpc_port)
             self.settings = self.settings.model_copy(update={"grpc_port": self._grpc_socket.getsockname()[1]})
+        if self.settings.fast_ws_port is not None:  # likewise
+            self._fast_ws_socket = bind_reuseport(self.settings.host, self.settings.fast_ws_port)
+            self.settings = self.settings.model_copy(update={"fast_ws_port": self._fast_ws_socket.getsockname()[1]})
         print(info.summary, flush=True)
         ring_mib = sum(c.shared.layout.nbytes for c in self.cores) / 2**20
         where = ", ".join(f"pid {c.process.pid} on {c.device}" for c in self.cores)
@@ -233,7 +237,7 @@ class Supervisor:
         for p in self._processes():
             p.join(1.0)
         self.core_set.close()
-        for sock in (self._port_socket, self._grpc_socket):
+        for sock in (self._port_socket, self._grpc_socket, self._fast_ws_socket):
             if sock is not None:
                 sock.close()
         shutil.rmtree(self.ipc_dir, ignore_errors=True)

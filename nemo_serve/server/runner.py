@@ -40,6 +40,7 @@ class DrainingServer(uvicorn.Server):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain_task: asyncio.Task | None = None
         self._grpc = None  # grpc.aio.Server with --grpc-port
+        self.fast_ws = None  # picows_listener.FastWsListener with --fast-ws-port (set by serve())
 
     async def serve(self, sockets=None) -> None:
         self._loop = asyncio.get_running_loop()
@@ -59,10 +60,14 @@ class DrainingServer(uvicorn.Server):
                     server.close()
                 await self.lifespan.shutdown()
                 sys.exit(STARTUP_FAILURE)
+        if self.fast_ws is not None and not self.should_exit:
+            await self.fast_ws.start()  # a port in use fails the start-up, as --port's would
 
     async def shutdown(self, sockets=None) -> None:
         if self._grpc is not None:
             await self._grpc.stop(RIVA_STOP_GRACE_S)  # after the drain: only calls it gave up on remain
+        if self.fast_ws is not None:
+            await self.fast_ws.close()  # after the drain, as gRPC
         await super().shutdown(sockets)
 
     def handle_exit(self, sig: int, frame) -> None:
@@ -112,4 +117,9 @@ def serve(frontend, settings: Settings, sock: socket.socket) -> None:
     )
     # After uvicorn.Config, which has just (re)configured uvicorn's handlers.
     logsafe.install(secrets=(settings.auth_token,) if settings.auth_token else ())
-    DrainingServer(config, ctx).run(sockets=[sock])
+    server = DrainingServer(config, ctx)
+    if settings.fast_ws_port is not None:
+        from .picows_listener import FastWsListener
+
+        server.fast_ws = FastWsListener(app, ConnectionLimits(frontend.limiter, frontend.header_timeout_s), settings)
+    server.run(sockets=[sock])

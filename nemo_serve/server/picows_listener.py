@@ -1,0 +1,277 @@
+"""A second WebSocket listener (--fast-ws-port) on picows, serving the same app's streaming routes
+(/ws, /, /v1/realtime) with less CPU per packet than uvicorn's.
+
+Why (benchmarks/ws_layer_bench.py, ws_layer_cpu.json): per paced 20 ms packet, uvicorn + websockets
+sans-I/O cost the server process 34 µs of the same trivial app, picows 16 µs in its frame
+callback and 22 µs with each frame handed to a task, as here. Rejected: granian (68 µs) and
+uvicorn + wsproto (44 µs); uvloop off (48 µs). The transport is uvloop's (use_aiofastnet=False):
+its abort and pause_reading are what the hardening tests were written against.
+
+How: each connection is an ASGI WebSocket connection of the app (`app(scope, receive, send)`),
+so the route, its origin, token and admission checks, the Session, the wire formats, every timeout
+and the drain are the code the uvicorn listener runs. This module does only what uvicorn_protocols.py
+does under uvicorn, re-implemented on picows:
+  - caps: ConnectionLimiter counts the connection once upgraded (picows gives the upgrade factory
+    the request, not the peer's address); one over a cap gets the error message and close 1013,
+    as the app's own refusals here, not uvicorn's HTTP 503 (a connection still in its handshake is
+    not counted: the handshake deadline below bounds how long it can stay);
+  - handshake deadline: --header-timeout-s (picows drops the socket; uvicorn's listener answers 408);
+  - frame and message size: --max-message-bytes per frame (picows closes with 1009) and per message
+    reassembled from fragments (closed here with 1009), text that is not UTF-8: 1007;
+  - slow readers: the small kernel send buffer (bound_send_buffer); a send waits while the transport
+    is paused, so the session's --send-timeout-s notices a client that stopped reading;
+  - backpressure: the socket is not read while MAX_INBOX messages wait for the app (picows itself
+    would read and buffer without bound), so the session's MAX_AHEAD_S reaches the client;
+  - abort (`scope["extensions"]["nemo_serve.connection"]["abort"]`) and pings (--ping-interval-s,
+    --ping-timeout-s);
+  - drain: sessions are the app's, so ServerContext.drain ends them; close() stops accepting
+    and drops what is left after SHUTDOWN_ABORT_S.
+Not here: refusals by the app (origin 403, token 401, a full server 503 from the admission check)
+come after the upgrade, as the app's fallback for servers without the denial extension: the
+error message, then close 1008 / 1013. picows answers the upgrade before the app runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import deque
+from urllib.parse import urlsplit
+
+from picows import (
+    WSCloseCode,
+    WSListener,
+    WSMsgType,
+    WSUpgradeResponse,
+    WSUpgradeResponseWithListener,
+    ws_create_server,
+)
+
+from .auth import SUBPROTOCOL
+
+from .connections import SHUTDOWN_ABORT_S, ConnectionLimits, bound_send_buffer
+
+log = logging.getLogger("nemo_serve.connections")
+
+ROUTES = frozenset({"/ws", "/", "/v1/realtime"})
+CLOSE_INVALID_DATA = 1007
+CLOSE_TOO_BIG = 1009
+CLOSE_WAIT_S = 1.0  # after our close frame, how long the client has to answer before the drop
+# picows reads whatever arrives and hands it over at once: past this many messages the app has not
+# taken, the socket is not read until it takes them (as uvicorn's protocol pauses while its queue
+# is full), so the session's backpressure (MAX_AHEAD_S) reaches the client through TCP.
+MAX_INBOX = 16
+
+
+class AppConnection(WSListener):
+    """One picows connection, as an ASGI WebSocket connection of `app`. Owner of its inbox: the
+    event loop (picows callbacks and the app's task both run on it)."""
+
+    def __init__(self, listener: "FastWsListener", scope: dict) -> None:
+        super().__init__()
+        self.listener, self.scope = listener, scope
+        scope["extensions"] = {"nemo_serve.connection": {"abort": self.abort}}
+        self.transport = None
+        self.inbox: deque = deque([{"type": "websocket.connect"}])
+        self.arrived: asyncio.Future | None = None  # the app's receive, waiting for the inbox
+        self.writable = asyncio.Event()
+        self.writable.set()
+        self.read_paused = False
+        self.fragments: list[bytes] = []
+        self.fragment_opcode = None
+        self.gone = False
+        self.task: asyncio.Task | None = None
+
+    # ------------------------------------------------------------------ picows callbacks
+    def on_ws_connected(self, transport) -> None:
+        self.transport = transport
+        peer = transport.underlying_transport.get_extra_info("peername") or ("", 0)
+        self.scope["client"] = (peer[0], peer[1])
+        refusal = self.listener.limits.limiter.acquire(self, peer[0])
+        if refusal is not None:
+            transport.send(WSMsgType.TEXT, json.dumps({"type": "error", "id": None, "reason": refusal}).encode())
+            self._fail(1013, "try again later")
+            return
+        bound_send_buffer(transport.underlying_transport)
+        self.listener.connections.add(self)
+        self.task = asyncio.get_running_loop().create_task(self._run_app())
+
+    def on_ws_frame(self, transport, frame) -> None:
+        kind = frame.msg_type
+        if kind == WSMsgType.CLOSE:
+            code = frame.get_close_code()
+            self._push_disconnect(int(code.value if hasattr(code, "value") else code))
+            if not transport.is_close_frame_sent:
+                transport.send_close(code)
+            transport.disconnect()
+            return
+        if kind not in (WSMsgType.BINARY, WSMsgType.TEXT, WSMsgType.CONTINUATION):
+            return  # pings are answered by picows; pongs end its ping timer
+        if kind != WSMsgType.CONTINUATION:
+            self.fragment_opcode, self.fragments = kind, []
+        self.fragments.append(frame.get_payload_as_bytes())
+        if sum(map(len, self.fragments)) > self.listener.max_message_bytes:
+            self._fail(CLOSE_TOO_BIG, "message too big")
+            return
+        if not frame.fin:
+            return
+        data = self.fragments[0] if len(self.fragments) == 1 else b"".join(self.fragments)
+        self.fragments = []
+        if self.fragment_opcode == WSMsgType.TEXT:
+            try:
+                self._push({"type": "websocket.receive", "text": data.decode()})
+            except UnicodeDecodeError:
+                self._fail(CLOSE_INVALID_DATA, "invalid UTF-8 in a text frame")
+        else:
+            self._push({"type": "websocket.receive", "bytes": data})
+
+    def on_ws_disconnected(self, transport) -> None:
+        self._push_disconnect(1006)
+        self.listener.limits.limiter.release(self)
+        self.listener.connections.discard(self)
+
+    def pause_writing(self) -> None:
+        self.writable.clear()
+
+    def resume_writing(self) -> None:
+        self.writable.set()
+
+    def send_user_specific_ping(self, transport) -> None:
+        transport.send_ping()
+
+    def is_user_specific_pong(self, frame) -> bool:
+        return frame.msg_type == WSMsgType.PONG
+
+    # ------------------------------------------------------------------ ASGI receive / send
+    async def receive(self) -> dict:
+        while not self.inbox:
+            self.arrived = asyncio.get_running_loop().create_future()
+            await self.arrived
+        if self.read_paused and len(self.inbox) <= MAX_INBOX // 2 and not self.gone:
+            self.read_paused = False
+            self.transport.underlying_transport.resume_reading()
+        return self.inbox.popleft()
+
+    async def send(self, message: dict) -> None:
+        kind = message["type"]
+        if self.gone or kind == "websocket.accept":  # the upgrade was answered already
+            return
+        if kind == "websocket.send":
+            await self.writable.wait()  # a client that stopped reading: the caller's send timeout
+            if message.get("bytes") is not None:
+                self.transport.send(WSMsgType.BINARY, message["bytes"])
+            else:
+                self.transport.send(WSMsgType.TEXT, message["text"].encode())
+        elif kind == "websocket.close":
+            reason = (message.get("reason") or "").encode()[:123]
+            self.transport.send_close(_close_code(message.get("code", 1000)), reason)
+            asyncio.get_running_loop().call_later(CLOSE_WAIT_S, self.abort)
+            self.gone = True
+
+    # ------------------------------------------------------------------ internals
+    async def _run_app(self) -> None:
+        try:
+            await self.listener.app(self.scope, self.receive, self.send)
+        except Exception:  # noqa: BLE001 - as uvicorn: logged, the connection closed with 1011
+            log.exception("fast-ws connection failed in the app")
+            if not self.gone:
+                self._fail(1011, "internal server error")
+        finally:
+            if not self.gone and self.transport is not None:
+                self._fail(1000, "")
+
+    def _push(self, message: dict) -> None:
+        self.inbox.append(message)
+        if len(self.inbox) >= MAX_INBOX and not self.read_paused and self.transport is not None:
+            self.read_paused = True
+            self.transport.underlying_transport.pause_reading()
+        if self.arrived is not None and not self.arrived.done():
+            self.arrived.set_result(None)
+
+    def _push_disconnect(self, code: int) -> None:
+        if not any(m["type"] == "websocket.disconnect" for m in self.inbox):
+            self._push({"type": "websocket.disconnect", "code": code})
+
+    def _fail(self, code: int, reason: str) -> None:
+        """Close with `code` (the app hears a disconnect with it), drop after CLOSE_WAIT_S."""
+        self._push_disconnect(code)
+        if not self.transport.is_close_frame_sent:
+            self.transport.send_close(_close_code(code), reason.encode())
+        self.gone = True
+        asyncio.get_running_loop().call_later(CLOSE_WAIT_S, self.abort)
+
+    def abort(self) -> None:
+        """Drop the TCP connection now, whatever is still buffered for it."""
+        if self.transport is not None:
+            self.transport.underlying_transport.abort()
+
+
+class FastWsListener:
+    """The picows server of one front end: the factory picows calls per upgrade request."""
+
+    def __init__(self, app, limits: ConnectionLimits, settings) -> None:
+        self.app, self.limits, self.settings = app, limits, settings
+        self.max_message_bytes = settings.max_message_bytes
+        self.connections: set[AppConnection] = set()
+        self.server: asyncio.AbstractServer | None = None
+
+    def __call__(self, request):
+        url = urlsplit(request.path.decode("latin-1"))
+        if url.path not in ROUTES:
+            return None  # picows answers 404
+        scope = self._scope(request, url)
+        connection = AppConnection(self, scope)
+        if url.path == "/v1/realtime" and SUBPROTOCOL in scope["subprotocols"]:
+            # what the app's accept(subprotocol=accepted_subprotocol(ws)) would answer (NIM's client)
+            response = WSUpgradeResponse.create_101_response({"Sec-WebSocket-Protocol": SUBPROTOCOL})
+            return WSUpgradeResponseWithListener(response, connection)
+        return connection
+
+    def _scope(self, request, url) -> dict:
+        headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in request.headers.items()]
+        return {"type": "websocket", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+                "scheme": "wss" if self.settings.tls else "ws", "path": url.path, "raw_path": url.path.encode(),
+                "query_string": url.query.encode("latin-1"), "root_path": "", "headers": headers,
+                "client": None, "server": None, "subprotocols": _subprotocols(request.headers), "state": {}}  # fmt: skip
+
+    async def start(self) -> None:
+        """Listen on --fast-ws-port, an SO_REUSEPORT socket as every front end's (the supervisor
+        reserved the port: core/supervisor.py)."""
+        s = self.settings
+        self.server = await ws_create_server(
+            self, s.host, s.fast_ws_port, reuse_port=True, websocket_handshake_timeout=self.limits.header_timeout_s,
+            max_frame_size=s.max_message_bytes, enable_auto_ping=bool(s.ping_interval_s),
+            auto_ping_idle_timeout=s.ping_interval_s or 20, auto_ping_reply_timeout=s.ping_timeout_s or 20,
+            ssl=_ssl_context(s), use_aiofastnet=False,
+        )  # fmt: skip
+
+    async def close(self) -> None:
+        """Stop accepting; drop the connections still open after SHUTDOWN_ABORT_S."""
+        if self.server is not None:
+            self.server.close()
+        loop = asyncio.get_running_loop()
+        for c in list(self.connections):
+            loop.call_later(SHUTDOWN_ABORT_S, c.abort)
+
+
+def _close_code(code: int):
+    try:
+        return WSCloseCode(code)
+    except ValueError:  # a code picows has no name for (the app's are all standard)
+        return WSCloseCode.POLICY_VIOLATION
+
+
+def _subprotocols(headers) -> list[str]:
+    offered = ",".join(headers.getall("sec-websocket-protocol", []))
+    return [p.strip() for p in offered.split(",") if p.strip()]
+
+
+def _ssl_context(settings):
+    if settings.ssl_certfile is None:
+        return None
+    import ssl
+
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(str(settings.ssl_certfile), str(settings.ssl_keyfile) if settings.ssl_keyfile else None)
+    return ctx

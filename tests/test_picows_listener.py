@@ -1,0 +1,248 @@
+"""--fast-ws-port: the streaming routes again through picows (server/picows_listener.py), against the
+real server. The same sessions run behind it, so these tests check what the listener itself owns:
+tokens equal to NeMo's loop, the subprotocol, frame and message size, invalid UTF-8, the caps, the
+handshake deadline, a client that stops reading, the session's idle timeout reached through it,
+and the drain."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import socket
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("picows")
+
+from benchmarks.frontend_bench import frame  # noqa: E402
+from nemo_serve.server.session import CLOSE_TIMEOUT_S  # noqa: E402
+
+from . import helpers  # noqa: E402
+from .helpers_server import TEST_MODEL, TOKEN, encode, free_port, start_server  # noqa: E402
+from .test_server_e2e import check_well_formed, oracle_tokens, stream  # noqa: E402
+
+PER_IP = 4
+MAX_MESSAGE_BYTES = 65536
+ENV = {
+    "NEMO_SERVE_PING_INTERVAL_S": "0",
+    "NEMO_SERVE_SEND_TIMEOUT_S": "2",
+    "NEMO_SERVE_HEADER_TIMEOUT_S": "1",
+    "NEMO_SERVE_MAX_CONNECTIONS_PER_IP": str(PER_IP),
+    "NEMO_SERVE_MAX_MESSAGE_BYTES": str(MAX_MESSAGE_BYTES),
+}
+
+
+@pytest.fixture(scope="module")
+def fast():
+    port = free_port()
+    with start_server("--num-slots", "3", "--idle-timeout-s", "3", "--log-level", "info", "--fast-ws-port", str(port),
+                      env=ENV) as s:  # fmt: skip
+        s.fast_url = f"ws://127.0.0.1:{port}"
+        s.fast_port = port
+        yield s
+    assert "Traceback" not in s.log(), s.log()[-4000:]
+
+
+@pytest.fixture(scope="module")
+def oracle_model():
+    return helpers.model(TEST_MODEL, None)
+
+
+def _connect(url: str, **kw):
+    from websockets.asyncio.client import connect
+
+    kw.setdefault("additional_headers", {"Authorization": f"Bearer {TOKEN}"})
+    return connect(url, proxy=None, compression=None, max_size=None, ping_interval=None, **kw)
+
+
+async def _close_code(ws, timeout_s: float = 10.0) -> tuple[list, int | None]:
+    """Every message until the close, and the close code."""
+    from websockets.exceptions import ConnectionClosed
+
+    messages = []
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for m in ws:
+                messages.append(json.loads(m))
+    except ConnectionClosed:
+        pass
+    return messages, ws.close_code
+
+
+def test_streams_through_picows_match_oracle(fast, oracle_model):
+    """int16 at 16 kHz and float32 at 8 kHz at once, odd packet sizes: NeMo's loop's tokens."""
+    utts = helpers.utterances(2, seed=5)
+    cases = [("pcm_s16le", 16000, 1000), ("pcm_f32le", 8000, 777)]
+    wires = [encode(a if r == 16000 else helpers_resample(a, r), e) for (e, r, _), a in zip(cases, utts)]
+
+    async def run_all():
+        return await asyncio.gather(*(stream(fast.fast_url + "/ws", w, r, e, packet=p, speed=4.0)
+                                      for w, (e, r, p) in zip(wires, cases)))  # fmt: skip
+
+    for t, w, (e, r, _) in zip(asyncio.run(run_all()), wires, cases):
+        check_well_formed(t)
+        assert t.token_ids == oracle_tokens(oracle_model, w, r), (e, r)
+    fast.assert_no_leak()
+
+
+def helpers_resample(audio: np.ndarray, rate: int) -> np.ndarray:
+    from .helpers_server import as_model_input
+
+    return as_model_input(audio, 16000, rate)
+
+
+def test_realtime_gets_its_subprotocol_and_session(fast):
+    async def scenario():
+        async with _connect(fast.fast_url + "/v1/realtime?intent=transcription", subprotocols=["realtime"]) as ws:
+            first = json.loads(await asyncio.wait_for(ws.recv(), 10))
+            return ws.subprotocol, first["type"]
+
+    subprotocol, first = asyncio.run(scenario())
+    assert subprotocol == "realtime" and first.endswith("created"), (subprotocol, first)
+
+
+def test_frame_and_message_size_and_invalid_utf8(fast):
+    """A frame over --max-message-bytes: 1009; a message over it in small fragments: 1009; a
+    fragmented config under it works; a text frame that is not UTF-8: 1007. No slot is left."""
+
+    async def raw(frames: list[bytes]) -> int | None:
+        ws = await _connect(fast.fast_url + "/ws")
+        for f in frames:
+            ws.transport.write(f)  # frames built here: websockets would refuse to send these
+        messages, code = await _close_code(ws)
+        return code, messages
+
+    big = np.zeros(MAX_MESSAGE_BYTES // 2 + 8, "<i2").tobytes()
+    code, _ = asyncio.run(raw([frame(big, 0x2)]))
+    assert code == 1009
+    part = np.zeros(MAX_MESSAGE_BYTES // 4, np.uint8).tobytes()
+    fragments = [_fragment(part, 0x2, fin=False)] + [_fragment(part, 0x0, fin=False)] * 3 + [_fragment(part, 0x0, fin=True)]
+    code, _ = asyncio.run(raw(fragments))
+    assert code == 1009
+    code, _ = asyncio.run(raw([frame(b'{"type": "config", "x": "\xff\xfe"}', 0x1)]))
+    assert code == 1007
+
+    async def fragmented_config():
+        async with _connect(fast.fast_url + "/ws") as ws:
+            await ws.send(iter(['{"type": "con', 'fig", "sample_rate": 16000}']))
+            return json.loads(await asyncio.wait_for(ws.recv(), 10))["type"]
+
+    assert asyncio.run(fragmented_config()) == "ready"
+    fast.assert_no_leak()
+
+
+def _fragment(payload: bytes, opcode: int, fin: bool) -> bytes:
+    f = bytearray(frame(payload, opcode))
+    if not fin:
+        f[0] &= 0x7F
+    return bytes(f)
+
+
+def test_connections_per_address_are_capped_and_released(fast):
+    """PER_IP open from one address; the next gets the error and 1013; one closed, one more fits."""
+
+    async def scenario():
+        held = [await _connect(fast.fast_url + "/ws") for _ in range(PER_IP)]
+        over = await _connect(fast.fast_url + "/ws")
+        messages, code = await _close_code(over)
+        await held.pop().close()
+        await asyncio.sleep(0.3)
+        again = await _connect(fast.fast_url + "/ws")
+        await again.send(json.dumps({"type": "config"}))
+        ready = json.loads(await asyncio.wait_for(again.recv(), 10))["type"]
+        for ws in [*held, again]:
+            await ws.close()
+        return messages, code, ready
+
+    messages, code, ready = asyncio.run(scenario())
+    assert code == 1013 and "too many connections from your address" in messages[0]["reason"], messages
+    assert ready == "ready"
+    fast.assert_no_leak()
+
+
+def test_silent_socket_is_closed_at_the_handshake_deadline(fast):
+    s = socket.create_connection(("127.0.0.1", fast.fast_port))
+    s.settimeout(10)
+    t0 = time.monotonic()
+    assert s.recv(100) == b""  # closed by the server
+    assert time.monotonic() - t0 < 5
+    s.close()
+
+
+def test_idle_timeout_reaches_the_session(fast):
+    async def scenario():
+        async with _connect(fast.fast_url + "/ws") as ws:
+            return await _close_code(ws, 15)
+
+    t0 = time.monotonic()
+    messages, code = asyncio.run(scenario())
+    assert code == 1008 and "idle timeout" in messages[-1]["reason"], messages
+    assert time.monotonic() - t0 < 10
+
+
+def test_client_that_never_reads_loses_its_slot(fast):
+    """The send waits while picows's transport is paused, so --send-timeout-s (2 s) fails the
+    stream; the client cannot take the close in CLOSE_TIMEOUT_S either: dropped (1006)."""
+    label = 'nemo_serve_stream_errors_total{reason="slow_client"}'
+    before = fast.metric(label)
+
+    async def scenario():
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect(("127.0.0.1", fast.fast_port))
+        s.setblocking(False)
+        ws = await _connect(fast.fast_url + "/ws", sock=s)
+        ws.transport.pause_reading()
+        await ws.send(json.dumps({"type": "config", "endpointing": {"enabled": False}}))
+        speech = np.concatenate(helpers.utterances(6, seed=1)).astype("<f4")
+
+        async def send():
+            for i in range(0, 3000 * 16000, 16000):
+                j = i % (len(speech) - 16000)
+                await ws.send(speech[j : j + 16000].tobytes())
+
+        sender = asyncio.create_task(send())
+        while fast.readyz()["open_streams"] < 1:
+            await asyncio.sleep(0.05)
+        t0 = time.monotonic()
+        while fast.readyz()["open_streams"] > 0 and time.monotonic() - t0 < 40:
+            await asyncio.sleep(0.2)
+        freed_s = time.monotonic() - t0
+        await asyncio.sleep(2 * CLOSE_TIMEOUT_S)
+        ws.transport.resume_reading()
+        try:
+            async with asyncio.timeout(15):
+                await ws.wait_closed()
+        finally:
+            sender.cancel()
+            ws.transport.abort()
+        return freed_s, ws.close_code
+
+    freed_s, code = asyncio.run(scenario())
+    assert freed_s < 40 and code == 1006, (freed_s, code)
+    assert fast.metric(label) == before + 1
+    fast.assert_no_leak()
+
+
+def test_sigterm_drains_a_picows_stream_to_its_final():
+    """SIGTERM while a stream is open on the fast port: its final and `done` (draining), then exit 0."""
+    port = free_port()
+    utt = helpers.utterances(1, seed=31)[0]
+    with start_server("--num-slots", "2", "--drain-timeout-s", "60", "--fast-ws-port", str(port)) as srv:
+
+        async def scenario():
+            client = asyncio.create_task(stream(f"ws://127.0.0.1:{port}/ws", encode(utt, "pcm_f32le"), 16000,
+                                                "pcm_f32le", speed=1.0, packet=800))  # fmt: skip
+            while srv.readyz()["open_streams"] < 1:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(1.0)
+            srv.proc.send_signal(signal.SIGTERM)
+            return await asyncio.wait_for(client, 60)
+
+        t = asyncio.run(scenario())
+        assert srv.proc.wait(30) == 0
+    assert t.done is not None and t.done.get("reason") == "draining", t.messages[-2:]
+    assert t.finals and t.close_code == 1000

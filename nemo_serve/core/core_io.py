@@ -55,11 +55,6 @@ class CoreIO:
             t.start()
         return self
 
-    @property
-    def thread_ids(self) -> list[int]:
-        """The threads' native ids (benchmarks count their CPU)."""
-        return [t.native_id for t in self._threads]
-
     # ------------------------------------------------------------------ stepping thread
     def take(self, wait_s: float = 0.0) -> list:
         """Every control message received so far, in order; waits up to `wait_s` for the first."""

@@ -84,7 +84,8 @@ def main() -> None:
         a = soxr.resample(u.audio, 16000, RATE, quality="HQ")
         wires.append(np.clip(np.round(a * 32768), -32768, 32767).astype("<i2"))
     results = {}
-    with local_server("--context-right", "all", "--num-slots", str(4 * args.concurrency), "--max-queue-delay-s", "30") as port:
+    flags = ("--context-right", "all", "--num-slots", str(4 * args.concurrency), "--max-queue-delay-s", "30")
+    with local_server(*flags) as port:
         for mode in [int(m) for m in args.modes.split(",")]:
             rows = asyncio.run(run_all(port, wires, mode, args.concurrency))
             results[str(mode)] = {"identical": sum(r["identical"] for r in rows), "of": len(rows), "rows": rows}

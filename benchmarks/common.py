@@ -9,14 +9,17 @@ NeMo versions (building FastConformer-L with its weight calibration takes minute
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import json
 import os
 import platform
 import shlex
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -170,3 +173,31 @@ def percentiles(values, qs=(50, 95, 99)) -> dict[str, float | None]:
         return {f"p{q}": None for q in qs}
     arr = np.asarray(values, dtype=np.float64)
     return {f"p{q}": float(np.percentile(arr, q)) for q in qs}
+
+
+@contextlib.contextmanager
+def local_server(*flags: str):
+    """A nemo-serve on a free local port without a token (the server's defaults plus `flags`),
+    once its /readyz answers 200 (up to 5 min); yields the port, stops the server after."""
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = Path(sys.executable).with_name("nemo-serve")
+    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "nemo_serve.cli"]
+    env = {k: v for k, v in os.environ.items() if k != "NEMO_SERVE_AUTH_TOKEN"}  # no token: a local run
+    proc = subprocess.Popen([*cmd, "--port", str(port), *flags, "--log-level", "warning"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        for _ in range(600):
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(30)

@@ -6,21 +6,10 @@ computes launches about one kernel, and each one dispatched from Python costs ho
     git worktree add /tmp/before <commit>; .venv/bin/python benchmarks/decoder_kernel_count.py \
         --source /tmp/before --label before --out benchmarks/results/kernel_count_nemotron.json
 
-`--source DIR` imports nemo_serve from another checkout (the code before a change); the model is
-built from this checkout's configs (benchmarks/architecture.py: random init, no calibration), so
-both count the same architecture. A run adds its label to the JSON and keeps the others.
-
-Counted per step (steady state: later chunks, every row full, after warm-up steps):
-- `aten_ops`: every ATen operator the profiler records, nested ones included;
-- `leaf_ops`: operators with no ATen operator inside them, less the ones that only make views or
-  allocate (view, transpose, slice, empty, ...): an estimate of CUDA kernel launches;
-- `top_level_ops`: operators called from Python (each pays the dispatcher's host cost once);
-- each split by phase: the encoder (`encoder.step`), NeMo's label-looping decoder (its loop runs
-  once per emitted label, so with random weights its count is not Nemotron's), and the rest of the
-  step (staging, gathers, scatters, prompt, packing).
-With CUDA graphs (engine/cuda_graphs.py) the encoder phase and the rest up to the decoder replay
-as one graph launch: what the host dispatches per step is then the decoder's and the rest's
-eager operators; the kernels inside the graph are the same in number.
+`--source DIR`, the model (random init from this checkout's configs), the run labels and what is
+counted per step (`aten_ops`, `leaf_ops`: an estimate of CUDA kernel launches, `top_level_ops`),
+by phase (encoder, decoder, the rest) and under CUDA graphs: as kernel_count.py, whose count() this
+uses.
 
 Decoders (`--decoder nemo | label_loop | label_loop:active`, engine/step.py `decoder_kind`; the
 decoder phase is `Stepper.decode`: the decoder with its state gather/scatter and result packing).
@@ -89,18 +78,9 @@ def main(argv=None) -> None:
         results[f"r{r}"] = measure(args, r)
         print(args.label, f"r={r}", json.dumps(results[f"r{r}"]), f"({time.time() - t0:.0f} s)", flush=True)
     if args.out:
-        path = Path(args.out)
-        data = json.loads(path.read_text()) if path.exists() else {"model": args.model, "runs": {}}
-        data["runs"][args.label] = {
-            "command": " ".join(sys.argv),
-            "nemo_serve": str(Path(nemo_serve.__file__).parent),
-            "dtype": args.dtype,
-            "decoder": os.environ.get("NEMO_SERVE_DECODER", "engine default"),
-            "label_loop_rows": os.environ.get("NEMO_SERVE_LABEL_LOOP_ROWS", "all"),
-            "torch": torch.__version__,
-            "results": results,
-        }
-        path.write_text(json.dumps(data, indent=1) + "\n")
+        kernel_count.save_run(args, nemo_serve, torch, results,
+                              decoder=os.environ.get("NEMO_SERVE_DECODER", "engine default"),
+                              label_loop_rows=os.environ.get("NEMO_SERVE_LABEL_LOOP_ROWS", "all"))  # fmt: skip
 
 
 def _load(args, r):

@@ -152,6 +152,35 @@ def text_frame(obj) -> bytes:
     return frame(json.dumps(obj).encode(), 0x1)
 
 
+async def ws_upgrade(port: int, path: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A WebSocket handshake on a raw socket (no client library between the benchmark and TCP)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    key = base64.b64encode(os.urandom(16)).decode()
+    writer.write(
+        (f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+         f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode()
+    )  # fmt: skip
+    head = await reader.readuntil(b"\r\n\r\n")
+    if b" 101 " not in head.split(b"\r\n", 1)[0]:
+        raise RuntimeError(f"handshake refused: {head[:80]!r}")
+    return reader, writer
+
+
+async def read_frame(r: asyncio.StreamReader) -> tuple[int, bytes]:
+    """One unmasked server frame: (opcode, payload)."""
+    b0, b1 = await r.readexactly(2)
+    n = b1 & 0x7F
+    if n >= 126:
+        n = int.from_bytes(await r.readexactly(2 if n == 126 else 8), "big")
+    return b0 & 0x0F, await r.readexactly(n)
+
+
+def message_type(payload: bytes) -> str:
+    """A JSON message's `type`, found without parsing the message (the client stays cheap)."""
+    i = payload.find(b'"type":"')
+    return payload[i + 8 : payload.index(b'"', i + 8)].decode() if i >= 0 else "?"
+
+
 class Conn:
     def __init__(self) -> None:
         self.reader: asyncio.StreamReader | None = None
@@ -163,15 +192,7 @@ class Conn:
         self.error: str | None = None
 
     async def open(self, port: int, config: dict) -> None:
-        self.reader, self.writer = await asyncio.open_connection("127.0.0.1", port)
-        key = base64.b64encode(os.urandom(16)).decode()
-        self.writer.write(
-            (f"GET /ws HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-             f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode()
-        )  # fmt: skip
-        head = await self.reader.readuntil(b"\r\n\r\n")
-        if b" 101 " not in head.split(b"\r\n", 1)[0]:
-            raise RuntimeError(f"handshake refused: {head[:80]!r}")
+        self.reader, self.writer = await ws_upgrade(port, "/ws")
         self.writer.write(text_frame(config))
         self._task = asyncio.create_task(self._read())
 
@@ -179,21 +200,13 @@ class Conn:
         r = self.reader
         try:
             while True:
-                b0, b1 = await r.readexactly(2)
-                n = b1 & 0x7F
-                if n == 126:
-                    n = struct.unpack("!H", await r.readexactly(2))[0]
-                elif n == 127:
-                    n = struct.unpack("!Q", await r.readexactly(8))[0]
-                payload = await r.readexactly(n)
-                op = b0 & 0x0F
+                op, payload = await read_frame(r)
                 if op == 0x8:  # close
                     self.done.set()
                     return
                 if op != 0x1:
                     continue
-                i = payload.find(b'"type":"')
-                kind = payload[i + 8 : payload.index(b'"', i + 8)].decode() if i >= 0 else "?"
+                kind = message_type(payload)
                 self.counts[kind] = self.counts.get(kind, 0) + 1
                 if kind == "ready":
                     self.ready.set()

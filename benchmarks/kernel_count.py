@@ -49,6 +49,21 @@ NO_KERNEL = {
 PHASES = ("encoder", "attention", "decoder")  # attention is inside the encoder: counted in both
 
 
+def save_run(args, nemo_serve, torch, results: dict, **settings) -> None:
+    """Add this run, under its label, to the JSON at args.out (the other labels' runs kept)."""
+    path = Path(args.out)
+    data = json.loads(path.read_text()) if path.exists() else {"model": args.model, "runs": {}}
+    data["runs"][args.label] = {
+        "command": " ".join(sys.argv),
+        "nemo_serve": str(Path(nemo_serve.__file__).parent),  # --source: the checkout that ran
+        "dtype": args.dtype,
+        **settings,
+        "torch": torch.__version__,
+        "results": results,
+    }
+    path.write_text(json.dumps(data, indent=1) + "\n")
+
+
 def count(prof, phases_counted: tuple[str, ...] = PHASES) -> dict:
     """Per phase (a `phase:NAME` record_function around it; nested phases count in each, an op
     in none counts as "rest") and in total: ATen ops, leaf ops that launch a kernel, ops called
@@ -203,16 +218,7 @@ def main(argv=None) -> None:
             print(args.label, layout, attention, f"r={r}", json.dumps(counts["per_layer_leaf_ops"]),
                   counts["cache_bytes_per_row_step"]["total"], f"({time.time() - t0:.0f} s)", flush=True)
     if args.out:
-        path = Path(args.out)
-        data = json.loads(path.read_text()) if path.exists() else {"model": args.model, "runs": {}}
-        data["runs"][args.label] = {
-            "command": " ".join(sys.argv),
-            "nemo_serve": str(Path(nemo_serve.__file__).parent),
-            "dtype": args.dtype,
-            "torch": torch.__version__,
-            "results": results,
-        }
-        path.write_text(json.dumps(data, indent=1) + "\n")
+        save_run(args, nemo_serve, torch, results)
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import run_record, write_json  # noqa: E402
-from benchmarks.frontend_bench import Server, cpu_s, frame, free_port  # noqa: E402
+from benchmarks.frontend_bench import Server, cpu_s, frame, free_port, message_type, read_frame, ws_upgrade  # noqa: E402
 from benchmarks.packet_profile import categorize, plot  # noqa: E402
 
 RATE = 16000
@@ -104,15 +104,7 @@ class WsConn:
         self.error: str | None = None
 
     async def open(self, port: int, path: str, first: bytes, ready_type: str) -> None:
-        self.reader, self.writer = await asyncio.open_connection("127.0.0.1", port)
-        key = base64.b64encode(os.urandom(16)).decode()
-        self.writer.write(
-            (f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-             f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode()
-        )  # fmt: skip
-        head = await self.reader.readuntil(b"\r\n\r\n")
-        if b" 101 " not in head.split(b"\r\n", 1)[0]:
-            raise RuntimeError(f"handshake refused: {head[:80]!r}")
+        self.reader, self.writer = await ws_upgrade(port, path)
         self.ready_type = ready_type
         self.task = asyncio.create_task(self._read())
         if first:
@@ -125,15 +117,10 @@ class WsConn:
         r = self.reader
         try:
             while True:
-                b0, b1 = await r.readexactly(2)
-                n = b1 & 0x7F
-                if n >= 126:
-                    n = int.from_bytes(await r.readexactly(2 if n == 126 else 8), "big")
-                payload = await r.readexactly(n)
-                if b0 & 0x0F == 0x8:
+                op, payload = await read_frame(r)
+                if op == 0x8:
                     return
-                i = payload.find(b'"type":"')
-                kind = payload[i + 8 : payload.index(b'"', i + 8)].decode() if i >= 0 else "?"
+                kind = message_type(payload)
                 self.counts[kind] += 1
                 if kind == self.ready_type:
                     self.ready.set()

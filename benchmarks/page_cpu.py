@@ -154,8 +154,8 @@ def table_sweeps() -> str:
     names, infos = [], []
     for files, d in sweep_groups():
         best, behind = judge(d)
-        names.append(" + ".join(files))
-        infos.append(run_info(d))
+        names.extend(files)  # each file's own command: a run's `_top` levels were a later run
+        infos.extend(run_info(read(f)) for f in files)
         why = (f"N={behind['streams']}: p95 {fmt(behind['partial_latency_ms']['p95'], 0, ' ms')}, "
                f"p90 drift {fmt(behind['drift_ms_per_s']['p90'], 0, ' ms/s')}") if behind else "not reached"
         q = (best or {}).get("quality", {})

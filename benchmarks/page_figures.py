@@ -33,7 +33,7 @@ import math
 import re
 from pathlib import Path
 
-UNITS = r"µs|us|ms|s|%|x|times|MB|MiB|GB|GiB|kB|KB|KiB|bytes|streams|tokens|min|minutes|seconds|hours"
+UNITS = r"µs|us|ms|s|%|x|times|MB|MiB|GB|GiB|kB|KB|KiB|bytes|streams|tokens|min|minutes|seconds|hours|cores?|waits?"
 NUMBER = r"[-+]?\d[\d,]*(?:\.\d+)?"
 FIGURE = re.compile(rf"(?<![\w./-])({NUMBER}(?:\s?(?:-|to|/)\s?{NUMBER})*)\s?({UNITS})(?!\w)")
 INTEGER = r"(?:\d{1,3}(?:,\d{3})+|\d+)"
@@ -65,7 +65,7 @@ SCALES = {  # unit -> the factors from a result file's number to the unit writte
 UNIT_KIND = {"µs": "time", "us": "time", "ms": "time", "s": "time", "min": "time", "minutes": "time",
              "seconds": "time", "hours": "time", "%": "%", "x": "x", "MB": "bytes", "MiB": "bytes",
              "GB": "bytes", "GiB": "bytes", "kB": "bytes", "KB": "bytes", "KiB": "bytes", "bytes": "bytes", "times": "x",
-             "streams": "count", "tokens": "count"}
+             "streams": "count", "tokens": "count", "core": "count", "cores": "count", "wait": "count", "waits": "count"}
 
 
 def _blank(m: re.Match) -> str:

@@ -55,7 +55,8 @@ def fmt(x, nd=0, unit="") -> str:
 
 
 def sweep_groups() -> list[tuple[list[str], dict]]:
-    """Sweep files, a run split in two (`_high` then `_top`, straight after) joined into one."""
+    """Sweep files, a run's levels split over two files (`_high` or `_top`: the higher levels, a
+    later run at the same commit) joined into one."""
     groups: dict[str, tuple[list[str], dict]] = {}
     for p in sorted(RESULTS.glob("sweep_*.json")):
         d = json.loads(p.read_text())

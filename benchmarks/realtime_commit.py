@@ -15,18 +15,12 @@ import argparse
 import asyncio
 import base64
 import json
-import os
-import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
-import httpx
 import numpy as np
 import soxr
 
-from benchmarks.common import run_record, write_json
+from benchmarks.common import local_server, run_record, write_json
 from nemo_serve.client import StreamingClient
 from nemo_serve.selftest import BUNDLED_MANIFEST, load_utterances
 
@@ -89,31 +83,13 @@ def main() -> None:
     for u in load_utterances(BUNDLED_MANIFEST, 16000):
         a = soxr.resample(u.audio, 16000, RATE, quality="HQ")
         wires.append(np.clip(np.round(a * 32768), -32768, 32767).astype("<i2"))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    script = Path(sys.executable).with_name("nemo-serve")
-    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "nemo_serve.cli"]
-    env = {k: v for k, v in os.environ.items() if k != "NEMO_SERVE_AUTH_TOKEN"}  # no token: a local run
-    proc = subprocess.Popen([*cmd, "--port", str(port), "--context-right", "all", "--num-slots", str(4 * args.concurrency),
-                             "--max-queue-delay-s", "30", "--log-level", "warning"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     results = {}
-    try:
-        for _ in range(600):
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
+    flags = ("--context-right", "all", "--num-slots", str(4 * args.concurrency), "--max-queue-delay-s", "30")
+    with local_server(*flags) as port:
         for mode in [int(m) for m in args.modes.split(",")]:
             rows = asyncio.run(run_all(port, wires, mode, args.concurrency))
             results[str(mode)] = {"identical": sum(r["identical"] for r in rows), "of": len(rows), "rows": rows}
             print(f"context_right {mode}: {results[str(mode)]['identical']}/{len(rows)} completed items token-identical to /ws")
-    finally:
-        proc.terminate()
-        proc.wait(30)
     write_json(args.out, {"run": run_record(), "modes": results})
 
 

@@ -21,18 +21,12 @@ import argparse
 import asyncio
 import base64
 import json
-import os
-import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
-import httpx
 import numpy as np
 import soxr
 
-from benchmarks.common import percentiles, run_record, write_json
+from benchmarks.common import local_server, percentiles, run_record, write_json
 from nemo_serve.selftest import BUNDLED_MANIFEST, load_utterances
 from nemo_serve.server.speech_detector import SpeechDetector
 
@@ -127,26 +121,8 @@ def main() -> None:
     p.add_argument("--out", default="benchmarks/results/vad_onset.json")
     args = p.parse_args()
     utts = [u.audio for u in load_utterances(BUNDLED_MANIFEST, 16000)]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    script = Path(sys.executable).with_name("nemo-serve")
-    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "nemo_serve.cli"]
-    env = {k: v for k, v in os.environ.items() if k != "NEMO_SERVE_AUTH_TOKEN"}  # no token: a local run
-    proc = subprocess.Popen([*cmd, "--port", str(port), "--num-slots", str(2 * args.concurrency), "--max-queue-delay-s", "30", "--log-level", "warning"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    try:
-        for _ in range(600):
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
+    with local_server("--num-slots", str(2 * args.concurrency), "--max-queue-delay-s", "30") as port:
         rows = asyncio.run(run_all(port, utts, args.concurrency))
-    finally:
-        proc.terminate()
-        proc.wait(30)
     summary = {
         key: percentiles([r[key] for r in rows if r[key] is not None])
         for key in ("onset_latency_s", "first_text_latency_s", "start_error_s")

@@ -297,3 +297,11 @@ def test_inline_code_wrapped_over_a_line_hides_no_figure_and_keeps_the_mark(tmp_
     assert page_figures.unbacked(tmp_path, results, ["x.md"]) == ["x.md:2: 5 ms (no result file backs it)"]
     page.write_text("<!-- figures: riva_vs_ws_demo_r13.json -->\nRun (`a\nb\nc`), then 31 ms.\n")
     assert page_figures.unbacked(tmp_path, results, ["x.md"]) == ["x.md:4: 31 ms (not in riva_vs_ws_demo_r13.json)"]
+
+
+def test_device_waits_and_cores_are_units(tmp_path):
+    """'2 waits per iteration' and '0.9 core' are measurements (how_it_works.md, performance.md)."""
+    page = tmp_path / "x.md"
+    page.write_text("The GPU saw 7 waits per iteration.\n\nThe front end used 0.7 core.\n")
+    assert page_figures.unbacked(tmp_path, page_results.RESULTS, ["x.md"]) == [
+        "x.md:1: 7 waits (no result file backs it)", "x.md:3: 0.7 core (no result file backs it)"]

@@ -75,6 +75,7 @@ class SortformerRunner:
         self.num_speakers = modules.n_spk
         self.streams: dict[str, DiarStream] = {}  # stream_id -> its state, while open
         self.num_steps = 0  # steps run (tests: a server with only plain streams runs none)
+        self.seconds = 0.0  # time in plan, step and collect (the loop adds it up; benchmarks read it)
 
     # ------------------------------------------------------------------ streams
     def open(self, stream_id: str, max_speakers: int) -> None:

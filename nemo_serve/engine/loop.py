@@ -593,9 +593,11 @@ class Engine:
         """One diarizer step over the diarized streams with a chunk ready, then this iteration's
         diarized updates held until their speakers are known, and what is known published
         (engine/speakers.py). Returns the rows stepped."""
+        started = time.perf_counter()
         plan = self.diarizer.plan()
         if plan is not None:
             self.diarizer.collect(self.diarizer.launch(plan))
+        self.diarizer.seconds += time.perf_counter() - started
         updates, slots, speakers = [], [], self.speakers
         for u, slot in zip(self._updates, self._update_slots):
             if speakers.holds(u.stream_id):

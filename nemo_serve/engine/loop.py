@@ -310,7 +310,7 @@ class Engine:
         self.slots.take(stream, slot)
         if options.diarization is not None:  # its diarizer slot: one per engine slot, so one is free
             self.diarizer.open(stream.stream_id, options.diarization.max_speakers)
-            self.speakers.open(stream.stream_id)
+            self.speakers.open(stream.stream_id, options.diarization.split_on_speaker_change)
             stream.diarized = True
         tree_state = 0
         if request:  # checked above: the tree builds

@@ -57,6 +57,7 @@ def timed_run(model, diarizer, batch: int, audio, diarized: bool) -> dict:
     assert diarized or engine.engine.diarizer.num_steps == 0  # plain streams: no diarizer work
     return {"seconds": elapsed, "asr_steps": asr_steps, "asr_rows": asr_rows, "diarizer_rows": diar_rows,
             "diarizer_steps": engine.engine.diarizer.num_steps, "iterations": iterations,
+            "diarizer_seconds": engine.engine.diarizer.seconds,  # its plan (features), step and collect
             "ms_per_asr_step": 1e3 * elapsed / max(asr_steps, 1)}  # fmt: skip
 
 
@@ -66,8 +67,10 @@ def measure(model, diarizer, batch: int, audio, repeats: int) -> dict:
         for kind in ("plain", "diarized"):
             runs[kind].append(timed_run(model, diarizer, batch, audio, kind == "diarized"))
     med = {k: statistics.median(r["ms_per_asr_step"] for r in v) for k, v in runs.items()}
+    share = statistics.median(r["diarizer_seconds"] / r["seconds"] for r in runs["diarized"])
     return {"batch": batch, "plain_ms_per_step": round(med["plain"], 3), "diarized_ms_per_step": round(med["diarized"], 3),
-            "ratio": round(med["diarized"] / med["plain"], 3), "runs": runs}  # fmt: skip
+            "ratio": round(med["diarized"] / med["plain"], 3), "diarizer_share_of_diarized_time": round(share, 3),
+            "runs": runs}  # fmt: skip
 
 
 def main() -> None:

@@ -112,6 +112,32 @@ def _check_speakers(results, probs, max_speakers, engine) -> None:
     assert max(s for r in finals for s in r.token_speakers) < max_speakers
 
 
+def test_split_on_speaker_change_ends_a_segment_at_each_change():
+    """Each final's tokens have one speaker; consecutive segments of a split differ in speaker; the
+    tokens, in order, are the plain stream's; segments are numbered 0, 1, 2, ... and each starts
+    at its first token."""
+    audios = helpers.utterances(2, seed=5)[:1] * 2
+    engine = helpers.new_engine(helpers.model(None), 2, diarizer=diarizer())
+    split = {"max_speakers": 4, "split_on_speaker_change": True}
+    results, _ = _drive(engine, audios, [split, None], packet=1234)
+    finals = [r for r in results[0] if r.is_final]
+    assert [t for r in finals for t in r.token_ids] == [t for r in results[1] for t in r.new_token_ids]
+    assert [r.segment for r in finals] == list(range(len(finals)))
+    changes = [r for r in finals if r.end_reason == "speaker_change"]
+    assert changes, "the audio should hold a speaker change (the test would show nothing)"
+    for r in finals:
+        assert len(set(r.token_speakers)) <= 1 and r.speaker == (r.token_speakers[0] if r.token_ids else None)
+        if r.token_ids:
+            assert r.segment_start_s <= r.token_times_s[0]
+    for before, after in zip(finals, finals[1:]):
+        if before.end_reason == "speaker_change" and before.token_ids and after.token_ids:
+            assert before.speaker != after.token_speakers[0]
+            assert after.segment_start_s == after.token_times_s[0]
+    partials = [r for r in results[0] if not r.is_final]
+    assert all(len(set(r.token_speakers)) <= 1 for r in partials)
+    _assert_empty(engine)
+
+
 def test_plain_streams_cost_the_diarizer_nothing(monkeypatch):
     def no_step(*args, **kw):
         raise AssertionError("the diarizer stepped for a plain stream")
@@ -127,7 +153,7 @@ def test_diarization_option_refused_before_any_work():
     served = helpers.new_engine(helpers.model(None), 2, diarizer=diarizer())
     for bad, said in [({"max_speakers": 5}, "from 1 to 4"), ({"max_speakers": 0}, "from 1 to 4"),
                       ({"max_speakers": True}, "integer"), ({"speakers": 2}, "unknown option"),
-                      ([2], "must be an object"), ({"max_speakers": 2, "split_on_speaker_change": True}, "not supported")]:  # fmt: skip
+                      ([2], "must be an object"), ({"max_speakers": 2, "split_on_speaker_change": "yes"}, "true or false")]:  # fmt: skip
         with pytest.raises(ValueError, match=said):
             served.open_stream(lambda r: None, diarization=bad)
     unserved = helpers.new_engine(helpers.model(None), 2)

@@ -310,7 +310,7 @@ class Engine:
         self.slots.take(stream, slot)
         if options.diarization is not None:  # its diarizer slot: one per engine slot, so one is free
             self.diarizer.open(stream.stream_id, options.diarization.max_speakers)
-            self.speakers.open(stream.stream_id)
+            self.speakers.open(stream.stream_id, options.diarization.split_on_speaker_change)
             stream.diarized = True
         tree_state = 0
         if request:  # checked above: the tree builds
@@ -593,9 +593,11 @@ class Engine:
         """One diarizer step over the diarized streams with a chunk ready, then this iteration's
         diarized updates held until their speakers are known, and what is known published
         (engine/speakers.py). Returns the rows stepped."""
+        started = time.perf_counter()
         plan = self.diarizer.plan()
         if plan is not None:
             self.diarizer.collect(self.diarizer.launch(plan))
+        self.diarizer.seconds += time.perf_counter() - started
         updates, slots, speakers = [], [], self.speakers
         for u, slot in zip(self._updates, self._update_slots):
             if speakers.holds(u.stream_id):

@@ -43,8 +43,9 @@ class StreamUpdate(msgspec.Struct, array_like=True, gc=False):
 
 # Why a final closed its segment: the model's end-of-utterance / end-of-backchannel token, the
 # silence rules (engine/endpoint.py rules 1 and 2), the length rule (rule 3), the client (a force
-# final, a realtime commit) or the end of the stream's input.
-END_REASONS = ("eou", "eob", "silence", "max_length", "force_final", "end_of_input")
+# final, a realtime commit), the end of the stream's input, or (a diarized stream that asked for
+# it) another speaker (engine/speakers.py).
+END_REASONS = ("eou", "eob", "silence", "max_length", "force_final", "end_of_input", "speaker_change")
 
 
 @dataclass

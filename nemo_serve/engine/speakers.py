@@ -34,7 +34,7 @@ class DiarizationRequest:
     """A stream's `diarization` option, checked."""
 
     max_speakers: int  # speakers reported: 0 .. max_speakers - 1
-    split_on_speaker_change: bool = False  # not served yet: refused (docs/diarization.md)
+    split_on_speaker_change: bool = False  # a speaker change ends the segment (SpeakerAttacher._split)
 
 
 def check_diarization(value: dict | None, num_speakers: int | None) -> DiarizationRequest | None:
@@ -55,9 +55,9 @@ def check_diarization(value: dict | None, num_speakers: int | None) -> Diarizati
         raise ValueError(f"diarization.max_speakers must be an integer from 1 to {num_speakers} "
                          f"(the diarizer's speakers), got {max_speakers!r}")  # fmt: skip
     split = value.get("split_on_speaker_change", False)
-    if split is not False:
-        raise ValueError("diarization.split_on_speaker_change is not supported yet")
-    return DiarizationRequest(max_speakers)
+    if not isinstance(split, bool):
+        raise ValueError(f"diarization.split_on_speaker_change must be true or false, got {split!r}")
+    return DiarizationRequest(max_speakers, split)
 
 
 @dataclass
@@ -65,6 +65,10 @@ class _Waiting:
     updates: deque = field(default_factory=deque)  # (StreamUpdate, slot), oldest first
     tally: Counter = field(default_factory=Counter)  # speaker -> tokens, in the open segment
     release: ReleasedStream | None = None  # held until `updates` is empty
+    split: bool = False  # end a segment where the speaker changes
+    last_speaker: int | None = None  # of the open segment's last token (split only)
+    segments_added: int = 0  # finals this attacher added (split): later segment numbers shift by it
+    split_start_frame: int | None = None  # where the open segment starts, if a split started it
 
 
 class SpeakerAttacher:
@@ -73,8 +77,8 @@ class SpeakerAttacher:
         self.asr_frame_s = asr_frame_s
         self._streams: dict[str, _Waiting] = {}  # stream_id -> its waiting updates, while diarized
 
-    def open(self, stream_id: str) -> None:
-        self._streams[stream_id] = _Waiting()
+    def open(self, stream_id: str, split_on_speaker_change: bool = False) -> None:
+        self._streams[stream_id] = _Waiting(split=split_on_speaker_change)
 
     def holds(self, stream_id: str) -> bool:
         return stream_id in self._streams
@@ -98,25 +102,67 @@ class SpeakerAttacher:
         release once nothing of it waits; the diarizer lets such a stream go."""
         for stream_id in list(self._streams):
             waiting = self._streams[stream_id]
-            while waiting.updates and self._attach(waiting, waiting.updates[0][0]):
+            while waiting.updates and self._attach(waiting.updates[0][0]):
                 update, slot = waiting.updates.popleft()
-                updates.append(update)
-                slots.append(slot)
+                for part in self._split(waiting, update) if waiting.split else (update,):
+                    self._close_segment_if_final(waiting, part)
+                    updates.append(part)
+                    slots.append(slot)
             if waiting.release is not None and not waiting.updates:
                 released.append(waiting.release)
                 del self._streams[stream_id]
                 self.diarizer.close(stream_id)
 
-    def _attach(self, waiting: _Waiting, u: StreamUpdate) -> bool:
-        """Set the update's speakers if the diarizer has reached them; False if not yet."""
+    def _attach(self, u: StreamUpdate) -> bool:
+        """Set the update's token speakers if the diarizer has reached them; False if not yet."""
         if u.done and not self.diarizer.is_done(u.stream_id):
             return False
         speakers = [self.diarizer.speaker_at(u.stream_id, f * self.asr_frame_s) for f in u.new_token_frames]
         if None in speakers:
             return False
         u.new_token_speakers = speakers
-        waiting.tally.update(speakers)
+        return True
+
+    @staticmethod
+    def _close_segment_if_final(waiting: _Waiting, u: StreamUpdate) -> None:
+        """Count the update's speakers into its segment's tally; a final gets the segment's speaker."""
+        waiting.tally.update(u.new_token_speakers)
         if u.is_final:
             u.speaker = min(waiting.tally, key=lambda k: (-waiting.tally[k], k)) if waiting.tally else None
             waiting.tally.clear()
-        return True
+
+    @staticmethod
+    def _split(waiting: _Waiting, u: StreamUpdate) -> list[StreamUpdate]:
+        """`u` cut before each token whose speaker differs from the token before it in its segment:
+        a final (end_reason "speaker_change") closes the segment there, the next one starts at that
+        token's frame. The engine's later segment numbers and starts are shifted to match."""
+        segment = u.segment + waiting.segments_added
+        start = u.segment_start_frame if waiting.split_start_frame is None else waiting.split_start_frame
+        parts, first = [], 0
+        for i, speaker in enumerate(u.new_token_speakers):
+            if waiting.last_speaker is not None and speaker != waiting.last_speaker:
+                parts.append(_cut(u, first, i, segment, start))
+                segment, start, first = segment + 1, u.new_token_frames[i], i
+                waiting.segments_added += 1
+                waiting.split_start_frame = start
+            waiting.last_speaker = speaker
+        u.segment, u.segment_start_frame = segment, start  # the rest: what the engine made of it
+        if first:
+            u.new_token_ids, u.new_token_frames = u.new_token_ids[first:], u.new_token_frames[first:]
+            u.new_token_speakers = u.new_token_speakers[first:]
+            if u.new_token_confidences is not None:
+                u.new_token_confidences = u.new_token_confidences[first:]
+        if u.is_final:  # the engine's next segment starts where the engine says
+            waiting.last_speaker = waiting.split_start_frame = None
+        return [*parts, u]
+
+
+def _cut(u: StreamUpdate, lo: int, hi: int, segment: int, start_frame: int) -> StreamUpdate:
+    """Tokens [lo, hi) of `u` as the final of segment `segment`, ended by a speaker change."""
+    return StreamUpdate(
+        stream_id=u.stream_id, segment=segment, is_final=True, done=False, new_token_ids=u.new_token_ids[lo:hi],
+        new_token_frames=u.new_token_frames[lo:hi], segment_start_frame=start_frame,
+        audio_processed_s=u.audio_processed_s, audio_arrival_time=u.audio_arrival_time,
+        new_token_confidences=u.new_token_confidences[lo:hi] if u.new_token_confidences is not None else None,
+        end_reason="speaker_change", new_token_speakers=u.new_token_speakers[lo:hi],
+    )  # fmt: skip

@@ -113,7 +113,7 @@ class EndpointOptions(_Strict):
 
 class DiarizationOptions(_Strict):
     max_speakers: Annotated[int, Field(ge=1, le=64)] | None = None  # None: all the diarizer's (4)
-    split_on_speaker_change: bool = False  # not served yet: refused
+    split_on_speaker_change: bool = False  # a speaker change ends the segment (end_reason "speaker_change")
 
 
 class ConfigMessage(_Strict):

@@ -3,25 +3,28 @@ of input, then the finals collected. No real-time pacing: the engine steps the s
 fast as its steps come round (a stream that sent a minute at once is not counted as the engine
 falling behind, engine/queue_delay.py), under the same slots and admission as a /ws stream.
 
-It joins the server's set of open sessions (context.py) for the same lifecycle as a socket: a
-drain lets it finish (its input has already ended), the drain deadline or a dead engine fails it,
-and `finally:` aborts its stream however the request ends, so a slot is never leaked.
+A StreamSession (stream_session.py), in the server's set of open sessions (context.py) as a
+socket's is: a drain lets it finish (its input has already ended), the drain deadline or a dead
+engine fails it, and `finally:` aborts its stream however the request ends, so a slot is never
+leaked. Here are only the HTTP terms: the request's deadline, its client leaving, the status.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
-import time
+import sys
 from collections.abc import Awaitable, Callable
 
 import numpy as np
 
 from ..engine.results import StreamResult
-from .context import Refused, ServerContext
-from .handover import hand_over
+from .context import ServerContext
+from .stream_session import Failure, StreamSession
 
 log = logging.getLogger("nemo_serve.transcriptions")
+_numbers = itertools.count(1)
 
 
 class TranscriptionFailed(Exception):
@@ -32,93 +35,68 @@ class TranscriptionFailed(Exception):
         self.status, self.reason, self.label = status, reason, label
 
 
+def http_status(f: Failure) -> int:
+    """A failure in HTTP's terms: an engine error on this stream 500, options the engine does not
+    serve 400, the client gone 499 (nginx's), the rest (refused, engine failed, drain, timeout) 503."""
+    if f.label == "engine" and "engine error" in f.reason:
+        return 500
+    return {"bad_config": 400, "client_gone": 499}.get(f.label, 503)
+
+
 class FileTranscription:
     def __init__(self, ctx: ServerContext, language: str | None, context_right: int | None) -> None:
         self.ctx = ctx
         self.language = language
         self.context_right = context_right
-        self.mode_label = str(ctx.model.geometry_for(context_right).context_right)
-        self.stream = None  # the engine's handle once admitted
+        # Finals only, taken as they come: a long file's many finals are not a client that stops reading.
+        self.session = StreamSession(ctx, f"file{next(_numbers)}", log, max_queued=sys.maxsize)
         self.finals: list[StreamResult] = []  # in segment order
-        self._loop = asyncio.get_running_loop()
-        self._done: asyncio.Future = self._loop.create_future()  # set after the last result
-        self._audio_processed_s = 0.0
 
     async def run(self, samples: np.ndarray, timeout_s: float, receive: Callable[[], Awaitable[dict]]) -> list[StreamResult]:
         """The stream's finals, or TranscriptionFailed (refused, engine error, drain, timeout, the
         client gone). `receive`: the request's ASGI receive, read to its end already; its next
         message is the client's disconnect, which stops the decoding at once (rejected: decoding
         on for nobody, up to a minute for an hour of audio)."""
-        self._open()
-        self.ctx.add(self)
+        s = self.session
+        if not s.open(self.context_right, interim_results=False, language=self.language):
+            raise _failed(s.failure)
+        self.ctx.add(s)
         gone = asyncio.create_task(_disconnect(receive), name="file-client-watch")
+        collect = asyncio.create_task(self._collect(), name="file-collect")
         try:
-            self.ctx.metrics.stream_opened(self.mode_label)
-            try:
-                self.ctx.engine.push(self.stream, samples)
-                self.ctx.engine.finish(self.stream)
-                finished, _ = await asyncio.wait({self._done, gone}, timeout=timeout_s,
-                                                 return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
-            finally:
-                self.ctx.metrics.stream_closed(self.mode_label)
-            if self._done in finished:
-                self._done.result()  # TranscriptionFailed, if it failed
-            elif gone in finished:
-                self.ctx.metrics.stream_errors.labels(reason="client_gone").inc()
-                raise TranscriptionFailed(499, "the client closed the connection", "client_gone")
+            s.push(samples)
+            s.end_input()
+            finished, _ = await asyncio.wait({collect, gone}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+            if collect in finished:
+                collect.result()  # TranscriptionFailed, if it failed
             else:
-                self.ctx.metrics.stream_errors.labels(reason="timeout").inc()
-                raise TranscriptionFailed(503, f"transcription did not finish within {timeout_s:.0f} s "
-                                          "(server overloaded)", "timeout")  # fmt: skip
+                if gone in finished:
+                    s.fail("the client closed the connection", "client_gone")
+                else:
+                    s.fail(f"transcription did not finish within {timeout_s:.0f} s (server overloaded)", "timeout")
+                raise _failed(s.failure)
         finally:
-            gone.cancel()
-            self.ctx.engine.abort(self.stream, "request ended")  # idempotent; a no-op once done
-            self.ctx.remove(self)
+            for task in (gone, collect):
+                task.cancel()
+            s.close("request ended")  # the slot comes back however the request ends
+            self.ctx.remove(s)
         return self.finals
 
-    def _open(self) -> None:
-        """Take a slot, or raise TranscriptionFailed(503) with /ws's reasons."""
-        try:
-            self.stream = self.ctx.admit(self._on_result, language=self.language, context_right=self.context_right)
-        except Refused as e:
-            raise TranscriptionFailed(503, e.reason, "refused") from None
+    async def _collect(self) -> None:
+        """The finals, in order, until `done`; a failure raises TranscriptionFailed."""
+        while True:
+            event = await self.session.next_event()
+            if isinstance(event, Failure):
+                raise _failed(event)
+            if event.is_final:
+                self.finals.append(event)
+                self.session.result_sent(event)
+            if event.done:
+                return
 
-    # ------------------------------------------------------------------ engine side
-    def _on_result(self, result: StreamResult) -> None:
-        """Engine callback (loop thread, or the front end's event loop): hand over at once."""
-        hand_over(self._loop, self._take_result, result)
 
-    def _take_result(self, r: StreamResult) -> None:
-        if self._done.done():
-            return
-        if r.error is not None:
-            self.fail(f"engine error: {r.error}", reason_label="engine")
-            return
-        m = self.ctx.metrics
-        m.audio_seconds.inc(max(0.0, r.audio_processed_s - self._audio_processed_s))
-        self._audio_processed_s = max(self._audio_processed_s, r.audio_processed_s)
-        if r.is_final:
-            self.finals.append(r)
-            m.result_sent(True, self.mode_label, max(0.0, time.time() - r.audio_arrival_time))
-        if r.done:
-            self._done.set_result(None)
-
-    # ------------------------------------------------------------------ what context.py calls
-    def drain(self) -> None:
-        """Server shutdown: input has already ended; the finals come out as usual."""
-
-    def fail(self, reason: str, code: int = 0, reason_label: str = "internal") -> None:
-        """The engine died or the drain deadline passed: the request answers 503 (500 for an
-        engine error). `code` is a WebSocket close code, meaningless here."""
-        if self._done.done():
-            return
-        self.ctx.metrics.stream_errors.labels(reason=reason_label).inc()
-        log.info("file transcription failed (%s): %s", reason_label, reason)
-        status = 500 if reason_label == "engine" and "engine error" in reason else 503
-        self._done.set_exception(TranscriptionFailed(status, reason, reason_label))
-
-    def drop(self) -> None:
-        self.fail("server shut down before the transcription finished", reason_label="drain_timeout")
+def _failed(f: Failure) -> TranscriptionFailed:
+    return TranscriptionFailed(http_status(f), f.reason, f.label)
 
 
 async def _disconnect(receive: Callable[[], Awaitable[dict]]) -> None:

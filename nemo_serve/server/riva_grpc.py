@@ -13,8 +13,9 @@ lifecycle.
                       SpeechRecognitionResult per segment the endpointer closed
   GetRivaSpeechRecognitionConfig  the model, its served modes (as model names) and languages
 
-A call's admission, failure and engine results follow lifecycle.py, as a WebSocket session's do;
-its ending item is a gRPC status instead of an error frame and a close.
+A call is a StreamSession (stream_session.py): admission, the idle and duration clocks,
+backpressure, the send deadline, the result intake and the failure live there; here are Riva's
+audio and the mapping of a Failure to a gRPC status (grpc_status).
 
 Errors end only their call: a bad request with INVALID_ARGUMENT, a refusal with
 RESOURCE_EXHAUSTED (no free slot, overloaded) or UNAVAILABLE (draining, engine failed), a missing
@@ -27,16 +28,14 @@ import asyncio
 import hmac
 import itertools
 import logging
-import time
 
 import grpc
 
-from ..engine.results import StreamResult
+import numpy as np
+
 from .audio import AudioDecoder, AudioError
 from .connections import ConnectionLimiter
-from .context import Refused, ServerContext
-from .lifecycle import StreamLifecycle
-from .protocol import CLOSE_GOING_AWAY, CLOSE_PROTOCOL_ERROR, CLOSE_SERVER_ERROR, CLOSE_TRY_AGAIN_LATER
+from .context import ServerContext
 from .riva_mapping import (
     LeadingWav,
     RivaConfig,
@@ -47,66 +46,44 @@ from .riva_mapping import (
     streaming_result,
 )
 from .riva_protos import Malformed
-from .session import MAX_AHEAD_S
+from .stream_session import Failure, StreamSession
 
 log = logging.getLogger("nemo_serve.riva")
 _numbers = itertools.count(1)
 
-# The reasons ServerContext gives (drain, engine watchdog) carry WebSocket close codes.
-_STATUS_FOR_CLOSE = {
-    CLOSE_PROTOCOL_ERROR: grpc.StatusCode.INVALID_ARGUMENT,
-    CLOSE_TRY_AGAIN_LATER: grpc.StatusCode.UNAVAILABLE,
-    CLOSE_GOING_AWAY: grpc.StatusCode.UNAVAILABLE,
-    CLOSE_SERVER_ERROR: grpc.StatusCode.INTERNAL,
+# A failure's gRPC status by its label (stream_session.Failure); the rest: INVALID_ARGUMENT.
+_STATUS_FOR_LABEL = {
+    "draining": grpc.StatusCode.UNAVAILABLE,
+    "drain_timeout": grpc.StatusCode.UNAVAILABLE,
+    "engine": grpc.StatusCode.INTERNAL,
+    "internal": grpc.StatusCode.INTERNAL,
+    "client_gone": grpc.StatusCode.CANCELLED,
 }
+# A refusal's: a full or overloaded server is out of resources; a draining or failed one unavailable.
 _STATUS_FOR_REFUSAL = {"no_free_slot": grpc.StatusCode.RESOURCE_EXHAUSTED, "overloaded": grpc.StatusCode.RESOURCE_EXHAUSTED}
 
 
-class _Failure:
-    def __init__(self, status: grpc.StatusCode, reason: str) -> None:
-        self.status, self.reason = status, reason
+def grpc_status(f: Failure) -> grpc.StatusCode:
+    if f.label == "refused":
+        return _STATUS_FOR_REFUSAL.get(f.refusal, grpc.StatusCode.UNAVAILABLE)
+    return _STATUS_FOR_LABEL.get(f.label, grpc.StatusCode.INVALID_ARGUMENT)
 
 
-class RivaCall(StreamLifecycle):
-    """One Recognize or StreamingRecognize call, as ServerContext sees a session (drain, fail,
-    drop). Owner: the event loop."""
+class RivaCall:
+    """One Recognize or StreamingRecognize call: Riva's audio (a WAV header, 16-bit PCM at the
+    config's rate) into a StreamSession, whose lifecycle it is. Owner: the event loop."""
 
     def __init__(self, ctx: ServerContext, context: grpc.aio.ServicerContext) -> None:
-        number = next(_numbers)
-        super().__init__(ctx, f"riva{number}", log)  # outbox: StreamResult | _Failure; partials coalesce
-        self.context = context
-        self.number = number
+        self.number = next(_numbers)
+        self.ctx, self.context = ctx, context
+        self.session = StreamSession(ctx, f"riva{self.number}", log, flush_input=self._flush, on_drop=self._cancel)
         self.config: RivaConfig | None = None
-        self.stream = None  # the engine's handle once admitted
         self.wav = LeadingWav()
         self.decoder: AudioDecoder | None = None  # made when the input rate is known (WAV header)
-        self.input_ended = False
         self._task = asyncio.current_task()
-        self._audio_processed_s = 0.0
 
-    # ------------------------------------------------------------------ session interface
-    def drain(self) -> None:
-        """Server shutdown: end input so the final comes out; not admitted yet: refuse."""
-        if self.stream is None:
-            self.fail("server is draining (shutting down)", CLOSE_TRY_AGAIN_LATER, "draining")
-        elif not self.input_ended:
-            try:
-                self.end_input()
-            except (RivaRequestError, AudioError) as e:  # the audio ended inside its WAV header
-                self.fail(str(e), grpc.StatusCode.INVALID_ARGUMENT, "bad_audio")
-
-    def abort_streams(self, reason: str) -> None:
-        if self.stream is not None:
-            self.ctx.engine.abort(self.stream, reason)  # idempotent; a no-op once the stream is done
-
-    def ending_item(self, reason: str, code) -> _Failure:
-        """The call's status: `code` is a grpc.StatusCode or a WebSocket close code."""
-        status = code if isinstance(code, grpc.StatusCode) else _STATUS_FOR_CLOSE.get(code, grpc.StatusCode.INTERNAL)
-        return _Failure(status, reason)
-
-    def drop(self) -> None:
+    def _cancel(self) -> None:
         """The drain's last resort: a client that does not take its status. Cancel the handler."""
-        self.abort_streams("connection dropped")
         if self._task is not None:
             self._task.cancel()
 
@@ -114,28 +91,24 @@ class RivaCall(StreamLifecycle):
     def open(self, config: RivaConfig) -> bool:
         """Take a slot, or fail the call with the refusal; the only place a call is admitted."""
         self.config = config
-        try:
-            self.stream = self.admit(self.engine_callback(self._take_result), config.context_right,
-                                     language=config.language, endpoint=config.endpoint, phrases=config.phrases,
-                                     boost=config.boost)  # fmt: skip
-        except Refused as e:
-            self.fail(e.reason, _STATUS_FOR_REFUSAL.get(e.label, grpc.StatusCode.UNAVAILABLE), "refused")
-            return False
-        except ValueError as e:  # parse_config checked language and mode: these are the phrases
-            self.fail(f"speech_contexts: {e}" if config.phrases else str(e), grpc.StatusCode.INVALID_ARGUMENT,
-                      "bad_config")  # fmt: skip
-            return False
-        return True
+        # parse_config checked language and mode: an option error here is about the phrases
+        return self.session.open(config.context_right, interim_results=config.interim_results,
+                                 config_prefix="speech_contexts: " if config.phrases else "", language=config.language,
+                                 endpoint=config.endpoint, phrases=config.phrases, boost=config.boost)  # fmt: skip
 
     def push(self, data: bytes) -> None:
         """Audio bytes (a WAV header at the start is read, not decoded) -> the engine."""
-        if self.input_ended or self.closing:
+        if not self.session.streaming:
             return
         pcm = self.wav.feed(data)
         if pcm:
-            self._push_pcm(pcm)
+            samples, capped = self._decode(pcm)
+            self.session.push(samples)
+            if capped:
+                self.session.end_input("max_stream_duration")
 
-    def _push_pcm(self, pcm: bytes) -> None:
+    def _decode(self, pcm: bytes) -> tuple[np.ndarray, bool]:
+        """Model-rate samples, and whether --max-stream-s of audio is reached."""
         if self.decoder is None:
             rate = self.ctx.model.geometry.sample_rate
             header_rate = self.wav.sample_rate  # range-checked by LeadingWav, as the config's by parse_config
@@ -149,71 +122,31 @@ class RivaCall(StreamLifecycle):
         room_samples = int(self.ctx.settings.max_stream_s * self.decoder.input_rate) - self.decoder.num_input_samples
         room_bytes = 2 * max(0, room_samples)
         capped = len(pcm) >= room_bytes
-        samples = self.decoder.decode(pcm[:room_bytes] if capped else pcm)
-        if len(samples):
-            self.ctx.engine.push(self.stream, samples)
-        if capped:
-            self.end_input()
+        return self.decoder.decode(pcm[:room_bytes] if capped else pcm), capped
 
-    def end_input(self) -> None:
-        if self.input_ended or self.closing:
-            return
+    def _flush(self) -> np.ndarray:
+        """The input's tail at its end (the session's flush_input): RivaRequestError when the
+        audio ended inside its WAV header."""
         tail = self.wav.flush()
-        if tail:
-            self._push_pcm(tail)
+        parts = [self._decode(tail)[0]] if tail else []
         if self.decoder is not None:
-            rest = self.decoder.flush()
-            if len(rest):
-                self.ctx.engine.push(self.stream, rest)
-        self.input_ended = True
-        self.ctx.engine.finish(self.stream)
-        self._progress.set()
-
-    async def wait_for_model(self) -> None:
-        """Stop reading while the model is more than MAX_AHEAD_S behind this call's input (HTTP/2
-        flow control then slows the client), as /ws does."""
-        while (
-            not self.closing and not self.input_ended and self.decoder is not None
-            and self.decoder.input_seconds - self._audio_processed_s > MAX_AHEAD_S
-        ):  # fmt: skip
-            self._progress.clear()
-            await self._progress.wait()
-
-    def seconds_left(self) -> float:
-        """Until --max-stream-s of wall time since admission (the audio cap is in _push_pcm)."""
-        return max(0.0, self.opened_at + self.ctx.settings.max_stream_s - time.monotonic())
+            parts.append(self.decoder.flush())
+        return np.concatenate(parts) if parts else np.zeros(0, np.float32)
 
     # ------------------------------------------------------------------ results
-    def _take_result(self, r: StreamResult) -> None:
-        """An engine result on the event loop (lifecycle.py has dropped it after a failure, and
-        failed the call on an engine error)."""
-        self.ctx.metrics.audio_seconds.inc(max(0.0, r.audio_processed_s - self._audio_processed_s))
-        self._audio_processed_s = max(self._audio_processed_s, r.audio_processed_s)
-        self._progress.set()
-        if not (r.is_final or r.done or self.config.interim_results):
-            return
-        if not self.outbox.put(r):
-            self.fail(f"client is not reading results ({len(self.outbox)} waiting)", reason_label="slow_client")
-
     async def results(self):
         """The results to send, until the last one; a failure ends the call with its status."""
         while True:
-            item = await self.outbox.get()
-            if isinstance(item, _Failure):
-                await self.context.abort(item.status, item.reason)
+            item = await self.session.next_event()
+            if isinstance(item, Failure):
+                await self.context.abort(grpc_status(item), item.reason)
             yield item
             if item.done:
                 return
 
-    def sent(self, r: StreamResult) -> None:
-        self.ctx.metrics.result_sent(r.is_final, self.mode_label, max(0.0, time.time() - r.audio_arrival_time))
-
     def close(self) -> None:
         """The handler's `finally:` whatever ended the call: the slot comes back, metrics settle."""
-        self.abort_streams("call ended")
-        self.settle()
-        self.stream = None
-        self.closing = True
+        self.session.close("call ended")
 
 
 class RivaSpeechRecognition:
@@ -251,28 +184,19 @@ class RivaSpeechRecognition:
         await self._authorize(context)
         call = RivaCall(self.ctx, context)
         await self._count_in(call, context)
-        self.ctx.add(call)
+        self.ctx.add(call.session)
         receive = asyncio.create_task(self._receive(call, context), name=f"riva{call.number}-receive")
         try:
             async for r in call.results():
                 if (r.is_final and r.text) or (not r.is_final and call.config.interim_results):
                     result = streaming_result(self.pb, r, call.config.word_time_offsets)
-                    try:
-                        await asyncio.wait_for(
-                            context.write(self.pb.StreamingRecognizeResponse(results=[result])),
-                            self.ctx.settings.send_timeout_s,
-                        )
-                    except asyncio.TimeoutError:
-                        timeout_s = self.ctx.settings.send_timeout_s
-                        call.fail(f"client is not reading results (none written for {timeout_s:g} s)",
-                                  reason_label="slow_client")  # fmt: skip
-                        continue
-                    call.sent(r)
+                    if await call.session.send(context.write(self.pb.StreamingRecognizeResponse(results=[result]))):
+                        call.session.result_sent(r)
         finally:
             receive.cancel()
             await asyncio.gather(receive, return_exceptions=True)
             call.close()
-            self.ctx.remove(call)
+            self.ctx.remove(call.session)
             self.calls.release(call)
 
     async def _receive(self, call: RivaCall, context) -> None:
@@ -285,36 +209,27 @@ class RivaSpeechRecognition:
             sc = first.streaming_config
             if not call.open(self._config(sc.config, sc.interim_results)):
                 return
-            while not call.closing and not call.input_ended:
+            while call.session.streaming:
                 request = await self._read(call, context)
                 if request is None:
-                    call.end_input()
+                    call.session.end_input()
                     return
                 if request.HasField("streaming_config"):
                     raise RivaRequestError("streaming_config may come only in the first message")
                 call.push(request.audio_content)
-                await call.wait_for_model()
+                await call.session.wait_for_model()
         except (RivaRequestError, AudioError) as e:
-            call.fail(str(e), grpc.StatusCode.INVALID_ARGUMENT, "bad_audio" if isinstance(e, AudioError) else "protocol")
+            call.session.fail(str(e), "bad_audio" if isinstance(e, AudioError) else "protocol")
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - the client's stream broke (cancelled, reset): end the call
             log.debug("riva%d receive ended: %r", call.number, e)
-            call.fail("request stream failed", grpc.StatusCode.CANCELLED, "client_gone")
+            call.session.fail("request stream failed", "client_gone")
 
     async def _read(self, call: RivaCall, context):
-        """The next request, or None at the end of the client's stream. Idle and duration limits
-        as /ws: no message for --idle-timeout-s fails the call; --max-stream-s ends its input."""
-        settings = self.ctx.settings
-        timeout_s = settings.idle_timeout_s if call.stream is None else min(settings.idle_timeout_s, call.seconds_left())
-        try:
-            request = await asyncio.wait_for(context.read(), timeout_s)
-        except asyncio.TimeoutError:
-            if call.stream is not None and call.seconds_left() <= 0:
-                call.end_input()
-                return None
-            call.fail(f"idle timeout: no message for {settings.idle_timeout_s:g} s", reason_label="idle_timeout")
-            return None
+        """The next request, or None at the end of the client's stream or when the session's
+        idle or duration clock ran out (stream_session.StreamSession.receive)."""
+        request = await call.session.receive(context.read)
         if isinstance(request, Malformed):
             raise RivaRequestError(request.reason)
         return None if request is grpc.aio.EOF else request
@@ -324,7 +239,7 @@ class RivaSpeechRecognition:
         await self._authorize(context, request)
         call = RivaCall(self.ctx, context)
         await self._count_in(call, context)
-        self.ctx.add(call)
+        self.ctx.add(call.session)
         config = None
         try:
             try:
@@ -334,18 +249,18 @@ class RivaSpeechRecognition:
                 pcm = call.wav.feed(request.audio) + call.wav.flush()
                 if call.open(config):
                     call.push(pcm)
-                    call.end_input()
+                    call.session.end_input()
             except (RivaRequestError, AudioError) as e:
-                call.fail(str(e), grpc.StatusCode.INVALID_ARGUMENT, "bad_audio" if isinstance(e, AudioError) else "protocol")
+                call.session.fail(str(e), "bad_audio" if isinstance(e, AudioError) else "protocol")
             results = []
             async for r in call.results():
                 if r.is_final and r.text:
                     results.append(offline_result(self.pb, r, config.word_time_offsets))
-                    call.sent(r)
+                    call.session.result_sent(r)
             return self.pb.RecognizeResponse(results=results)
         finally:
             call.close()
-            self.ctx.remove(call)
+            self.ctx.remove(call.session)
             self.calls.release(call)
 
     # ------------------------------------------------------------------ GetRivaSpeechRecognitionConfig

@@ -43,6 +43,7 @@ from ..engine.results import StreamResult
 from .audio import AudioError
 from .context import Refused, ServerContext
 from .lifecycle import StreamLifecycle
+from .stream_session import MAX_AHEAD_S  # backpressure: one bound for every protocol
 from .protocol import (
     CLOSE_SERVER_ERROR,
     CLOSE_TOO_BIG,
@@ -56,10 +57,6 @@ from .protocol import (
 log = logging.getLogger("nemo_serve.session")
 _numbers = itertools.count(1)
 
-# Backpressure: a stream may run this far ahead of the model before we stop reading its socket
-# (TCP then slows the client down). Without it, a client sending an hour of audio at full speed
-# would park it all in server memory. Real-time clients are never near it.
-MAX_AHEAD_S = 20.0
 # A stream that failed (slow client, drain deadline, error) gets this long to put its `error`
 # and close frames on the wire; then the TCP connection is dropped.
 CLOSE_TIMEOUT_S = 1.0

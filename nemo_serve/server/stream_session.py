@@ -94,9 +94,11 @@ class StreamSession:
         return self.stream is not None and not self.input_ended and not self.closing
 
     # ------------------------------------------------------------------ in
-    def open(self, context_right: int | None = None, *, interim_results: bool = True, **stream_options) -> bool:
+    def open(self, context_right: int | None = None, *, interim_results: bool = True, config_prefix: str = "",
+             **stream_options) -> bool:  # fmt: skip
         """Take a slot (ServerContext.admit) and open the engine stream; False when the session
-        failed instead: Failure "refused" or, for options the engine does not serve, "bad_config"."""
+        failed instead: Failure "refused" or, for options the engine does not serve, "bad_config"
+        (its reason after `config_prefix`: where the adapter's request names the option)."""
         self.interim_results = interim_results
         try:
             self.stream = self.ctx.admit(self._on_result, context_right=context_right, **stream_options)
@@ -104,7 +106,7 @@ class StreamSession:
             self.fail(e.reason, "refused", refusal=e.label)
             return False
         except ValueError as e:  # unknown language or mode (the message lists the valid ones), bad phrases
-            self.fail(str(e), "bad_config")
+            self.fail(config_prefix + str(e), "bad_config")
             return False
         self.opened_at = time.monotonic()
         self.admitted = True
@@ -133,11 +135,12 @@ class StreamSession:
         self.ctx.engine.finish(self.stream)
         self._progress.set()
 
-    def fail(self, reason: str, label: str = "protocol", refusal: str | None = None) -> None:
+    def fail(self, reason: str, reason_label: str = "protocol", refusal: str | None = None) -> None:
         """Abort the engine stream (its slot comes back between steps), count the reason and put
         the Failure first in the outbox (results still waiting are dropped). Once."""
         if self.closing or self.client_gone:
             return
+        label = reason_label
         self.failure = Failure(label, clean(reason, MAX_REASON_CHARS), refusal)
         self._progress.set()
         self._abort(reason)

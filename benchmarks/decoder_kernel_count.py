@@ -12,8 +12,8 @@ both count the same architecture. A run adds its label to the JSON and keeps the
 
 Counted per step (steady state: later chunks, every row full, after warm-up steps):
 - `aten_ops`: every ATen operator the profiler records, nested ones included;
-- `leaf_ops`: operators with no ATen operator inside them, less the ones that only make views or
-  allocate (view, transpose, slice, empty, ...): an estimate of CUDA kernel launches;
+- `leaf_ops`: operators that launch a kernel themselves (kernel_count.py `is_leaf_kernel`: not a view or
+  allocation op, nothing inside that launches one): an estimate of CUDA kernel launches;
 - `top_level_ops`: operators called from Python (each pays the dispatcher's host cost once);
 - each split by phase: the encoder (`encoder.step`), NeMo's label-looping decoder (its loop runs
   once per emitted label, so with random weights its count is not Nemotron's), and the rest of the
@@ -48,8 +48,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
-# The same view/allocation ops as kernel_count.py (one list: an estimate of kernels must not drift apart).
-from kernel_count import NO_KERNEL  # noqa: E402  (run as a script: benchmarks/ is on the path)
+# kernel_count.py's estimate of a kernel launch (one definition: the two counts must not drift apart).
+from kernel_count import is_leaf_kernel  # noqa: E402  (run as a script: benchmarks/ is on the path)
 
 
 def count(prof) -> dict:
@@ -64,7 +64,7 @@ def count(prof) -> dict:
                 phase = parent.name.split(":")[1]
                 break
             parent = parent.cpu_parent
-        leaf = not any(c.name.startswith("aten::") for c in e.cpu_children) and e.name not in NO_KERNEL
+        leaf = is_leaf_kernel(e)
         for p in (phase, "total"):
             out[p]["aten_ops"] += 1
             out[p]["leaf_ops"] += leaf

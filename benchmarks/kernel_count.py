@@ -4,7 +4,11 @@ computes launches about one kernel, and each one dispatched from Python costs ho
     PYTHONPATH=. .venv/bin/python benchmarks/kernel_count.py --model nemotron-0.6b --label after \
         --out benchmarks/results/kernel_count_nemotron.json
     (--configs window:matmul,ring:matmul,ring:sdpa: each KV layout / attention pair counted, with the
-    cache bytes per row-step its layout moves, `cache_bytes_per_row_step`)
+    cache bytes per row-step its layout moves, `cache_bytes_per_row_step`; a third field picks the
+    layer epilogues, NEMO_SERVE_KERNELS: ring:matmul:nemo,ring:matmul:fused)
+    Epilogues before/after per layer (benchmarks/results/kernel_count_epilogues_fastconformer-l.json):
+    .venv/bin/python benchmarks/kernel_count.py --model fastconformer-l --modes 0,13 --batch 4 \
+        --configs ring:matmul:nemo,ring:matmul:fused --label epilogues --out benchmarks/results/kernel_count_epilogues_fastconformer-l.json
     git worktree add /tmp/before <commit>; .venv/bin/python benchmarks/kernel_count.py \
         --source /tmp/before --label before --out benchmarks/results/kernel_count_nemotron.json
 
@@ -14,12 +18,16 @@ both count the same architecture. A run adds its label to the JSON and keeps the
 
 Counted per step (steady state: later chunks, every row full, after warm-up steps):
 - `aten_ops`: every ATen operator the profiler records, nested ones included;
-- `leaf_ops`: operators with no ATen operator inside them, less the ones that only make views or
-  allocate (view, transpose, slice, empty, ...): an estimate of CUDA kernel launches;
+- `leaf_ops`: operators that launch a kernel themselves: not a view or allocation op (view,
+  transpose, slice, empty, ...) and with no kernel-launching operator inside (`is_leaf_kernel`):
+  an estimate of CUDA kernel launches;
 - `top_level_ops`: operators called from Python (each pays the dispatcher's host cost once);
 - each split by phase: the encoder (`encoder.step`), its attention (inside the encoder's count too), NeMo's label-looping decoder (its loop runs
   once per emitted label, so with random weights its count is not Nemotron's), and the rest of the
   step (staging, gathers, scatters, prompt, packing).
+A fused epilogue (engine/epilogues.py, NEMO_SERVE_KERNELS=fused) is one Triton kernel on CUDA; on
+the CPU its torch twin runs NeMo's ops, so each call is counted as one leaf (and one top-level)
+operator, its ops inside not (`fused:` ranges).
 With CUDA graphs (engine/cuda_graphs.py) the encoder phase and the rest up to the decoder replay
 as one graph launch: what the host dispatches per step is then the decoder's and the rest's
 eager operators; the kernels inside the graph are the same in number.
@@ -46,6 +54,19 @@ NO_KERNEL = {
 }
 
 
+def _launches(e) -> bool:
+    """Whether `e` or an operator inside it launches a kernel (allocation and view ops do not)."""
+    return e.name not in NO_KERNEL or any(_launches(c) for c in e.cpu_children if c.name.startswith("aten::"))
+
+
+def is_leaf_kernel(e) -> bool:
+    """An ATen operator that launches a kernel itself: not a view/allocation op, and nothing inside
+    it launches one. (Counting only operators with no ATen child at all missed the ones whose only
+    children allocate: native_layer_norm, glu, ... hold an aten::empty.)"""
+    return e.name.startswith("aten::") and e.name not in NO_KERNEL and not any(
+        _launches(c) for c in e.cpu_children if c.name.startswith("aten::"))
+
+
 PHASES = ("encoder", "attention", "decoder")  # attention is inside the encoder: counted in both
 
 
@@ -70,15 +91,19 @@ def count(prof, phases_counted: tuple[str, ...] = PHASES) -> dict:
     from Python. decoder_kernel_count.py counts its phases with this too."""
     events = [e for e in prof.events() if e.name.startswith("aten::")]
     out = {p: {"aten_ops": 0, "leaf_ops": 0, "top_level_ops": 0} for p in (*phases_counted, "rest", "total")}
-    for e in events:
-        phases, parent, top = set(), e.cpu_parent, True
+    fused = [e for e in prof.events() if e.name.startswith("fused:")]  # one kernel each (module doc)
+    for e in events + fused:
+        phases, parent, top, in_fused = set(), e.cpu_parent, True, False
         while parent is not None:
             if parent.name.startswith("aten::"):
                 top = False
             if parent.name.startswith("phase:") and parent.name[6:] in phases_counted:
                 phases.add(parent.name[6:])
+            in_fused = in_fused or parent.name.startswith("fused:")
             parent = parent.cpu_parent
-        leaf = not any(c.name.startswith("aten::") for c in e.cpu_children) and e.name not in NO_KERNEL
+        if in_fused:
+            top = False
+        leaf = e.name.startswith("fused:") or (not in_fused and is_leaf_kernel(e))
         for p in (*(phases or {"rest"}), "total"):
             out[p]["aten_ops"] += 1
             out[p]["leaf_ops"] += leaf
@@ -113,14 +138,20 @@ def cache_bytes_per_row_step(layout: str, layers: int, heads: int, d_k: int, cac
     return {"total": sum(parts.values()), **parts}
 
 
-def _count_config(model, layout: str, attention: str, b: int, record_function, profile, activities, torch) -> dict:
+def _count_config(model, layout: str, attention: str, b: int, record_function, profile, activities, torch,
+                  kernels: str = "nemo") -> dict:  # fmt: skip
     import os
 
     from nemo_serve.engine.encoder import make_encoder
     from nemo_serve.engine.step import StepBatch, run_step
 
     os.environ["NEMO_SERVE_KV_LAYOUT"], os.environ["NEMO_SERVE_ATTENTION"] = layout, attention
+    os.environ["NEMO_SERVE_KERNELS"] = kernels
     encoder = make_encoder(model)
+    epilogues = getattr(encoder, "epilogues", None)
+    for name in ("residual_norm", "glu_mask", "norm_silu"):  # each call one range: one kernel on CUDA
+        if epilogues is not None:
+            setattr(epilogues, name, _in_range(getattr(epilogues, name), f"fused:{name}", record_function))
     try:
         from nemo_serve.engine.ring_cache import make_slot_pool
     except ImportError:  # --source: a checkout from before the ring layout
@@ -169,6 +200,14 @@ def _count_config(model, layout: str, attention: str, b: int, record_function, p
     return counts
 
 
+def _in_range(fn, name: str, record_function):
+    def wrapped(*a, **k):
+        with record_function(name):
+            return fn(*a, **k)
+
+    return wrapped
+
+
 def _in_phase(fn, phase: str, record_function):
     def wrapped(*a, **k):
         with record_function(f"phase:{phase}"):
@@ -204,18 +243,19 @@ def main(argv=None) -> None:
     spec.loader.exec_module(architecture)
     torch.set_grad_enabled(False)
     torch.set_num_threads(1)
-    configs = [tuple(c.split(":")) for c in args.configs.split(",")]
+    configs = [(*c.split(":"), "nemo")[:3] for c in args.configs.split(",")]  # layout:attention[:kernels]
     results = {}
     for r in [int(x) for x in args.modes.split(",")]:
         t0 = time.time()
         model = architecture.served(args.model, r, args.dtype)
-        for layout, attention in configs:
+        for layout, attention, kernels in configs:
             counts = _count_config(model, layout, attention, args.batch, record_function, profile,
-                                   [ProfilerActivity.CPU], torch)  # fmt: skip
-            results.setdefault(f"{layout}:{attention}", {})[f"r{r}"] = {
+                                   [ProfilerActivity.CPU], torch, kernels)  # fmt: skip
+            key = f"{layout}:{attention}" + (f":{kernels}" if kernels != "nemo" else "")
+            results.setdefault(key, {})[f"r{r}"] = {
                 "chunk_ms": round(model.geometry.chunk_ms), "batch": args.batch, **counts,
             }
-            print(args.label, layout, attention, f"r={r}", json.dumps(counts["per_layer_leaf_ops"]),
+            print(args.label, layout, attention, kernels, f"r={r}", json.dumps(counts["per_layer_leaf_ops"]),
                   counts["cache_bytes_per_row_step"]["total"], f"({time.time() - t0:.0f} s)", flush=True)
     if args.out:
         save_run(args, nemo_serve, torch, results)

@@ -37,7 +37,7 @@ def test_gpu_bench_dry_run_on_cpu_every_phase_validation_eager_against_eager(tmp
         "--out", str(tmp_path), "--model", "tiny-prompt", "--device", "cpu", "--dtype", "fp32", "--modes", "3,0",
         "--batches", "1,3,8", "--step-seconds", "0.1", "--levels", "3:2,3;0:2", "--level-seconds", "1.5",
         "--selftest-models", "builtin:tiny-prompt", "--selftest-dtypes", "fp32", "--selftest-n", "2",
-        "--selftest-configs", "ring:sdpa:label_loop,window:matmul:nemo", "--threads", "1", "--budget-s", "400",
+        "--selftest-configs", "ring:sdpa:label_loop:fused,window:matmul:nemo", "--threads", "1", "--budget-s", "400",
     ])
     assert rc == 0
     recs = _records(tmp_path / "results.jsonl")
@@ -48,6 +48,9 @@ def test_gpu_bench_dry_run_on_cpu_every_phase_validation_eager_against_eager(tmp
         assert st["passed"] and st["summary"].startswith("2/2 token-identical"), st
         assert all(w in st["kernels"] for w in words), st  # the selftest named what the triple picked
         assert st["decoder"] == decoder and f"decoder {decoder}" in st["summary"], st
+    # the 4th field picks the epilogues (fused: the torch twins on the CPU, Triton on CUDA); paths name all
+    assert recs[2]["epilogues"] == "fused" and "epilogues=fused/torch decoder=label_loop/all" in recs[2]["paths"], recs[2]
+    assert recs[3]["epilogues"] == "nemo" and "layout=window attention=matmul epilogues=nemo" in recs[3]["paths"], recs[3]
     del recs[3], kinds[3]  # the rest of the run as before
     assert kinds[-1] == "done" and recs[-1]["ok"] and recs[-1]["seconds"] < 400, recs[-1]
     assert "error" not in kinds and "skipped" not in kinds, recs

@@ -9,9 +9,10 @@ Phases, each started only if it fits the budget (--budget-s, from the process st
    decoding needs it), and one bucket of a tiny prompt model captured and stepped on the device.
 2. `selftest`: `--selftest` parity with NeMo's own loop on the device, every trained mode in one
    engine, in fp32 and bf16: the shipped demo model (real speech) and the tiny prompt built-in,
-   once per --selftest-configs triple of KV layout, attention and decoder (the ring layout with our
-   label loop, the window reference with NeMo's computer, ring with SDPA attention); each record
-   names the kernels and the decoder that ran (the selftest's `kernels:` and summary lines).
+   once per --selftest-configs entry of KV layout, attention, decoder and epilogues (the ring layout
+   with our label loop, the window reference with NeMo's computer, ring with SDPA attention, ring
+   with the fused epilogues' Triton kernels); each record names the kernels and the decoder that
+   ran (the selftest's `kernels:`, `paths:` and summary lines).
 3. `model`, `calibration` per mode: the architecture built from configs/ (random init), a trained
    model's decoder load (benchmarks/gpu/emission.py): the decoder's max_symbols capped at
    --max-symbols (3), then a bias on its blank logit bracketed and bisected (>= 14 steps, one
@@ -205,14 +206,15 @@ def selftest(args, res: Results) -> None:
     procs = {}
     for model in args.selftest_models:
         for dtype in args.selftest_dtypes:
-            for layout, attention, decoder in args.selftest_configs:  # engine/ring_cache.py, attention.py, label_loop.py
+            # engine/ring_cache.py, attention.py, label_loop.py, epilogues.py (Triton kernels on CUDA)
+            for layout, attention, decoder, kernels in args.selftest_configs:
                 cmd = [sys.executable, "-m", "nemo_serve.cli", "--selftest", str(args.selftest_n), "--context-right",
                        "all", "--dtype", dtype, "--device", args.device] + (["--model", model] if model else [])  # fmt: skip
                 env = {**os.environ, "NEMO_SERVE_KV_LAYOUT": layout, "NEMO_SERVE_ATTENTION": attention,
-                       "NEMO_SERVE_DECODER": decoder}
-                procs[(model or "demo", dtype, layout, attention, decoder)] = subprocess.Popen(
+                       "NEMO_SERVE_DECODER": decoder, "NEMO_SERVE_KERNELS": kernels}
+                procs[(model or "demo", dtype, layout, attention, decoder, kernels)] = subprocess.Popen(
                     cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    for (model, dtype, layout, attention, decoder), p in procs.items():
+    for (model, dtype, layout, attention, decoder, kernels), p in procs.items():
         try:
             out, _ = p.communicate(timeout=max(10.0, min(180.0, left(args.budget_s) - args.reserve_s)))
         except subprocess.TimeoutExpired:
@@ -221,7 +223,9 @@ def selftest(args, res: Results) -> None:
         lines = [ln for ln in out.splitlines() if not ln.startswith(("[NeMo", "    "))]
         summary = next((ln for ln in reversed(lines) if "token-identical" in ln and "/" in ln.split()[0]), None)
         res.write("selftest", model=model, dtype=dtype, device=args.device, n=args.selftest_n, passed=p.returncode == 0,
-                  kv_layout=layout, attention=attention, decoder=decoder, kernels=next((ln for ln in lines if ln.startswith("kernels: ")), None),
+                  kv_layout=layout, attention=attention, decoder=decoder, epilogues=kernels,
+                  kernels=next((ln for ln in lines if ln.startswith("kernels: ")), None),
+                  paths=next((ln for ln in lines if ln.startswith("paths: ")), None),
                   rc=p.returncode, summary=summary, per_mode=[ln for ln in lines if ln.startswith("context-right")],
                   diffs=[ln for ln in lines if ln.startswith("[DIFF]")],
                   tail=None if p.returncode == 0 else "\n".join(lines[-15:])[-3000:],
@@ -736,9 +740,10 @@ def parse(argv=None):
     ap.add_argument("--selftest-models", default="demo,builtin:tiny-prompt",
                     help="comma-separated; 'demo' is the shipped model; empty: no selftest")
     ap.add_argument("--selftest-dtypes", default="fp32,bf16")
-    ap.add_argument("--selftest-configs", default="ring:matmul:label_loop,window:matmul:nemo,ring:sdpa:label_loop",
-                    help="layout:attention:decoder triples the selftest runs with (NEMO_SERVE_KV_LAYOUT, "
-                         "NEMO_SERVE_ATTENTION, NEMO_SERVE_DECODER)")
+    ap.add_argument("--selftest-configs",
+                    default="ring:matmul:label_loop,window:matmul:nemo,ring:sdpa:label_loop,ring:matmul:label_loop:fused",
+                    help="layout:attention:decoder[:kernels] the selftest runs with (NEMO_SERVE_KV_LAYOUT, "
+                         "NEMO_SERVE_ATTENTION, NEMO_SERVE_DECODER, NEMO_SERVE_KERNELS: nemo unless given)")
     ap.add_argument("--capacity-configs", default="window:nemo,ring:label_loop",
                     help="layout:decoder pairs whose capacity is measured, in order (the reference first)")
     ap.add_argument("--selftest-n", type=int, default=4)
@@ -754,10 +759,11 @@ def parse(argv=None):
     args.levels_by_mode = {int(k): [int(x) for x in v.split(",")] for k, v in (p.split(":") for p in args.levels.split(";"))}
     args.selftest_models = [None if m == "demo" else m for m in args.selftest_models.split(",") if m]
     args.selftest_dtypes = [d for d in args.selftest_dtypes.split(",") if d]
-    args.selftest_configs = [tuple(c.split(":")) for c in args.selftest_configs.split(",") if c]
+    args.selftest_configs = [tuple(c.split(":")) + (("nemo",) if c.count(":") == 2 else ())
+                             for c in args.selftest_configs.split(",") if c]  # fmt: skip
     args.capacity_configs = [tuple(c.split(":")) for c in args.capacity_configs.split(",") if c]
-    if any(len(c) != 3 for c in args.selftest_configs) or any(len(c) != 2 for c in args.capacity_configs):
-        ap.error("--selftest-configs takes layout:attention:decoder, --capacity-configs layout:decoder")
+    if any(len(c) != 4 for c in args.selftest_configs) or any(len(c) != 2 for c in args.capacity_configs):
+        ap.error("--selftest-configs takes layout:attention:decoder[:kernels], --capacity-configs layout:decoder")
     return args
 
 
@@ -782,7 +788,8 @@ def _run(args, res: Results) -> int:
               git_commit=os.environ.get("NEMO_SERVE_GIT_COMMIT", "?"),
               budget_s=args.budget_s,
               graph_settings={k: v for k, v in os.environ.items() if k.startswith("NEMO_SERVE_") and "GRAPH" in k
-                              or k in ("NEMO_SERVE_DECODER_MAX_TIME", "NEMO_SERVE_DECODER", "NEMO_SERVE_LABEL_LOOP_ROWS")})  # fmt: skip
+                              or k in ("NEMO_SERVE_DECODER_MAX_TIME", "NEMO_SERVE_DECODER", "NEMO_SERVE_LABEL_LOOP_ROWS",
+                                        "NEMO_SERVE_KERNELS")})  # fmt: skip
     if not preflight(args, res):
         res.write("done", ok=False, seconds=round(time.time() - T0, 1), why="preflight")
         return 4

@@ -27,6 +27,7 @@ def ranges(stepper):
     import torch
 
     import nemo_serve.engine.encoder as enc_mod
+    import nemo_serve.engine.epilogues as epilogues_mod
     import nemo_serve.engine.step as step_mod
 
     patched = []
@@ -64,6 +65,12 @@ def ranges(stepper):
         wrap(layer.conv, "forward", "conv module")
         if not hasattr(enc, "_attention"):
             wrap(layer.self_attn, "forward", "attention")
+    # The fused layer (NEMO_SERVE_KERNELS=fused, engine/epilogues.py) calls its conv module through
+    # `conv_module`, not the module's forward, and each residual add + norm as one epilogue (one
+    # Triton kernel on CUDA, where the norm modules are not called): both ranged here too.
+    wrap(epilogues_mod, "conv_module", "conv module")
+    if getattr(enc, "epilogues", None) is not None:
+        wrap(enc.epilogues, "residual_norm", "norms")
     for attr in ("joint_after_projection", "project_encoder", "project_prednet"):
         wrap(computer.joint, attr, "joint")
     wrap(computer.decoder, "predict", "prediction network")

@@ -104,6 +104,37 @@ def test_realtime_gets_its_subprotocol_and_session(fast):
     assert subprotocol == "realtime" and first.endswith("created"), (subprotocol, first)
 
 
+def test_realtime_through_picows_matches_ws(fast):
+    """/v1/realtime through the fast port: 20 ms appends at 24 kHz, commit; the completed item's
+    tokens and text are /ws's (through uvicorn) for the same audio."""
+    from .test_realtime import TRANSCRIPTION, b64, pcm16, tokens_and_text, ws_reference
+
+    wire = pcm16(24000)
+    session = {"type": "transcription", "audio": {"input": {"format": {"type": "audio/pcm", "rate": 24000},
+                                                            "turn_detection": None}}}  # fmt: skip
+
+    async def run() -> list[dict]:
+        raw: list[dict] = []
+        async with _connect(fast.fast_url + "/v1/realtime?intent=transcription") as ws:
+            assert json.loads(await ws.recv())["type"] == "session.created"
+            await ws.send(json.dumps({"type": "session.update", "session": session}))
+            for i in range(0, len(wire), 480):
+                await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": b64(wire[i : i + 480])}))
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            async with asyncio.timeout(60):
+                async for message in ws:
+                    raw.append(json.loads(message))
+                    if raw[-1]["type"] == f"{TRANSCRIPTION}.completed":
+                        break
+        return raw
+
+    expected = asyncio.run(ws_reference(fast, wire, 24000))
+    raw = asyncio.run(run())
+    assert not [e for e in raw if e["type"] == "error"], raw
+    assert tokens_and_text(raw) == expected and expected[0]
+    fast.assert_no_leak()
+
+
 def test_frame_and_message_size_and_invalid_utf8(fast):
     """A frame over --max-message-bytes: 1009; a message over it in small fragments: 1009; a
     fragmented config under it works; a text frame that is not UTF-8: 1007. No slot is left."""
@@ -246,3 +277,15 @@ def test_sigterm_drains_a_picows_stream_to_its_final():
         assert srv.proc.wait(30) == 0
     assert t.done is not None and t.done.get("reason") == "draining", t.messages[-2:]
     assert t.finals and t.close_code == 1000
+
+
+def test_fast_port_must_differ_from_the_others():
+    """Both are SO_REUSEPORT sockets: one port for two listeners would split clients between them."""
+    from pydantic import ValidationError
+
+    from nemo_serve.config import Settings
+
+    for clash in ({"port": 9100, "fast_ws_port": 9100}, {"port": 9100, "grpc_port": 9101, "fast_ws_port": 9101}):
+        with pytest.raises(ValidationError, match="--fast-ws-port 9"):
+            Settings(**clash)
+    assert Settings(port=9100, fast_ws_port=9102).fast_ws_port == 9102

@@ -1,5 +1,5 @@
 """Speakers on the other protocols, through the real server (--diarizer builtin:tiny-sortformer)
-and each protocol's own client library: Riva gRPC (riva.client).
+and each protocol's own client library: Riva gRPC (riva.client), the file API (openai SDK).
 
 The reference is /ws on the same samples (tests/test_diarization_server.py checks /ws against
 NeMo's own streaming loop): a diarized call's words and timings equal a plain call's, and its
@@ -23,6 +23,7 @@ import nemo_serve
 from .helpers_server import TOKEN, free_port, raw_session, start_server
 
 riva = pytest.importorskip("riva.client")
+openai = pytest.importorskip("openai")
 
 UTTERANCES = sorted((Path(nemo_serve.__file__).parent / "assets" / "demo" / "utterances").glob("*.wav"))
 MAX_SPEAKERS = 3
@@ -135,3 +136,56 @@ def test_riva_diarization_on_a_server_without_a_diarizer_is_refused(conversation
         s.assert_no_leak()
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "no diarizer loaded" in e.value.details()
     assert plain and all(w.speaker_tag == 0 for r in plain for w in r.alternatives[0].words)
+
+
+# ---------------------------------------------------------------------------------------- file API
+def sdk(server):
+    return openai.OpenAI(api_key=TOKEN, base_url=f"{server.http_url}/v1", max_retries=0)
+
+
+def speaker_runs(ws_finals: list[dict]) -> list[tuple[str, str, float, float]]:
+    """/ws's words cut where the speaker changes, within each final: (label, text, start, end),
+    OpenAI's letters for the 0-based speakers."""
+    runs = []
+    for f in ws_finals:
+        previous = None
+        for w in f["words"]:
+            if w["speaker"] == previous:
+                label, text, start, _ = runs[-1]
+                runs[-1] = (label, f"{text} {w['word']}", start, w["end"])
+            else:
+                runs.append(("ABCDEFGH"[w["speaker"]], w["word"], w["start"], w["end"]))
+            previous = w["speaker"]
+    return runs
+
+
+def test_file_diarized_json_segments_are_ws_speaker_runs_and_text_a_plain_request(server, conversation):
+    client = sdk(server)
+    with open(conversation, "rb") as f:
+        diarized = client.audio.transcriptions.create(file=f, model="gpt-4o-transcribe-diarize",
+                                                      response_format="diarized_json", chunking_strategy="auto")  # fmt: skip
+    with open(conversation, "rb") as f:
+        plain = client.audio.transcriptions.create(file=f, model="any", response_format="verbose_json")
+    reference = ws_diarized_finals(server, conversation, 4)  # all the diarizer's speakers, as the file API asks
+    server.assert_no_leak()
+    assert type(diarized).__name__ == "TranscriptionDiarized"  # the SDK parsed OpenAI's diarized shape
+    expected = speaker_runs(reference)
+    assert len({label for label, *_ in expected}) > 1 and len(expected) > 2, expected
+    assert [(s.speaker, s.text, s.start, s.end) for s in diarized.segments] == expected
+    assert all(s.type == "transcript.text.segment" for s in diarized.segments)
+    assert len({s.id for s in diarized.segments}) == len(diarized.segments)
+    assert diarized.text == plain.text and diarized.duration == plain.duration and diarized.task == "transcribe"
+    assert " ".join(s.text for s in diarized.segments).split() == [w.word for w in plain.words]
+    assert diarized.usage.type == "duration" and diarized.usage.seconds == plain.usage.seconds
+
+
+def test_file_diarized_json_refused_without_a_diarizer_and_known_speakers_refused(server, shared_server, conversation):
+    with open(conversation, "rb") as f, pytest.raises(openai.BadRequestError, match="no diarizer loaded") as e:
+        sdk(shared_server).audio.transcriptions.create(file=f, model="any", response_format="diarized_json")
+    assert e.value.body["param"] == "response_format"
+    with open(conversation, "rb") as f, pytest.raises(openai.BadRequestError, match="known_speaker_names.* is not supported"):
+        sdk(server).audio.transcriptions.create(file=f, model="any", response_format="diarized_json",
+                                                known_speaker_names=["agent"],
+                                                known_speaker_references=["data:audio/wav;base64,UklGRg=="])  # fmt: skip
+    shared_server.assert_no_leak()
+    server.assert_no_leak()

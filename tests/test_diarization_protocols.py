@@ -1,5 +1,6 @@
 """Speakers on the other protocols, through the real server (--diarizer builtin:tiny-sortformer)
-and each protocol's own client library: Riva gRPC (riva.client), the file API (openai SDK).
+and each protocol's own client library: Riva gRPC (riva.client), the file API and /v1/realtime
+(openai SDK).
 
 The reference is /ws on the same samples (tests/test_diarization_server.py checks /ws against
 NeMo's own streaming loop): a diarized call's words and timings equal a plain call's, and its
@@ -10,6 +11,7 @@ refused before any audio.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from pathlib import Path
 
@@ -17,6 +19,7 @@ import grpc
 import numpy as np
 import pytest
 import soundfile
+import soxr
 
 import nemo_serve
 
@@ -47,10 +50,14 @@ def conversation(tmp_path_factory) -> Path:
     return path
 
 
-def ws_diarized_finals(server, wav: Path, max_speakers: int) -> list[dict]:
-    """/ws's non-empty finals for the same samples (PCM16, 100 ms packets), speakers asked for."""
-    samples, rate = soundfile.read(wav, dtype="int16")
-    config = {"type": "config", "sample_rate": rate, "encoding": "pcm_s16le", "diarization": {"max_speakers": max_speakers}}
+def ws_diarized_finals(server, wav: Path, max_speakers: int, samples: np.ndarray | None = None, rate: int = 16000,
+                       endpointing: dict | None = None) -> list[dict]:  # fmt: skip
+    """/ws's non-empty finals for the same samples (PCM16, 100 ms packets), speakers asked for;
+    `samples` (PCM16 at `rate`) instead of the file's."""
+    if samples is None:
+        samples, rate = soundfile.read(wav, dtype="int16")
+    config = {"type": "config", "sample_rate": rate, "encoding": "pcm_s16le", "diarization": {"max_speakers": max_speakers},
+              **({"endpointing": endpointing} if endpointing else {})}  # fmt: skip
     frames = [samples[i : i + rate // 10].tobytes() for i in range(0, len(samples), rate // 10)]
     messages, code = asyncio.run(raw_session(server.ws_url, [json.dumps(config), *frames, json.dumps({"type": "end"})]))
     assert code == 1000, messages[-3:]
@@ -189,3 +196,54 @@ def test_file_diarized_json_refused_without_a_diarizer_and_known_speakers_refuse
                                                 known_speaker_references=["data:audio/wav;base64,UklGRg=="])  # fmt: skip
     shared_server.assert_no_leak()
     server.assert_no_leak()
+
+
+# ---------------------------------------------------------------------------------------- realtime
+def realtime_events(server, wire: np.ndarray, model: str) -> list:
+    """The SDK's GA transcription flow at 24 kHz, no turn detection: append all, commit, until completed."""
+
+    async def run() -> list:
+        client = openai.AsyncOpenAI(api_key=TOKEN, base_url=f"{server.http_url}/v1")
+        events = []
+        async with client.realtime.connect(model="nemotron", extra_query={"intent": "transcription"}) as conn:
+            await conn.session.update(session={"type": "transcription", "audio": {"input": {
+                "format": {"type": "audio/pcm", "rate": 24000}, "transcription": {"model": model},
+                "turn_detection": None}}})  # fmt: skip
+            for i in range(0, len(wire), 2400):
+                await conn.input_audio_buffer.append(audio=base64.b64encode(wire[i : i + 2400].tobytes()).decode())
+            await conn.input_audio_buffer.commit()
+            async for ev in conn:
+                events.append(ev)
+                if ev.type in ("conversation.item.input_audio_transcription.completed", "error"):
+                    break
+        return events
+
+    return asyncio.run(run())
+
+
+def test_realtime_diarizing_model_gives_segment_events_of_ws_speakers(server, conversation):
+    samples, rate = soundfile.read(conversation, dtype="float32")
+    wire = np.clip(np.round(soxr.resample(samples, rate, 24000, quality="HQ") * 32768.0), -32768, 32767).astype("<i2")
+    diarized = realtime_events(server, wire, "gpt-4o-transcribe-diarize")
+    plain = realtime_events(server, wire, "gpt-4o-transcribe")
+    reference = ws_diarized_finals(server, conversation, 4, wire, 24000, endpointing={"enabled": False})
+    server.assert_no_leak()
+    segments = [e for e in diarized if e.type == "conversation.item.input_audio_transcription.segment"]
+    completed, plain_completed = diarized[-1], plain[-1]
+    assert completed.type == plain_completed.type == "conversation.item.input_audio_transcription.completed"
+    assert all(type(e).__name__ == "ConversationItemInputAudioTranscriptionSegment" for e in segments)
+    expected = speaker_runs(reference)
+    assert len({label for label, *_ in expected}) > 1, expected
+    assert [(e.speaker, e.text, e.start, e.end) for e in segments] == expected
+    assert all(e.item_id == completed.item_id and e.content_index == 0 for e in segments)
+    assert completed.transcript == plain_completed.transcript
+    assert " ".join(e.text for e in segments) == " ".join(completed.transcript.split())  # words: runs of spaces collapsed
+    assert completed.model_extra["nemo_serve"]["token_ids"] == plain_completed.model_extra["nemo_serve"]["token_ids"]
+    assert not any(e.type.endswith(".segment") for e in plain)
+
+
+def test_realtime_diarizing_model_refused_without_a_diarizer(shared_server):
+    events = realtime_events(shared_server, np.zeros(2400, "<i2"), "gpt-4o-transcribe-diarize")
+    errors = [e for e in events if e.type == "error"]
+    assert errors and "no diarizer loaded" in errors[0].error.message and errors[0].error.param == "transcription.model"
+    shared_server.assert_no_leak()

@@ -377,3 +377,25 @@ def test_a_port_another_program_holds_fails_start_up_in_one_line(flag):
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     last = done.stderr.strip().splitlines()[-1]
     assert done.returncode == 3 and last == f"nemo-serve: error: {flag} {taken} on 127.0.0.1: Address already in use", last
+
+
+def test_picows_outside_the_tested_range_fails_at_import(monkeypatch):
+    """UpgradeProtocol calls WSProtocol's private constructor: an untested picows fails at import,
+    naming itself; the fastws extra's pin is inside the range."""
+    import importlib
+    import sys
+    import tomllib
+    from pathlib import Path
+
+    from nemo_serve import versions
+    from nemo_serve.server.picows_listener import PICOWS_VERSIONS
+
+    extra = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
+    pin = extra["project"]["optional-dependencies"]["fastws"][0]
+    assert pin.startswith("picows==") and versions.in_range(pin[8:], *PICOWS_VERSIONS), pin
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda d: "2.4.0" if d == "picows" else real(d))
+    monkeypatch.delenv("NEMO_SERVE_ALLOW_UNTESTED", raising=False)
+    monkeypatch.delitem(sys.modules, "nemo_serve.server.picows_listener")
+    with pytest.raises(ImportError, match=r"picows 2\.4\.0 is outside the range .*>=2\.3\.1,<2\.4"):
+        importlib.import_module("nemo_serve.server.picows_listener")

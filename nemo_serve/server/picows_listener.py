@@ -4,7 +4,7 @@
 Why (benchmarks/ws_layer_bench.py, ws_layer_cpu.json): per paced 20 ms packet, uvicorn + websockets
 sans-I/O cost the server process 34 µs of the same trivial app, picows 16 µs in its frame
 callback and 22 µs with each frame handed to a task, as here. Rejected: granian (68 µs) and
-uvicorn + wsproto (44 µs); uvloop off (48 µs). The transport is uvloop's (use_aiofastnet=False):
+uvicorn + wsproto (44 µs); uvloop off (48 µs). The transport is uvloop's (not aiofastnet):
 its abort and pause_reading are what the hardening tests were written against.
 
 How: each connection is an ASGI WebSocket connection of the app (`app(scope, receive, send)`),
@@ -292,7 +292,7 @@ class FastWsListener:
         scope = self._scope(request, url, client)
         refusal = self.app.state.handshake_refusal(HTTPConnection(scope))
         if refusal is not None:
-            status, reason, _close_code = refusal
+            status, reason, _ = refusal  # the close code is for a refusal after an upgrade
             return _error_response(status, reason)
         connection = AppConnection(self, scope)
         if url.path == "/v1/realtime" and SUBPROTOCOL in scope["subprotocols"]:

@@ -525,3 +525,30 @@ def test_run_gpu_sh_skips_picows_and_a_server_phase_that_no_longer_fits(tmp_path
     names = [c for c in log.read_text().splitlines() if ".py" in c]
     assert r.returncode == 0 and not any("server_capacity.py" in c for c in names) and "decide.py" in names[-1], names
     assert "server phase skipped" in (out / "run.log").read_text()
+
+
+def test_server_phase_drives_picows_beside_uvicorn_on_cpu(tmp_path):
+    """server_capacity.py --fast-ws: the real server started with --fast-ws-port, the level driven
+    through uvicorn's /ws and then through picows's, each level naming its listener, and the two side
+    by side. Seen to fail with the previous server_capacity.py (--fast-ws: unrecognized argument)."""
+    from benchmarks.gpu import server_capacity
+
+    out = tmp_path / "out"
+    out.mkdir()
+    records = [{"kind": "model", "max_symbols": 3}, {"kind": "calibration", "context_right": 3, "blank_bias_added": 0.5},
+               {"kind": "capacity", "context_right": 3, "streams": 2, "keeps_up": True, "lateness_p95_ms": 50.0}]
+    (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    rc = server_capacity.main(["--out", str(out), "--model", "tiny-prompt", "--device", "cpu", "--dtype", "fp32",
+                               "--mode", "3", "--level-seconds", "3", "--items", "4", "--item-seconds", "3.5,4",
+                               "--workers", "1", "--frontends", "1", "--threads", "1", "--max-send-lateness-ms", "250",
+                               "--work-dir", str(tmp_path / "work"), "--budget-s", "400", "--fast-ws"])  # fmt: skip
+    assert rc == 0
+    res = json.loads((out / "server_capacity.json").read_text())
+    assert "--fast-ws-port" in res["server_command"]
+    assert [(lv["listener"], lv["streams"]) for lv in res["levels"]] == [("uvicorn", 2), ("picows", 2)], res["levels"]
+    for lv in res["levels"]:  # every item through either listener came back without an error
+        assert lv["errors"] == {} and lv["items_started"] > 0, lv
+    (pair,) = res["listeners_side_by_side"]
+    assert pair["streams"] == 2 and pair["picows_verdict"] == res["levels"][1]["verdict"]
+    assert pair["uvicorn_verdict"] == res["levels"][0]["verdict"]
+    assert [s["streams"] for s in res["side_by_side"]] == [2]  # the engine-only comparison: uvicorn's levels

@@ -11,8 +11,9 @@
 #                preflight; --selftest of every new path in fp32 and bf16 (demo + tiny-prompt); checks
 #                (graphs vs eager on the ring pool, step sweep); capacity reference vs candidate
 #                defaults; the overlapped loop on/off; streams per GPU with diarization on
-#   3. server    SERVER_LOAD_S (90): server_capacity.py, the real server (6 front ends) through uvicorn's
-#                /ws, then picows's (--fast-ws-port) when picows imports (carried), beside the engine-only figure
+#   3. server    SERVER_LOAD_S (90): server_capacity.py, the real server (6 front ends), each level
+#                (SERVER_LEVEL_S 6 s) through uvicorn's /ws, then picows's (--fast-ws-port) when picows
+#                imports (carried), beside the engine-only figure
 #   4. decide    decide.py: OUT/decision.json, which CUDA defaults the results support switching
 # Every phase writes its JSON under OUT as it finishes (results.jsonl line by line), so a command
 # killed at its limit keeps what ran; WALL_S (570) caps the server phase so the whole stays inside 600 s.
@@ -90,7 +91,7 @@ server_load() {  # the real server through sockets, at the bench's settings (its
   if $PY -c "import picows" 2>/dev/null; then fast=(--fast-ws); else say "picows does not import: uvicorn's /ws only"; fi
   # shellcheck disable=SC2086 - SERVER_LOAD_ARGS is option words
   timeout $(( budget + 20 )) $PY benchmarks/gpu/server_capacity.py --out "$OUT" --model "$MODEL" --device "$DEVICE" \
-    --dtype "$DTYPE" --budget-s "$budget" "${fast[@]}" ${SERVER_LOAD_ARGS:-}
+    --dtype "$DTYPE" --budget-s "$budget" --level-seconds "${SERVER_LEVEL_S:-6}" "${fast[@]}" ${SERVER_LOAD_ARGS:-}
   local src=$?
   say "server_capacity.py exit $src"
   return $src

@@ -173,9 +173,9 @@ def run(args) -> dict:
 
 
 def planned(levels: list[int], lines: list[tuple[str, str]]) -> list[tuple[int, tuple[str, str]]]:
-    """Every level through the first listener (uvicorn), then the others at the highest level, so
-    picows and uvicorn stand side by side at the level where the difference shows."""
-    return [(n, lines[0]) for n in levels] + [(max(levels), other) for other in lines[1:]]
+    """Each level through every listener in turn (uvicorn, then picows), so that a budget cut after
+    the first level still leaves the two side by side at one level."""
+    return [(n, line) for n in levels for line in lines]
 
 
 def one_level(args, url: str, server, items, n: int) -> dict:

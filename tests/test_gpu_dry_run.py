@@ -552,3 +552,19 @@ def test_server_phase_drives_picows_beside_uvicorn_on_cpu(tmp_path):
     assert pair["streams"] == 2 and pair["picows_verdict"] == res["levels"][1]["verdict"]
     assert pair["uvicorn_verdict"] == res["levels"][0]["verdict"]
     assert [s["streams"] for s in res["side_by_side"]] == [2]  # the engine-only comparison: uvicorn's levels
+
+
+def test_decision_reads_a_selftest_stopped_at_its_time_box_as_not_measured():
+    """A selftest killed at the end of its box (timed_out) leaves its path unresolved, not kept: the
+    demo model's fused bf16 run and the tiny-prompt's ring bf16 run. Seen to fail (`keep`) before
+    gpu_bench recorded timed_out and decide set such runs aside."""
+    recs = _decision_records()
+    for r in recs:
+        if r["kind"] == "selftest" and r["dtype"] == "bf16" and (
+                r["epilogues"] == "fused" and not r["overlap"] and r["model"] == "demo"
+                or r["epilogues"] == "nemo" and r["kv_layout"] == "ring" and r["attention"] == "matmul"
+                and r["model"] != "demo"):  # fmt: skip
+            r.update(passed=False, rc=-9, summary=None, timed_out=True)
+    v = _verdicts(recs)
+    assert v["fused epilogues"] == v["ring KV layout"] == v["our label loop"] == "unresolved", v
+    assert v["SDPA attention"] == "option" and v["overlapped loop"] == "switch", v  # its own runs all finished

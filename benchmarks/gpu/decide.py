@@ -52,10 +52,13 @@ def selftest_gate(records: list[dict], path: dict, strict: str) -> tuple[str, li
     """(pass|fail|missing, reasons, agreement per model and dtype) for the selftest records of `path`."""
     runs = [r for r in records if r["kind"] == "selftest" and path_of(r) == path]
     agreement = {f"{r['model']} {r['dtype']}": (r.get("summary") or f"no summary (rc {r.get('rc')})") for r in runs}
+    late = [f"{r['model']} {r['dtype']}" for r in runs if r.get("timed_out")]
+    runs = [r for r in runs if not r.get("timed_out")]  # stopped at its time box: not measured
     needed = [r for r in runs if strict != "demo" and strict != "option" or r["model"] == "demo"]
     dtypes = {r["dtype"] for r in needed}
-    if not needed or not {"fp32", "bf16"} <= dtypes:
-        return "missing", [f"selftest not run in fp32 and bf16 for {path}"], agreement
+    if not needed or not {"fp32", "bf16"} <= dtypes or strict == "exact" and late:
+        why = f"selftest not run in fp32 and bf16 for {path}" + (f" (timed out: {', '.join(late)})" if late else "")
+        return "missing", [why], agreement
     failed = [f"{r['model']} {r['dtype']}: {r.get('summary') or 'rc ' + str(r.get('rc'))}" for r in needed if not r["passed"]]
     return ("fail" if failed else "pass"), [f"selftest not token-identical: {f}" for f in failed], agreement
 

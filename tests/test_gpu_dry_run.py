@@ -407,7 +407,7 @@ def test_a_phase_that_runs_long_is_cut_at_its_end_and_the_next_phases_still_run(
     monkeypatch.setattr(gpu_bench, "overlap", phase("overlap"))
     monkeypatch.setattr(diar_phase, "diarization", phase("diarization"))
     rc = gpu_bench.main(["--out", str(tmp_path), "--device", "cpu", "--modes", "3,0", "--budget-s", "20",
-                         "--reserve-s", "0.5", "--levels", "3:4,8;0:2", "--diar-levels", "0:1",
+                         "--reserve-s", "0.5", "--levels", "3:4,8;0:2", "--diar-levels", "0:1", "--overlap-modes", "0,3",
                          "--phase-ends", "selftest:0.1,checks:0.35,capacity:0.7,overlap:0.8"])  # fmt: skip
     assert rc == 0
     assert ran == [("selftest", None, 2.0), ("checks", 3, 7.0), ("capacity", 3, 14.0, [4, 8]),

@@ -755,11 +755,11 @@ def parse(argv=None):
     ap.add_argument("--capacity-configs", default="window:nemo,ring:label_loop:matmul:fused",
                     help="layout:decoder[:attention[:kernels[:overlap]]] paths whose capacity is measured, in order: "
                          "the reference first, the candidate defaults last (the overlap phase runs the last with overlap)")
-    ap.add_argument("--overlap-modes", default="0,3", help="modes the overlap phase measures (empty: none)")
+    ap.add_argument("--overlap-modes", default="0", help="modes the overlap phase measures (empty: none)")
     ap.add_argument("--diar-levels", default="0:250,500,1000",
                     help="streams per GPU with diarization on (diar_phase.py): r:levels;... (empty: none)")
     ap.add_argument("--diarizer", default="builtin:tiny-sortformer")
-    ap.add_argument("--phase-ends", default="selftest:0.35,checks:0.5,capacity:0.8,overlap:0.9,diarization:1",
+    ap.add_argument("--phase-ends", default="selftest:0.33,checks:0.47,capacity:0.8,overlap:0.9,diarization:1",
                     help="phase:fraction of --budget-s by which each phase has ended (paths.py)")
     ap.add_argument("--selftest-n", type=int, default=4)
     ap.add_argument("--memory-fraction", type=float, default=0.7)

@@ -6,8 +6,8 @@
 #   benchmarks/gpu/run_gpu.sh OUT [gpu_bench.py options]        # from the repository root
 #
 #   0. setup     (~20 s)  carried wheels (CARRY/wheels, build_carry.sh) into /tmp/site; OUT/env.txt
-#   1. profile   PROFILE_S (140)  profile_step.py: where each GPU millisecond of a step goes (OUT/profile/)
-#   2. bench     the rest of BUDGET_S (430, from the start), gpu_bench.py, its phases boxed by --phase-ends:
+#   1. profile   PROFILE_S (130)  profile_step.py: where each GPU millisecond of a step goes (OUT/profile/)
+#   2. bench     the rest of BUDGET_S (470, from the start: ~320 s), gpu_bench.py, its phases boxed by --phase-ends:
 #                preflight; --selftest of every new path in fp32 and bf16 (demo + tiny-prompt); checks
 #                (graphs vs eager on the ring pool, step sweep); capacity reference vs candidate
 #                defaults; the overlapped loop on/off; streams per GPU with diarization on
@@ -31,7 +31,7 @@ set -uo pipefail
 OUT=${1:?usage: run_gpu.sh OUT [gpu_bench.py options]}
 shift
 CARRY=${CARRY:-.gpu_carry}
-BUDGET_S=${BUDGET_S:-430}
+BUDGET_S=${BUDGET_S:-470}
 WALL_S=${WALL_S:-570}
 MODEL=${MODEL:-nemotron-0.6b}
 DEVICE=${DEVICE:-cuda}
@@ -39,7 +39,7 @@ DTYPE=${DTYPE:-bf16}
 PY=${PY:-python3}
 on_cuda=$([[ $DEVICE == cuda ]] && echo 1 || echo 0)
 PROFILE=${PROFILE:-$on_cuda}
-PROFILE_S=${PROFILE_S:-140}
+PROFILE_S=${PROFILE_S:-130}
 SERVER_LOAD=${SERVER_LOAD:-$on_cuda}
 DECIDE=${DECIDE:-$on_cuda}
 START=$(date +%s)
@@ -80,7 +80,7 @@ say "environment ready"
 bench() {  # gpu_bench.py with what is left of the budget (its phases boxed inside it by --phase-ends)
   local left=$(( BUDGET_S - $(elapsed) ))
   timeout $(( left + 20 )) "$@" $PY benchmarks/gpu/gpu_bench.py --out "$OUT" --model "$MODEL" --device "$DEVICE" \
-    --dtype "$DTYPE" --budget-s "$left" "${ARGS[@]}"
+    --dtype "$DTYPE" --budget-s "$left" --level-seconds "${LEVEL_S:-5}" "${ARGS[@]}"
 }
 server_load() {  # the real server through sockets, at the bench's settings (its results.jsonl)
   local budget=${SERVER_LOAD_S:-90}

@@ -105,6 +105,14 @@ def test_gpu_bench_dry_run_on_cpu_every_phase_validation_eager_against_eager(tmp
     assert d["streams"] == 2 and d["chunk_ms"] == 80 and d["diarizer_steps"] > 0 and d["updates"] > 0, d
     assert d["bound_ms"] == 2 * 80 + d["diar_wait_ms"] == 1200 and d["kv_layout"] == "ring" and d["open_after_drain"] == 0, d
     assert 0 <= d["lateness_p50_ms"] <= d["lateness_p95_ms"] and d["label_loop"]["device_steps"] > 0, d
+    # decide.py on this run's own records: every candidate's selftest path but SDPA+fused and the
+    # window ran nowhere here, so nothing can switch; the diarized streams sit beside the plain ones
+    from benchmarks.gpu import decide
+
+    assert decide.main([str(tmp_path)]) == 0
+    decision = json.loads((tmp_path / "decision.json").read_text())
+    assert [c["verdict"] for c in decision["candidates"]] == ["unresolved"] * 5, decision["candidates"]
+    assert decision["diarization"]["measured"] and set(decision["diarization"]["kept_up_by_chunk_ms"]) == {"80"}
     for c in caps:
         assert c["updates"] > 0 and 0 <= c["lateness_p50_ms"] <= c["lateness_p95_ms"] <= c["lateness_max_ms"], c
         assert c["bound_ms"] == 2 * c["chunk_ms"] and c["open_after_drain"] == 0
@@ -380,7 +388,8 @@ def test_a_phase_that_runs_long_is_cut_at_its_end_and_the_next_phases_still_run(
     """--phase-ends: the checks of the first mode run past the checks' end (a stand-in that waits
     until its budget is spent), so the second mode's checks are skipped, yet capacity, overlap and
     diarization each start inside their own box, each seeing its own end as the budget. Seen to
-    fail with every phase given the whole budget (--phase-ends all 1): capacity was skipped too."""
+    fail with every phase given the whole budget (--phase-ends all 1): capacity was skipped too.
+    (14 s of slack before the checks start: the full file's run, under load, took over 1.5 s there.)"""
     import time
 
     import benchmarks.architecture
@@ -406,16 +415,16 @@ def test_a_phase_that_runs_long_is_cut_at_its_end_and_the_next_phases_still_run(
     monkeypatch.setattr(gpu_bench, "capacity", phase("capacity"))
     monkeypatch.setattr(gpu_bench, "overlap", phase("overlap"))
     monkeypatch.setattr(diar_phase, "diarization", phase("diarization"))
-    rc = gpu_bench.main(["--out", str(tmp_path), "--device", "cpu", "--modes", "3,0", "--budget-s", "20",
+    rc = gpu_bench.main(["--out", str(tmp_path), "--device", "cpu", "--modes", "3,0", "--budget-s", "40",
                          "--reserve-s", "0.5", "--levels", "3:4,8;0:2", "--diar-levels", "0:1", "--overlap-modes", "0,3",
-                         "--phase-ends", "selftest:0.1,checks:0.35,capacity:0.7,overlap:0.8"])  # fmt: skip
+                         "--phase-ends", "selftest:0.1,checks:0.5,capacity:0.75,overlap:0.85"])  # fmt: skip
     assert rc == 0
-    assert ran == [("selftest", None, 2.0), ("checks", 3, 7.0), ("capacity", 3, 14.0, [4, 8]),
-                   ("capacity", 0, 14.0, [2]), ("overlap", 0, 16.0, [2]), ("overlap", 3, 16.0, [4, 8]),
-                   ("diarization", 0, 20.0, [1])], ran
+    assert ran == [("selftest", None, 4.0), ("checks", 3, 20.0), ("capacity", 3, 30.0, [4, 8]),
+                   ("capacity", 0, 30.0, [2]), ("overlap", 0, 34.0, [2]), ("overlap", 3, 34.0, [4, 8]),
+                   ("diarization", 0, 40.0, [1])], ran
     recs = _records(tmp_path / "results.jsonl")
     assert [r["what"] for r in recs if r["kind"] == "skipped"] == ["checks r=0"]
-    assert recs[-1]["kind"] == "done" and recs[-1]["seconds"] < 14
+    assert recs[-1]["kind"] == "done" and recs[-1]["seconds"] < 30
 
 
 def _decision_records(fail_selftest=(), capacity=None, overlap_kept=2000) -> list[dict]:

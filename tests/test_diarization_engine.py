@@ -37,15 +37,20 @@ def _oracle(audio: np.ndarray) -> np.ndarray:
 
 
 def _kept_probabilities(monkeypatch) -> dict:
-    """stream_id -> its speaker probabilities as the runner had them when it let the stream go."""
-    kept, close = {}, diar_runner.SortformerRunner.close
+    """stream_id -> all its speaker probabilities, as the runner reported them step by step (it
+    keeps only the frames still needed)."""
+    kept, collect = {}, diar_runner.SortformerRunner.collect
 
-    def keeping(self, stream_id):
-        if stream_id in self.streams:
-            kept[stream_id] = self.streams[stream_id].preds.copy()
-        close(self, stream_id)
+    def keeping(self, launched):
+        stream_ids = collect(self, launched)
+        for stream_id in stream_ids:
+            window, seen = self.streams[stream_id].preds, len(kept.get(stream_id, ()))
+            assert window.first_frame <= seen, "frames forgotten before the test saw them"
+            new = window.kept()[seen - window.first_frame :]
+            kept[stream_id] = np.concatenate([kept.get(stream_id, np.zeros((0, new.shape[1]), np.float32)), new])
+        return stream_ids
 
-    monkeypatch.setattr(diar_runner.SortformerRunner, "close", keeping)
+    monkeypatch.setattr(diar_runner.SortformerRunner, "collect", keeping)
     return kept
 
 
@@ -161,3 +166,51 @@ def test_diarization_option_refused_before_any_work():
         unserved.open_stream(lambda r: None, diarization={"max_speakers": 2})
     _assert_empty(served)
     helpers.assert_engine_empty(unserved)
+
+
+def test_speaker_window_keeps_what_is_asked_and_stays_small():
+    """SpeakerWindow against a whole-history array: every kept frame equal, forgotten ones gone,
+    and its rows under four times the most frames it had to keep."""
+    rng = np.random.default_rng(0)
+    window, whole, most_kept = diar_runner.SpeakerWindow(4, capacity=8), np.zeros((0, 4), np.float32), 0
+    for _ in range(2000):
+        new = rng.random((int(rng.integers(1, 14)), 4), dtype=np.float32)
+        window.append(new)
+        whole = np.concatenate([whole, new])
+        window.forget_before(len(whole) - int(rng.integers(0, 40)))
+        most_kept = max(most_kept, len(whole) - window.first_frame + 14)
+        assert window.num_frames == len(whole)
+        assert np.array_equal(window.kept(), whole[window.first_frame :])
+        assert window.row(len(whole) - 1).tolist() == whole[-1].tolist()
+        assert window.capacity < 4 * most_kept
+    window.forget_before(10**9)
+    assert len(window.kept()) == 1, "the last frame is always kept"
+
+
+def test_a_long_diarized_stream_keeps_a_bounded_window_and_exact_speakers(monkeypatch):
+    """Two minutes of speech on one diarized stream: the runner keeps only the frames between the
+    attacher's oldest need and its own position (a few seconds, not the stream's length), its
+    buffer stops growing early, and every token still gets the speaker of its time (the whole
+    history the runner reported)."""
+    kept = _kept_probabilities(monkeypatch)
+    audio = np.concatenate(helpers.utterances(40, seed=3))[: 16000 * 120]
+    engine = helpers.new_engine(helpers.model(None), 1, diarizer=diarizer())
+    runner, seen = engine.engine.diarizer, []  # (frames reported, frames kept, buffer rows) per step
+    collect = diar_runner.SortformerRunner.collect
+
+    def measuring(self, launched):
+        stream_ids = collect(self, launched)
+        window = self.streams[stream_ids[0]].preds
+        seen.append((window.num_frames, len(window.kept()), window.capacity))
+        return stream_ids
+
+    monkeypatch.setattr(diar_runner.SortformerRunner, "collect", measuring)
+    results, ids = _drive(engine, [audio], [{"max_speakers": 4}], packet=4000)
+    frames_total = seen[-1][0]
+    assert frames_total * runner.frame_s > 100
+    most_kept = max(k for _, k, _ in seen)
+    assert most_kept * runner.frame_s < 10, f"kept {most_kept} frames of {frames_total}"
+    early = [c for n, _, c in seen if n * runner.frame_s < 30]
+    assert max(c for _, _, c in seen) == max(early), "the buffer grew after the first 30 s"
+    _check_speakers(results[0], kept[ids[0]], 4, engine.engine)
+    _assert_empty(engine)

@@ -69,6 +69,7 @@ class _Waiting:
     last_speaker: int | None = None  # of the open segment's last token (split only)
     segments_added: int = 0  # finals this attacher added (split): later segment numbers shift by it
     split_start_frame: int | None = None  # where the open segment starts, if a split started it
+    asr_s: float = 0.0  # how far the ASR model has stepped: its later tokens are at or after it
 
 
 class SpeakerAttacher:
@@ -87,7 +88,9 @@ class SpeakerAttacher:
         return bool(self._streams)
 
     def hold(self, update: StreamUpdate, slot: int) -> None:
-        self._streams[update.stream_id].updates.append((update, slot))
+        waiting = self._streams[update.stream_id]
+        waiting.updates.append((update, slot))
+        waiting.asr_s = max(waiting.asr_s, update.audio_processed_s)
 
     def hold_release(self, released: ReleasedStream) -> None:
         self._streams[released.stream_id].release = released
@@ -112,6 +115,16 @@ class SpeakerAttacher:
                 released.append(waiting.release)
                 del self._streams[stream_id]
                 self.diarizer.close(stream_id)
+            else:
+                self.diarizer.forget_before(stream_id, self._first_time_needed(waiting))
+
+    def _first_time_needed(self, waiting: _Waiting) -> float:
+        """The earliest time a token still to be attached can have: the first waiting token's, or
+        (none waits) where the ASR model has stepped to, one diarizer frame early for rounding.
+        This bounds what the diarizer keeps per stream to the frames between the older of the two
+        and its own position, however long the stream (docs/diarization.md)."""
+        times = [f * self.asr_frame_s for u, _ in waiting.updates for f in u.new_token_frames[:1]]
+        return max(0.0, min([waiting.asr_s, *times]) - self.diarizer.frame_s)
 
     def _attach(self, u: StreamUpdate) -> bool:
         """Set the update's token speakers if the diarizer has reached them; False if not yet."""

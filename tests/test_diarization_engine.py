@@ -10,6 +10,7 @@ the diarizer nothing; a bad or unserved `diarization` option is refused before a
 from __future__ import annotations
 
 import functools
+import time
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from nemo_serve.builtin.sortformer import build_diarizer
 from nemo_serve.diarization import runner as diar_runner
 from nemo_serve.diarization.reference import nemo_chunks, nemo_reference_preds, stream_features
 from nemo_serve.diarization.settings import MODEL_CARD_SETTINGS, apply_settings
+from nemo_serve.engine.invariants import ENV, AccountingError
 from tests import helpers
 
 PROB_ATOL = 2e-5  # as tests/test_diarization_step.py: padding changes matmul shapes
@@ -214,3 +216,62 @@ def test_a_long_diarized_stream_keeps_a_bounded_window_and_exact_speakers(monkey
     assert max(c for _, _, c in seen) == max(early), "the buffer grew after the first 30 s"
     _check_speakers(results[0], kept[ids[0]], 4, engine.engine)
     _assert_empty(engine)
+
+
+def _forgetting_pool_release(self, stream_id):
+    """SortformerRunner.close with its slot release lost (the leak the books must catch)."""
+    self.streams.pop(stream_id, None)
+
+
+def test_the_diarizer_books_are_checked_and_a_leaked_slot_is_caught(monkeypatch):
+    engine = helpers.new_engine(helpers.model(None), 2, diarizer=diarizer())
+    audio = helpers.utterances(1, seed=2)[0]
+    a = engine.open_stream(lambda r: None, diarization={"max_speakers": 2})
+    b = engine.open_stream(lambda r: None)
+    for h in (a, b):
+        engine.push(h, audio[:16000])
+    for _ in range(3):
+        engine.iterate()
+    assert engine.check_accounting(exact=True) == 2
+    speakers = engine.engine.speakers
+    # An aborted stream whose speaker books are not dropped: the diarizer slot would stay held forever.
+    monkeypatch.setattr(type(speakers), "drop", lambda self, stream_id: None)
+    engine.abort(a)
+    engine.iterate()
+    with pytest.raises(AccountingError, match="no release waiting"):
+        engine.check_accounting()
+    monkeypatch.undo()
+    speakers.drop(a.stream_id)
+    engine.check_accounting()
+    # A diarized stream's end whose diarizer slot is never given back.
+    monkeypatch.setattr(diar_runner.SortformerRunner, "close", _forgetting_pool_release)
+    c = engine.open_stream(lambda r: None, diarization={"max_speakers": 2})
+    engine.push(c, audio)
+    engine.finish(c)
+    with pytest.raises(AccountingError, match="diarizer slots held by"):
+        for _ in range(200):
+            engine.iterate()
+            engine.check_accounting()
+    monkeypatch.undo()
+    engine.engine.diarizer.pool.release(c.stream_id)
+    engine.abort(b)
+    _assert_empty(engine)
+
+
+def test_check_invariants_fails_the_loop_on_a_leaked_diarizer_slot(monkeypatch, tmp_path):
+    """NEMO_SERVE_CHECK_INVARIANTS on: the in-process loop checks the diarizer's books after each
+    iteration, so a release that loses its diarizer slot fails the engine loudly."""
+    monkeypatch.setenv(ENV, str(tmp_path))
+    monkeypatch.setattr(diar_runner.SortformerRunner, "close", _forgetting_pool_release)
+    engine = helpers.new_engine(helpers.model(None), 2, diarizer=diarizer()).start()
+    try:
+        done = []
+        h = engine.open_stream(lambda r: done.append(r.done), diarization={"max_speakers": 2})
+        engine.push(h, helpers.utterances(1, seed=2)[0])
+        engine.finish(h)
+        deadline = time.monotonic() + 60
+        while engine.error is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        engine.stop()
+    assert isinstance(engine.error, AccountingError) and "diarizer slots held by" in str(engine.error)

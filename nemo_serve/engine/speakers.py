@@ -100,6 +100,27 @@ class SpeakerAttacher:
         self._streams.pop(stream_id, None)
         self.diarizer.close(stream_id)
 
+    def problems(self, diarized: set[str], plain: set[str]) -> list[str]:
+        """What disagrees between the attacher, the diarizer and the engine's open streams
+        (`diarized`, `plain`: their ids; Engine.check_accounting): the attacher and the diarizer
+        hold the same streams; every open diarized stream is held; a stream the ASR side let go
+        waits with its release (else nothing would ever release it: a leaked diarizer slot); an
+        open one has none yet; no plain stream is held."""
+        held, found = set(self._streams), []
+        if held != set(self.diarizer.streams):
+            found.append(f"speakers held for {sorted(held)}, the diarizer has {sorted(self.diarizer.streams)}")
+        if diarized - held:
+            found.append(f"diarized streams {sorted(diarized - held)} open without their speakers' books")
+        if held & plain:
+            found.append(f"plain streams {sorted(held & plain)} held for speakers")
+        stranded = sorted(i for i in held - diarized if self._streams[i].release is None)
+        if stranded:
+            found.append(f"streams {stranded} released by the engine hold diarizer slots with no release waiting")
+        early = sorted(i for i in held & diarized if self._streams[i].release is not None)
+        if early:
+            found.append(f"open streams {early} already have a release waiting")
+        return found
+
     def publish(self, updates: list, slots: list, released: list) -> None:
         """Append every update whose speakers are known (in order per stream), and each stream's
         release once nothing of it waits; the diarizer lets such a stream go."""

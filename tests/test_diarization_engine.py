@@ -275,3 +275,54 @@ def test_check_invariants_fails_the_loop_on_a_leaked_diarizer_slot(monkeypatch, 
     finally:
         engine.stop()
     assert isinstance(engine.error, AccountingError) and "diarizer slots held by" in str(engine.error)
+
+
+@functools.lru_cache(maxsize=None)
+def slow_diarizer():
+    """The model card's "high" setting: a 10 s chunk, so the diarizer is far behind the ASR's tokens."""
+    model = build_diarizer("tiny-sortformer", 0)
+    apply_settings(model, MODEL_CARD_SETTINGS["high"])
+    return model
+
+
+def test_a_forced_final_on_a_diarized_stream_comes_out_at_once(monkeypatch):
+    """force_final with no more audio coming yet: the final (and any before it) is in the very next
+    iteration's output, each token the diarizer has reached with its speaker and each later one
+    with the speaker of the diarizer's latest frame; the stream then goes on, exact, to its end."""
+    kept = _kept_probabilities(monkeypatch)
+    audio = np.concatenate(helpers.utterances(5, seed=4))
+    assert len(audio) > 16000 * 14
+    engine = helpers.new_engine(helpers.model(None), 1, diarizer=slow_diarizer())
+    results = []
+    h = engine.open_stream(results.append, diarization={"max_speakers": 4})
+    pos = 0
+    while pos < 16000 * 12:
+        engine.push(h, audio[pos : pos + 1600])
+        pos += 1600
+        engine.iterate()
+    for _ in range(5):
+        engine.iterate()  # nothing more arrives: the diarizer stays behind the last tokens
+    assert not any(r.is_final for r in results)
+    engine.force_final(h)
+    engine.iterate()
+    finals = [r for r in results if r.is_final]
+    assert finals and finals[-1].end_reason == "force_final"
+    frame_s, probs = engine.engine.diarizer.frame_s, kept[h.stream_id]
+    latest = int(np.argmax(probs[-1, :4]))
+    times = [t for r in finals for t in r.token_times_s]
+    reached = [int(t / frame_s + 1e-6) < len(probs) for t in times]
+    assert any(reached) and not all(reached), (len(probs), times)
+    want = [int(np.argmax(probs[int(t / frame_s + 1e-6), :4])) if r else latest for t, r in zip(times, reached)]
+    assert [s for r in finals for s in r.token_speakers] == want
+    for at in range(pos, len(audio), 1600):
+        engine.push(h, audio[at : at + 1600])
+        engine.iterate()
+    engine.finish(h)
+    for _ in range(400):
+        engine.iterate()
+        if results[-1].done:
+            break
+    later = [r for r in results if r.is_final][len(finals) :]
+    assert results[-1].done and later
+    _check_speakers(later, kept[h.stream_id], 4, engine.engine)
+    _assert_empty(engine)

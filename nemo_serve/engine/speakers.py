@@ -11,7 +11,9 @@ diarizer found most probable at the token's time (`new_token_speakers`, mapped b
 encoder frame x ASR frame seconds -> diarizer frame), and a final gets the speaker of most of its
 segment's tokens (`speaker`, None for a segment without tokens). An update without tokens that
 is not the stream's last waits only for the updates before it (order is kept per stream); the
-last waits until the diarizer has stepped all of the stream's audio. The rejected alternative, a
+last waits until the diarizer has stepped all of the stream's audio. A forced final (a client's
+force_final) does not wait: it and the updates before it go out in the same iteration, tokens the
+diarizer has not reached attributed to the speaker of its latest frame (`_attach_known`). The rejected alternative, a
 separate speaker message the front end joins with the words, would leave finals without a
 speaker and every protocol adapter to join them.
 
@@ -126,7 +128,11 @@ class SpeakerAttacher:
         release once nothing of it waits; the diarizer lets such a stream go."""
         for stream_id in list(self._streams):
             waiting = self._streams[stream_id]
-            while waiting.updates and self._attach(waiting.updates[0][0]):
+            forced = _through_last_forced_final(waiting.updates)
+            while waiting.updates and (self._attach(waiting.updates[0][0]) or forced > 0):
+                if forced > 0 and waiting.updates[0][0].new_token_speakers is None:
+                    self._attach_known(waiting.updates[0][0])
+                forced -= 1
                 update, slot = waiting.updates.popleft()
                 for part in self._split(waiting, update) if waiting.split else (update,):
                     self._close_segment_if_final(waiting, part)
@@ -157,10 +163,20 @@ class SpeakerAttacher:
         u.new_token_speakers = speakers
         return True
 
+    def _attach_known(self, u: StreamUpdate) -> None:
+        """A forced final (and the updates before it) out now, with what the diarizer knows: each
+        token it has reached gets its speaker, each later one the speaker of the diarizer's latest
+        frame (None before its first chunk). Waiting would hold a client's force_final until later
+        audio or the end of input; stepping the diarizer on the audio there is would cut a chunk
+        short and change the stream's state from NeMo's, so later speakers would no longer be exact."""
+        latest = self.diarizer.latest_speaker(u.stream_id)
+        at = [self.diarizer.speaker_at(u.stream_id, f * self.asr_frame_s) for f in u.new_token_frames]
+        u.new_token_speakers = [latest if speaker is None else speaker for speaker in at]
+
     @staticmethod
     def _close_segment_if_final(waiting: _Waiting, u: StreamUpdate) -> None:
         """Count the update's speakers into its segment's tally; a final gets the segment's speaker."""
-        waiting.tally.update(u.new_token_speakers)
+        waiting.tally.update(speaker for speaker in u.new_token_speakers if speaker is not None)
         if u.is_final:
             u.speaker = min(waiting.tally, key=lambda k: (-waiting.tally[k], k)) if waiting.tally else None
             waiting.tally.clear()
@@ -174,6 +190,8 @@ class SpeakerAttacher:
         start = u.segment_start_frame if waiting.split_start_frame is None else waiting.split_start_frame
         parts, first = [], 0
         for i, speaker in enumerate(u.new_token_speakers):
+            if speaker is None:  # a forced final's token before the diarizer's first chunk: no change known
+                continue
             if waiting.last_speaker is not None and speaker != waiting.last_speaker:
                 parts.append(_cut(u, first, i, segment, start))
                 segment, start, first = segment + 1, u.new_token_frames[i], i
@@ -189,6 +207,14 @@ class SpeakerAttacher:
         if u.is_final:  # the engine's next segment starts where the engine says
             waiting.last_speaker = waiting.split_start_frame = None
         return [*parts, u]
+
+
+def _through_last_forced_final(updates: deque) -> int:
+    """How many of the waiting updates, oldest first, end with the last forced final (0 if none)."""
+    for i in range(len(updates) - 1, -1, -1):
+        if updates[i][0].is_final and updates[i][0].end_reason == "force_final":
+            return i + 1
+    return 0
 
 
 def _cut(u: StreamUpdate, lo: int, hi: int, segment: int, start_frame: int) -> StreamUpdate:

@@ -58,9 +58,12 @@ def _packets(pcm: np.ndarray) -> list[bytes]:
     return [pcm[i : i + RATE // 10].astype("<f4").tobytes() for i in range(0, len(pcm), RATE // 10)]
 
 
-async def _session(server, pcm: np.ndarray, config: str | None = None) -> list[dict]:
-    """A whole /ws session at full speed: every message until the server closes."""
+async def _session(server, pcm: np.ndarray, config: str | None = None, connected=None) -> list[dict]:
+    """A whole /ws session at full speed: every message until the server closes. `connected`: an
+    asyncio.Event set once the handshake is through (the slot is held from then on)."""
     async with _connect(server) as ws:
+        if connected is not None:
+            connected.set()
         for frame in ([config] if config else []) + _packets(pcm) + [END]:
             await ws.send(frame)
         return [json.loads(m) async for m in ws]
@@ -72,8 +75,22 @@ def _tokens(messages: list[dict]) -> list[int]:
 
 
 async def _hostile_once(server, speech: np.ndarray, how: str, rng: np.random.Generator) -> None:
-    """A diarized session that speaks for a while (results flowing) and is then ended by `how`."""
-    async with _connect(server) as ws:
+    """A diarized session that speaks for a while (results flowing) and is then ended by `how`;
+    tried again while the server says no slot is free (a 503 or a 1013 close, as it promises while
+    the slot of a session just dropped is not yet released)."""
+    from websockets.exceptions import ConnectionClosedError
+
+    for _ in range(100):
+        try:
+            return await _hostile_session(server, speech, how, rng)
+        except ConnectionClosedError as e:
+            assert e.rcvd is not None and e.rcvd.code == 1013, e
+            await asyncio.sleep(0.05)
+    raise AssertionError("no slot came back in 5 s")
+
+
+async def _hostile_session(server, speech: np.ndarray, how: str, rng: np.random.Generator) -> None:
+    async with _connect_when_free(server) as ws:
         await ws.send(CONFIG)
         if how != "open_and_drop":
             start = int(rng.integers(0, len(speech) - 3 * RATE))
@@ -96,10 +113,30 @@ async def _hostile_once(server, speech: np.ndarray, how: str, rng: np.random.Gen
                 await ws.close()
 
 
+@contextlib.asynccontextmanager
+async def _connect_when_free(server):
+    """A connection, retried while every slot is taken: a dropped session's slot comes back only
+    once the engine has released it, between steps (a 503 until then is the server's promise)."""
+    from websockets.exceptions import InvalidStatus
+
+    for _ in range(100):
+        try:
+            ws = await _connect(server)
+            break
+        except InvalidStatus as e:
+            assert e.response.status_code == 503, e
+            await asyncio.sleep(0.05)
+    else:
+        raise AssertionError("no slot came back in 5 s")
+    async with ws:
+        yield ws
+
+
 def test_diarized_churn_leaks_nothing_and_leaves_a_plain_neighbour_exact(server, speech):
     neighbour = speech[: 6 * RATE]
     quiet = _tokens(asyncio.run(_session(server, neighbour)))
     assert quiet
+    server.wait_open_streams(0)
     rng = np.random.default_rng(50)
 
     async def churn() -> None:
@@ -107,10 +144,11 @@ def test_diarized_churn_leaks_nothing_and_leaves_a_plain_neighbour_exact(server,
             await asyncio.gather(*[_hostile_once(server, speech, WAYS[(i + k) % len(WAYS)], rng) for k in range(2)])
 
     async def both() -> list[dict]:
-        task = asyncio.create_task(churn())
-        messages = await _session(server, neighbour)
-        await task
-        return messages
+        connected = asyncio.Event()
+        plain = asyncio.create_task(_session(server, neighbour, connected=connected))
+        await connected.wait()  # its slot first: the churn then has the other two
+        await churn()
+        return await plain
 
     assert _tokens(asyncio.run(both())) == quiet
     server.assert_no_leak()

@@ -326,3 +326,23 @@ def test_a_forced_final_on_a_diarized_stream_comes_out_at_once(monkeypatch):
     assert results[-1].done and later
     _check_speakers(later, kept[h.stream_id], 4, engine.engine)
     _assert_empty(engine)
+
+
+def test_a_forced_final_before_the_diarizer_has_any_frame_says_speaker_zero():
+    """3 s into a stream at the 10 s setting the diarizer has reported nothing: the forced final
+    is out at once, its tokens and itself speaker 0 (Sortformer's first voice), never None."""
+    audio = np.concatenate(helpers.utterances(2, seed=4))
+    engine = helpers.new_engine(helpers.model(None), 1, diarizer=slow_diarizer())
+    results = []
+    h = engine.open_stream(results.append, diarization={"max_speakers": 4})
+    for at in range(0, 3 * 16000, 1600):
+        engine.push(h, audio[at : at + 1600])
+        engine.iterate()
+    assert engine.engine.diarizer.streams[h.stream_id].num_frames == 0
+    engine.force_final(h)
+    engine.iterate()
+    forced = [r for r in results if r.is_final]
+    assert len(forced) == 1 and forced[0].token_ids, forced
+    assert forced[0].token_speakers == [0] * len(forced[0].token_ids) and forced[0].speaker == 0
+    engine.abort(h)
+    _assert_empty(engine)

@@ -13,7 +13,7 @@ segment's tokens (`speaker`, None for a segment without tokens). An update witho
 is not the stream's last waits only for the updates before it (order is kept per stream); the
 last waits until the diarizer has stepped all of the stream's audio. A forced final (a client's
 force_final) does not wait: it and the updates before it go out in the same iteration, tokens the
-diarizer has not reached attributed to the speaker of its latest frame (`_attach_known`). The rejected alternative, a
+diarizer has not reached attributed to the speaker of its latest frame, 0 before any (`_attach_known`). The rejected alternative, a
 separate speaker message the front end joins with the words, would leave finals without a
 speaker and every protocol adapter to join them.
 
@@ -166,17 +166,20 @@ class SpeakerAttacher:
     def _attach_known(self, u: StreamUpdate) -> None:
         """A forced final (and the updates before it) out now, with what the diarizer knows: each
         token it has reached gets its speaker, each later one the speaker of the diarizer's latest
-        frame (None before its first chunk). Waiting would hold a client's force_final until later
-        audio or the end of input; stepping the diarizer on the audio there is would cut a chunk
-        short and change the stream's state from NeMo's, so later speakers would no longer be exact."""
+        frame, or speaker 0 before its first chunk: Sortformer numbers speakers in the order they
+        first speak, so the stream's first voice is 0 (and the wire types a speaker as an integer).
+        Waiting would hold a client's force_final until later audio or the end of input; stepping
+        the diarizer on the audio there is would cut a chunk short and change the stream's state
+        from NeMo's, so later speakers would no longer be exact."""
         latest = self.diarizer.latest_speaker(u.stream_id)
+        latest = 0 if latest is None else latest
         at = [self.diarizer.speaker_at(u.stream_id, f * self.asr_frame_s) for f in u.new_token_frames]
         u.new_token_speakers = [latest if speaker is None else speaker for speaker in at]
 
     @staticmethod
     def _close_segment_if_final(waiting: _Waiting, u: StreamUpdate) -> None:
         """Count the update's speakers into its segment's tally; a final gets the segment's speaker."""
-        waiting.tally.update(speaker for speaker in u.new_token_speakers if speaker is not None)
+        waiting.tally.update(u.new_token_speakers)
         if u.is_final:
             u.speaker = min(waiting.tally, key=lambda k: (-waiting.tally[k], k)) if waiting.tally else None
             waiting.tally.clear()
@@ -190,8 +193,6 @@ class SpeakerAttacher:
         start = u.segment_start_frame if waiting.split_start_frame is None else waiting.split_start_frame
         parts, first = [], 0
         for i, speaker in enumerate(u.new_token_speakers):
-            if speaker is None:  # a forced final's token before the diarizer's first chunk: no change known
-                continue
             if waiting.last_speaker is not None and speaker != waiting.last_speaker:
                 parts.append(_cut(u, first, i, segment, start))
                 segment, start, first = segment + 1, u.new_token_frames[i], i

@@ -346,3 +346,16 @@ def test_a_forced_final_before_the_diarizer_has_any_frame_says_speaker_zero():
     assert forced[0].token_speakers == [0] * len(forced[0].token_ids) and forced[0].speaker == 0
     engine.abort(h)
     _assert_empty(engine)
+
+
+def test_the_diarizer_slot_table_reports_a_slot_both_held_and_free():
+    engine = helpers.new_engine(helpers.model(None), 2, diarizer=diarizer())
+    h = engine.open_stream(lambda r: None, diarization={"max_speakers": 2})
+    engine.iterate()
+    pool = engine.engine.diarizer.pool
+    pool._free_slots.append(pool.stream_to_slot[h.stream_id])  # a release run twice by hand
+    with pytest.raises(AccountingError, match="one is both or twice"):
+        engine.check_accounting()
+    pool._free_slots.pop()
+    engine.abort(h)
+    _assert_empty(engine)

@@ -148,16 +148,10 @@ class SortformerRunner:
     def problems(self) -> list[str]:
         """What disagrees in the diarizer's books (Engine.check_accounting): its slot pool holds
         exactly the open streams, each on its own slot, none of them also free."""
-        pool, found = self.pool, []
-        held = set(pool.stream_to_slot)
+        found, held = self.pool.problems(), set(self.pool.stream_to_slot)
         if held != set(self.streams):
             found.append(f"diarizer slots held by {sorted(held - set(self.streams))} with no diarizer stream, "
                          f"diarizer streams {sorted(set(self.streams) - held)} without a slot")  # fmt: skip
-        slots = list(pool.stream_to_slot.values())
-        if len(set(slots)) != len(slots) or set(slots) & set(pool._free_slots):
-            found.append(f"diarizer slots {sorted(slots)} held, {sorted(pool._free_slots)} free: one is both or twice")
-        if pool.num_free + pool.num_used != pool.num_slots:
-            found.append(f"{pool.num_free} diarizer slots free and {pool.num_used} held of {pool.num_slots}")
         return found
 
     # ------------------------------------------------------------------ one step

@@ -109,3 +109,20 @@ def test_training_step_lowers_nemo_loss_on_one_batch(small_bank):
         optim.step()
         losses.append(loss.item())
     assert losses[-1] < 0.8 * losses[0], losses
+
+
+def test_encoder_starts_from_the_demo_asr_model():
+    """The recipe's init: the demo ASR model's encoder layers copied, its causal projection cut to 10 bins."""
+    from nemo.collections.asr.models import ASRModel
+
+    from nemo_serve.builtin.common import quiet_nemo
+    from nemo_serve.training.diar_train import DEMO_ASR, build_model
+
+    model = build_model(DEMO_ASR)
+    with quiet_nemo():
+        asr = ASRModel.restore_from(str(DEMO_ASR), map_location="cpu")
+    for name, tensor in model.encoder.state_dict().items():
+        if name != "pre_encode.out.weight" and "num_batches_tracked" not in name:
+            assert torch.equal(tensor, asr.encoder.state_dict()[name].float()), name
+    ours, theirs = model.encoder.pre_encode.out.weight.detach(), asr.encoder.pre_encode.out.weight.detach().float()
+    assert torch.equal(ours.reshape(128, 96, 10), theirs.reshape(128, 96, 11)[:, :, :10])

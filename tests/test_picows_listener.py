@@ -2,7 +2,8 @@
 real server. The same sessions run behind it, so these tests check what the listener itself owns:
 tokens equal to NeMo's loop, the subprotocol, frame and message size, invalid UTF-8, the caps, the
 handshake deadline, a client that stops reading, the session's idle timeout reached through it,
-and the drain."""
+and the drain. Where the uvicorn port promises the same (refusals as HTTP statuses, the caps, the
+request deadline), the same assertion runs against both ports."""
 
 from __future__ import annotations
 
@@ -172,34 +173,100 @@ def _fragment(payload: bytes, opcode: int, fin: bool) -> bytes:
     return bytes(f)
 
 
-def test_connections_per_address_are_capped_and_released(fast):
-    """PER_IP open from one address; the next gets the error and 1013; one closed, one more fits."""
+PORTS = ["uvicorn", "picows"]  # the same assertion against --port and --fast-ws-port
+
+
+def _url(server, port: str) -> str:
+    return server.fast_url if port == "picows" else f"ws://127.0.0.1:{server.port}"
+
+
+async def _refused(url: str, **kw) -> tuple[int, dict, dict]:
+    """(HTTP status, JSON body, headers) of an upgrade request the server refuses."""
+    from websockets.exceptions import InvalidStatus
+
+    try:
+        async with _connect(url, **kw):
+            pass
+    except InvalidStatus as e:
+        return e.response.status_code, json.loads(e.response.body or b"{}"), dict(e.response.headers)
+    raise AssertionError(f"{url} was upgraded")
+
+
+@pytest.mark.parametrize("port", PORTS)
+def test_origin_and_token_refused_with_http_status(fast, port):
+    """A wrong token: 401 on /ws and /v1/realtime; a foreign Origin: 403; the app's JSON reason in
+    the body, as uvicorn's listener answers (websockets raises InvalidStatus with the code)."""
+    url = _url(fast, port)
 
     async def scenario():
-        held = [await _connect(fast.fast_url + "/ws") for _ in range(PER_IP)]
-        over = await _connect(fast.fast_url + "/ws")
-        messages, code = await _close_code(over)
+        wrong = {"additional_headers": {"Authorization": "Bearer wrong"}}
+        foreign = {"origin": "https://evil.example", "additional_headers": {"Authorization": f"Bearer {TOKEN}"}}
+        return [await _refused(url + "/ws", **wrong), await _refused(url + "/v1/realtime", **wrong),
+                await _refused(url + "/ws", **foreign)]  # fmt: skip
+
+    (s1, b1, _), (s2, _, _), (s3, b3, _) = asyncio.run(scenario())
+    assert (s1, s2, s3) == (401, 401, 403)
+    assert b1["reason"] == "missing or wrong bearer token" and "evil.example" in b3["reason"], (b1, b3)
+    fast.assert_no_leak()
+
+
+@pytest.mark.parametrize("port", PORTS)
+def test_connections_per_address_are_capped_with_503_and_released(fast, port):
+    """PER_IP open from one address; the next gets HTTP 503 with the reason and Retry-After; one
+    closed, one more fits."""
+    url = _url(fast, port) + "/ws"
+
+    async def scenario():
+        held = [await _connect(url) for _ in range(PER_IP)]
+        refused = await _refused(url)
         await held.pop().close()
         await asyncio.sleep(0.3)
-        again = await _connect(fast.fast_url + "/ws")
+        again = await _connect(url)
         await again.send(json.dumps({"type": "config"}))
         ready = json.loads(await asyncio.wait_for(again.recv(), 10))["type"]
         for ws in [*held, again]:
             await ws.close()
-        return messages, code, ready
+        return refused, ready
 
-    messages, code, ready = asyncio.run(scenario())
-    assert code == 1013 and "too many connections from your address" in messages[0]["reason"], messages
-    assert ready == "ready"
+    (status, body, headers), ready = asyncio.run(scenario())
+    assert status == 503 and "too many connections from your address" in body["reason"], (status, body)
+    assert headers.get("retry-after") == "1" and ready == "ready", headers
     fast.assert_no_leak()
 
 
-def test_silent_socket_is_closed_at_the_handshake_deadline(fast):
-    s = socket.create_connection(("127.0.0.1", fast.fast_port))
+@pytest.mark.parametrize("port", PORTS)
+def test_handshakes_in_progress_count_against_the_cap(fast, port):
+    """PER_IP sockets that have sent nothing hold the address's cap: an upgrade now gets 503;
+    after the header deadline (1 s) they are answered 408 and the next upgrade fits."""
+    tcp_port = fast.fast_port if port == "picows" else fast.port
+    url = _url(fast, port) + "/ws"
+
+    async def scenario():
+        silent = [socket.create_connection(("127.0.0.1", tcp_port)) for _ in range(PER_IP)]
+        await asyncio.sleep(0.2)
+        status = (await _refused(url))[0]
+        await asyncio.sleep(2.0)
+        async with _connect(url) as ws:
+            await ws.send(json.dumps({"type": "config"}))
+            ready = json.loads(await asyncio.wait_for(ws.recv(), 10))["type"]
+        for s in silent:
+            s.close()
+        return status, ready
+
+    assert asyncio.run(scenario()) == (503, "ready")
+    fast.assert_no_leak()
+
+
+@pytest.mark.parametrize("port", PORTS)
+def test_silent_socket_is_answered_408_at_the_handshake_deadline(fast, port):
+    s = socket.create_connection(("127.0.0.1", fast.fast_port if port == "picows" else fast.port))
     s.settimeout(10)
     t0 = time.monotonic()
-    assert s.recv(100) == b""  # closed by the server
+    reply = b""
+    while chunk := s.recv(4096):
+        reply += chunk
     assert time.monotonic() - t0 < 5
+    assert reply.startswith(b"HTTP/1.1 408") and b"request not received within 1 s" in reply, reply[:300]
     s.close()
 
 
@@ -289,3 +356,46 @@ def test_fast_port_must_differ_from_the_others():
         with pytest.raises(ValidationError, match="--fast-ws-port 9"):
             Settings(**clash)
     assert Settings(port=9100, fast_ws_port=9102).fast_ws_port == 9102
+
+
+@pytest.mark.parametrize("flag", ["--fast-ws-port", "--port"])
+def test_a_port_another_program_holds_fails_start_up_in_one_line(flag):
+    """As a front end whose --grpc-port fails: one line naming the flag, status 3, no traceback."""
+    import os
+    import subprocess
+
+    from .helpers_server import _server_command
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        ports = {"--port": str(free_port()), "--fast-ws-port": str(free_port()), flag: str(taken)}
+        cmd = [*_server_command(), "--model", TEST_MODEL, "--host", "127.0.0.1", *(a for kv in ports.items() for a in kv)]
+        done = subprocess.run(cmd, env=dict(os.environ, NEMO_SERVE_AUTH_TOKEN=TOKEN), capture_output=True, text=True,
+                              timeout=120)  # fmt: skip
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 3 and last == f"nemo-serve: error: {flag} {taken} on 127.0.0.1: Address already in use", last
+
+
+def test_picows_outside_the_tested_range_fails_at_import(monkeypatch):
+    """UpgradeProtocol calls WSProtocol's private constructor: an untested picows fails at import,
+    naming itself; the fastws extra's pin is inside the range."""
+    import importlib
+    import sys
+    import tomllib
+    from pathlib import Path
+
+    from nemo_serve import versions
+    from nemo_serve.server.picows_listener import PICOWS_VERSIONS
+
+    extra = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
+    pin = extra["project"]["optional-dependencies"]["fastws"][0]
+    assert pin.startswith("picows==") and versions.in_range(pin[8:], *PICOWS_VERSIONS), pin
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda d: "2.4.0" if d == "picows" else real(d))
+    monkeypatch.delenv("NEMO_SERVE_ALLOW_UNTESTED", raising=False)
+    monkeypatch.delitem(sys.modules, "nemo_serve.server.picows_listener")
+    with pytest.raises(ImportError, match=r"picows 2\.4\.0 is outside the range .*>=2\.3\.1,<2\.4"):
+        importlib.import_module("nemo_serve.server.picows_listener")

@@ -61,6 +61,7 @@ REPO = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.gpu.emission import TRAINED, StepRecorder  # noqa: E402
+from benchmarks.gpu.paths import CAPACITY_ORDER, SELFTEST_ORDER, applied, parse_paths, parse_phase_ends  # noqa: E402
 
 T0 = time.time()
 PACKAGES = ("torch", "nemo-toolkit", "lightning", "pytorch-lightning", "numpy", "cuda-bindings", "cuda-python",
@@ -71,9 +72,11 @@ class Results:
     def __init__(self, out_dir: Path) -> None:
         out_dir.mkdir(parents=True, exist_ok=True)
         self.path = out_dir / "results.jsonl"
+        self.records: list[dict] = []  # this run's, as written (a later phase reads an earlier one's)
 
     def write(self, kind: str, **fields) -> None:
         rec = {"kind": kind, "t_s": round(time.time() - T0, 2), **fields}
+        self.records.append(rec)
         with self.path.open("a") as f:
             f.write(json.dumps(rec) + "\n")
             f.flush()
@@ -206,25 +209,26 @@ def selftest(args, res: Results) -> None:
     procs = {}
     for model in args.selftest_models:
         for dtype in args.selftest_dtypes:
-            # engine/ring_cache.py, attention.py, label_loop.py, epilogues.py (Triton kernels on CUDA)
-            for layout, attention, decoder, kernels in args.selftest_configs:
+            # engine/ring_cache.py, attention.py, label_loop.py, epilogues.py (Triton kernels on CUDA), loop.py
+            for path in args.selftest_configs:
                 cmd = [sys.executable, "-m", "nemo_serve.cli", "--selftest", str(args.selftest_n), "--context-right",
                        "all", "--dtype", dtype, "--device", args.device] + (["--model", model] if model else [])  # fmt: skip
-                env = {**os.environ, "NEMO_SERVE_KV_LAYOUT": layout, "NEMO_SERVE_ATTENTION": attention,
-                       "NEMO_SERVE_DECODER": decoder, "NEMO_SERVE_KERNELS": kernels}
-                procs[(model or "demo", dtype, layout, attention, decoder, kernels)] = subprocess.Popen(
-                    cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    for (model, dtype, layout, attention, decoder, kernels), p in procs.items():
+                procs[(model or "demo", dtype, path)] = subprocess.Popen(
+                    cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                    env={**os.environ, **path.env})  # fmt: skip
+    for (model, dtype, path), p in procs.items():
+        timed_out = False
         try:
             out, _ = p.communicate(timeout=max(10.0, min(180.0, left(args.budget_s) - args.reserve_s)))
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired:  # its box ended: not measured, which is not a failure (decide.py)
             p.kill()
             out, _ = p.communicate()
+            timed_out = True
         lines = [ln for ln in out.splitlines() if not ln.startswith(("[NeMo", "    "))]
         summary = next((ln for ln in reversed(lines) if "token-identical" in ln and "/" in ln.split()[0]), None)
         res.write("selftest", model=model, dtype=dtype, device=args.device, n=args.selftest_n, passed=p.returncode == 0,
-                  kv_layout=layout, attention=attention, decoder=decoder, epilogues=kernels,
-                  kernels=next((ln for ln in lines if ln.startswith("kernels: ")), None),
+                  timed_out=timed_out,
+                  **path.fields, kernels=next((ln for ln in lines if ln.startswith("kernels: ")), None),
                   paths=next((ln for ln in lines if ln.startswith("paths: ")), None),
                   rc=p.returncode, summary=summary, per_mode=[ln for ln in lines if ln.startswith("context-right")],
                   diffs=[ln for ln in lines if ln.startswith("[DIFF]")],
@@ -378,7 +382,7 @@ def set_blank_bias(model, value: float) -> None:
 
 
 # ----------------------------------------------------------------------------- 4 engine, validate, step
-def make_engine(model, slots: int, res: Results | None = None, what: str = "engine"):
+def make_engine(model, slots: int, res: Results | None = None, what: str = "engine", diarizer=None):
     """An Engine as the server builds it, every graph captured at start-up (Engine.prepare, as every
     server calls it; a no-op on CPU), timed."""
     import torch
@@ -391,7 +395,7 @@ def make_engine(model, slots: int, res: Results | None = None, what: str = "engi
     set_mode(model)
     g = model.geometry
     t = time.time()
-    engine = Engine(model, num_slots=slots, endpoint=EndpointConfig.off())
+    engine = Engine(model, num_slots=slots, endpoint=EndpointConfig.off(), diarizer=diarizer)
     t_prep = time.time()
     line = engine.prepare()
     stepper = stepper_for(model, engine.encoder, engine.pool)
@@ -576,10 +580,13 @@ def mode_checks(args, model, res: Results) -> None:
 
 
 # ----------------------------------------------------------------------------- 5 capacity
-def capacity_level(args, model, engine, stepper, n: int, audio: np.ndarray, seconds: float) -> dict:
+def capacity_level(args, model, engine, stepper, n: int, audio: np.ndarray, seconds: float, admit: dict | None = None,
+                   extra_bound_s: float = 0.0) -> dict:
     """The engine core's loop with n synthetic real-time streams: take_audio of every packet that
     is due, then iterate(), on this one thread. A packet arrives (its `arrived` time) when its last
-    sample would have; lateness of an update = delivery - arrival of the last sample it needed."""
+    sample would have; lateness of an update = delivery - arrival of the last sample it needed.
+    `admit`: each stream's options (diarization); `extra_bound_s`: added to the 2-chunk bound (what
+    a diarized update waits for its speakers by design: diar_phase.py)."""
     g = model.geometry
     period = g.chunk_ms / 1000
     packet = int(round(period * g.sample_rate))
@@ -589,7 +596,7 @@ def capacity_level(args, model, engine, stepper, n: int, audio: np.ndarray, seco
 
     rng = np.random.default_rng(n)
     offsets = np.sort(rng.uniform(0, period, n))
-    streams = [engine.admit(slot=i, stream_id=f"capacity-{i}") for i in range(n)]  # as the core admits them
+    streams = [engine.admit(slot=i, stream_id=f"capacity-{i}", **(admit or {})) for i in range(n)]  # as the core does
     start = time.time() + 0.2
     end = start + seconds
     sent = np.zeros(n, np.int64)
@@ -637,7 +644,7 @@ def capacity_level(args, model, engine, stepper, n: int, audio: np.ndarray, seco
         if not engine.iterate().busy:
             time.sleep(0.001)
     a = np.asarray(lat)
-    bound = 2 * period
+    bound = 2 * period + extra_bound_s
     return {
         "streams": n,
         "chunk_ms": round(g.chunk_ms),
@@ -659,22 +666,22 @@ def capacity_level(args, model, engine, stepper, n: int, audio: np.ndarray, seco
     }
 
 
-def capacity(args, model, res: Results, levels: list[int]) -> None:
-    """The levels once per --capacity-configs pair of KV layout and decoder (the reference, window
-    with NeMo's computer, first; then the ring layout with our label loop), each on an engine of its
-    own, side by side in one run. Both are read by the pool and the Stepper as they are made."""
-    names = ("NEMO_SERVE_KV_LAYOUT", "NEMO_SERVE_DECODER")
-    before = {k: os.environ.get(k) for k in names}
-    try:
-        for layout, decoder in args.capacity_configs:
-            os.environ.update(dict(zip(names, (layout, decoder))))
-            _capacity_levels(args, model, res, levels, layout)
-    finally:
-        for k, v in before.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+def capacity(args, model, res: Results, levels: list[int], paths=None) -> None:
+    """The levels once per engine path (--capacity-configs: the reference, window with NeMo's computer,
+    first; then the new defaults), each on an engine of its own, side by side in one run. The path's
+    switches are read by the pool, encoder, Stepper and Engine as they are made (paths.py)."""
+    for path in args.capacity_configs if paths is None else paths:
+        with applied(path):
+            _capacity_levels(args, model, res, levels, path)
 
 
-def _capacity_levels(args, model, res: Results, levels: list[int], layout: str) -> None:
+def overlap(args, model, res: Results, levels: list[int]) -> None:
+    """The last --capacity-configs path again with the overlapped loop (NEMO_SERVE_OVERLAP=1): on
+    and off side by side in one run (issue 46 step 5)."""
+    capacity(args, model, res, levels, [args.capacity_configs[-1].with_overlap()])
+
+
+def _capacity_levels(args, model, res: Results, levels: list[int], path) -> None:
     g = model.geometry
     if not levels:
         return
@@ -694,8 +701,8 @@ def _capacity_levels(args, model, res: Results, levels: list[int], layout: str) 
                 res.write("skipped", what=f"capacity {round(g.chunk_ms)} ms {n} streams", why="budget")
                 break
             out = capacity_level(args, model, engine, stepper, n, audio, args.level_seconds)
-            res.write("capacity", context_right=g.context_right, dtype=args.dtype, kv_layout=engine.pool.layout,
-                      decoder=os.environ.get("NEMO_SERVE_DECODER"), max_step_rows=engine.pool.max_step_rows, **out)  # fmt: skip
+            res.write("capacity", context_right=g.context_right, dtype=args.dtype, **path.fields,
+                      overlap_engine=engine.overlap, max_step_rows=engine.pool.max_step_rows, **out)  # fmt: skip
             if not out["keeps_up"] or out["open_after_drain"]:
                 break
     finally:
@@ -741,11 +748,19 @@ def parse(argv=None):
                     help="comma-separated; 'demo' is the shipped model; empty: no selftest")
     ap.add_argument("--selftest-dtypes", default="fp32,bf16")
     ap.add_argument("--selftest-configs",
-                    default="ring:matmul:label_loop,window:matmul:nemo,ring:sdpa:label_loop,ring:matmul:label_loop:fused",
-                    help="layout:attention:decoder[:kernels] the selftest runs with (NEMO_SERVE_KV_LAYOUT, "
-                         "NEMO_SERVE_ATTENTION, NEMO_SERVE_DECODER, NEMO_SERVE_KERNELS: nemo unless given)")
-    ap.add_argument("--capacity-configs", default="window:nemo,ring:label_loop",
-                    help="layout:decoder pairs whose capacity is measured, in order (the reference first)")
+                    default="ring:matmul:label_loop,window:matmul:nemo,ring:sdpa:label_loop,ring:matmul:label_loop:fused,"
+                            "ring:matmul:label_loop:fused:1",
+                    help="layout:attention:decoder[:kernels[:overlap]] the selftest runs with (paths.py: "
+                         "NEMO_SERVE_KV_LAYOUT, _ATTENTION, _DECODER, _KERNELS, _OVERLAP; nemo and 0 unless given)")
+    ap.add_argument("--capacity-configs", default="window:nemo,ring:label_loop:matmul:fused",
+                    help="layout:decoder[:attention[:kernels[:overlap]]] paths whose capacity is measured, in order: "
+                         "the reference first, the candidate defaults last (the overlap phase runs the last with overlap)")
+    ap.add_argument("--overlap-modes", default="0", help="modes the overlap phase measures (empty: none)")
+    ap.add_argument("--diar-levels", default="0:250,500,1000",
+                    help="streams per GPU with diarization on (diar_phase.py): r:levels;... (empty: none)")
+    ap.add_argument("--diarizer", default="builtin:tiny-sortformer")
+    ap.add_argument("--phase-ends", default="selftest:0.33,checks:0.47,capacity:0.8,overlap:0.9,diarization:1",
+                    help="phase:fraction of --budget-s by which each phase has ended (paths.py)")
     ap.add_argument("--selftest-n", type=int, default=4)
     ap.add_argument("--memory-fraction", type=float, default=0.7)
     ap.add_argument("--force-capture-failure", action="store_true",
@@ -759,11 +774,14 @@ def parse(argv=None):
     args.levels_by_mode = {int(k): [int(x) for x in v.split(",")] for k, v in (p.split(":") for p in args.levels.split(";"))}
     args.selftest_models = [None if m == "demo" else m for m in args.selftest_models.split(",") if m]
     args.selftest_dtypes = [d for d in args.selftest_dtypes.split(",") if d]
-    args.selftest_configs = [tuple(c.split(":")) + (("nemo",) if c.count(":") == 2 else ())
-                             for c in args.selftest_configs.split(",") if c]  # fmt: skip
-    args.capacity_configs = [tuple(c.split(":")) for c in args.capacity_configs.split(",") if c]
-    if any(len(c) != 4 for c in args.selftest_configs) or any(len(c) != 2 for c in args.capacity_configs):
-        ap.error("--selftest-configs takes layout:attention:decoder[:kernels], --capacity-configs layout:decoder")
+    try:
+        args.selftest_configs = parse_paths(args.selftest_configs, SELFTEST_ORDER, 3)
+        args.capacity_configs = parse_paths(args.capacity_configs, CAPACITY_ORDER, 2)
+        args.phase_ends = parse_phase_ends(args.phase_ends)
+    except ValueError as e:
+        ap.error(str(e))
+    args.overlap_modes = [int(x) for x in args.overlap_modes.split(",") if x]
+    args.diar_levels = {int(k): [int(x) for x in v.split(",")] for k, v in (p.split(":") for p in args.diar_levels.split(";") if p)}
     return args
 
 
@@ -776,6 +794,28 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     with torch.no_grad():  # not set_grad_enabled(False): main() also runs inside the tests' process
         return _run(args, Results(Path(args.out)))
+
+
+def phases(args, res: Results) -> list:
+    """After the selftest and the model: (phase, fn(model, r), modes) in the order of their value."""
+    from benchmarks.gpu.diar_phase import diarization
+
+    def levels(r: int) -> list[int]:
+        return args.levels_by_mode.get(r, [])
+
+    def overlap_levels(r: int) -> list[int]:
+        """From the highest level the path without overlap kept up at r (this run's records) upward."""
+        off = args.capacity_configs[-1].fields
+        kept = [c["streams"] for c in res.records if c["kind"] == "capacity" and c["context_right"] == r
+                and c["keeps_up"] and all(c.get(k) == v for k, v in off.items())]  # fmt: skip
+        return [n for n in levels(r) if not kept or n >= max(kept)]
+
+    return [
+        ("checks", lambda m, r: mode_checks(args, m, res), args.modes),
+        ("capacity", lambda m, r: capacity(args, m, res, levels(r)), args.modes),
+        ("overlap", lambda m, r: overlap(args, m, res, overlap_levels(r)), [r for r in args.overlap_modes if r in args.modes]),
+        ("diarization", lambda m, r: diarization(args, m, res, args.diar_levels[r]), [r for r in args.diar_levels if r in args.modes]),
+    ]  # fmt: skip
 
 
 def _run(args, res: Results) -> int:
@@ -794,26 +834,28 @@ def _run(args, res: Results) -> int:
         res.write("done", ok=False, seconds=round(time.time() - T0, 1), why="preflight")
         return 4
     _free_gpu()
+    total = args.budget_s
+    args.budget_s = total * args.phase_ends["selftest"]
     selftest(args, res)
+    args.budget_s = total * args.phase_ends["checks"]
     models = build(args, res)
     biases = calibrate(args, models, res)
     from benchmarks.architecture import set_mode
 
-    for phase, fn in (("checks", mode_checks), ("capacity", capacity)):
-        for r in args.modes:
+    for phase, fn, modes in phases(args, res):
+        args.budget_s = total * args.phase_ends[phase]  # this phase's time box (--phase-ends)
+        for r in modes:
             if left(args.budget_s) < args.reserve_s + 5:
                 res.write("skipped", what=f"{phase} r={r}", why="budget")
                 continue
             set_mode(models[r])
             set_blank_bias(models[r], biases[r])
             try:
-                if phase == "checks":
-                    fn(args, models[r], res)
-                else:
-                    fn(args, models[r], res, args.levels_by_mode.get(r, []))
+                fn(models[r], r)
             except Exception as e:  # noqa: BLE001 - keep the other modes' results
                 res.write("error", what=f"{phase} r={r}", error=_err(e), where=traceback.format_exc()[-3000:])
                 _free_gpu()
+    args.budget_s = total
     res.write("done", ok=True, seconds=round(time.time() - T0, 1))
     return 0
 

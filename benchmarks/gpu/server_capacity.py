@@ -86,12 +86,27 @@ def served_file(args, settings: dict) -> Path:
 
 
 def start_server(args, nemo_path: Path, num_slots: int):
-    from benchmarks.sweep import Server
+    """The sweep's Server, plus a picows listener on its own port with --fast-ws (fast_ws_port set)."""
+    from benchmarks.sweep import Server, _free_port
+
+    class WithFastWs(Server):
+        def _start(self, cmd, env, spec, log_path) -> None:
+            super()._start(cmd + (["--fast-ws-port", str(spec.fast_ws_port)] if spec.fast_ws_port else []), env, spec, log_path)
 
     spec = types.SimpleNamespace(context_right=args.mode, dtype=args.dtype, device=args.device, threads=args.threads,
-                                 frontends=args.frontends, devices=None, ray=False)  # fmt: skip
-    server = Server(spec, nemo_path, num_slots, Path(args.out) / "server_capacity.server.log")
+                                 frontends=args.frontends, devices=None, ray=False,
+                                 fast_ws_port=_free_port() if args.fast_ws else None)  # fmt: skip
+    server = WithFastWs(spec, nemo_path, num_slots, Path(args.out) / "server_capacity.server.log")
+    server.fast_ws_port = spec.fast_ws_port
     return server, server.wait_ready(max(30.0, left(args) - 20))
+
+
+def listeners(server) -> list[tuple[str, str]]:
+    """(name, /ws url) of each listener to drive: uvicorn's, then picows's when the server has one."""
+    out = [("uvicorn", server.url.replace("http", "ws") + "/ws")]
+    if server.fast_ws_port:
+        out.append(("picows", f"ws://127.0.0.1:{server.fast_ws_port}/ws"))
+    return out
 
 
 def left(args) -> float:
@@ -104,7 +119,17 @@ def side_by_side(levels: list[dict], engine_only: list[dict]) -> list[dict]:
              "server_partial_p95_ms": lv["partial_latency_ms"]["p95"],
              "engine_keeps_up": engine[lv["streams"]]["keeps_up"] if lv["streams"] in engine else None,
              "engine_lateness_p95_ms": engine[lv["streams"]]["lateness_p95_ms"] if lv["streams"] in engine else None}
-            for lv in levels]  # fmt: skip
+            for lv in levels if lv["listener"] == "uvicorn"]  # fmt: skip
+
+
+def listener_side_by_side(levels: list[dict]) -> list[dict]:
+    """Per level driven through picows: its verdict and partial p95 beside uvicorn's at that level."""
+    by = {(lv["listener"], lv["streams"]): lv for lv in levels}
+    return [{"streams": n, **{f"{name}_{k}": (by[(name, n)][f] if (name, n) in by else None)
+                               for name in ("uvicorn", "picows") for k, f in (("verdict", "verdict"), ("cpu_cores", "server_cpu_cores"))},
+             "uvicorn_partial_p95_ms": by[("uvicorn", n)]["partial_latency_ms"]["p95"] if ("uvicorn", n) in by else None,
+             "picows_partial_p95_ms": by[("picows", n)]["partial_latency_ms"]["p95"]}
+            for (name, n) in by if name == "picows"]  # fmt: skip
 
 
 def run(args) -> dict:
@@ -118,6 +143,7 @@ def run(args) -> dict:
               "calibrated": settings["calibration"] is not None, "calibration": settings["calibration"],
               "max_symbols": settings["max_symbols"], "workers": args.workers, "frontends": args.frontends,
               "level_seconds": args.level_seconds, "planned_levels": levels, "levels": [], "skipped": [],
+              "core_io_threads": os.environ.get("NEMO_SERVE_CORE_IO_THREADS", "1"),
               "engine_only": settings["engine_only"]}  # fmt: skip
     path = out / "server_capacity.json"
     t = time.time()
@@ -129,13 +155,15 @@ def run(args) -> dict:
                   server_command=" ".join(server.command))  # fmt: skip
     write_json(path, result)
     try:
-        for n in levels:
+        for n, (listener, url) in planned(levels, listeners(server)):
             if left(args) < args.level_seconds + LEVEL_TAIL_S:
-                result["skipped"].append({"streams": n, "why": "budget", "left_s": round(left(args), 1)})
+                result["skipped"].append({"streams": n, "listener": listener, "why": "budget", "left_s": round(left(args), 1)})
                 continue
-            level = one_level(args, server, items, n)
+            level = {"listener": listener, **one_level(args, url, server, items, n)}
             result["levels"].append(level)
             result["side_by_side"] = side_by_side(result["levels"], settings["engine_only"])
+            if listener != "uvicorn":
+                result["listeners_side_by_side"] = listener_side_by_side(result["levels"])
             write_json(path, result)
     finally:
         server.stop()
@@ -144,13 +172,19 @@ def run(args) -> dict:
     return result
 
 
-def one_level(args, server, items, n: int) -> dict:
+def planned(levels: list[int], lines: list[tuple[str, str]]) -> list[tuple[int, tuple[str, str]]]:
+    """Each level through every listener in turn (uvicorn, then picows), so that a budget cut after
+    the first level still leaves the two side by side at one level."""
+    return [(n, line) for n in levels for line in lines]
+
+
+def one_level(args, url: str, server, items, n: int) -> dict:
     from benchmarks.sweep import Sampler
 
     sampler = Sampler(server.proc.pid)
     sampler.start()
     t0 = time.time()
-    level, _ = measure_level(server.url.replace("http", "ws") + "/ws", items, n, args.level_seconds,
+    level, _ = measure_level(url, items, n, args.level_seconds,
                              ramp_s=args.ramp_s, num_workers=args.workers, context_right=args.mode,
                              max_send_lateness_ms=args.max_send_lateness_ms)  # fmt: skip
     level.update(sampler.window(t0, time.time()))
@@ -178,6 +212,8 @@ def parse(argv=None):
     ap.add_argument("--max-send-lateness-ms", type=float, default=DEFAULT_MAX_SEND_LATENESS_MS)
     ap.add_argument("--work-dir", default="/tmp/nemo-serve-server-capacity", help="where the .nemo is saved")
     ap.add_argument("--budget-s", type=float, default=120.0)
+    ap.add_argument("--fast-ws", action="store_true",
+                    help="also serve --fast-ws-port (picows) and drive the highest level through it")
     return ap.parse_args(argv)
 
 

@@ -1,4 +1,5 @@
-"""The built-in streaming Sortformer diarizer: NVIDIA's layout at toy width, seeded random weights.
+"""The built-in streaming Sortformer diarizers: `tiny-sortformer` (NVIDIA's layout at toy width, seeded
+random weights) and `demo-sortformer` (the trained demo diarizer shipped in assets/demo, no download).
 
 Kept apart from spec.py's BUILTIN_NAMES on purpose: those are ASR models the server and its tests
 build by name, and a diarizer is not one of them until the engine has a model-runner interface.
@@ -14,6 +15,7 @@ cache bookkeeping wrong diverges from NeMo's loop within a few chunks.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -22,7 +24,9 @@ from ..config_files import config_dir
 from ..synth import SAMPLE_RATE, synth_audio
 from .common import quiet_nemo
 
-DIARIZER_NAMES = ("tiny-sortformer",)
+DIARIZER_NAMES = ("tiny-sortformer", "demo-sortformer")
+# Trained by nemo_serve.training.diar_train on the project's synthetic conversations (docs/diarization.md).
+DEMO_DIARIZER_PATH = Path(__file__).resolve().parents[1] / "assets" / "demo" / "demo_sortformer.nemo"
 _CALIBRATION_AUDIO_SEED = 0xD1A2  # far from the small seeds tests use for their own audio
 
 
@@ -42,9 +46,16 @@ def diarizer_spec(name: str) -> DictConfig:
 
 
 def build_diarizer(name: str = "tiny-sortformer", seed: int = 0):
-    """SortformerEncLabelModel with seeded random weights and a calibrated speaker head (eval, CPU, fp32)."""
+    """SortformerEncLabelModel (eval, CPU, fp32): `demo-sortformer`'s trained weights (seed unused), or
+    `tiny-sortformer` with seeded random weights and a calibrated speaker head."""
     from nemo.collections.asr.models import SortformerEncLabelModel
 
+    if name == "demo-sortformer":
+        if not DEMO_DIARIZER_PATH.exists():
+            raise FileNotFoundError(f"{DEMO_DIARIZER_PATH} is not there: train and ship it (docs/diarization.md)")
+        with quiet_nemo():  # parameters are stored as fp16 (ship.shrink_nemo): computed in fp32
+            model = SortformerEncLabelModel.restore_from(str(DEMO_DIARIZER_PATH), map_location="cpu")
+        return model.to(dtype=torch.float32).eval()
     spec = diarizer_spec(name)
     with quiet_nemo(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -101,13 +101,11 @@ class Supervisor:
                 log.error("%s", e)
             return e.status
         info = self.info = self.core_set.info
-        self.port = self._reserve_port()
-        if self.settings.grpc_port is not None:  # reserved the same way: --grpc-port 0 too
-            self._grpc_socket = bind_reuseport(self.settings.host, self.settings.grpc_port)
-            self.settings = self.settings.model_copy(update={"grpc_port": self._grpc_socket.getsockname()[1]})
-        if self.settings.fast_ws_port is not None:  # likewise
-            self._fast_ws_socket = bind_reuseport(self.settings.host, self.settings.fast_ws_port)
-            self.settings = self.settings.model_copy(update={"fast_ws_port": self._fast_ws_socket.getsockname()[1]})
+        try:
+            self._reserve_ports()
+        except PortTaken as e:  # one line, as a front end whose gRPC server cannot start (runner.py)
+            print(f"nemo-serve: error: {e}", file=sys.stderr, flush=True)
+            return PORT_TAKEN_STATUS
         print(info.summary, flush=True)
         ring_mib = sum(c.shared.layout.nbytes for c in self.cores) / 2**20
         where = ", ".join(f"pid {c.process.pid} on {c.device}" for c in self.cores)
@@ -119,11 +117,17 @@ class Supervisor:
         print_urls(self.settings, self.port)
         return self._watch()
 
-    def _reserve_port(self) -> int:
-        """Bind (not listen) a SO_REUSEPORT socket: it fixes the port (for --port 0 too) and
-        keeps it ours between front-end restarts; only listening sockets get connections."""
-        self._port_socket = bind_reuseport(self.settings.host, self.settings.port)
-        return self._port_socket.getsockname()[1]
+    def _reserve_ports(self) -> None:
+        """Bind (not listen) a SO_REUSEPORT socket per port: it fixes the port (for --port 0 too)
+        and keeps it ours between front-end restarts; only listening sockets get connections."""
+        self._port_socket = _bind("--port", self.settings.host, self.settings.port)
+        self.port = self._port_socket.getsockname()[1]
+        if self.settings.grpc_port is not None:  # reserved the same way: --grpc-port 0 too
+            self._grpc_socket = _bind("--grpc-port", self.settings.host, self.settings.grpc_port)
+            self.settings = self.settings.model_copy(update={"grpc_port": self._grpc_socket.getsockname()[1]})
+        if self.settings.fast_ws_port is not None:  # likewise
+            self._fast_ws_socket = _bind("--fast-ws-port", self.settings.host, self.settings.fast_ws_port)
+            self.settings = self.settings.model_copy(update={"fast_ws_port": self._fast_ws_socket.getsockname()[1]})
 
     def _start_frontend(self) -> None:
         fid, self._next_id = self._next_id, self._next_id + 1
@@ -256,6 +260,21 @@ def _signal(p: mp.Process, sig: int) -> None:
         os.kill(p.pid, sig)
     except (ProcessLookupError, TypeError):
         pass
+
+
+PORT_TAKEN_STATUS = 3  # uvicorn's STARTUP_FAILURE, which a front end whose port fails exits with
+
+
+class PortTaken(Exception):
+    pass
+
+
+def _bind(flag: str, host: str, port: int):
+    """bind_reuseport, its OSError (a port another program listens on) as one line naming the flag."""
+    try:
+        return bind_reuseport(host, port)
+    except OSError as e:
+        raise PortTaken(f"{flag} {port} on {host}: {e.strerror or e}") from None
 
 
 def run_server(settings, frontends: int) -> int:

@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 from fastapi import FastAPI, WebSocket
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
+from starlette.requests import HTTPConnection
 
 from .auth import accepted_subprotocol, authorized, realtime_authorized
 from .context import Refused, ServerContext
@@ -120,24 +121,33 @@ def create_app(ctx: ServerContext, drain_on_shutdown: bool = False, on_shutdown:
     allowed_origins = ctx.settings.origin_allow_list
     loopback_only = _is_loopback(ctx.settings.host)
 
-    async def stream(ws: WebSocket) -> None:
-        bad_origin = _origin_refusal(ws, allowed_origins, loopback_only)
+    def handshake_refusal(conn: HTTPConnection) -> tuple[int, str, int] | None:
+        """(HTTP status, reason, close code) for a stream's upgrade request that is refused, or
+        None; counted in the refusal metric. Also the picows listener's check (picows_listener.py),
+        which must answer the upgrade before the app runs."""
+        bad_origin = _origin_refusal(conn, allowed_origins, loopback_only)
         if bad_origin is not None:
             ctx.metrics.refusals.labels(reason="origin").inc()
-            await _refuse(ws, 403, bad_origin, CLOSE_PROTOCOL_ERROR)
-            return
-        realtime = ws.scope["path"] == "/v1/realtime"
+            return 403, bad_origin, CLOSE_PROTOCOL_ERROR
         # /v1/realtime also takes a client secret minted by POST /v1/realtime/transcription_sessions
-        allowed = realtime_authorized if realtime else authorized
-        if not allowed(ws, ctx.settings.auth_token):
+        allowed = realtime_authorized if conn.scope["path"] == "/v1/realtime" else authorized
+        if not allowed(conn, ctx.settings.auth_token):
             ctx.metrics.refusals.labels(reason="unauthorized").inc()
-            await _refuse(ws, 401, "missing or wrong bearer token", CLOSE_PROTOCOL_ERROR)
-            return
+            return 401, "missing or wrong bearer token", CLOSE_PROTOCOL_ERROR
         try:
             ctx.admit()  # at the handshake: a full server answers 503; the slot is taken at the first message
         except Refused as e:
-            await _refuse(ws, 503, e.reason, CLOSE_TRY_AGAIN_LATER)
+            return 503, e.reason, CLOSE_TRY_AGAIN_LATER
+        return None
+
+    app.state.handshake_refusal = handshake_refusal
+
+    async def stream(ws: WebSocket) -> None:
+        refusal = handshake_refusal(ws)
+        if refusal is not None:
+            await _refuse(ws, *refusal)
             return
+        realtime = ws.scope["path"] == "/v1/realtime"
         if realtime:
             await ws.accept(subprotocol=accepted_subprotocol(ws))  # NIM's client offers `realtime`
             await Session(ws, ctx, RealtimeFormat).run()
@@ -161,7 +171,7 @@ def _add_sample_routes(app: FastAPI) -> None:
         app.mount("/samples", StaticFiles(directory=SAMPLES_DIR), name="samples")
 
 
-def _origin_refusal(ws: WebSocket, allowed: frozenset[str], loopback_only: bool) -> str | None:
+def _origin_refusal(ws: HTTPConnection, allowed: frozenset[str], loopback_only: bool) -> str | None:
     """Why this handshake's Origin is refused, or None. Same-origin means the Origin's host and
     port are the Host the client asked for; on a server bound to loopback that Host must also
     be a loopback name, or a page on an attacker's domain re-pointed at 127.0.0.1 (DNS

@@ -44,8 +44,10 @@ def http_status(f: Failure) -> int:
 
 
 class FileTranscription:
-    def __init__(self, ctx: ServerContext, language: str | None, context_right: int | None) -> None:
+    def __init__(self, ctx: ServerContext, language: str | None, context_right: int | None,
+                 diarization: dict | None = None) -> None:  # fmt: skip
         self.ctx = ctx
+        self.diarization = diarization  # the engine's option (engine/speakers.py); None: no speakers
         self.language = language
         self.context_right = context_right
         # Finals only, taken as they come: a long file's many finals are not a client that stops reading.
@@ -58,7 +60,7 @@ class FileTranscription:
         message is the client's disconnect, which stops the decoding at once (rejected: decoding
         on for nobody, up to a minute for an hour of audio)."""
         s = self.session
-        if not s.open(self.context_right, interim_results=False, language=self.language):
+        if not s.open(self.context_right, interim_results=False, language=self.language, diarization=self.diarization):
             raise _failed(s.failure)
         self.ctx.add(s)
         gone = asyncio.create_task(_disconnect(receive), name="file-client-watch")

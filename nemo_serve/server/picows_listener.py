@@ -4,18 +4,24 @@
 Why (benchmarks/ws_layer_bench.py, ws_layer_cpu.json): per paced 20 ms packet, uvicorn + websockets
 sans-I/O cost the server process 34 µs of the same trivial app, picows 16 µs in its frame
 callback and 22 µs with each frame handed to a task, as here. Rejected: granian (68 µs) and
-uvicorn + wsproto (44 µs); uvloop off (48 µs). The transport is uvloop's (use_aiofastnet=False):
+uvicorn + wsproto (44 µs); uvloop off (48 µs). The transport is uvloop's (not aiofastnet):
 its abort and pause_reading are what the hardening tests were written against.
 
 How: each connection is an ASGI WebSocket connection of the app (`app(scope, receive, send)`),
-so the route, its origin, token and admission checks, the Session, the wire formats, every timeout
-and the drain are the code the uvicorn listener runs. This module does only what uvicorn_protocols.py
-does under uvicorn, re-implemented on picows:
-  - caps: ConnectionLimiter counts the connection once upgraded (picows gives the upgrade factory
-    the request, not the peer's address); one over a cap gets the error message and close 1013,
-    as the app's own refusals here, not uvicorn's HTTP 503 (a connection still in its handshake is
-    not counted: the handshake deadline below bounds how long it can stay);
-  - handshake deadline: --header-timeout-s (picows drops the socket; uvicorn's listener answers 408);
+so the route, the Session, the wire formats, every timeout and the drain are the code the uvicorn
+listener runs. This module does only what uvicorn_protocols.py does under uvicorn, re-implemented
+on picows:
+  - the upgrade request is answered here, as uvicorn's listener answers it: picows calls the
+    listener factory with the request and sends what it returns before the app runs, so the
+    app's own handshake check (app.state.handshake_refusal: Origin 403, token 401, a full server
+    503) runs in the factory and a refusal is the HTTP status with the app's JSON body, not an
+    error message after an upgrade (clients written for other servers read the status:
+    websockets' InvalidStatus, the openai SDK's error);
+  - caps: ConnectionLimiter counts the TCP connection when it is made (UpgradeProtocol, picows's
+    server protocol with the peer's address), handshakes in progress included; one over a cap
+    gets HTTP 503 once its request is in, or is closed after REFUSE_GRACE_S;
+  - request deadline: an upgrade request not in within --header-timeout-s gets HTTP 408 and a
+    close (picows's own handshake timeout, off here, drops the socket without a word);
   - frame and message size: --max-message-bytes per frame (picows closes with 1009) and per message
     reassembled from fragments (closed here with 1009), text that is not UTF-8: 1007;
   - slow readers: the small kernel send buffer (bound_send_buffer); a send waits while the transport
@@ -26,9 +32,10 @@ does under uvicorn, re-implemented on picows:
     --ping-timeout-s);
   - drain: sessions are the app's, so ServerContext.drain ends them; close() stops accepting
     and drops what is left after SHUTDOWN_ABORT_S.
-Not here: refusals by the app (origin 403, token 401, a full server 503 from the admission check)
-come after the upgrade, as the app's fallback for servers without the denial extension: the
-error message, then close 1008 / 1013. picows answers the upgrade before the app runs.
+Not here: probes beyond the caps (this port serves only the streaming routes: 404 elsewhere).
+UpgradeProtocol subclasses picows's WSProtocol and calls its constructor, which is not picows's
+public API (ws_create_server is, but it gives the factory no peer address and no hook at the
+TCP connection): hence PICOWS_VERSIONS, checked at import.
 """
 
 from __future__ import annotations
@@ -39,18 +46,24 @@ import logging
 from collections import deque
 from urllib.parse import urlsplit
 
-from picows import (
+from starlette.requests import HTTPConnection
+
+from ..versions import require
+from .auth import SUBPROTOCOL
+from .connections import REFUSE_GRACE_S, SHUTDOWN_ABORT_S, ConnectionLimits, bound_send_buffer
+
+PICOWS_VERSIONS = ("2.3.1", "2.4")  # >=, <: tested with 2.3.1 (env/cpu.lock.txt)
+require("picows", *PICOWS_VERSIONS, uses="server protocol class (picows.picows.WSProtocol)")
+
+from picows import (  # noqa: E402
+    WSAutoPingStrategy,
     WSCloseCode,
     WSListener,
     WSMsgType,
     WSUpgradeResponse,
     WSUpgradeResponseWithListener,
-    ws_create_server,
 )
-
-from .auth import SUBPROTOCOL
-
-from .connections import SHUTDOWN_ABORT_S, ConnectionLimits, bound_send_buffer
+from picows.picows import WSProtocol  # noqa: E402
 
 log = logging.getLogger("nemo_serve.connections")
 
@@ -86,14 +99,6 @@ class AppConnection(WSListener):
     # ------------------------------------------------------------------ picows callbacks
     def on_ws_connected(self, transport) -> None:
         self.transport = transport
-        peer = transport.underlying_transport.get_extra_info("peername") or ("", 0)
-        self.scope["client"] = (peer[0], peer[1])
-        refusal = self.listener.limits.limiter.acquire(self, peer[0])
-        if refusal is not None:
-            transport.send(WSMsgType.TEXT, json.dumps({"type": "error", "id": None, "reason": refusal}).encode())
-            self._fail(1013, "try again later")
-            return
-        bound_send_buffer(transport.underlying_transport)
         self.listener.connections.add(self)
         self.task = asyncio.get_running_loop().create_task(self._run_app())
 
@@ -127,8 +132,7 @@ class AppConnection(WSListener):
             self._push({"type": "websocket.receive", "bytes": data})
 
     def on_ws_disconnected(self, transport) -> None:
-        self._push_disconnect(1006)
-        self.listener.limits.limiter.release(self)
+        self._push_disconnect(1006)  # the TCP connection's count is UpgradeProtocol's to release
         self.listener.connections.discard(self)
 
     def pause_writing(self) -> None:
@@ -207,8 +211,71 @@ class AppConnection(WSListener):
             self.transport.underlying_transport.abort()
 
 
+class UpgradeProtocol(WSProtocol):
+    """picows's server protocol for one TCP connection, with what uvicorn_protocols.HttpProtocol
+    adds before the upgrade: the connection counted against the caps from the moment it is made,
+    and the request deadline answered with 408 (or the cap's 503)."""
+
+    def __init__(self, listener: "FastWsListener") -> None:
+        s = listener.settings
+        super().__init__(None, None, False, self._on_request, logging.getLogger("picows.server"), True,
+                         None,  # picows's handshake timeout: the deadline below answers instead
+                         bool(s.ping_interval_s), s.ping_interval_s or 20, s.ping_timeout_s or 20,
+                         WSAutoPingStrategy.PING_WHEN_IDLE, True, s.max_message_bytes, None, 16 * 1024)  # fmt: skip
+        self.fast, self.limits = listener, listener.limits
+        self.tcp = None
+        self.client = ("", 0)
+        self.refusal: str | None = None  # over a cap: answered 503 once the request is in
+        self.deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self.tcp = transport
+        peer = transport.get_extra_info("peername") or ("", 0)
+        self.client = (peer[0], peer[1])
+        self.refusal = self.limits.limiter.acquire(transport, self.client[0])
+        if self.refusal is None:
+            bound_send_buffer(transport)
+        wait_s = REFUSE_GRACE_S if self.refusal else self.limits.header_timeout_s
+        self.deadline = asyncio.get_running_loop().call_later(wait_s, self._on_deadline)
+
+    def connection_lost(self, exc) -> None:
+        self._disarm()
+        self.limits.limiter.release(self.tcp)
+        super().connection_lost(exc)
+
+    def _on_request(self, request):
+        """picows's listener factory: the whole upgrade request is in."""
+        self._disarm()
+        if self.refusal is not None:
+            return _error_response(503, self.refusal)
+        return self.fast.route(request, self.client)
+
+    def _on_deadline(self) -> None:
+        self.deadline = None
+        if self.refusal is not None:
+            self._answer(503, self.refusal)
+            return
+        metrics = self.limits.limiter.metrics
+        if metrics is not None:
+            metrics.refusals.labels(reason="header_timeout").inc()
+        log.info("closed a connection from %s: request not complete in %g s", self.client[0],
+                 self.limits.header_timeout_s)  # fmt: skip
+        self._answer(408, f"request not received within {self.limits.header_timeout_s:g} s")
+
+    def _answer(self, status: int, reason: str) -> None:
+        if not self.tcp.is_closing():
+            self.tcp.write(bytes(_error_response(status, reason).response.to_bytes()))
+            self.tcp.close()
+
+    def _disarm(self) -> None:
+        if self.deadline is not None:
+            self.deadline.cancel()
+            self.deadline = None
+
+
 class FastWsListener:
-    """The picows server of one front end: the factory picows calls per upgrade request."""
+    """The picows server of one front end."""
 
     def __init__(self, app, limits: ConnectionLimits, settings) -> None:
         self.app, self.limits, self.settings = app, limits, settings
@@ -216,11 +283,17 @@ class FastWsListener:
         self.connections: set[AppConnection] = set()
         self.server: asyncio.AbstractServer | None = None
 
-    def __call__(self, request):
+    def route(self, request, client: tuple[str, int]):
+        """The answer to an upgrade request under the caps: 404 off the routes, the app's
+        handshake refusal as its HTTP status, else the connection (101)."""
         url = urlsplit(request.path.decode("latin-1"))
         if url.path not in ROUTES:
             return None  # picows answers 404
-        scope = self._scope(request, url)
+        scope = self._scope(request, url, client)
+        refusal = self.app.state.handshake_refusal(HTTPConnection(scope))
+        if refusal is not None:
+            status, reason, _ = refusal  # the close code is for a refusal after an upgrade
+            return _error_response(status, reason)
         connection = AppConnection(self, scope)
         if url.path == "/v1/realtime" and SUBPROTOCOL in scope["subprotocols"]:
             # what the app's accept(subprotocol=accepted_subprotocol(ws)) would answer (NIM's client)
@@ -228,23 +301,20 @@ class FastWsListener:
             return WSUpgradeResponseWithListener(response, connection)
         return connection
 
-    def _scope(self, request, url) -> dict:
+    def _scope(self, request, url, client) -> dict:
         headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in request.headers.items()]
         return {"type": "websocket", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
                 "scheme": "wss" if self.settings.tls else "ws", "path": url.path, "raw_path": url.path.encode(),
                 "query_string": url.query.encode("latin-1"), "root_path": "", "headers": headers,
-                "client": None, "server": None, "subprotocols": _subprotocols(request.headers), "state": {}}  # fmt: skip
+                "client": client, "server": None, "subprotocols": _subprotocols(request.headers), "state": {}}  # fmt: skip
 
     async def start(self) -> None:
         """Listen on --fast-ws-port, an SO_REUSEPORT socket as every front end's (the supervisor
-        reserved the port: core/supervisor.py)."""
+        reserved the port: core/supervisor.py). The transport is asyncio's loop's (uvloop), not
+        aiofastnet: its abort and pause_reading are what the hardening tests were written against."""
         s = self.settings
-        self.server = await ws_create_server(
-            self, s.host, s.fast_ws_port, reuse_port=True, websocket_handshake_timeout=self.limits.header_timeout_s,
-            max_frame_size=s.max_message_bytes, enable_auto_ping=bool(s.ping_interval_s),
-            auto_ping_idle_timeout=s.ping_interval_s or 20, auto_ping_reply_timeout=s.ping_timeout_s or 20,
-            ssl=_ssl_context(s), use_aiofastnet=False,
-        )  # fmt: skip
+        self.server = await asyncio.get_running_loop().create_server(
+            lambda: UpgradeProtocol(self), s.host, s.fast_ws_port, reuse_port=True, ssl=_ssl_context(s))
 
     async def close(self) -> None:
         """Stop accepting; drop the connections still open after SHUTDOWN_ABORT_S."""
@@ -253,6 +323,13 @@ class FastWsListener:
         loop = asyncio.get_running_loop()
         for c in list(self.connections):
             loop.call_later(SHUTDOWN_ABORT_S, c.abort)
+
+
+def _error_response(status: int, reason: str) -> WSUpgradeResponseWithListener:
+    """What the app's denial (app._refuse) answers through uvicorn: its JSON error body."""
+    body = json.dumps({"type": "error", "id": None, "reason": reason}).encode()
+    headers = {"Content-Type": "application/json", **({"Retry-After": "1"} if status == 503 else {})}
+    return WSUpgradeResponseWithListener(WSUpgradeResponse.create_error_response(status, body, headers), None)
 
 
 def _close_code(code: int):

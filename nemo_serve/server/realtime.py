@@ -69,6 +69,7 @@ from .protocol import (
 )
 from .nim_items import ForcedEnds, LastUtterance
 from .realtime_items import ItemStream, SegmentKeys
+from .realtime_speakers import check_diarizing, diarization_option, segment_events
 from . import speech_detector
 from .realtime_protocol import (
     Append,
@@ -214,6 +215,7 @@ class RealtimeFormat:
                     raise
                 rt.language = u.transcription.language or None
             check_model(u.transcription.model, self.ctx.model.name, u.event_id)
+            check_diarizing(u.transcription.model, self.ctx.model.num_speakers, u.event_id)
             rt.transcription_model = u.transcription.model or rt.transcription_model
             rt.prompt = u.transcription.prompt if u.transcription.prompt is not None else rt.prompt
             phrases = transcription_phrases(u.transcription, self.ctx.settings.phrase_limits,
@@ -365,6 +367,7 @@ class RealtimeFormat:
                 item.handle = self.ctx.engine.open_stream(
                     self.session.engine_callback(functools.partial(self._take_item_result, item)),
                     language=self.language, endpoint=self._endpoint_rules(), context_right=self.rt.context_right, **boost,
+                    **diarization_option(self.rt.transcription_model, self.ctx.model.num_speakers),
                 )  # fmt: skip
                 self._num_opened += 1
             except NoFreeSlotError as e:
@@ -566,6 +569,8 @@ class RealtimeFormat:
         completed = completed_event(r, item_id, self.ctx.model.vocabulary, item.start_s, last)
         if self.nim:
             self.nim_said.on_completed(completed, item_id, last)
+        for segment in segment_events(r, item_id):  # a diarized item's speakers, before its completed
+            await self.session.send(segment)
         await self.session.send(completed)
 
     def _committed_event(self, segment: int):

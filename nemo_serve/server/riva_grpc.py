@@ -94,7 +94,8 @@ class RivaCall:
         # parse_config checked language and mode: an option error here is about the phrases
         return self.session.open(config.context_right, interim_results=config.interim_results,
                                  config_prefix="speech_contexts: " if config.phrases else "", language=config.language,
-                                 endpoint=config.endpoint, phrases=config.phrases, boost=config.boost)  # fmt: skip
+                                 endpoint=config.endpoint, phrases=config.phrases, boost=config.boost,
+                                 diarization=config.diarization)  # fmt: skip
 
     def push(self, data: bytes) -> None:
         """Audio bytes (a WAV header at the start is read, not decoded) -> the engine."""

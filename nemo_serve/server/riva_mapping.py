@@ -19,6 +19,10 @@ Field mapping (docs/protocol.md, "Riva ASR over gRPC"):
                          1; Riva's proto has no end-of-utterance field, so an EOB is a final too)
   max_alternatives       accepted; one alternative (greedy RNN-T decoding has one hypothesis)
   enable_word_time_offsets  words with start/end in ms on finals
+  diarization_config     enable_speaker_diarization -> the stream's `diarization` (a --diarizer server
+                         only); max_speaker_count 1..the diarizer's speakers (0: all of them); each
+                         final's WordInfo carries speaker_tag, the word's speaker + 1 (Riva's tags
+                         start at 1; 0 means none), words sent even without enable_word_time_offsets
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ class RivaConfig:
     word_time_offsets: bool
     phrases: list[str] | None = None  # speech_contexts' phrases, checked by the engine's open_stream
     boost: float | None = None  # None: the server's default boost
+    diarization: dict | None = None  # the engine's `diarization` option; None: no speakers
 
 
 def mode_model_name(model: ModelInfo, context_right: int) -> str:
@@ -96,6 +101,7 @@ def parse_config(config, model: ModelInfo, base_endpoint: EndpointConfig, interi
         endpoint=endpoint,
         interim_results=interim_results,
         word_time_offsets=config.enable_word_time_offsets,
+        diarization=_diarization(config, model.num_speakers),
         **_boosting(config.speech_contexts),
     )
 
@@ -109,6 +115,20 @@ def _eou_option(custom: dict, endpoint: EndpointConfig) -> EndpointConfig:
     if value.lower() not in ("true", "false"):
         raise RivaRequestError(f"custom_configuration eou={preview(value)}: use true or false")
     return replace(endpoint, eou=value.lower() == "true")
+
+
+def _diarization(config, num_speakers: int | None) -> dict | None:
+    """diarization_config checked here, before admission, in Riva's names (the engine checks the
+    same again in its own). Not enabled: None, whatever max_speaker_count says (Riva ignores it)."""
+    if not (config.HasField("diarization_config") and config.diarization_config.enable_speaker_diarization):
+        return None
+    if num_speakers is None:
+        raise RivaRequestError("diarization_config: this server has no diarizer loaded (start it with --diarizer)")
+    count = config.diarization_config.max_speaker_count
+    if not 0 <= count <= num_speakers:
+        raise RivaRequestError(f"diarization_config.max_speaker_count {count}: this diarizer tells at most "
+                               f"{num_speakers} speakers apart (0: all of them)")  # fmt: skip
+    return {"max_speakers": count or num_speakers}
 
 
 def check_rate(rate: int, where: str) -> None:
@@ -209,16 +229,18 @@ class LeadingWav:
 
 
 def alternative(pb, r: StreamResult, word_times: bool):
-    """`pb`: riva_asr_pb2. One SpeechRecognitionAlternative: the segment's text, words on finals."""
+    """`pb`: riva_asr_pb2. One SpeechRecognitionAlternative: the segment's text, words on finals
+    (asked for, or a diarized stream's: its speakers are on its words)."""
     alt = pb.SpeechRecognitionAlternative(transcript=r.text)
     if r.is_final:
         confidences = [w.confidence for w in r.words or () if w.confidence is not None]
         alt.confidence = min(confidences) if confidences else 1.0  # no scores (no --word-confidence): 1.0
-        if word_times:
+        if word_times or r.word_speakers is not None:
+            tags = [k + 1 for k in r.word_speakers] if r.word_speakers is not None else [0] * len(r.words or ())
             alt.words.extend(
                 pb.WordInfo(word=w.word, start_time=round(w.start * 1000), end_time=round(w.end * 1000),
-                            confidence=w.confidence if w.confidence is not None else 1.0)  # fmt: skip
-                for w in r.words or ()
+                            confidence=w.confidence if w.confidence is not None else 1.0, speaker_tag=tag)  # fmt: skip
+                for w, tag in zip(r.words or (), tags)
             )
     return alt
 

@@ -6,6 +6,9 @@
                 per engine segment with text (the endpointer splits at pauses), with its token ids;
                 words with start and end times (engine/words.py)
   srt, vtt      one cue per segment
+  diarized_json {"task", "duration", "text", "segments", "usage"}: OpenAI's TranscriptionDiarized;
+                a segment per run of words of one speaker within an engine segment, speaker
+                "A" for the diarizer's speaker 0, "B" for 1, ... (a diarized stream's finals only)
 
 A segment starts at its first word and ends at its last (the engine's segment also holds the
 silence around them). Whisper's decoding statistics that OpenAI's segment schema requires
@@ -19,7 +22,7 @@ import math
 
 from ..engine.results import StreamResult
 
-RESPONSE_FORMATS = ("json", "text", "verbose_json", "srt", "vtt")
+RESPONSE_FORMATS = ("json", "text", "verbose_json", "srt", "vtt", "diarized_json")
 
 
 def transcript_text(finals: list[StreamResult]) -> str:
@@ -72,6 +75,43 @@ def verbose_body(finals: list[StreamResult], duration_s: float, language: str) -
         "text": transcript_text(finals),
         "segments": segments(finals),
         "words": words(finals),
+        "usage": usage(duration_s),
+    }
+
+
+def speaker_label(speaker: int) -> str:
+    """OpenAI labels unnamed speakers with capital letters; the diarizer numbers them in order of
+    appearance from 0, so its speaker 0 is "A"."""
+    return chr(ord("A") + speaker)
+
+
+def diarized_segments(finals: list[StreamResult]) -> list[dict]:
+    """Each final's words cut where the speaker changes (StreamResult.word_speakers): the speaker
+    is known per token, so per word, and a segment's words share one."""
+    out = []
+    for f in finals:
+        words = f.words or []
+        runs: list[list[int]] = []  # word indices, one list per speaker run
+        for i, k in enumerate(f.word_speakers or ()):
+            if runs and f.word_speakers[runs[-1][-1]] == k:
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+        for run in runs:
+            out.append({
+                "type": "transcript.text.segment", "id": f"seg_{len(out)}",
+                "speaker": speaker_label(f.word_speakers[run[0]]), "start": words[run[0]].start,
+                "end": max(words[run[0]].start, words[run[-1]].end), "text": " ".join(words[i].word for i in run),
+            })  # fmt: skip
+    return out
+
+
+def diarized_body(finals: list[StreamResult], duration_s: float) -> dict:
+    return {
+        "task": "transcribe",
+        "duration": round(duration_s, 3),
+        "text": transcript_text(finals),
+        "segments": diarized_segments(finals),
         "usage": usage(duration_s),
     }
 

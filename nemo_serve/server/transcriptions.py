@@ -2,13 +2,16 @@
 
   multipart/form-data fields (OpenAI's names):
     file             required; any format file_audio.py reads, at any rate
-    response_format  json (default), text, verbose_json, srt, vtt
+    response_format  json (default), text, verbose_json, srt, vtt, diarized_json (a server with
+                     --diarizer: who spoke, OpenAI's TranscriptionDiarized; 400 without one)
     language         ISO-639-1 (`en`) or the model's own code (`en-US`); chooses the prompt of a
                      multilingual prompt model, a hint otherwise
     context_right    the latency mode, as /ws takes it (also `?context_right=` on the URL)
     model, prompt, temperature, timestamp_granularities[], chunking_strategy, include[]:
                      accepted and ignored (one model; greedy decoding; verbose_json always
-                     carries segments and words)
+                     carries segments and words; the engine chunks the audio itself)
+    known_speaker_names[], known_speaker_references[]: refused (400): speakers are not matched
+                     to reference voices here
     stream           `true` is refused: no server-sent events here
 
 Order of checks, cheapest first: a browser's Origin (403, as for the sockets), bearer token
@@ -103,7 +106,7 @@ async def _transcribe(request: Request, ctx: ServerContext, decoding: asyncio.Se
         raise RequestError(413, str(e), param="file", code="audio_too_long") from None
     except FileAudioError as e:
         raise RequestError(400, str(e), param="file", code="invalid_audio") from None
-    job = FileTranscription(ctx, options["language"], options["context_right"])
+    job = FileTranscription(ctx, options["language"], options["context_right"], options["diarization"])
     try:
         finals = await job.run(samples, timeout_s=duration_s + TIMEOUT_MARGIN_S, receive=request.receive)
     except TranscriptionFailed as e:
@@ -122,6 +125,7 @@ def _options(form: FormData, query, ctx: ServerContext) -> dict:
     if (_field(form, "stream") or "false").lower() == "true":
         raise RequestError(400, "stream=true is not supported: the whole transcript comes in one response", param="stream")
     given_language = _field(form, "language")
+    diarization = _diarization(form, response_format, model.num_speakers)
     languages = sorted(model.prompt_dictionary) if model.prompt_dictionary else None
     try:
         language = model_language(given_language, languages)
@@ -133,7 +137,23 @@ def _options(form: FormData, query, ctx: ServerContext) -> dict:
         "language": language,
         "language_label": language or given_language or model.default_language or "unknown",
         "context_right": _context_right(raw_mode, model.modes) if raw_mode else None,
+        "diarization": diarization,
     }
+
+
+def _diarization(form: FormData, response_format: str, num_speakers: int | None) -> dict | None:
+    """The stream's diarization option: all the diarizer's speakers for diarized_json, else none.
+    400 before any decoding where it cannot be served."""
+    known = [name for name in form if name.startswith("known_speaker_")]
+    if known:
+        raise RequestError(400, f"{known[0]} is not supported: speakers are labelled A, B, ... in order of "
+                           "appearance, not matched to reference voices", param=known[0])  # fmt: skip
+    if response_format != "diarized_json":
+        return None
+    if num_speakers is None:
+        raise RequestError(400, "response_format diarized_json: this server has no diarizer loaded "
+                           "(start it with --diarizer)", param="response_format")  # fmt: skip
+    return {"max_speakers": num_speakers}
 
 
 def _context_right(raw: str, served: tuple[int, ...]) -> int:
@@ -158,6 +178,8 @@ def _render(finals, duration_s: float, options: dict) -> Response:
     kind = options["response_format"]
     if kind == "json":
         return JSONResponse(fmt.json_body(finals, duration_s))
+    if kind == "diarized_json":
+        return JSONResponse(fmt.diarized_body(finals, duration_s))
     if kind == "verbose_json":
         return JSONResponse(fmt.verbose_body(finals, duration_s, options["language_label"]))
     if kind == "text":

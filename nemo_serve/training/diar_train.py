@@ -5,6 +5,11 @@ Recipe (configs/demo_sortformer.yaml is the model):
 * **Init.** The FastConformer encoder (pre-encode and 4 layers) is copied from the demo ASR model
   (nemo_serve/assets/demo/demo.nemo), as NVIDIA starts Sortformer from a pretrained NEST encoder; the
   projection, Transformer and speaker head start from NeMo's random init.
+* **Frozen pre-encode convolutions.** The copied striding convolutions (10 ms log-mels -> 80 ms frames)
+  stay as the ASR model trained them (``--train-pre-encode`` trains them too): their backward pass was a
+  quarter of a step's CPU time, and the layers above them are where speakers are told apart. Their
+  projection is trained: the ASR model subsamples causally, the Sortformer symmetrically (NeMo's streaming
+  step counts frames that way), so it starts from the ASR projection's first 10 of 11 frequency bins.
 * **Data.** Conversations drawn on the fly from the training bank of ``diar_corpus`` (2-4 speakers of
   distinct timbres, pauses and overlaps), ``--min-s``..``--max-s`` seconds, batches of about
   ``--batch-s`` seconds of audio; the seed fixes the whole stream of conversations.
@@ -70,6 +75,14 @@ def copy_asr_encoder(model, asr_path: Path) -> None:
     source = asr.encoder.state_dict()
     target = model.encoder.state_dict()
     copied = {k: source[k].float() for k in target if k in source and source[k].shape == target[k].shape}
+    # The ASR model subsamples causally (80 mels -> 11 bins per channel), the Sortformer symmetrically (10),
+    # as NeMo's streaming step needs: the projection keeps the first 10 bins of each channel and is trained.
+    key = "pre_encode.out.weight"
+    if key not in copied and key in source:
+        d_model, width = target[key].shape
+        channels = model.encoder.pre_encode.conv[0].out_channels
+        bins = source[key].float().reshape(d_model, channels, -1)
+        copied[key] = bins[:, :, : width // channels].reshape(d_model, width)
     missing = [k for k in target if k not in copied and "num_batches_tracked" not in k]
     if missing:
         raise ValueError(f"ASR encoder lacks {len(missing)} Sortformer encoder tensors, e.g. {missing[:3]}")
@@ -162,13 +175,17 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-init", action="store_true", help="random encoder instead of the demo ASR model's")
+    p.add_argument("--train-pre-encode", action="store_true")
     p.add_argument("--resume", action="store_true")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     a.out.mkdir(parents=True, exist_ok=True)
     model = build_model(None if a.no_init else DEMO_ASR).train()
-    optim = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.98), weight_decay=1e-3)
+    if not a.train_pre_encode:
+        model.encoder.pre_encode.conv.requires_grad_(False)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    optim = torch.optim.AdamW(trained, lr=a.lr, betas=(0.9, 0.98), weight_decay=1e-3)
     start, best = 0, float("inf")
     if a.resume and (a.out / "last.pt").exists():
         state = torch.load(a.out / "last.pt", weights_only=False)
@@ -186,7 +203,7 @@ def main(argv=None) -> None:
         loss = sortformer_loss(model, preds, targets, target_lens)
         optim.zero_grad()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trained, 1.0)
         optim.step()
         if (step + 1) % 10 == 0:
             print(f"step {step + 1} loss {loss.item():.4f} lr {optim.param_groups[0]['lr']:.2e} "

@@ -1,0 +1,249 @@
+"""Speakers on the other protocols, through the real server (--diarizer builtin:tiny-sortformer)
+and each protocol's own client library: Riva gRPC (riva.client), the file API and /v1/realtime
+(openai SDK).
+
+The reference is /ws on the same samples (tests/test_diarization_server.py checks /ws against
+NeMo's own streaming loop): a diarized call's words and timings equal a plain call's, and its
+speakers equal /ws's. Diarization asked of a server without a diarizer, or asked wrongly, is
+refused before any audio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import soundfile
+import soxr
+
+import nemo_serve
+
+from .helpers_server import TOKEN, free_port, raw_session, start_server
+
+riva = pytest.importorskip("riva.client")
+openai = pytest.importorskip("openai")
+
+UTTERANCES = sorted((Path(nemo_serve.__file__).parent / "assets" / "demo" / "utterances").glob("*.wav"))
+MAX_SPEAKERS = 3
+
+
+@pytest.fixture(scope="module")
+def server():
+    grpc_port = free_port()
+    with start_server("--grpc-port", str(grpc_port), "--num-slots", "3", "--diarizer", "builtin:tiny-sortformer") as s:
+        s.grpc_port = grpc_port
+        yield s
+
+
+@pytest.fixture(scope="module")
+def conversation(tmp_path_factory) -> Path:
+    """Six demo utterances end to end, 16-bit PCM at 16 kHz: long enough for the toy diarizer to
+    name more than one speaker (its speakers mean nothing, but they change)."""
+    samples = np.concatenate([soundfile.read(w, dtype="int16")[0] for w in UTTERANCES[:6]])
+    path = tmp_path_factory.mktemp("diar") / "conversation.wav"
+    soundfile.write(path, samples, 16000, subtype="PCM_16")
+    return path
+
+
+def ws_diarized_finals(server, wav: Path, max_speakers: int, samples: np.ndarray | None = None, rate: int = 16000,
+                       endpointing: dict | None = None) -> list[dict]:  # fmt: skip
+    """/ws's non-empty finals for the same samples (PCM16, 100 ms packets), speakers asked for;
+    `samples` (PCM16 at `rate`) instead of the file's."""
+    if samples is None:
+        samples, rate = soundfile.read(wav, dtype="int16")
+    config = {"type": "config", "sample_rate": rate, "encoding": "pcm_s16le", "diarization": {"max_speakers": max_speakers},
+              **({"endpointing": endpointing} if endpointing else {})}  # fmt: skip
+    frames = [samples[i : i + rate // 10].tobytes() for i in range(0, len(samples), rate // 10)]
+    messages, code = asyncio.run(raw_session(server.ws_url, [json.dumps(config), *frames, json.dumps({"type": "end"})]))
+    assert code == 1000, messages[-3:]
+    return [m for m in messages if m["type"] == "final" and m["text"]]
+
+
+# ---------------------------------------------------------------------------------------------- Riva
+def riva_service(server):
+    return riva.ASRService(riva.Auth(uri=f"127.0.0.1:{server.grpc_port}", metadata_args=[["authorization", f"Bearer {TOKEN}"]]))
+
+
+def riva_config(wav: Path, speakers: int | None, words: bool = True):
+    """riva.client's own config helpers; `speakers`: max_speaker_count with diarization on, None: off."""
+    config = riva.RecognitionConfig(encoding=riva.AudioEncoding.LINEAR_PCM, language_code="en-US",
+                                    enable_word_time_offsets=words)  # fmt: skip
+    riva.add_audio_file_specs_to_config(config, wav)
+    if speakers is not None:
+        riva.add_speaker_diarization_to_config(config, True, speakers)
+    return config
+
+
+def riva_stream(asr, wav: Path, speakers: int | None, words: bool = True) -> list:
+    config = riva.StreamingRecognitionConfig(config=riva_config(wav, speakers, words), interim_results=False)
+    with riva.AudioChunkFileIterator(str(wav), 1600) as chunks:
+        return [r for response in asr.streaming_response_generator(chunks, config) for r in response.results]
+
+
+def words_of(results) -> list[list[tuple[str, int, int]]]:
+    return [[(w.word, w.start_time, w.end_time) for w in r.alternatives[0].words] for r in results]
+
+
+def tags_of(results) -> list[list[int]]:
+    return [[w.speaker_tag for w in r.alternatives[0].words] for r in results]
+
+
+def test_riva_speaker_tags_equal_ws_speakers_and_words_equal_a_plain_call(server, conversation):
+    asr = riva_service(server)
+    try:
+        diarized = [r for r in riva_stream(asr, conversation, MAX_SPEAKERS) if r.is_final]
+        plain = [r for r in riva_stream(asr, conversation, None) if r.is_final]
+        offline = asr.offline_recognize(conversation.read_bytes(), riva_config(conversation, MAX_SPEAKERS)).results
+        no_word_times = [r for r in riva_stream(asr, conversation, MAX_SPEAKERS, words=False) if r.is_final]
+    finally:
+        asr.auth.channel.close()
+    reference = ws_diarized_finals(server, conversation, MAX_SPEAKERS)
+    server.assert_no_leak()
+    expected = [[w["speaker"] + 1 for w in f["words"]] for f in reference]  # Riva's tags count from 1
+    assert len({t for tags in expected for t in tags}) > 1, expected  # the audio has speaker changes
+    assert [r.alternatives[0].transcript for r in diarized] == [r.alternatives[0].transcript for r in plain]
+    assert words_of(diarized) == words_of(plain) == words_of(offline)
+    assert tags_of(diarized) == tags_of(offline) == expected
+    assert tags_of(no_word_times) == expected  # the speakers come on words even without time offsets
+    assert all(w.speaker_tag == 0 for r in plain for w in r.alternatives[0].words)
+
+
+@pytest.mark.parametrize("speakers, reason", [(5, "max_speaker_count 5: this diarizer tells at most 4"),
+                                              (-1, "max_speaker_count -1")])  # fmt: skip
+def test_riva_bad_max_speaker_count_is_invalid_argument(server, conversation, speakers, reason):
+    asr = riva_service(server)
+    try:
+        with pytest.raises(grpc.RpcError) as e:
+            riva_stream(asr, conversation, speakers)
+        with pytest.raises(grpc.RpcError) as offline:
+            asr.offline_recognize(conversation.read_bytes(), riva_config(conversation, speakers))
+    finally:
+        asr.auth.channel.close()
+    for error in (e.value, offline.value):
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and reason in error.details(), error.details()
+    server.assert_no_leak()
+
+
+def test_riva_diarization_on_a_server_without_a_diarizer_is_refused(conversation):
+    grpc_port = free_port()
+    with start_server("--grpc-port", str(grpc_port), "--num-slots", "1") as s:
+        s.grpc_port = grpc_port
+        asr = riva_service(s)
+        try:
+            with pytest.raises(grpc.RpcError) as e:
+                riva_stream(asr, conversation, 2)
+            plain = [r for r in riva_stream(asr, conversation, None) if r.is_final]  # the server goes on
+        finally:
+            asr.auth.channel.close()
+        s.assert_no_leak()
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "no diarizer loaded" in e.value.details()
+    assert plain and all(w.speaker_tag == 0 for r in plain for w in r.alternatives[0].words)
+
+
+# ---------------------------------------------------------------------------------------- file API
+def sdk(server):
+    return openai.OpenAI(api_key=TOKEN, base_url=f"{server.http_url}/v1", max_retries=0)
+
+
+def speaker_runs(ws_finals: list[dict]) -> list[tuple[str, str, float, float]]:
+    """/ws's words cut where the speaker changes, within each final: (label, text, start, end),
+    OpenAI's letters for the 0-based speakers."""
+    runs = []
+    for f in ws_finals:
+        previous = None
+        for w in f["words"]:
+            if w["speaker"] == previous:
+                label, text, start, _ = runs[-1]
+                runs[-1] = (label, f"{text} {w['word']}", start, w["end"])
+            else:
+                runs.append(("ABCDEFGH"[w["speaker"]], w["word"], w["start"], w["end"]))
+            previous = w["speaker"]
+    return runs
+
+
+def test_file_diarized_json_segments_are_ws_speaker_runs_and_text_a_plain_request(server, conversation):
+    client = sdk(server)
+    with open(conversation, "rb") as f:
+        diarized = client.audio.transcriptions.create(file=f, model="gpt-4o-transcribe-diarize",
+                                                      response_format="diarized_json", chunking_strategy="auto")  # fmt: skip
+    with open(conversation, "rb") as f:
+        plain = client.audio.transcriptions.create(file=f, model="any", response_format="verbose_json")
+    reference = ws_diarized_finals(server, conversation, 4)  # all the diarizer's speakers, as the file API asks
+    server.assert_no_leak()
+    assert type(diarized).__name__ == "TranscriptionDiarized"  # the SDK parsed OpenAI's diarized shape
+    expected = speaker_runs(reference)
+    assert len({label for label, *_ in expected}) > 1 and len(expected) > 2, expected
+    assert [(s.speaker, s.text, s.start, s.end) for s in diarized.segments] == expected
+    assert all(s.type == "transcript.text.segment" for s in diarized.segments)
+    assert len({s.id for s in diarized.segments}) == len(diarized.segments)
+    assert diarized.text == plain.text and diarized.duration == plain.duration and diarized.task == "transcribe"
+    assert " ".join(s.text for s in diarized.segments).split() == [w.word for w in plain.words]
+    assert diarized.usage.type == "duration" and diarized.usage.seconds == plain.usage.seconds
+
+
+def test_file_diarized_json_refused_without_a_diarizer_and_known_speakers_refused(server, shared_server, conversation):
+    with open(conversation, "rb") as f, pytest.raises(openai.BadRequestError, match="no diarizer loaded") as e:
+        sdk(shared_server).audio.transcriptions.create(file=f, model="any", response_format="diarized_json")
+    assert e.value.body["param"] == "response_format"
+    with open(conversation, "rb") as f, pytest.raises(openai.BadRequestError, match="known_speaker_names.* is not supported"):
+        sdk(server).audio.transcriptions.create(file=f, model="any", response_format="diarized_json",
+                                                known_speaker_names=["agent"],
+                                                known_speaker_references=["data:audio/wav;base64,UklGRg=="])  # fmt: skip
+    shared_server.assert_no_leak()
+    server.assert_no_leak()
+
+
+# ---------------------------------------------------------------------------------------- realtime
+def realtime_events(server, wire: np.ndarray, model: str) -> list:
+    """The SDK's GA transcription flow at 24 kHz, no turn detection: append all, commit, until completed."""
+
+    async def run() -> list:
+        client = openai.AsyncOpenAI(api_key=TOKEN, base_url=f"{server.http_url}/v1")
+        events = []
+        async with client.realtime.connect(model="nemotron", extra_query={"intent": "transcription"}) as conn:
+            await conn.session.update(session={"type": "transcription", "audio": {"input": {
+                "format": {"type": "audio/pcm", "rate": 24000}, "transcription": {"model": model},
+                "turn_detection": None}}})  # fmt: skip
+            for i in range(0, len(wire), 2400):
+                await conn.input_audio_buffer.append(audio=base64.b64encode(wire[i : i + 2400].tobytes()).decode())
+            await conn.input_audio_buffer.commit()
+            async for ev in conn:
+                events.append(ev)
+                if ev.type in ("conversation.item.input_audio_transcription.completed", "error"):
+                    break
+        return events
+
+    return asyncio.run(run())
+
+
+def test_realtime_diarizing_model_gives_segment_events_of_ws_speakers(server, conversation):
+    samples, rate = soundfile.read(conversation, dtype="float32")
+    wire = np.clip(np.round(soxr.resample(samples, rate, 24000, quality="HQ") * 32768.0), -32768, 32767).astype("<i2")
+    diarized = realtime_events(server, wire, "gpt-4o-transcribe-diarize")
+    plain = realtime_events(server, wire, "gpt-4o-transcribe")
+    reference = ws_diarized_finals(server, conversation, 4, wire, 24000, endpointing={"enabled": False})
+    server.assert_no_leak()
+    segments = [e for e in diarized if e.type == "conversation.item.input_audio_transcription.segment"]
+    completed, plain_completed = diarized[-1], plain[-1]
+    assert completed.type == plain_completed.type == "conversation.item.input_audio_transcription.completed"
+    assert all(type(e).__name__ == "ConversationItemInputAudioTranscriptionSegment" for e in segments)
+    expected = speaker_runs(reference)
+    assert len({label for label, *_ in expected}) > 1, expected
+    assert [(e.speaker, e.text, e.start, e.end) for e in segments] == expected
+    assert all(e.item_id == completed.item_id and e.content_index == 0 for e in segments)
+    assert completed.transcript == plain_completed.transcript
+    assert " ".join(e.text for e in segments) == " ".join(completed.transcript.split())  # words: runs of spaces collapsed
+    assert completed.model_extra["nemo_serve"]["token_ids"] == plain_completed.model_extra["nemo_serve"]["token_ids"]
+    assert not any(e.type.endswith(".segment") for e in plain)
+
+
+def test_realtime_diarizing_model_refused_without_a_diarizer(shared_server):
+    events = realtime_events(shared_server, np.zeros(2400, "<i2"), "gpt-4o-transcribe-diarize")
+    errors = [e for e in events if e.type == "error"]
+    assert errors and "no diarizer loaded" in errors[0].error.message and errors[0].error.param == "transcription.model"
+    shared_server.assert_no_leak()

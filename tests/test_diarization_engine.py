@@ -10,6 +10,7 @@ the diarizer nothing; a bad or unserved `diarization` option is refused before a
 from __future__ import annotations
 
 import functools
+import time
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from nemo_serve.builtin.sortformer import build_diarizer
 from nemo_serve.diarization import runner as diar_runner
 from nemo_serve.diarization.reference import nemo_chunks, nemo_reference_preds, stream_features
 from nemo_serve.diarization.settings import MODEL_CARD_SETTINGS, apply_settings
+from nemo_serve.engine.invariants import ENV, AccountingError
 from tests import helpers
 
 PROB_ATOL = 2e-5  # as tests/test_diarization_step.py: padding changes matmul shapes
@@ -37,15 +39,20 @@ def _oracle(audio: np.ndarray) -> np.ndarray:
 
 
 def _kept_probabilities(monkeypatch) -> dict:
-    """stream_id -> its speaker probabilities as the runner had them when it let the stream go."""
-    kept, close = {}, diar_runner.SortformerRunner.close
+    """stream_id -> all its speaker probabilities, as the runner reported them step by step (it
+    keeps only the frames still needed)."""
+    kept, collect = {}, diar_runner.SortformerRunner.collect
 
-    def keeping(self, stream_id):
-        if stream_id in self.streams:
-            kept[stream_id] = self.streams[stream_id].preds.copy()
-        close(self, stream_id)
+    def keeping(self, launched):
+        stream_ids = collect(self, launched)
+        for stream_id in stream_ids:
+            window, seen = self.streams[stream_id].preds, len(kept.get(stream_id, ()))
+            assert window.first_frame <= seen, "frames forgotten before the test saw them"
+            new = window.kept()[seen - window.first_frame :]
+            kept[stream_id] = np.concatenate([kept.get(stream_id, np.zeros((0, new.shape[1]), np.float32)), new])
+        return stream_ids
 
-    monkeypatch.setattr(diar_runner.SortformerRunner, "close", keeping)
+    monkeypatch.setattr(diar_runner.SortformerRunner, "collect", keeping)
     return kept
 
 
@@ -161,3 +168,194 @@ def test_diarization_option_refused_before_any_work():
         unserved.open_stream(lambda r: None, diarization={"max_speakers": 2})
     _assert_empty(served)
     helpers.assert_engine_empty(unserved)
+
+
+def test_speaker_window_keeps_what_is_asked_and_stays_small():
+    """SpeakerWindow against a whole-history array: every kept frame equal, forgotten ones gone,
+    and its rows under four times the most frames it had to keep."""
+    rng = np.random.default_rng(0)
+    window, whole, most_kept = diar_runner.SpeakerWindow(4, capacity=8), np.zeros((0, 4), np.float32), 0
+    for _ in range(2000):
+        new = rng.random((int(rng.integers(1, 14)), 4), dtype=np.float32)
+        window.append(new)
+        whole = np.concatenate([whole, new])
+        window.forget_before(len(whole) - int(rng.integers(0, 40)))
+        most_kept = max(most_kept, len(whole) - window.first_frame + 14)
+        assert window.num_frames == len(whole)
+        assert np.array_equal(window.kept(), whole[window.first_frame :])
+        assert window.row(len(whole) - 1).tolist() == whole[-1].tolist()
+        assert window.capacity < 4 * most_kept
+    window.forget_before(10**9)
+    assert len(window.kept()) == 1, "the last frame is always kept"
+
+
+def test_a_long_diarized_stream_keeps_a_bounded_window_and_exact_speakers(monkeypatch):
+    """Two minutes of speech on one diarized stream: the runner keeps only the frames between the
+    attacher's oldest need and its own position (a few seconds, not the stream's length), its
+    buffer stops growing early, and every token still gets the speaker of its time (the whole
+    history the runner reported)."""
+    kept = _kept_probabilities(monkeypatch)
+    audio = np.concatenate(helpers.utterances(40, seed=3))[: 16000 * 120]
+    engine = helpers.new_engine(helpers.model(None), 1, diarizer=diarizer())
+    runner, seen = engine.engine.diarizer, []  # (frames reported, frames kept, buffer rows) per step
+    collect = diar_runner.SortformerRunner.collect
+
+    def measuring(self, launched):
+        stream_ids = collect(self, launched)
+        window = self.streams[stream_ids[0]].preds
+        seen.append((window.num_frames, len(window.kept()), window.capacity))
+        return stream_ids
+
+    monkeypatch.setattr(diar_runner.SortformerRunner, "collect", measuring)
+    results, ids = _drive(engine, [audio], [{"max_speakers": 4}], packet=4000)
+    frames_total = seen[-1][0]
+    assert frames_total * runner.frame_s > 100
+    most_kept = max(k for _, k, _ in seen)
+    assert most_kept * runner.frame_s < 10, f"kept {most_kept} frames of {frames_total}"
+    early = [c for n, _, c in seen if n * runner.frame_s < 30]
+    assert max(c for _, _, c in seen) == max(early), "the buffer grew after the first 30 s"
+    _check_speakers(results[0], kept[ids[0]], 4, engine.engine)
+    _assert_empty(engine)
+
+
+def _forgetting_pool_release(self, stream_id):
+    """SortformerRunner.close with its slot release lost (the leak the books must catch)."""
+    self.streams.pop(stream_id, None)
+
+
+def test_the_diarizer_books_are_checked_and_a_leaked_slot_is_caught(monkeypatch):
+    engine = helpers.new_engine(helpers.model(None), 2, diarizer=diarizer())
+    audio = helpers.utterances(1, seed=2)[0]
+    a = engine.open_stream(lambda r: None, diarization={"max_speakers": 2})
+    b = engine.open_stream(lambda r: None)
+    for h in (a, b):
+        engine.push(h, audio[:16000])
+    for _ in range(3):
+        engine.iterate()
+    assert engine.check_accounting(exact=True) == 2
+    speakers = engine.engine.speakers
+    # An aborted stream whose speaker books are not dropped: the diarizer slot would stay held forever.
+    monkeypatch.setattr(type(speakers), "drop", lambda self, stream_id: None)
+    engine.abort(a)
+    engine.iterate()
+    with pytest.raises(AccountingError, match="no release waiting"):
+        engine.check_accounting()
+    monkeypatch.undo()
+    speakers.drop(a.stream_id)
+    engine.check_accounting()
+    # A diarized stream's end whose diarizer slot is never given back.
+    monkeypatch.setattr(diar_runner.SortformerRunner, "close", _forgetting_pool_release)
+    c = engine.open_stream(lambda r: None, diarization={"max_speakers": 2})
+    engine.push(c, audio)
+    engine.finish(c)
+    with pytest.raises(AccountingError, match="diarizer slots held by"):
+        for _ in range(200):
+            engine.iterate()
+            engine.check_accounting()
+    monkeypatch.undo()
+    engine.engine.diarizer.pool.release(c.stream_id)
+    engine.abort(b)
+    _assert_empty(engine)
+
+
+def test_check_invariants_fails_the_loop_on_a_leaked_diarizer_slot(monkeypatch, tmp_path):
+    """NEMO_SERVE_CHECK_INVARIANTS on: the in-process loop checks the diarizer's books after each
+    iteration, so a release that loses its diarizer slot fails the engine loudly."""
+    monkeypatch.setenv(ENV, str(tmp_path))
+    monkeypatch.setattr(diar_runner.SortformerRunner, "close", _forgetting_pool_release)
+    engine = helpers.new_engine(helpers.model(None), 2, diarizer=diarizer()).start()
+    try:
+        done = []
+        h = engine.open_stream(lambda r: done.append(r.done), diarization={"max_speakers": 2})
+        engine.push(h, helpers.utterances(1, seed=2)[0])
+        engine.finish(h)
+        deadline = time.monotonic() + 60
+        while engine.error is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        engine.stop()
+    assert isinstance(engine.error, AccountingError) and "diarizer slots held by" in str(engine.error)
+
+
+@functools.lru_cache(maxsize=None)
+def slow_diarizer():
+    """The model card's "high" setting: a 10 s chunk, so the diarizer is far behind the ASR's tokens."""
+    model = build_diarizer("tiny-sortformer", 0)
+    apply_settings(model, MODEL_CARD_SETTINGS["high"])
+    return model
+
+
+def test_a_forced_final_on_a_diarized_stream_comes_out_at_once(monkeypatch):
+    """force_final with no more audio coming yet: the final (and any before it) is in the very next
+    iteration's output, each token the diarizer has reached with its speaker and each later one
+    with the speaker of the diarizer's latest frame; the stream then goes on, exact, to its end."""
+    kept = _kept_probabilities(monkeypatch)
+    audio = np.concatenate(helpers.utterances(5, seed=4))
+    assert len(audio) > 16000 * 14
+    engine = helpers.new_engine(helpers.model(None), 1, diarizer=slow_diarizer())
+    results = []
+    h = engine.open_stream(results.append, diarization={"max_speakers": 4})
+    pos = 0
+    while pos < 16000 * 12:
+        engine.push(h, audio[pos : pos + 1600])
+        pos += 1600
+        engine.iterate()
+    for _ in range(5):
+        engine.iterate()  # nothing more arrives: the diarizer stays behind the last tokens
+    assert not any(r.is_final for r in results)
+    engine.force_final(h)
+    engine.iterate()
+    finals = [r for r in results if r.is_final]
+    assert finals and finals[-1].end_reason == "force_final"
+    frame_s, probs = engine.engine.diarizer.frame_s, kept[h.stream_id]
+    latest = int(np.argmax(probs[-1, :4]))
+    times = [t for r in finals for t in r.token_times_s]
+    reached = [int(t / frame_s + 1e-6) < len(probs) for t in times]
+    assert any(reached) and not all(reached), (len(probs), times)
+    want = [int(np.argmax(probs[int(t / frame_s + 1e-6), :4])) if r else latest for t, r in zip(times, reached)]
+    assert [s for r in finals for s in r.token_speakers] == want
+    for at in range(pos, len(audio), 1600):
+        engine.push(h, audio[at : at + 1600])
+        engine.iterate()
+    engine.finish(h)
+    for _ in range(400):
+        engine.iterate()
+        if results[-1].done:
+            break
+    later = [r for r in results if r.is_final][len(finals) :]
+    assert results[-1].done and later
+    _check_speakers(later, kept[h.stream_id], 4, engine.engine)
+    _assert_empty(engine)
+
+
+def test_a_forced_final_before_the_diarizer_has_any_frame_says_speaker_zero():
+    """3 s into a stream at the 10 s setting the diarizer has reported nothing: the forced final
+    is out at once, its tokens and itself speaker 0 (Sortformer's first voice), never None."""
+    audio = np.concatenate(helpers.utterances(2, seed=4))
+    engine = helpers.new_engine(helpers.model(None), 1, diarizer=slow_diarizer())
+    results = []
+    h = engine.open_stream(results.append, diarization={"max_speakers": 4})
+    for at in range(0, 3 * 16000, 1600):
+        engine.push(h, audio[at : at + 1600])
+        engine.iterate()
+    assert engine.engine.diarizer.streams[h.stream_id].num_frames == 0
+    engine.force_final(h)
+    engine.iterate()
+    forced = [r for r in results if r.is_final]
+    assert len(forced) == 1 and forced[0].token_ids, forced
+    assert forced[0].token_speakers == [0] * len(forced[0].token_ids) and forced[0].speaker == 0
+    engine.abort(h)
+    _assert_empty(engine)
+
+
+def test_the_diarizer_slot_table_reports_a_slot_both_held_and_free():
+    engine = helpers.new_engine(helpers.model(None), 2, diarizer=diarizer())
+    h = engine.open_stream(lambda r: None, diarization={"max_speakers": 2})
+    engine.iterate()
+    pool = engine.engine.diarizer.pool
+    pool._free_slots.append(pool.stream_to_slot[h.stream_id])  # a release run twice by hand
+    with pytest.raises(AccountingError, match="one is both or twice"):
+        engine.check_accounting()
+    pool._free_slots.pop()
+    engine.abort(h)
+    _assert_empty(engine)

@@ -31,21 +31,71 @@ from .slots import SpeakerCacheSlots
 from .step import DiarStepBatch, DiarStepResult, diarize_step, make_batch
 
 
+class SpeakerWindow:
+    """A stream's speaker probabilities from the first frame still needed to the last reported:
+    [first_frame, num_frames). Appends land in spare rows; forgotten rows are dropped by moving
+    the kept ones to the front only when the spare rows run out, so a step costs its own frames
+    (amortised) and its memory stays under four times the most frames kept at once, however long the stream. The
+    rejected alternative, one array concatenated per step, copied the whole history each step."""
+
+    def __init__(self, num_speakers: int, capacity: int = 64) -> None:
+        self._rows = np.zeros((capacity, num_speakers), np.float32)  # [capacity, K]
+        self._lo = self._hi = 0  # kept rows: _rows[_lo:_hi]
+        self.first_frame = 0  # the stream's frame held in _rows[_lo]
+
+    @property
+    def num_frames(self) -> int:
+        """Diarizer frames reported so far (the forgotten ones included)."""
+        return self.first_frame + self._hi - self._lo
+
+    @property
+    def capacity(self) -> int:
+        return len(self._rows)
+
+    def kept(self) -> np.ndarray:
+        """[frames, K] the kept rows, from `first_frame` (a view)."""
+        return self._rows[self._lo : self._hi]
+
+    def append(self, preds: np.ndarray) -> None:
+        n, kept = len(preds), self._hi - self._lo
+        if self._hi + n > len(self._rows):
+            if kept + n > len(self._rows) // 2:  # compact to at most half full, or grow
+                grown = np.zeros((max(2 * len(self._rows), 2 * (kept + n)), self._rows.shape[1]), np.float32)
+                grown[:kept], self._rows = self._rows[self._lo : self._hi], grown
+            else:
+                self._rows[:kept] = self._rows[self._lo : self._hi]
+            self._lo, self._hi = 0, kept
+        self._rows[self._hi : self._hi + n] = preds
+        self._hi += n
+
+    def forget_before(self, frame: int) -> None:
+        """Drop the rows before `frame`, always keeping the last (a finished stream's late tokens read it)."""
+        drop = min(frame - self.first_frame, self._hi - self._lo - 1)
+        if drop > 0:
+            self._lo += drop
+            self.first_frame += drop
+
+    def row(self, frame: int) -> np.ndarray:
+        """[K] the probabilities of a kept frame."""
+        assert self.first_frame <= frame < self.num_frames, (frame, self.first_frame, self.num_frames)
+        return self._rows[self._lo + frame - self.first_frame]
+
+
 @dataclass
 class DiarStream:
-    """One diarized stream's chunk position and the speaker probabilities reported so far."""
+    """One diarized stream's chunk position and the speaker probabilities still needed."""
 
     stream_id: str
     max_speakers: int
+    preds: SpeakerWindow
     audio: AudioBuffer = field(default_factory=AudioBuffer)
     next_start: int = 0  # feature frame where its next chunk's reported frames start
-    preds: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))  # [frames, K]
     done: bool = False  # every chunk of its (ended) input stepped
 
     @property
     def num_frames(self) -> int:
         """Diarizer frames whose speaker probabilities are known."""
-        return len(self.preds)
+        return self.preds.num_frames
 
 
 @dataclass
@@ -80,8 +130,7 @@ class SortformerRunner:
     # ------------------------------------------------------------------ streams
     def open(self, stream_id: str, max_speakers: int) -> None:
         self.pool.acquire(stream_id)  # NoFreeSlot, ValueError for an id already open
-        self.streams[stream_id] = DiarStream(stream_id, max_speakers,
-                                             preds=np.zeros((0, self.num_speakers), np.float32))  # fmt: skip
+        self.streams[stream_id] = DiarStream(stream_id, max_speakers, SpeakerWindow(self.num_speakers))
 
     def close(self, stream_id: str) -> None:
         """Idempotent."""
@@ -95,6 +144,15 @@ class SortformerRunner:
         if (s := self.streams.get(stream_id)) is not None:
             s.audio.finish()
             self._mark_done(s)
+
+    def problems(self) -> list[str]:
+        """What disagrees in the diarizer's books (Engine.check_accounting): its slot pool holds
+        exactly the open streams, each on its own slot, none of them also free."""
+        found, held = self.pool.problems(), set(self.pool.stream_to_slot)
+        if held != set(self.streams):
+            found.append(f"diarizer slots held by {sorted(held - set(self.streams))} with no diarizer stream, "
+                         f"diarizer streams {sorted(set(self.streams) - held)} without a slot")  # fmt: skip
+        return found
 
     # ------------------------------------------------------------------ one step
     def plan(self) -> DiarPlan | None:
@@ -129,10 +187,7 @@ class SortformerRunner:
         lengths = result.chunk_lengths.tolist()
         for row, (stream_id, end) in enumerate(zip(plan.stream_ids, plan.ends)):
             s = self.streams[stream_id]
-            # Kept whole for the stream's life (16 bytes per 80 ms frame, 0.7 MB an hour): the
-            # attacher may still need any frame of an update that waits. A copy per step: fine at
-            # these sizes; a growing buffer would be the next step for hour-long streams.
-            s.preds = np.concatenate([s.preds, preds[row, : lengths[row]]])
+            s.preds.append(preds[row, : lengths[row]])  # the attacher forgets what it no longer needs
             s.next_start = end
             s.audio.discard_before(self.features.first_sample_needed(end - self.left_frames))
             self._mark_done(s)
@@ -169,16 +224,28 @@ class SortformerRunner:
         """The most probable of the stream's first max_speakers speakers at `time_s`, or None while
         the diarizer has not reached that time (past the end of a finished stream: its last frame)."""
         s = self.streams[stream_id]
-        frame = int(time_s / self.frame_s + 1e-6)
+        frame = self.frame_at(time_s)
         if frame >= s.num_frames:
             if not s.done or not s.num_frames:
                 return None
             frame = s.num_frames - 1
-        return int(np.argmax(s.preds[frame, : s.max_speakers]))
+        return int(np.argmax(s.preds.row(frame)[: s.max_speakers]))
+
+    def latest_speaker(self, stream_id: str) -> int | None:
+        """The most probable speaker at the last frame reported, or None before the first chunk."""
+        s = self.streams[stream_id]
+        return int(np.argmax(s.preds.row(s.num_frames - 1)[: s.max_speakers])) if s.num_frames else None
+
+    def frame_at(self, time_s: float) -> int:
+        return int(time_s / self.frame_s + 1e-6)
+
+    def forget_before(self, stream_id: str, time_s: float) -> None:
+        """No token before `time_s` will be asked about: its frames' probabilities go."""
+        self.streams[stream_id].preds.forget_before(self.frame_at(time_s))
 
     def is_done(self, stream_id: str) -> bool:
         return self.streams[stream_id].done
 
     def probabilities(self, stream_id: str) -> np.ndarray:
-        """[frames, K] the stream's speaker probabilities so far."""
-        return self.streams[stream_id].preds
+        """[frames, K] the stream's speaker probabilities still kept (from preds.first_frame)."""
+        return self.streams[stream_id].preds.kept()

@@ -98,6 +98,15 @@ class SpeakerCacheSlots:
             self._free_slots.append(slot)
         assert self.num_free + self.num_used == self.num_slots
 
+    def problems(self) -> list[str]:
+        """What disagrees in the table's books: each held slot once, none also free, free + held = all."""
+        held, found = list(self.stream_to_slot.values()), []
+        if len(set(held)) != len(held) or set(held) & set(self._free_slots):
+            found.append(f"diarizer slots {sorted(held)} held, {sorted(self._free_slots)} free: one is both or twice")
+        if self.num_free + self.num_used != self.num_slots:
+            found.append(f"{self.num_free} diarizer slots free and {self.num_used} held of {self.num_slots}")
+        return found
+
     def gather(self, slots: torch.Tensor) -> DiarState:
         """A copy of the rows' state in NeMo's async shapes (for checks and hand-over; the step works in place)."""
         t = self.tables

@@ -395,7 +395,8 @@ class Engine:
         slot table (each open stream under its own slot and id, the held mask the same slots), the
         scheduler row of each open slot in its stream's chunk mode, the boosted cache rows exactly
         the open streams' with phrases, the phrase count their phrases, a step in flight only on open
-        streams and calls deferred to a collect only on slots in flight. Returns the open
+        streams and calls deferred to a collect only on slots in flight, and (diarizer served) the
+        diarizer's slots and waiting results only for its streams (engine/speakers.py). Returns the open
         streams (each holds a cache row). Between calls, on the owning thread."""
         for problem in self.slots.problems():
             check(False, problem)
@@ -411,6 +412,11 @@ class Engine:
         check(phrases == self._num_phrases, f"{self._num_phrases} boosted phrases counted, the open streams hold {phrases}")
         for problem in self.in_flight.problems(self.slots.held):
             check(False, problem)
+        if self.speakers is not None:  # the diarizer's slots and the results waiting for speakers
+            diarized = {s.stream_id for s in streams if s.diarized}
+            plain = {s.stream_id for s in streams if not s.diarized}
+            for problem in [*self.diarizer.problems(), *self.speakers.problems(diarized, plain)]:
+                check(False, problem)
         return len(streams)
 
     # ------------------------------------------------------------------ one iteration

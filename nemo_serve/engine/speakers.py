@@ -11,7 +11,9 @@ diarizer found most probable at the token's time (`new_token_speakers`, mapped b
 encoder frame x ASR frame seconds -> diarizer frame), and a final gets the speaker of most of its
 segment's tokens (`speaker`, None for a segment without tokens). An update without tokens that
 is not the stream's last waits only for the updates before it (order is kept per stream); the
-last waits until the diarizer has stepped all of the stream's audio. The rejected alternative, a
+last waits until the diarizer has stepped all of the stream's audio. A forced final (a client's
+force_final) does not wait: it and the updates before it go out in the same iteration, tokens the
+diarizer has not reached attributed to the speaker of its latest frame, 0 before any (`_attach_known`). The rejected alternative, a
 separate speaker message the front end joins with the words, would leave finals without a
 speaker and every protocol adapter to join them.
 
@@ -69,6 +71,7 @@ class _Waiting:
     last_speaker: int | None = None  # of the open segment's last token (split only)
     segments_added: int = 0  # finals this attacher added (split): later segment numbers shift by it
     split_start_frame: int | None = None  # where the open segment starts, if a split started it
+    asr_s: float = 0.0  # how far the ASR model has stepped: its later tokens are at or after it
 
 
 class SpeakerAttacher:
@@ -87,7 +90,9 @@ class SpeakerAttacher:
         return bool(self._streams)
 
     def hold(self, update: StreamUpdate, slot: int) -> None:
-        self._streams[update.stream_id].updates.append((update, slot))
+        waiting = self._streams[update.stream_id]
+        waiting.updates.append((update, slot))
+        waiting.asr_s = max(waiting.asr_s, update.audio_processed_s)
 
     def hold_release(self, released: ReleasedStream) -> None:
         self._streams[released.stream_id].release = released
@@ -97,12 +102,37 @@ class SpeakerAttacher:
         self._streams.pop(stream_id, None)
         self.diarizer.close(stream_id)
 
+    def problems(self, diarized: set[str], plain: set[str]) -> list[str]:
+        """What disagrees between the attacher, the diarizer and the engine's open streams
+        (`diarized`, `plain`: their ids; Engine.check_accounting): the attacher and the diarizer
+        hold the same streams; every open diarized stream is held; a stream the ASR side let go
+        waits with its release (else nothing would ever release it: a leaked diarizer slot); an
+        open one has none yet; no plain stream is held."""
+        held, found = set(self._streams), []
+        if held != set(self.diarizer.streams):
+            found.append(f"speakers held for {sorted(held)}, the diarizer has {sorted(self.diarizer.streams)}")
+        if diarized - held:
+            found.append(f"diarized streams {sorted(diarized - held)} open without their speakers' books")
+        if held & plain:
+            found.append(f"plain streams {sorted(held & plain)} held for speakers")
+        stranded = sorted(i for i in held - diarized if self._streams[i].release is None)
+        if stranded:
+            found.append(f"streams {stranded} released by the engine hold diarizer slots with no release waiting")
+        early = sorted(i for i in held & diarized if self._streams[i].release is not None)
+        if early:
+            found.append(f"open streams {early} already have a release waiting")
+        return found
+
     def publish(self, updates: list, slots: list, released: list) -> None:
         """Append every update whose speakers are known (in order per stream), and each stream's
         release once nothing of it waits; the diarizer lets such a stream go."""
         for stream_id in list(self._streams):
             waiting = self._streams[stream_id]
-            while waiting.updates and self._attach(waiting.updates[0][0]):
+            forced = _through_last_forced_final(waiting.updates)
+            while waiting.updates and (self._attach(waiting.updates[0][0]) or forced > 0):
+                if forced > 0 and waiting.updates[0][0].new_token_speakers is None:
+                    self._attach_known(waiting.updates[0][0])
+                forced -= 1
                 update, slot = waiting.updates.popleft()
                 for part in self._split(waiting, update) if waiting.split else (update,):
                     self._close_segment_if_final(waiting, part)
@@ -112,6 +142,16 @@ class SpeakerAttacher:
                 released.append(waiting.release)
                 del self._streams[stream_id]
                 self.diarizer.close(stream_id)
+            else:
+                self.diarizer.forget_before(stream_id, self._first_time_needed(waiting))
+
+    def _first_time_needed(self, waiting: _Waiting) -> float:
+        """The earliest time a token still to be attached can have: the first waiting token's, or
+        (none waits) where the ASR model has stepped to, one diarizer frame early for rounding.
+        This bounds what the diarizer keeps per stream to the frames between the older of the two
+        and its own position, however long the stream (docs/diarization.md)."""
+        times = [f * self.asr_frame_s for u, _ in waiting.updates for f in u.new_token_frames[:1]]
+        return max(0.0, min([waiting.asr_s, *times]) - self.diarizer.frame_s)
 
     def _attach(self, u: StreamUpdate) -> bool:
         """Set the update's token speakers if the diarizer has reached them; False if not yet."""
@@ -122,6 +162,19 @@ class SpeakerAttacher:
             return False
         u.new_token_speakers = speakers
         return True
+
+    def _attach_known(self, u: StreamUpdate) -> None:
+        """A forced final (and the updates before it) out now, with what the diarizer knows: each
+        token it has reached gets its speaker, each later one the speaker of the diarizer's latest
+        frame, or speaker 0 before its first chunk: Sortformer numbers speakers in the order they
+        first speak, so the stream's first voice is 0 (and the wire types a speaker as an integer).
+        Waiting would hold a client's force_final until later audio or the end of input; stepping
+        the diarizer on the audio there is would cut a chunk short and change the stream's state
+        from NeMo's, so later speakers would no longer be exact."""
+        latest = self.diarizer.latest_speaker(u.stream_id)
+        latest = 0 if latest is None else latest
+        at = [self.diarizer.speaker_at(u.stream_id, f * self.asr_frame_s) for f in u.new_token_frames]
+        u.new_token_speakers = [latest if speaker is None else speaker for speaker in at]
 
     @staticmethod
     def _close_segment_if_final(waiting: _Waiting, u: StreamUpdate) -> None:
@@ -155,6 +208,14 @@ class SpeakerAttacher:
         if u.is_final:  # the engine's next segment starts where the engine says
             waiting.last_speaker = waiting.split_start_frame = None
         return [*parts, u]
+
+
+def _through_last_forced_final(updates: deque) -> int:
+    """How many of the waiting updates, oldest first, end with the last forced final (0 if none)."""
+    for i in range(len(updates) - 1, -1, -1):
+        if updates[i][0].is_final and updates[i][0].end_reason == "force_final":
+            return i + 1
+    return 0
 
 
 def _cut(u: StreamUpdate, lo: int, hi: int, segment: int, start_frame: int) -> StreamUpdate:

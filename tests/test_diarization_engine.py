@@ -189,6 +189,15 @@ def test_speaker_window_keeps_what_is_asked_and_stays_small():
     assert len(window.kept()) == 1, "the last frame is always kept"
 
 
+def test_a_forgotten_frame_asked_for_gets_the_oldest_kept_one_and_a_warning(caplog):
+    window = diar_runner.SpeakerWindow(2, capacity=4)
+    window.append(np.array([[0.9, 0.1], [0.2, 0.8], [0.3, 0.7]], np.float32))
+    window.forget_before(2)
+    with caplog.at_level("WARNING", logger="nemo_serve.diarization"):
+        assert window.row(0).tolist() == window.row(2).tolist() == pytest.approx([0.3, 0.7])
+    assert "forgotten frame 0" in caplog.text
+
+
 def test_a_long_diarized_stream_keeps_a_bounded_window_and_exact_speakers(monkeypatch):
     """Two minutes of speech on one diarized stream: the runner keeps only the frames between the
     attacher's oldest need and its own position (a few seconds, not the stream's length), its

@@ -20,6 +20,7 @@ diarizer's own preprocessor): equal to the whole-file features, as for the ASR m
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,6 +30,8 @@ from ..engine.frontend import AudioBuffer, FeatureExtractor
 from .reference import FeatureChunk
 from .slots import SpeakerCacheSlots
 from .step import DiarStepBatch, DiarStepResult, diarize_step, make_batch
+
+log = logging.getLogger("nemo_serve.diarization")
 
 
 class SpeakerWindow:
@@ -76,8 +79,14 @@ class SpeakerWindow:
             self.first_frame += drop
 
     def row(self, frame: int) -> np.ndarray:
-        """[K] the probabilities of a kept frame."""
-        assert self.first_frame <= frame < self.num_frames, (frame, self.first_frame, self.num_frames)
+        """[K] the probabilities of a reported frame. One already forgotten should not be asked for
+        (the attacher forgets only before its earliest need); if it is, the oldest kept frame
+        answers, logged: a wrong speaker on one token, where an assertion would fail every stream
+        of the engine core."""
+        assert frame < self.num_frames, (frame, self.num_frames)
+        if frame < self.first_frame:
+            log.warning("speaker of forgotten frame %d asked for; frame %d answers", frame, self.first_frame)
+            frame = self.first_frame
         return self._rows[self._lo + frame - self.first_frame]
 
 

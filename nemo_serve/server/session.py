@@ -310,10 +310,7 @@ class Session(StreamLifecycle):
 
     async def send(self, msg) -> None:
         """One message (a pydantic model), or TimeoutError when the socket took nothing for --send-timeout-s."""
-        await self.send_text(msg.model_dump_json())
-
-    async def send_text(self, text: str) -> None:
-        await asyncio.wait_for(self.ws.send_text(text), self.ctx.settings.send_timeout_s)
+        await asyncio.wait_for(self.ws.send_text(msg.model_dump_json()), self.ctx.settings.send_timeout_s)
 
     async def close_socket(self, code: int, reason: str | None = None) -> None:
         """Close after the last result (the send task's own close, with --send-timeout-s)."""

@@ -43,7 +43,7 @@ from .protocol import CLOSE_PROTOCOL_ERROR, CLOSE_TRY_AGAIN_LATER, ErrorMessage,
 from .nim_sessions import add_nim_session_routes
 from .realtime import RealtimeFormat
 from .session import Session
-from .ws_format import WsFormat
+from .ws_socket import WsSocket
 from .transcriptions import add_transcription_routes
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -153,7 +153,7 @@ def create_app(ctx: ServerContext, drain_on_shutdown: bool = False, on_shutdown:
             await Session(ws, ctx, RealtimeFormat).run()
             return
         await ws.accept()
-        await Session(ws, ctx, lambda session: WsFormat(session, ws.query_params)).run()
+        await WsSocket(ws, ctx).run()
 
     app.add_api_websocket_route("/ws", stream)
     app.add_api_websocket_route("/", stream)  # sherpa-onnx clients connect to the root

@@ -1,6 +1,6 @@
-"""A WebSocket session's lifecycle (session.Session: /ws and /v1/realtime). It says two things:
+"""A WebSocket session's lifecycle (session.Session: /v1/realtime). It says two things:
 how its engine streams abort, and what item in its outbox ends it (an error frame and a close).
-Riva gRPC and the file API run on stream_session.StreamSession, where /ws and realtime go next.
+/ws, Riva gRPC and the file API run on stream_session.StreamSession, where realtime goes next.
 
   admit          ServerContext.admit (the one admission), then the stream counted open in its mode
   fail           once: abort the engine streams, count and log the reason, put the ending item

@@ -1,22 +1,16 @@
-"""One WebSocket: transport and lifecycle, the same for every WebSocket protocol. What a frame
-means and what a result looks like is the socket's wire format.
+"""/v1/realtime's WebSocket: transport and lifecycle (the CLOSE_TIMEOUT_S of every WebSocket).
+/ws runs on a StreamSession (stream_session.py) with its thin transport in ws_socket.py; realtime
+goes there next, as an item manager over StreamSessions.
 
   Session (here)       owns the socket and the stream's lifecycle: a named receive task and
                        send task, the protocol state (CONNECTED -> STREAMING -> ENDING -> CLOSED),
                        admission (`open`: the one call, ServerContext.admit), idle and duration
                        timeouts, backpressure, the bounded outbox, drain, the error and close
                        frames, and in `finally:` the abort of every engine stream, so a slot is
-                       never leaked whatever way the socket ends. Admission, failure and the
-                       engine's results follow lifecycle.py, as a Riva gRPC call's do.
-  WireFormat (below)   one module per protocol: parses a client frame and acts through the
-                       session's public methods (open, end_input, queue, fail), owns its engine
-                       streams, and renders the results the send task takes from the outbox.
-                       ws_format.py is /ws (and /, for sherpa-onnx); realtime.py is /v1/realtime.
-
-A new WebSocket protocol is one wire-format module and a route in app.py. Riva gRPC
-(riva_grpc.py + riva_mapping.py) and file transcription (file_transcription.py +
-transcript_formats.py) have transports of their own (a gRPC call, an HTTP request); they share
-the admission call, the outbox and tokens.py, and a gRPC call this lifecycle (lifecycle.py).
+                       never leaked whatever way the socket ends (lifecycle.py).
+  WireFormat (below)   parses a client frame and acts through the session's public methods
+                       (open, end_input, queue, fail), owns its engine streams, and renders the
+                       results the send task takes from the outbox: realtime.py.
 
   receive task: frames -> wire.on_text / on_bytes -> engine.push / finish (never writes)
   send task:    outbox (messages, engine results, Close) -> frames -> close (the only writer)
@@ -316,10 +310,7 @@ class Session(StreamLifecycle):
 
     async def send(self, msg) -> None:
         """One message (a pydantic model), or TimeoutError when the socket took nothing for --send-timeout-s."""
-        await self.send_text(msg.model_dump_json())
-
-    async def send_text(self, text: str) -> None:
-        await asyncio.wait_for(self.ws.send_text(text), self.ctx.settings.send_timeout_s)
+        await asyncio.wait_for(self.ws.send_text(msg.model_dump_json()), self.ctx.settings.send_timeout_s)
 
     async def close_socket(self, code: int, reason: str | None = None) -> None:
         """Close after the last result (the send task's own close, with --send-timeout-s)."""

@@ -9,7 +9,8 @@
                             coalesced), the adapter's own messages, and at most one Failure, which
                             jumps the queue; after a `done` result nothing more comes
 
-Inside, once for every protocol: the idle and duration timeouts (`receive`), backpressure
+Inside, once for every protocol: the idle and duration timeouts (`receive`, or `input_deadline`
+for an adapter that checks it with a timer of its own), backpressure
 (`wait_for_model`: stop reading while the model is MAX_AHEAD_S behind), the send deadline
 (`send`: --send-timeout-s), the result intake (engine results handed over to the event loop,
 the model's progress counted, an engine error failing the session) and the failure: a Failure
@@ -184,23 +185,36 @@ class StreamSession:
             self.on_drop()
 
     # ------------------------------------------------------------------ clocks and flow
-    async def receive(self, read: Callable[[], Awaitable]):
-        """The client's next message, waited for no longer than the idle and duration clocks
-        allow. None when a clock ran out: past --max-stream-s input ended ("max_stream_duration"),
-        else the session failed ("idle_timeout"). Once input ended no clock runs: the server owes
-        results, and the drain deadline bounds that wait at shutdown."""
+    def input_deadline(self) -> float | None:
+        """When the idle clock (or, while streaming, the duration clock) runs out, in
+        time.monotonic(); None once input ended: the server owes results, and the drain deadline
+        bounds that wait at shutdown."""
+        if self.input_ended:
+            return None
         s = self.ctx.settings
-        now = time.monotonic()
-        timeout_s = None if self.input_ended else self.last_input + s.idle_timeout_s - now
+        deadline = self.last_input + s.idle_timeout_s
         if self.streaming:
-            timeout_s = min(timeout_s, self.opened_at + s.max_stream_s - now)
+            deadline = min(deadline, self.opened_at + s.max_stream_s)
+        return deadline
+
+    def input_deadline_passed(self) -> None:
+        """A clock ran out: past --max-stream-s input ends ("max_stream_duration"), else the
+        session fails ("idle_timeout")."""
+        s = self.ctx.settings
+        if self.streaming and time.monotonic() >= self.opened_at + s.max_stream_s:
+            self.end_input("max_stream_duration")
+        else:
+            self.fail(f"idle timeout: no message for {s.idle_timeout_s:g} s", "idle_timeout")
+
+    async def receive(self, read: Callable[[], Awaitable]):
+        """The client's next message, waited for no longer than input_deadline allows; None when
+        a clock ran out (input_deadline_passed acted on it)."""
+        deadline = self.input_deadline()
         try:
-            message = await asyncio.wait_for(read(), None if timeout_s is None else max(0.0, timeout_s))
+            timeout_s = None if deadline is None else max(0.0, deadline - time.monotonic())
+            message = await asyncio.wait_for(read(), timeout_s)
         except asyncio.TimeoutError:  # TimeoutError itself only from 3.11
-            if self.streaming and time.monotonic() >= self.opened_at + s.max_stream_s:
-                self.end_input("max_stream_duration")
-            else:
-                self.fail(f"idle timeout: no message for {s.idle_timeout_s:g} s", "idle_timeout")
+            self.input_deadline_passed()
             return None
         self.last_input = time.monotonic()
         return message

@@ -1,0 +1,205 @@
+"""One /ws socket: a thin WebSocket transport over its StreamSession (stream_session.py), whose
+wire format is ws_format.py's. What is here is the WebSocket's own: the receive task, the send
+task, the idle clock's timer, and the close code, chosen from the Failure's label at this edge.
+
+  receive task: frames -> WsFormat.on_text / on_bytes -> session.push / end_input (never writes)
+  send task:    session.next_event() (ready, results, the Failure) -> frames -> close (the only writer)
+
+Every write has a deadline: --send-timeout-s for results (session.send), then CLOSE_TIMEOUT_S for
+the error and close frames; a client that cannot take those either is dropped (TCP), so a client
+that stops reading frees its slot in bounded time. `finally:` closes the session: the engine
+stream is aborted and its slot comes back, whatever way the socket ends.
+
+The idle and duration clocks are one deadline (session.input_deadline) checked by a timer that
+re-arms itself, not a timeout around each receive: asyncio.wait_for made a task and a timer
+handle per frame (issue 48's packet profile), the deadline costs a clock read per frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+
+from starlette.websockets import WebSocket
+
+from ..engine.results import StreamResult
+from .audio import AudioError
+from .context import ServerContext
+from .protocol import (
+    CLOSE_GOING_AWAY,
+    CLOSE_NORMAL,
+    CLOSE_PROTOCOL_ERROR,
+    CLOSE_SERVER_ERROR,
+    CLOSE_TOO_BIG,
+    CLOSE_TRY_AGAIN_LATER,
+    ProtocolError,
+    close_reason,
+)
+from .session import CLOSE_TIMEOUT_S
+from .stream_session import Failure
+from .ws_format import WsFormat
+
+log = logging.getLogger("nemo_serve.session")
+_numbers = itertools.count(1)
+
+# A failure's close code by its label (stream_session.Failure); the rest (protocol, bad_audio,
+# bad_config, slow_client, idle_timeout): 1008. docs/protocol.md lists them.
+_CLOSE_FOR_LABEL = {
+    "refused": CLOSE_TRY_AGAIN_LATER,
+    "draining": CLOSE_TRY_AGAIN_LATER,
+    "drain_timeout": CLOSE_GOING_AWAY,
+    "engine": CLOSE_SERVER_ERROR,
+    "internal": CLOSE_SERVER_ERROR,
+}
+
+
+def close_code(f: Failure) -> int:
+    return _CLOSE_FOR_LABEL.get(f.label, CLOSE_PROTOCOL_ERROR)
+
+
+class WsSocket:
+    def __init__(self, ws: WebSocket, ctx: ServerContext) -> None:
+        self.number = next(_numbers)  # for task names and logs
+        self.ws, self.ctx = ws, ctx
+        self.wire = WsFormat(ctx, f"ws{self.number}", log, ws.query_params, on_drop=self._drop_connection)
+        self.session = self.wire.session
+        # run() reached its `finally:`: no frame is handled after this (a frame that arrives with
+        # the receive task's cancel must not act on a session that was closed, issue 45).
+        self.finished = False
+        self._clock: asyncio.TimerHandle | None = None
+        self._waiting_for_model = False  # backpressure: not reading, so the client is not idle
+
+    async def run(self) -> None:
+        s = self.session
+        self.ctx.add(s)
+        if self.wire.config_error is not None:  # refused as a bad config message is: error, then 1008
+            s.fail(self.wire.config_error, "bad_config")
+        self._check_clock()
+        recv = asyncio.create_task(self._receive_loop(), name=f"ws{self.number}-receive")
+        send = asyncio.create_task(self._send_loop(), name=f"ws{self.number}-send")
+        try:
+            await asyncio.wait({recv, send}, return_when=asyncio.FIRST_COMPLETED)
+            if recv.done() and recv.exception() is not None:
+                log.error("ws%d receive task failed", self.number, exc_info=recv.exception())
+                s.fail("internal server error", "internal")
+            if not send.done() and not s.client_gone:
+                await send  # flush the results still owed, the error if any, then close
+        finally:
+            self.finished = True
+            if self._clock is not None:
+                self._clock.cancel()
+            for task in (recv, send):
+                task.cancel()
+            await asyncio.gather(recv, send, return_exceptions=True)
+            s.close("connection closed")
+            self.ctx.remove(s)
+
+    # ------------------------------------------------------------------ the idle and duration clocks
+    def _check_clock(self) -> None:
+        """The timer: act once the deadline passed, else wait for it (frames moved it later)."""
+        self._clock = None
+        s = self.session
+        deadline = s.input_deadline()
+        if self.finished or s.closing or s.client_gone or deadline is None:
+            return  # nothing to time: ending, or input ended (no clock runs)
+        now = time.monotonic()
+        if self._waiting_for_model:  # waiting on us is not the client being idle: look again later
+            deadline = max(deadline, now + s.ctx.settings.idle_timeout_s)
+        if now < deadline:
+            self._clock = asyncio.get_running_loop().call_later(deadline - now, self._check_clock)
+            return
+        s.input_deadline_passed()
+        self._check_clock()  # idle failed: stops; the duration ended input: stops
+
+    # ------------------------------------------------------------------ receive task
+    async def _receive_loop(self) -> None:
+        s = self.session
+        while not s.closing:
+            message = await self.ws.receive()
+            if self.finished or s.closing:
+                return  # a frame that raced run()'s end or the failure
+            if message["type"] == "websocket.disconnect":
+                self._on_disconnect(message.get("code", 1005))
+                return
+            s.last_input = time.monotonic()
+            was_open = s.stream is not None
+            try:
+                if message.get("bytes") is not None:
+                    self.wire.on_bytes(message["bytes"])
+                else:
+                    self.wire.on_text(message.get("text") or "")
+            except (ProtocolError, AudioError) as e:
+                s.fail(str(e), "bad_audio" if isinstance(e, AudioError) else "protocol")
+            if not was_open and s.stream is not None:
+                self._rearm_clock()  # the duration clock starts: it may run out before the idle one
+            self._waiting_for_model = True
+            try:
+                await s.wait_for_model()
+            finally:
+                self._waiting_for_model = False
+
+    def _rearm_clock(self) -> None:
+        if self._clock is not None:
+            self._clock.cancel()
+        self._check_clock()
+
+    def _on_disconnect(self, code: int) -> None:
+        self.session.client_gone = True
+        if code == CLOSE_TOO_BIG:  # the transport refused an oversized frame and closed already
+            self.ctx.metrics.stream_errors.labels(reason="message_too_big").inc()
+        # Otherwise a client may leave at any time: run()'s finally aborts the stream.
+        log.debug("ws%d client disconnected (%s)", self.number, code)
+
+    # ------------------------------------------------------------------ send task
+    async def _send_loop(self) -> None:
+        s = self.session
+        try:
+            while True:
+                item = await s.next_event()
+                if isinstance(item, Failure):
+                    await self._send_failure(item)
+                    return
+                if s.closing:
+                    continue  # results that raced the failure are dropped
+                if isinstance(item, StreamResult):
+                    if await self._send_result(item):
+                        return
+                else:
+                    await s.send(self.ws.send_text(item.model_dump_json()))
+        except Exception as e:  # noqa: BLE001 - the client went away mid-send
+            log.debug("ws%d send failed: %r", self.number, e)
+            s.gone()  # the stream aborted now, not only in run()'s finally
+
+    async def _send_result(self, r: StreamResult) -> bool:
+        """One engine result, and after the last one `done` and close 1000; True once closed."""
+        s = self.session
+        frame = self.wire.result_frame(r)
+        if frame is not None:
+            if not await s.send(self.ws.send_text(frame)):
+                return False  # failed (slow client): the Failure is next
+            s.result_sent(r)
+        if not r.done:
+            return False
+        for frame in self.wire.done_frames(r):
+            if not await s.send(self.ws.send_text(frame)):
+                return False
+        return await s.send(self.ws.close(CLOSE_NORMAL))
+
+    async def _send_failure(self, f: Failure) -> None:
+        try:
+            async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                await self.ws.send_text(self.wire.error_frame(f.reason))
+                await self.ws.close(close_code(f), close_reason(f.reason))
+        except TimeoutError:
+            self.session.drop()
+
+    def _drop_connection(self) -> None:
+        """Drop the TCP connection now (a client that could not take its close frame in time).
+        Without the hook (a server other than ours, the test client) the close stays pending."""
+        abort = self.ws.scope.get("extensions", {}).get("nemo_serve.connection", {}).get("abort")
+        if abort is not None:
+            log.info("ws%d dropped: the client does not read", self.number)
+            self.session.client_gone = True
+            abort()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import numpy as np
 import pytest
 
 ray = pytest.importorskip("ray")
@@ -118,7 +119,7 @@ def test_scaled_down_replica_loses_no_final(cluster, oracle_model):
 
 def test_replica_scaled_down_mid_stream_drains_its_streams(cluster, oracle_model):
     """A replica leaving mid-stream drains: Ray's wait for open streams (graceful_shutdown_timeout_s,
-    here 0.5 s) is shorter than the ~3 s streams, so the replica being removed ends its stream as
+    here 0.5 s) is shorter than the ~8 s streams, so the replica being removed ends its stream as
     `nemo-serve` does on SIGTERM: `draining`, with NeMo's loop on the prefix it took in. (Before the
     fix, Ray ran the app's drain only after every open stream had ended, and killed the replica
     first: both streams ended 1006 with no `done`.)"""
@@ -126,7 +127,10 @@ def test_replica_scaled_down_mid_stream_drains_its_streams(cluster, oracle_model
 
     url, env = cluster
     serve.run(application(num_slots=SLOTS, replicas=2, env=env, cpus=0.5), name="nemo-serve", route_prefix="/")
-    wires = [encode(u, "pcm_f32le") for u in helpers.utterances(2, seed=29)]
+    # Each stream three utterances long (~8 s): Ray takes a second or two to start removing the
+    # replica, and a ~3 s stream could be all in by then (a CI run: 45,440 of 45,541 samples).
+    parts = helpers.utterances(6, seed=29)
+    wires = [encode(np.concatenate(parts[i : i + 3]), "pcm_f32le") for i in (0, 3)]
 
     async def scenario():
         tasks = []

@@ -17,9 +17,15 @@ figure too, without a unit, also on a line that names a flag: backed by the test
 when its paragraph (up to it) or its table row names that test (`tests/test_x.py`, a file that
 exists), else by the paragraph's result files as above; with neither it fails.
 
+A line that names a result file (`packet_cost_cpu.json`, in benchmarks/results/) is checked
+against it as well as against its paragraph's files; the numbers of a file include those of the
+`command` that made it (a run's settings, `--streams 32`, are backed by the run).
+
 Not figures: code (fenced blocks and `inline`), chunk durations (a mode is configured, not
 measured), and lines (or tables, by their header) that state a configured limit or a flag's
-default: they name a `--flag`, or say "default", "limit" or "cap". NOT_MEASURED below is the short,
+default: they name a `--flag`, or say "default", "limit" or "cap", and no result file backs
+them (under a `figures: FILE` mark, or naming a result file, such a line is checked: a
+measurement quoted beside a flag is still a measurement). NOT_MEASURED below is the short,
 explicit list of the rest.
 
 The match against a file's numbers is loose on purpose (any number of the file, any scale): it
@@ -39,6 +45,7 @@ FIGURE = re.compile(rf"(?<![\w./-])({NUMBER}(?:\s?(?:-|to|/)\s?{NUMBER})*)\s?({U
 INTEGER = r"(?:\d{1,3}(?:,\d{3})+|\d+)"
 COUNT = re.compile(rf"(?<![\w./-])(?<!HTTP )({INTEGER}\s?(?:/|of)\s?{INTEGER})(?![\w./-]|\s?(?:{UNITS})(?!\w))")
 TEST_FILE = re.compile(r"tests/test_\w+\.py")
+RESULT_FILE = re.compile(r"(?<![\w.-])([\w.-]+\.jsonl?)(?![\w.-])")
 SENTENCE_END = re.compile(r"[.;:](?:\s+|$)(?=[A-Z(*`]|$)")
 CHUNK_MS = {80, 160, 320, 480, 560, 640, 1120}  # chunk modes of the served models: configured, not measured
 CONFIG_LINE = re.compile(r"`--[a-z]|\bdefaults?\b|\blimits?\b|\bcaps?\b", re.I)
@@ -99,7 +106,8 @@ def is_config(figure: str, unit: str) -> bool:
     return unit == "ms" and all(v in CHUNK_MS for v, _ in _values(figure))
 
 
-def figures(page: str, text: str, root: Path | None = None) -> list[tuple[int, str, str, list[str]]]:
+def figures(page: str, text: str, root: Path | None = None,
+            results: Path | None = None) -> list[tuple[int, str, str, list[str]]]:
     """(line, figure, unit, result files of its paragraph, or []) of every figure on a page; a count
     (unit "") on a line naming tests under `root` carries those tests instead of result files."""
     out, files, config_table, tests = [], [], False, []
@@ -124,12 +132,17 @@ def figures(page: str, text: str, root: Path | None = None) -> list[tuple[int, s
         tests = in_scope if rest is None else [t for t in TEST_FILE.findall(rest) if t in named]
         if line.startswith("|") and not (i and raw[i - 1].startswith("|")):
             config_table = bool(CONFIG_LINE.search(raw[i]))  # a table of limits or defaults, by its header
-        if CONFIG_LINE.search(raw[i]) or (config_table and line.startswith("|")):
+        # A line that names a result file is checked against it; a flag or "default" on a line exempts
+        # its figures only where no result file is named for them (a measurement quoted beside a flag
+        # is still a measurement).
+        named_files = [f for f in RESULT_FILE.findall(raw[i]) if results is not None and (results / f).is_file()]
+        backing = files + [f for f in named_files if f not in files]
+        if not backing and (CONFIG_LINE.search(raw[i]) or (config_table and line.startswith("|"))):
             continue
         for m in FIGURE.finditer(line):
             fig, unit = m.group(1), m.group(2)
             if not is_config(fig, unit) and (page, m.group(0)) not in NOT_MEASURED:
-                out.append((i + 1, fig, unit, files))
+                out.append((i + 1, fig, unit, backing))
     return out
 
 
@@ -143,8 +156,11 @@ def _numbers(path: Path) -> list[float]:
             if isinstance(x, (int, float)):
                 out.append(float(x))
             elif isinstance(x, dict):
-                for v in x.values():
-                    walk(v)
+                for k, v in x.items():
+                    if k == "command" and isinstance(v, str):  # the run's settings (`--streams 32`)
+                        out.extend(float(n.replace(",", "")) for n in re.findall(NUMBER, v))
+                    else:
+                        walk(v)
             elif isinstance(x, list):
                 for v in x:
                     walk(v)
@@ -174,7 +190,7 @@ def unbacked(root: Path, results: Path, pages: list[str]) -> list[str]:
     """'page:line: figure (why)' for every figure on the pages that no generated table or named file backs."""
     problems, cache = [], {}
     for page in pages:
-        for line, fig, unit, files in figures(page, (root / page).read_text(), root):
+        for line, fig, unit, files in figures(page, (root / page).read_text(), root, results):
             where = f"{page}:{line}: {fig} {unit}".rstrip()
             if not files:
                 problems.append(f"{where} (no result file backs it)")

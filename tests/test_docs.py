@@ -305,3 +305,21 @@ def test_device_waits_and_cores_are_units(tmp_path):
     page.write_text("The GPU saw 7 waits per iteration.\n\nThe front end used 0.7 core.\n")
     assert page_figures.unbacked(tmp_path, page_results.RESULTS, ["x.md"]) == [
         "x.md:1: 7 waits (no result file backs it)", "x.md:3: 0.7 core (no result file backs it)"]
+
+
+def test_a_measurement_beside_a_flag_is_checked_when_a_result_file_backs_its_line(tmp_path):
+    """A flag on a line exempts its numbers (limits, defaults) only where no result file is named for
+    them: under a figures mark, or in a row naming its result file, a figure copied wrong is named.
+    ws_layer_cpu.json holds 22.5 (µs, picows with a task per frame), not 23.5; packet_cost_fastws2_cpu.json
+    holds 101.2, not 99.9, and its command's `--streams 32` backs "32 streams"."""
+    page = tmp_path / "x.md"
+    results = page_results.RESULTS
+    marked = "<!-- figures: ws_layer_cpu.json -->\nA frame to a task, as `--fast-ws-port` does: {} per packet.\n"
+    row = "| `--fast-ws-port` | off | 32 streams: {} after (`packet_cost_fastws2_cpu.json`) |\n"
+    page.write_text(marked.format("22.5 µs") + "\n" + row.format("101.2 µs"))
+    assert page_figures.unbacked(tmp_path, results, ["x.md"]) == []
+    page.write_text(marked.format("23.5 µs") + "\n" + row.format("99.9 µs"))
+    assert page_figures.unbacked(tmp_path, results, ["x.md"]) == [
+        "x.md:2: 23.5 µs (not in ws_layer_cpu.json)", "x.md:4: 99.9 µs (not in packet_cost_fastws2_cpu.json)"]
+    page.write_text("| `--fast-ws-port` | off | 99.9 µs per packet |\n")  # a flag's row naming no file: a setting
+    assert page_figures.unbacked(tmp_path, results, ["x.md"]) == []

@@ -323,3 +323,29 @@ def test_a_measurement_beside_a_flag_is_checked_when_a_result_file_backs_its_lin
         "x.md:2: 23.5 µs (not in ws_layer_cpu.json)", "x.md:4: 99.9 µs (not in packet_cost_fastws2_cpu.json)"]
     page.write_text("| `--fast-ws-port` | off | 99.9 µs per packet |\n")  # a flag's row naming no file: a setting
     assert page_figures.unbacked(tmp_path, results, ["x.md"]) == []
+
+
+def _client_versions(readme: str) -> dict[str, set[str]]:
+    """package -> the versions README.md's client table says were tested."""
+    table = readme.split("| client (version tested) |", 1)[1].split("\n\n", 1)[0]
+    alias = {"riva.client": "nvidia-riva-client"}
+    found: dict[str, set[str]] = {}
+    for name, version in re.findall(r"`?([A-Za-z][\w.-]*)`?(?: SDK)? (\d+\.\d+(?:\.\d+)?)\b", table):
+        found.setdefault(alias.get(name, name).lower(), set()).add(version)
+    return found
+
+
+def test_the_client_versions_in_the_readme_are_the_locks():
+    """README.md's "client (version tested)" column names the versions CI installs: env/cpu.lock.txt,
+    or env/nodeps.lock.txt for the two packages installed without dependencies."""
+    lock = {}
+    for name in ("cpu.lock.txt", "nodeps.lock.txt"):
+        for line in (ROOT / "env" / name).read_text().splitlines():
+            if "==" in line and not line.startswith("#"):
+                package, version = line.split("==")
+                lock[package.strip().lower()] = version.strip()
+    claimed = _client_versions(README.read_text())
+    pinned = {p: v for p, v in claimed.items() if p in lock}
+    assert {"openai", "websockets", "nvidia-riva-client", "livekit-plugins-openai", "livekit-plugins-nvidia"} <= set(pinned)
+    assert {p: v for p, v in pinned.items() if v != {lock[p]}} == {}
+    assert _client_versions("| client (version tested) |\n| `openai` SDK 3.56.0 |\n")["openai"] == {"3.56.0"}

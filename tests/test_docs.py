@@ -349,3 +349,15 @@ def test_the_client_versions_in_the_readme_are_the_locks():
     assert {"openai", "websockets", "nvidia-riva-client", "livekit-plugins-openai", "livekit-plugins-nvidia"} <= set(pinned)
     assert {p: v for p, v in pinned.items() if v != {lock[p]}} == {}
     assert _client_versions("| client (version tested) |\n| `openai` SDK 3.56.0 |\n")["openai"] == {"3.56.0"}
+
+
+def test_a_difference_in_points_must_be_a_difference_of_the_files_rates(tmp_path):
+    """eou_demo_cpu.json: the EOU model's WER 0.0975 against the demo model's 0.0932 is 0.4 points
+    (0.43); 0.7 points is no difference of its numbers."""
+    page = tmp_path / "x.md"
+    marked = "<!-- figures: eou_demo_cpu.json -->\nThe WER target is missed by {} at 80 ms.\n"
+    page.write_text(marked.format("0.4 points"))
+    assert page_figures.unbacked(tmp_path, page_results.RESULTS, ["x.md"]) == []
+    page.write_text(marked.format("0.7 points"))
+    assert page_figures.unbacked(tmp_path, page_results.RESULTS, ["x.md"]) == [
+        "x.md:2: 0.7 points (not in eou_demo_cpu.json)"]

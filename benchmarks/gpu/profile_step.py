@@ -322,7 +322,8 @@ def run(args, out_dir: Path) -> dict:
     import torch
 
     from benchmarks.architecture import served, set_mode
-    from benchmarks.gpu import gpu_bench
+    from benchmarks.gpu.calibration import calibrate, set_blank_bias
+    from benchmarks.gpu.emission import TRAINED
 
     cuda = args.device == "cuda"
     timer = Timer(cuda)
@@ -347,20 +348,20 @@ def run(args, out_dir: Path) -> dict:
             save()
 
     models = {r: served(args.model, r, args.dtype, args.device) for r in args.modes}
-    models[args.modes[0]].decoding_computer.max_symbols = args.max_symbols  # shared by the modes (gpu_bench.build)
+    models[args.modes[0]].decoding_computer.max_symbols = args.max_symbols  # shared by the modes (calibration.build)
 
-    class Sink:  # gpu_bench.calibrate writes its records here
+    class Sink:  # calibration.calibrate writes its records here
         def write(self, kind, **fields):
             doc["calibration"].append(fields)
 
-    ns = argparse.Namespace(modes=args.modes, tokens_target=gpu_bench.TRAINED["tokens_per_frame"], tokens_tol=0.03,
+    ns = argparse.Namespace(modes=args.modes, tokens_target=TRAINED["tokens_per_frame"], tokens_tol=0.03,
                             calibrate_iters=args.calibrate_iters)  # fmt: skip
-    biases = phase("calibration", lambda: gpu_bench.calibrate(ns, models, Sink()), 20) or {}
+    biases = phase("calibration", lambda: calibrate(ns, models, Sink()), 20) or {}
 
     def at(r):
         set_mode(models[r])
         if r in biases:
-            gpu_bench.set_blank_bias(models[r], biases[r])
+            set_blank_bias(models[r], biases[r])
         return models[r]
 
     for r in args.modes:

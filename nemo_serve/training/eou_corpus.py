@@ -12,7 +12,9 @@ import argparse
 import random
 from pathlib import Path
 
-from .corpus import ESPEAK_VOICES, HELDOUT_VARIANTS, TRAIN_VARIANTS, build_split, make_sentence, unique_sentences
+from .corpus import build_split
+from .sentences import make_sentence, unique_sentences
+from .synthesizers import ESPEAK_VOICES, HELDOUT_VARIANTS, TRAIN_VARIANTS
 
 
 def main(argv=None) -> None:

@@ -1,5 +1,7 @@
 """The load benchmarks' keep-up rule: the numbers in docs/performance.md depend on it."""
 
+import pytest
+
 from benchmarks.load_level import keeps_up
 
 
@@ -98,3 +100,22 @@ def test_a_dirty_result_names_its_changed_files_under_the_tables():
     assert page_results.run_info(stamped)["commit"] == "abc1234 (dirty: nemo_serve/engine/step.py)"
     assert page_results.run_info({"git_commit": "abc1234", "git_dirty": True})["commit"] == "abc1234 (dirty)"
     assert page_results.run_info({"git_commit": "abc1234", "git_dirty": False, "git_dirty_files": []})["commit"] == "abc1234"
+
+
+def test_eou_bench_turn_end_counts_a_missed_eou_at_its_silence_rule_fallback():
+    """benchmarks/eou_bench.py: a turn with an EOU after the last word ends at it; a turn whose EOU
+    came early (or never) ends where the silence rule's final came, not nowhere (the EOU columns'
+    percentiles leave such turns out, so docs/performance.md needs this one for 'every turn')."""
+    from types import SimpleNamespace as F
+
+    from benchmarks.eou_bench import eou_outcome, turn_end_latency
+
+    end_s = 2.0
+    eou_at_end = [F(end_reason="eou", eou_time_s=2.08, audio_processed_s=2.24, text="hello there")]
+    assert turn_end_latency(eou_at_end, end_s) == pytest.approx(0.24)
+    early_then_silence = [F(end_reason="eou", eou_time_s=1.0, audio_processed_s=1.12, text="hello"),
+                          F(end_reason="silence", eou_time_s=None, audio_processed_s=3.28, text="there")]
+    assert eou_outcome(early_then_silence, end_s) == (None, True)  # missed, and an early cut
+    assert turn_end_latency(early_then_silence, end_s) == pytest.approx(1.28)
+    never = [F(end_reason="end_of_input", eou_time_s=None, audio_processed_s=5.0, text="hello there")]
+    assert turn_end_latency(never, end_s) is None

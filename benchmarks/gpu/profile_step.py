@@ -44,6 +44,7 @@ REPO = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.gpu.emission import StepRecorder  # noqa: E402
+from benchmarks.gpu.record import free_gpu  # noqa: E402
 from benchmarks.gpu.step_ranges import analyse, ranges  # noqa: E402
 
 T0 = time.time()
@@ -145,7 +146,7 @@ def split(args, model, rows: int, timer: Timer) -> dict:
                         for t, d, (o, i) in zip(total, dec, trips)],
            "label_loop": rec.summary(since=2)}  # fmt: skip
     del stepper, pool
-    _free()
+    free_gpu()
     return out
 
 
@@ -187,7 +188,7 @@ def kernel_profile(args, model, rows: int, cuda: bool, trace: Path | None) -> di
         raw.unlink()
         out["trace"] = trace.name
     del stepper, pool, prof
-    _free()
+    free_gpu()
     return out
 
 
@@ -227,7 +228,7 @@ def index_bench(args, model, timer: Timer) -> dict:
            "per_layer_index_copy_gbs": rate(lambda: [x.index_copy_(0, rows, o) for x, o in zip(layers, out)]),
            "copy_gbs": rate(lambda: out.copy_(kv[:, :n]))}  # fmt: skip
     pool = kv = out = layers = None  # freed before the next phase (the lambdas above are done)
-    _free()
+    free_gpu()
     return res
 
 
@@ -258,23 +259,13 @@ def big(args, model, timer: Timer) -> dict:
         out[f"{name}_ms"] = _med(timer.done(marks))
     out["parts_over_one_step"] = round(out["parts_ms"] / out["one_step_ms"], 3) if out["one_step_ms"] else None
     del whole, parts, pool
-    _free()
+    free_gpu()
     return out
 
 
 # ----------------------------------------------------------------------------- main
 def _med(xs) -> float | None:
     return round(float(np.median(xs)), 3) if len(xs) else None
-
-
-def _free() -> None:
-    import gc
-
-    import torch
-
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def parse(argv=None):
@@ -342,7 +333,7 @@ def run(args, out_dir: Path) -> dict:
         except Exception as e:  # noqa: BLE001 - the other phases still measure
             doc["errors"].append({"what": what, "error": f"{type(e).__name__}: {e}"[:500],
                                   "where": traceback.format_exc()[-2000:]})  # fmt: skip
-            _free()
+            free_gpu()
             return None
         finally:
             save()

@@ -72,6 +72,14 @@ def _timed_off(call) -> float:
     return time.thread_time() - t0
 
 
+def _iterations(g, num_streams: int, per_turn: int, seconds: float) -> tuple[int, int]:
+    """(warm-up iterations, all iterations): the warm-up steps every stream's first later chunk
+    (twice as many iterations overlapped: a stream in flight waits one), then `seconds` of audio
+    per stream are measured, at least two iterations."""
+    warm = -(-num_streams // per_turn) * (2 if OVERLAP[0] else 1)
+    return warm, warm + max(2, int(seconds * 1000 / g.chunk_ms * num_streams / per_turn))
+
+
 def _hungry(picked: list[int], flying: np.ndarray, slot_of) -> list[int]:
     """The streams of `picked` whose last chunk is not in flight. The overlapped loop leaves a
     stream in flight out of planning until the next iteration collects it: feeding it a chunk every
@@ -163,7 +171,7 @@ def measure(model, num_streams: int, seconds: float, tokens_per_frame: float, re
             engine.push(s, audio[:first_samples])
         engine.iterate()  # opens, first chunks
         per_turn = max(1, round(num_streams * ready_fraction))
-        steps = max(3, int(seconds * 1000 / g.chunk_ms * num_streams / per_turn))
+        warm, steps = _iterations(g, num_streams, per_turn, seconds)
         cpu, stream_steps, iterations = 0.0, 0, 0
         gc.collect()
         flying = engine.engine.in_flight.flying
@@ -173,7 +181,7 @@ def measure(model, num_streams: int, seconds: float, tokens_per_frame: float, re
             for k in _hungry(picked, flying, lambda k: streams[k].slot):
                 engine.push(streams[k], audio[first_samples:])
             before = engine.stats.stream_steps
-            counted = i * per_turn >= num_streams  # after every stream's first later chunk
+            counted = i >= warm  # after every stream's first later chunk
             dt = _timed(engine.iterate) if counted else _timed_off(engine.iterate)
             if counted:
                 cpu += dt
@@ -307,7 +315,7 @@ def measure_core(model, num_streams: int, seconds: float, tokens_per_frame: floa
         core.iterate_once()  # first chunks
         drain(1000)
         per_turn = max(1, round(num_streams * ready_fraction))
-        steps = max(3, int(seconds * 1000 / g.chunk_ms * num_streams / per_turn))
+        warm, steps = _iterations(g, num_streams, per_turn, seconds)
         cpu, io_cpu, stream_steps, iterations = 0.0, 0.0, 0, 0
         gc.collect()
         emitted.update(tokens=0, frames=0)
@@ -316,7 +324,7 @@ def measure_core(model, num_streams: int, seconds: float, tokens_per_frame: floa
             io0 = _thread_cpu_s(io_tids)
             write(range(i * per_turn, (i + 1) * per_turn), audio[first_samples:], now)  # off the loop's clock
             before = engine.stats.stream_steps
-            counted = i * per_turn >= num_streams
+            counted = i >= warm
             dt = _timed(core.iterate_once) if counted else _timed_off(core.iterate_once)
             drain(100 if engine.in_flight.flying.any() else 1000)  # off the clock; waits for the message, so the I/O thread is done with it
             dio = _thread_cpu_s(io_tids) - io0

@@ -19,13 +19,14 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import run_record, write_json  # noqa: E402
 from nemo_serve.diarization.settings import MODEL_CARD_SETTINGS  # noqa: E402
 from nemo_serve.diarization.slots import DiarState, SpeakerCacheSlots  # noqa: E402
-from nemo_serve.diarization.update import ChunkRows, update_slots  # noqa: E402
+from nemo_serve.diarization.update import ChunkRows, plan_update, update_slots  # noqa: E402
 
 
 def sortformer_modules(setting: str, emb_dim: int = 512):
@@ -76,11 +77,15 @@ def load_pool(modules, nemo_state):
 
 
 def ours_in_place(modules, pool, slots, chunk, preds):
-    """update_slots on a loaded pool: (chunk preds [B, C, K], chunk lengths [B])."""
+    """plan_update (the host's decisions) and update_slots on a loaded pool: (chunk preds [B, C, K],
+    chunk lengths [B])."""
     n, lc, rc = chunk.shape[0], modules.chunk_left_context, modules.chunk_right_context
     rows = ChunkRows(chunk, torch.full((n,), chunk.shape[1]), torch.full((n,), lc), torch.full((n,), rc))
     t = pool.tables
-    return update_slots(modules, pool, slots, t.spkcache_lengths[slots], t.fifo_lengths[slots], rows, preds)
+    full = np.full(n, 1, np.int64)
+    plan = plan_update(modules, pool, slots.numpy(), full * chunk.shape[1], full * lc, full * rc)
+    chunk_preds = update_slots(modules, pool, slots, t.spkcache_lengths[slots], t.fifo_lengths[slots], rows, preds, plan)
+    return chunk_preds, torch.from_numpy(plan.chunk_lens)
 
 
 def ours(modules, nemo_state, chunk, preds):

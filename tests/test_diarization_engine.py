@@ -149,7 +149,8 @@ def test_plain_streams_cost_the_diarizer_nothing(monkeypatch):
     def no_step(*args, **kw):
         raise AssertionError("the diarizer stepped for a plain stream")
 
-    monkeypatch.setattr(diar_runner, "diarize_step", no_step)
+    monkeypatch.setattr(diar_runner, "plan_step", no_step)
+    monkeypatch.setattr(diar_runner, "run_step", no_step)
     engine = helpers.new_engine(helpers.model(None), 2, diarizer=diarizer())
     results, _ = _drive(engine, helpers.utterances(2, seed=1), [None, None])
     assert all(r[-1].done for r in results) and engine.engine.diarizer.num_steps == 0

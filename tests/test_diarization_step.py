@@ -53,6 +53,7 @@ def _run_batched(model, chunks_per_stream, starts):
         slots = [pool.stream_to_slot[f"s{i}"] for i in ready]
         batch = make_batch(slots, [chunks_per_stream[i][next_chunk[i]] for i in ready])
         result = diarize_step(model, pool, batch)
+        assert not pool.problems()  # the host's fill levels (the step's widths and branches) = the device's
         for row, i in enumerate(ready):
             outputs[i].append(result.chunk_preds[row, : int(result.chunk_lengths[row])])
             next_chunk[i] += 1

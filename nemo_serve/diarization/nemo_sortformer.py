@@ -1,14 +1,21 @@
-"""The one private piece of NeMo's Sortformer this package calls, behind a version check.
+"""The private pieces of NeMo this package calls, behind a version check.
 
 `SortformerModules._compress_spkcache` (NeMo 3.0) is already batched over rows; calling it, rather
-than a copy, keeps the speaker cache's top-k choice NeMo's by construction.
+than a copy, keeps the speaker cache's top-k choice NeMo's by construction. `ConvSubsampling`'s
+length rule (`calc_length` with the module's paddings, kernel, stride), run on host integers, gives
+the pre-encoder's output lengths before the step runs, so the step's padded widths are known
+without waiting for the device (diarization/update.py plan_update).
 """
 
 from __future__ import annotations
 
+import torch
+from nemo.collections.asr.parts.submodules.subsampling import calc_length
+
 from ..versions import require
 
-require("nemo_toolkit", "3.0", "3.1", uses="SortformerModules._compress_spkcache (streaming diarization)")
+require("nemo_toolkit", "3.0", "3.1",
+        uses="SortformerModules._compress_spkcache, ConvSubsampling's length rule (streaming diarization)")  # fmt: skip
 
 
 def compress_spkcache(modules, embs, preds, mean_sil_emb):
@@ -17,3 +24,12 @@ def compress_spkcache(modules, embs, preds, mean_sil_emb):
         emb_seq=embs, preds=preds, mean_sil_emb=mean_sil_emb, permute_spk=False
     )
     return spkcache, spkcache_preds
+
+
+def pre_encode_lengths(pre_encode, feature_lengths: list[int]) -> list[int]:
+    """The frames `pre_encode` (NeMo's ConvSubsampling) returns for rows of these feature lengths,
+    by its own rule on host integers: what its forward computes on the device, without a sync."""
+    lengths = calc_length(torch.tensor(feature_lengths), all_paddings=pre_encode._left_padding + pre_encode._right_padding,
+                          kernel_size=pre_encode._kernel_size, stride=pre_encode._stride,
+                          ceil_mode=pre_encode._ceil_mode, repeat_num=pre_encode._sampling_num)  # fmt: skip
+    return lengths.tolist()

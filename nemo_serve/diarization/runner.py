@@ -16,12 +16,21 @@ differs from the ASR model's, and the ASR side drops samples it no longer needs.
 
 Features are computed per step for the rows' chunks only (engine/frontend.py FeatureExtractor on the
 diarizer's own preprocessor): equal to the whole-file features, as for the ASR model.
+
+Launch, then collect, as the ASR steps (engine/loop.py): `launch` decides the step on the host
+(diarization/step.py plan_step: no device read) and enqueues it; a stream's chunk position moves on
+at launch, so its next chunk can be planned while this one runs (the device runs steps in launch
+order). `collect` waits for a step and appends its rows' probabilities; only collected frames answer
+`speaker_at`, and a stream is done once its last chunk is collected. A stream closed while its step
+is in flight (an abort) gets nothing from that step: rows go to the stream they were launched for,
+by identity.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,7 +38,7 @@ import torch
 from ..engine.frontend import AudioBuffer, FeatureExtractor
 from .reference import FeatureChunk
 from .slots import SpeakerCacheSlots
-from .step import DiarStepBatch, DiarStepResult, diarize_step, make_batch
+from .step import DiarStepBatch, make_batch, plan_step, run_step
 
 log = logging.getLogger("nemo_serve.diarization")
 
@@ -98,8 +107,9 @@ class DiarStream:
     max_speakers: int
     preds: SpeakerWindow
     audio: AudioBuffer = field(default_factory=AudioBuffer)
-    next_start: int = 0  # feature frame where its next chunk's reported frames start
-    done: bool = False  # every chunk of its (ended) input stepped
+    next_start: int = 0  # feature frame where its next chunk to launch starts (moved on at launch)
+    collected_end: int = 0  # feature frame its collected chunks reach
+    done: bool = False  # every chunk of its (ended) input stepped and collected
 
     @property
     def num_frames(self) -> int:
@@ -114,6 +124,32 @@ class DiarPlan:
     stream_ids: list[str]
     chunks: list[FeatureChunk]
     ends: list[int]  # feature frame each row's chunk ends at (its next start)
+
+
+@dataclass
+class DiarLaunched:
+    """A step enqueued and not yet collected."""
+
+    plan: DiarPlan
+    streams: list[DiarStream]  # the rows' streams, by identity (a stream closed meanwhile gets nothing)
+    result: Any  # .result() -> DiarStepResult, waiting for the device
+
+
+class InlineDevice:
+    """How a step runs: called at once. On a GPU the call only enqueues kernels (the step reads
+    nothing back), so it returns before the device is done; collect's read of the probabilities is
+    the wait. Tests put a thread in its place (tests/test_diarization_overlap.py)."""
+
+    def submit(self, fn, *args) -> "_Done":
+        return _Done(fn(*args))
+
+
+@dataclass
+class _Done:
+    value: Any
+
+    def result(self) -> Any:
+        return self.value
 
 
 class SortformerRunner:
@@ -133,6 +169,8 @@ class SortformerRunner:
         self.frame_s = sub * fb.hop_length / self.sample_rate  # one diarizer frame (80 ms)
         self.num_speakers = modules.n_spk
         self.streams: dict[str, DiarStream] = {}  # stream_id -> its state, while open
+        self.device = InlineDevice()  # runs (enqueues) the launched steps, in order
+        self.in_flight: list[DiarLaunched] = []  # launched, not collected, oldest first
         self.num_steps = 0  # steps run (tests: a server with only plain streams runs none)
         self.seconds = 0.0  # time in plan, step and collect (the loop adds it up; benchmarks read it)
 
@@ -182,33 +220,48 @@ class SortformerRunner:
                 chunks[r] = FeatureChunk(feats[k].T, left, right)  # [n, F]
         return DiarPlan([s.stream_id for s, _ in cuts], chunks, [cut[4] for _, cut in cuts])
 
-    def launch(self, plan: DiarPlan) -> tuple[DiarPlan, DiarStepResult]:
-        """Runs the step (its update syncs with the host a few times: diarization/step.py)."""
+    def launch(self, plan: DiarPlan) -> DiarLaunched:
+        """Decides the step on the host and enqueues it (module docstring); its rows' chunk
+        positions move on now."""
         slots = [self.pool.stream_to_slot[i] for i in plan.stream_ids]
         batch: DiarStepBatch = make_batch(slots, plan.chunks, self.model.device)
-        self.num_steps += 1
-        return plan, diarize_step(self.model, self.pool, batch)
-
-    def collect(self, launched: tuple[DiarPlan, DiarStepResult]) -> list[str]:
-        """Each row's new speaker probabilities appended to its stream; returns the rows' stream ids."""
-        plan, result = launched
-        preds = result.chunk_preds.float().cpu().numpy()
-        lengths = result.chunk_lengths.tolist()
-        for row, (stream_id, end) in enumerate(zip(plan.stream_ids, plan.ends)):
-            s = self.streams[stream_id]
-            s.preds.append(preds[row, : lengths[row]])  # the attacher forgets what it no longer needs
+        step_plan = plan_step(self.model, self.pool, batch)  # on this thread: the host fill levels are its
+        streams = [self.streams[i] for i in plan.stream_ids]
+        for s, end in zip(streams, plan.ends):
             s.next_start = end
             s.audio.discard_before(self.features.first_sample_needed(end - self.left_frames))
+        launched = DiarLaunched(plan, streams, self.device.submit(run_step, self.model, self.pool, batch, step_plan))
+        self.in_flight.append(launched)
+        self.num_steps += 1
+        return launched
+
+    def collect(self, launched: DiarLaunched) -> list[str]:
+        """Waits for the step; each row's new speaker probabilities appended to its stream (if
+        still open); returns the rows' stream ids."""
+        result = launched.result.result()
+        preds = result.chunk_preds.float().cpu().numpy()  # the wait for the device
+        lengths = result.chunk_lengths.tolist()
+        self.in_flight.remove(launched)
+        for row, (s, end) in enumerate(zip(launched.streams, launched.plan.ends)):
+            if self.streams.get(s.stream_id) is not s:
+                continue  # closed while in flight
+            s.preds.append(preds[row, : lengths[row]])  # the attacher forgets what it no longer needs
+            s.collected_end = end
             self._mark_done(s)
-        return plan.stream_ids
+        return launched.plan.stream_ids
+
+    def collect_all_but(self, keep: int) -> None:
+        """Collect the steps in flight, oldest first, leaving the newest `keep`."""
+        while len(self.in_flight) > keep:
+            self.collect(self.in_flight[0])
 
     def _next_cut(self, s: DiarStream) -> tuple[int, int, int, int, int] | None:
         """The stream's next chunk as NeMo's loader cuts it (module docstring): (first feature
         frame read, frames read, left context, right context, end of the reported frames), or None."""
-        if s.done:
-            return None
         audio, stt = s.audio, s.next_start
         available = self._final_frames(audio) if audio.finished else self.features.frames_available(audio)
+        if s.done or (audio.finished and stt >= available):  # every chunk launched
+            return None
         if audio.finished:
             end = min(stt + self.chunk_frames, available)
             right = min(self.right_frames, available - end)
@@ -220,7 +273,7 @@ class SortformerRunner:
         return stt - left, end + right - stt + left, left, right, end
 
     def _mark_done(self, s: DiarStream) -> None:
-        if s.audio.finished and s.next_start >= self._final_frames(s.audio):
+        if s.audio.finished and s.collected_end >= self._final_frames(s.audio):
             s.done = True
 
     def _final_frames(self, audio: AudioBuffer) -> int:

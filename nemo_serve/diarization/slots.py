@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -58,6 +59,10 @@ class SpeakerCacheSlots:
             mean_sil_emb=zeros(num_slots, emb_dim),
             n_sil_frames=zeros(num_slots, dtype=torch.long),
         )
+        # The fill levels again, on the host, advanced when a step is planned (update.py plan_update):
+        # a step's widths and branches are decided from these without reading the device.
+        self.host_cache_lengths = np.zeros(num_slots, np.int64)  # [S] = tables.spkcache_lengths
+        self.host_fifo_lengths = np.zeros(num_slots, np.int64)  # [S] = tables.fifo_lengths
         self.stream_to_slot: dict[str, int] = {}  # stream_id -> slot
         self._free_slots = list(range(num_slots - 1, -1, -1))  # pop() hands out the lowest first
 
@@ -88,6 +93,7 @@ class SpeakerCacheSlots:
         slot = self._free_slots.pop()
         for tensor in self.tables.fields().values():
             tensor[slot].zero_()
+        self.host_cache_lengths[slot] = self.host_fifo_lengths[slot] = 0
         self.stream_to_slot[stream_id] = slot
         return slot
 
@@ -105,6 +111,12 @@ class SpeakerCacheSlots:
             found.append(f"diarizer slots {sorted(held)} held, {sorted(self._free_slots)} free: one is both or twice")
         if self.num_free + self.num_used != self.num_slots:
             found.append(f"{self.num_free} diarizer slots free and {self.num_used} held of {self.num_slots}")
+        # the host's fill levels against the device's (a read that waits for the device: checks only)
+        t, held = self.tables, sorted(held)
+        host = (self.host_cache_lengths[held].tolist(), self.host_fifo_lengths[held].tolist())
+        device = (t.spkcache_lengths[held].tolist(), t.fifo_lengths[held].tolist())
+        if host != device:
+            found.append(f"diarizer slots {held}: host fill levels (cache, FIFO) {host}, device {device}")
         return found
 
     def gather(self, slots: torch.Tensor) -> DiarState:
@@ -125,3 +137,5 @@ class SpeakerCacheSlots:
                 table[slots, : value.shape[1]] = value
             else:
                 table[slots] = value
+        self.host_cache_lengths[slots.cpu().numpy()] = state.spkcache_lengths.cpu().numpy()
+        self.host_fifo_lengths[slots.cpu().numpy()] = state.fifo_lengths.cpu().numpy()

@@ -10,12 +10,20 @@ the pop-out into the speaker cache, the silence statistics and the FIFO shift; o
 whose cache overflows are compressed together by NeMo's own (already batched) `_compress_spkcache`.
 Flattened index_select / index_copy_ rather than torch.gather: on the CPU gather copies element by
 element. The appends rely on what NeMo's state also keeps: zeros past each row's fill.
+
+The integer decisions (the padded widths, which rows pop, which compress) are made on the host by
+`plan_update`, from the slot table's host copy of the fill levels, before the step is enqueued: fill
+levels follow from chunk lengths alone (never from the probabilities), so the host can keep them.
+The step then has no device-to-host sync of its own and can be launched behind the ASR step and
+collected after it (engine/loop.py). Rejected: reading the decisions back from the device (the
+previous version: three syncs per step, each a wait for everything enqueued before it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .nemo_sortformer import compress_spkcache
@@ -30,6 +38,46 @@ class ChunkRows:
     lengths: torch.Tensor  # [B] long: lc + chunk + rc frames (fewer at a stream's end)
     left: torch.Tensor  # [B] long: left-context frames at the start (lc)
     right: torch.Tensor  # [B] long: right-context frames at the end (rc)
+
+
+@dataclass
+class UpdatePlan:
+    """One step's integer decisions, decided on the host (module docstring). Host lists, and device
+    index tensors the step's indexing reads."""
+
+    cache_lens: np.ndarray  # [B] each row's speaker-cache fill before the step
+    fifo_lens: np.ndarray  # [B] each row's FIFO fill before the step
+    chunk_lens: np.ndarray  # [B] the chunk frames each row reports (and appends to its FIFO)
+    pop_rows: torch.Tensor  # [R] long: rows of the batch whose FIFO overflows (pop into the cache)
+    compress_slots: torch.Tensor  # [C] long: slots whose cache overflows after the pop (compressed)
+
+
+def plan_update(modules, pool: SpeakerCacheSlots, slots: np.ndarray, lengths: np.ndarray, left: np.ndarray,
+                right: np.ndarray, device=None) -> UpdatePlan:  # fmt: skip
+    """NeMo's async update rule on host integers (the device computes the same numbers for its
+    indexing in `update_slots`): each row's chunk length, pop-out and compression, and the slots'
+    host fill levels advanced to after the step. lengths/left/right: the rows' pre-encoded frames
+    (with context) and their left and right context, as in ChunkRows."""
+    cache, fifo = pool.host_cache_lengths[slots], pool.host_fifo_lengths[slots]
+    width = lengths - left - right  # NeMo's max_chunk_len, row by row
+    chunk_lens = np.minimum(np.maximum(lengths - left, 0), width)
+    new_fifo = fifo + chunk_lens
+    pop = np.minimum(np.maximum(modules.spkcache_update_period, width - pool.fifo_len + fifo), new_fifo)
+    pop = np.where(new_fifo > pool.fifo_len, pop, 0)
+    new_cache = cache + pop
+    pool.host_fifo_lengths[slots] = new_fifo - pop
+    pool.host_cache_lengths[slots] = np.minimum(new_cache, pool.spkcache_len)
+    return UpdatePlan(cache, fifo, chunk_lens, device_index(np.flatnonzero(pop), device),
+                      device_index(slots[new_cache > pool.spkcache_len], device))  # fmt: skip
+
+
+def device_index(values, device) -> torch.Tensor:
+    """A host index on the device without a sync: through pinned memory on CUDA (a copy from pageable
+    memory waits for the stream); torch's pinned allocator keeps the buffer until the copy is done."""
+    host = torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64))
+    if torch.device(device or "cpu").type != "cuda":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def take(src: torch.Tensor, index: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
@@ -56,15 +104,14 @@ def masked_take(src: torch.Tensor, start: torch.Tensor, count: torch.Tensor, wid
     return torch.where((j < count.unsqueeze(1)).unsqueeze(-1), take(src, index, rows), 0.0)
 
 
-def model_input(pool: SpeakerCacheSlots, slots, cache_lens, fifo_lens, chunk: ChunkRows) -> torch.Tensor:
-    """Per row [speaker cache | FIFO | chunk] back to back, zero after: [B, W, D], W the longest row.
+def model_input(pool: SpeakerCacheSlots, slots, cache_lens, fifo_lens, chunk: ChunkRows, width: int) -> torch.Tensor:
+    """Per row [speaker cache | FIFO | chunk] back to back, zero after: [B, width, D], width the
+    longest row (decided on the host: plan_update).
 
     What NeMo's `concat_and_pad` does with a Python loop over rows, read straight from the table.
     """
     starts = [torch.zeros_like(cache_lens), cache_lens, cache_lens + fifo_lens]
-    total = starts[2] + chunk.lengths
-    width = int(total.max())
-    j = torch.arange(width, device=total.device).unsqueeze(0)
+    j = torch.arange(width, device=cache_lens.device).unsqueeze(0)
     out = chunk.embs.new_zeros((len(cache_lens), width, chunk.embs.shape[2]))
     t = pool.tables
     sources = [(t.spkcache, slots, cache_lens), (t.fifo, slots, fifo_lens), (chunk.embs, None, chunk.lengths)]
@@ -74,8 +121,10 @@ def model_input(pool: SpeakerCacheSlots, slots, cache_lens, fifo_lens, chunk: Ch
     return out
 
 
-def update_slots(modules, pool: SpeakerCacheSlots, slots, cache_lens, fifo_lens, chunk: ChunkRows, preds):
-    """Apply one step to the rows' slots; returns chunk predictions [B, chunk_len, K] and their lengths [B].
+def update_slots(modules, pool: SpeakerCacheSlots, slots, cache_lens, fifo_lens, chunk: ChunkRows, preds,
+                 plan: UpdatePlan) -> torch.Tensor:  # fmt: skip
+    """Apply one step to the rows' slots; returns chunk predictions [B, chunk_len, K] (plan.chunk_lens
+    valid per row). No device sync: the plan says which rows pop and compress.
 
     preds [B, P, K]: the model's speaker probabilities over each row's [cache | fifo | chunk].
     """
@@ -92,14 +141,14 @@ def update_slots(modules, pool: SpeakerCacheSlots, slots, cache_lens, fifo_lens,
     pop = torch.maximum(period, row_chunk_width - pool.fifo_len + fifo_lens).minimum(new_fifo_lens)
     pop = torch.where(new_fifo_lens > pool.fifo_len, pop, 0)  # [B] frames into the cache this step
     t.fifo_lengths.index_copy_(0, slots, new_fifo_lens)
-    rows = torch.nonzero(pop).squeeze(1)  # one host sync per step: most steps pop no row
-    if rows.numel():
+    rows = plan.pop_rows
+    if len(rows):  # most steps pop no row
         _pop_into_cache(modules, pool, slots[rows], cache_lens[rows], fifo_lens[rows], chunk.left[rows],
-                        pop[rows], preds[rows])  # fmt: skip
-    return chunk_preds, chunk_lens
+                        pop[rows], preds[rows], plan.compress_slots)  # fmt: skip
+    return chunk_preds
 
 
-def _pop_into_cache(modules, pool, slots, cache_lens, fifo_lens, left, pop, preds) -> None:
+def _pop_into_cache(modules, pool, slots, cache_lens, fifo_lens, left, pop, preds, compress_slots) -> None:
     """Move each row's first pop[b] FIFO frames (and this step's predictions of them) into its cache."""
     t, width = pool.tables, pool.pop_room
     j = torch.arange(width, device=preds.device).unsqueeze(0)
@@ -117,9 +166,8 @@ def _pop_into_cache(modules, pool, slots, cache_lens, fifo_lens, left, pop, pred
     t.fifo_lengths.index_copy_(0, slots, remaining)
     new_cache_lens = cache_lens + pop
     t.spkcache_lengths.index_copy_(0, slots, new_cache_lens.clamp(max=pool.spkcache_len))
-    over = slots[new_cache_lens > pool.spkcache_len]
-    if over.numel():
-        _compress(modules, pool, over)
+    if len(compress_slots):
+        _compress(modules, pool, compress_slots)
 
 
 def _update_silence_profile(modules, pool, slots, frames, frames_preds, valid) -> None:

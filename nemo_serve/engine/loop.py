@@ -438,9 +438,11 @@ class Engine:
             self.in_flight.launched(step, keep=self.overlap)
             if not self.overlap:
                 self._collect(step)  # 3, at once: the sequential loop
+        diar_rows = self._launch_diarizer() if self.speakers else 0  # 2b: diarized streams only
         for step in earlier:  # 3: launched by the last call; the device ran them meanwhile
             self._collect(step)
-        diar_rows = self._diarize() if self.speakers else 0  # 4: diarized streams only
+        if self.speakers:
+            self._diarize(keep_in_flight=int(self.overlap and diar_rows > 0))  # 4
         out = IterationOutput(tuple(self._updates), tuple(self._update_slots), tuple(self._released), tuple(self._steps),
                               self.queue_delay.published, len(self.in_flight.steps), diar_rows)  # fmt: skip
         self._updates.clear()
@@ -603,14 +605,23 @@ class Engine:
         self._update_slots.append(s.slot)
         s.close_segment(next_start_frame)
 
-    def _diarize(self) -> int:
-        """One diarizer step over the diarized streams with a chunk ready, then this iteration's
-        diarized updates held until their speakers are known, and what is known published
-        (engine/speakers.py). Returns the rows stepped."""
+    def _launch_diarizer(self) -> int:
+        """One diarizer step over the diarized streams with a chunk ready, launched behind the ASR
+        steps; collected by `_diarize`, at once with overlap off, in the next iteration with it on
+        (the diarizer's host syncs are all at its collect: diarization/runner.py). Returns its rows."""
         started = time.perf_counter()
         plan = self.diarizer.plan()
         if plan is not None:
-            self.diarizer.collect(self.diarizer.launch(plan))
+            self.diarizer.launch(plan)
+        self.diarizer.seconds += time.perf_counter() - started
+        return len(plan.stream_ids) if plan is not None else 0
+
+    def _diarize(self, keep_in_flight: int) -> None:
+        """Collect the diarizer steps launched before (all but the newest `keep_in_flight`), then
+        hold this iteration's diarized updates until their speakers are known, and publish what is
+        known (engine/speakers.py)."""
+        started = time.perf_counter()
+        self.diarizer.collect_all_but(keep_in_flight)
         self.diarizer.seconds += time.perf_counter() - started
         updates, slots, speakers = [], [], self.speakers
         for u, slot in zip(self._updates, self._update_slots):
@@ -621,7 +632,6 @@ class Engine:
                 slots.append(slot)
         speakers.publish(updates, slots, self._released)
         self._updates[:], self._update_slots[:] = updates, slots
-        return len(plan.stream_ids) if plan is not None else 0
 
     def _release(self, s: Stream, aborted: bool = False) -> None:
         """Close the stream's cache row and give its slot back (its scheduler row is ignored from

@@ -25,7 +25,9 @@ write), gRPC through grpc.aio. On a 2-core machine the client, the engine core a
 share the cores; the JSON records the client's CPU and how many pacer ticks ran more than a packet
 late (those packets arrive in bursts, which are cheaper per packet). --frontends 1,4 runs each path
 with K front ends and K x N streams (scaling with cores: only meaningful where there are cores to
-spare). --tree LABEL=PATH (twice) runs a before/after pair side by side, alternated path by path.
+spare). --tree LABEL=PATH (twice) runs a before/after pair side by side, alternated path by path;
+--tree-env LABEL=NAME=VALUE starts that tree's server with an environment switch (the same tree
+twice, one switch apart: e.g. NEMO_SERVE_RING_POSITIONS=messages against shared).
 """
 
 from __future__ import annotations
@@ -270,16 +272,19 @@ class Target:
         # "before" of a before/after pair, run side by side with this one): `python -m` puts its
         # working directory first on sys.path, so the server runs there, PYTHONPATH as well.
         saved = os.environ.get("PYTHONPATH")
+        saved_env = {name: os.environ.get(name) for name in args.env_of.get(label, {})}
+        os.environ.update(args.env_of.get(label, {}))  # inherited by the server's processes
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [tree, saved]))  # tree first; packages after
         try:
             self.server = Server(str(Path(args.model).resolve()), args.context_right, k, k * args.streams + 16,
                                  out_dir.resolve() / f"packet_cost_{label}_k{k}.server.log",
                                  extra_args=("--grpc-port", str(self.grpc_port), *fast_args), cwd=tree)  # fmt: skip
         finally:
-            if saved is None:
-                os.environ.pop("PYTHONPATH")
-            else:
-                os.environ["PYTHONPATH"] = saved
+            for name, value in {**saved_env, "PYTHONPATH": saved}.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
     def ready(self, idle_s: float) -> None:
         self.server.wait_ready()
@@ -362,6 +367,7 @@ def run_k(k: int, trees: list[tuple[str, str]], args, x_by_rate: dict, out_dir: 
                         }  # fmt: skip
         return {"frontends": k, "trees": [
             {"tree": t.label, "tree_path": t.tree, "tree_commit": _commit(t.tree), "command": " ".join(t.server.command),
+             "environment": args.env_of.get(t.label, {}),
              "idle_frontend_cores": round(t.idle_cores, 4), "paths": rows[t.label]} for t in targets]}  # fmt: skip
     finally:
         for t in targets:
@@ -390,11 +396,17 @@ def main() -> None:
     p.add_argument("--tree", action="append", default=None, metavar="LABEL=PATH",
                    help="run the server from this source tree (repeat for before/after side by side, alternated "
                         "path by path); default: this checkout")  # fmt: skip
+    p.add_argument("--tree-env", action="append", default=[], metavar="LABEL=NAME=VALUE",
+                   help="an environment variable for that tree's server (repeatable)")
     p.add_argument("--repeats", type=int, default=1, help="runs of each path on each tree (the median is kept)")
     p.add_argument("--fast-ws", action="store_true", help="start the server with --fast-ws-port (the *_fast paths)")
     p.add_argument("--notes", default=None)
     p.add_argument("--out", default=None)
     args = p.parse_args()
+    args.env_of = {}
+    for item in args.tree_env:
+        label, name, value = item.split("=", 2)
+        args.env_of.setdefault(label, {})[name] = value
     record = run_record()
     record["notes"] = args.notes
     out_dir = Path(args.out).parent if args.out else Path("/tmp")

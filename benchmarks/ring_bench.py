@@ -186,9 +186,10 @@ async def _stream_all(client, num_slots: int, num_streams: int, max_packet: int,
 
 
 def stress(num_slots: int = 6, num_streams: int = 24, ring_samples: int = 997, max_packet: int = 1500,
-           samples_per_stream: tuple[int, int] = (20_000, 60_000), seed: int = 0, timeout_s: float = 300.0) -> dict:  # fmt: skip
+           samples_per_stream: tuple[int, int] = (20_000, 60_000), seed: int = 0, timeout_s: float = 300.0,
+           positions_in_shared: bool = False) -> dict:  # fmt: skip
     """The engine core in a process of its own, the front end here; every sample of every stream
-    checked. Returns {"streams", "packets", "samples", "bad": [(stream, why)], "seconds"}."""
+    checked; the ring positions in messages or in shared memory (core/shared.py). Returns {"streams", "packets", "samples", "bad": [(stream, why)], "seconds"}."""
     import zmq
 
     from nemo_serve.core import messages as m
@@ -197,7 +198,7 @@ def stress(num_slots: int = 6, num_streams: int = 24, ring_samples: int = 997, m
     from nemo_serve.core.shared import FileLock, SharedLayout, SharedSlots
 
     ipc_dir = tempfile.mkdtemp(prefix="ring-stress-")
-    layout = SharedLayout(num_slots, ring_samples)
+    layout = SharedLayout(num_slots, ring_samples, positions_in_shared)
     lock = FileLock(f"{ipc_dir}/slots.lock")
     shared = SharedSlots.create(layout, lock)
     ctx = multiprocessing.get_context("spawn")

@@ -51,12 +51,13 @@ def conversation(tmp_path_factory) -> Path:
 
 
 def ws_diarized_finals(server, wav: Path, max_speakers: int, samples: np.ndarray | None = None, rate: int = 16000,
-                       endpointing: dict | None = None) -> list[dict]:  # fmt: skip
+                       endpointing: dict | None = None, split: bool = False) -> list[dict]:  # fmt: skip
     """/ws's non-empty finals for the same samples (PCM16, 100 ms packets), speakers asked for;
-    `samples` (PCM16 at `rate`) instead of the file's."""
+    `samples` (PCM16 at `rate`) instead of the file's; `split`: split_on_speaker_change."""
     if samples is None:
         samples, rate = soundfile.read(wav, dtype="int16")
-    config = {"type": "config", "sample_rate": rate, "encoding": "pcm_s16le", "diarization": {"max_speakers": max_speakers},
+    diarization = {"max_speakers": max_speakers, **({"split_on_speaker_change": True} if split else {})}
+    config = {"type": "config", "sample_rate": rate, "encoding": "pcm_s16le", "diarization": diarization,
               **({"endpointing": endpointing} if endpointing else {})}  # fmt: skip
     frames = [samples[i : i + rate // 10].tobytes() for i in range(0, len(samples), rate // 10)]
     messages, code = asyncio.run(raw_session(server.ws_url, [json.dumps(config), *frames, json.dumps({"type": "end"})]))
@@ -69,18 +70,20 @@ def riva_service(server):
     return riva.ASRService(riva.Auth(uri=f"127.0.0.1:{server.grpc_port}", metadata_args=[["authorization", f"Bearer {TOKEN}"]]))
 
 
-def riva_config(wav: Path, speakers: int | None, words: bool = True):
-    """riva.client's own config helpers; `speakers`: max_speaker_count with diarization on, None: off."""
+def riva_config(wav: Path, speakers: int | None, words: bool = True, custom: str = ""):
+    """riva.client's own config helpers; `speakers`: max_speaker_count with diarization on, None: off;
+    `custom`: custom_configuration as riva.client's scripts take it ("key:value,...")."""
     config = riva.RecognitionConfig(encoding=riva.AudioEncoding.LINEAR_PCM, language_code="en-US",
                                     enable_word_time_offsets=words)  # fmt: skip
     riva.add_audio_file_specs_to_config(config, wav)
     if speakers is not None:
         riva.add_speaker_diarization_to_config(config, True, speakers)
+    riva.add_custom_configuration_to_config(config, custom)
     return config
 
 
-def riva_stream(asr, wav: Path, speakers: int | None, words: bool = True) -> list:
-    config = riva.StreamingRecognitionConfig(config=riva_config(wav, speakers, words), interim_results=False)
+def riva_stream(asr, wav: Path, speakers: int | None, words: bool = True, custom: str = "") -> list:
+    config = riva.StreamingRecognitionConfig(config=riva_config(wav, speakers, words, custom), interim_results=False)
     with riva.AudioChunkFileIterator(str(wav), 1600) as chunks:
         return [r for response in asr.streaming_response_generator(chunks, config) for r in response.results]
 
@@ -145,6 +148,34 @@ def test_riva_diarization_on_a_server_without_a_diarizer_is_refused(conversation
     assert plain and all(w.speaker_tag == 0 for r in plain for w in r.alternatives[0].words)
 
 
+def test_riva_split_on_speaker_change_in_custom_configuration(server, conversation):
+    """custom_configuration split_on_speaker_change:true: every final one speaker's, the text that
+    of the call without it, the finals /ws's with the option; a bad value, or the option without
+    diarization, refused before any audio."""
+    asr = riva_service(server)
+    try:
+        split = [r for r in riva_stream(asr, conversation, MAX_SPEAKERS, custom="split_on_speaker_change:true")
+                 if r.is_final]  # fmt: skip
+        whole = [r for r in riva_stream(asr, conversation, MAX_SPEAKERS) if r.is_final]
+        refused = []
+        for speakers, custom in [(MAX_SPEAKERS, "split_on_speaker_change:maybe"), (None, "split_on_speaker_change:true")]:
+            with pytest.raises(grpc.RpcError) as e:
+                riva_stream(asr, conversation, speakers, custom=custom)
+            refused.append(e.value)
+    finally:
+        asr.auth.channel.close()
+    reference = ws_diarized_finals(server, conversation, MAX_SPEAKERS, split=True)
+    server.assert_no_leak()
+    assert len(split) > len(whole) and all(len(set(tags)) == 1 for tags in tags_of(split)), tags_of(split)
+    # the same text: a cut may fall inside a word (a speaker change between two of its tokens)
+    assert "".join(r.alternatives[0].transcript for r in split).replace(" ", "") == \
+        "".join(r.alternatives[0].transcript for r in whole).replace(" ", "")
+    assert [r.alternatives[0].transcript.strip() for r in split] == [f["text"].strip() for f in reference]
+    assert all(e.code() == grpc.StatusCode.INVALID_ARGUMENT for e in refused)
+    assert "split_on_speaker_change='maybe': use true or false" in refused[0].details()
+    assert "needs diarization_config.enable_speaker_diarization" in refused[1].details()
+
+
 # ---------------------------------------------------------------------------------------- file API
 def sdk(server):
     return openai.OpenAI(api_key=TOKEN, base_url=f"{server.http_url}/v1", max_retries=0)
@@ -196,6 +227,32 @@ def test_file_diarized_json_refused_without_a_diarizer_and_known_speakers_refuse
                                                 known_speaker_references=["data:audio/wav;base64,UklGRg=="])  # fmt: skip
     shared_server.assert_no_leak()
     server.assert_no_leak()
+
+
+def test_file_max_speakers_and_split_on_speaker_change_through_extra_body(server, conversation):
+    """nemo-serve's two diarization fields, sent as OpenAI's SDK sends extra fields (extra_body):
+    max_speakers 1 puts every word on speaker A; split_on_speaker_change cuts verbose_json segments
+    where /ws's finals with the option end; bad values are refused (400) before any decoding."""
+    client = sdk(server)
+    with open(conversation, "rb") as f:
+        one = client.audio.transcriptions.create(file=f, model="any", response_format="diarized_json",
+                                                 extra_body={"max_speakers": 1})  # fmt: skip
+    with open(conversation, "rb") as f:
+        split = client.audio.transcriptions.create(file=f, model="any", response_format="verbose_json",
+                                                   extra_body={"split_on_speaker_change": True, "max_speakers": 2})  # fmt: skip
+    bad = [({"max_speakers": 5}, "diarized_json", "max_speakers '5': use a whole number from 1 to 4"),
+           ({"max_speakers": 2}, "json", "max_speakers needs response_format diarized_json"),
+           ({"split_on_speaker_change": "maybe"}, "json", "split_on_speaker_change 'maybe': use true or false")]
+    for extra, response_format, said in bad:
+        with open(conversation, "rb") as f, pytest.raises(openai.BadRequestError, match=said):
+            client.audio.transcriptions.create(file=f, model="any", response_format=response_format, extra_body=extra)
+    one_reference = ws_diarized_finals(server, conversation, 1)
+    split_reference = ws_diarized_finals(server, conversation, 2, split=True)
+    server.assert_no_leak()
+    assert [(s.speaker, s.text, s.start, s.end) for s in one.segments] == speaker_runs(one_reference)
+    assert {s.speaker for s in one.segments} == {"A"}
+    assert len(split_reference) > len(ws_diarized_finals(server, conversation, 2))  # the option split finals
+    assert [s.text.strip() for s in split.segments] == [f["text"].strip() for f in split_reference]
 
 
 # ---------------------------------------------------------------------------------------- realtime

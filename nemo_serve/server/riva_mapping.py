@@ -22,7 +22,9 @@ Field mapping (docs/protocol.md, "Riva ASR over gRPC"):
   diarization_config     enable_speaker_diarization -> the stream's `diarization` (a --diarizer server
                          only); max_speaker_count 1..the diarizer's speakers (0: all of them); each
                          final's WordInfo carries speaker_tag, the word's speaker + 1 (Riva's tags
-                         start at 1; 0 means none), words sent even without enable_word_time_offsets
+                         start at 1; 0 means none), words sent even without enable_word_time_offsets;
+                         custom_configuration "split_on_speaker_change": "true" (Riva's proto has no
+                         such field) ends a final where the speaker changes (diarization on only)
 """
 
 from __future__ import annotations
@@ -120,7 +122,11 @@ def _eou_option(custom: dict, endpoint: EndpointConfig) -> EndpointConfig:
 def _diarization(config, num_speakers: int | None) -> dict | None:
     """diarization_config checked here, before admission, in Riva's names (the engine checks the
     same again in its own). Not enabled: None, whatever max_speaker_count says (Riva ignores it)."""
+    split = _split_option(config.custom_configuration)
     if not (config.HasField("diarization_config") and config.diarization_config.enable_speaker_diarization):
+        if split:
+            raise RivaRequestError("custom_configuration split_on_speaker_change=true needs "
+                                   "diarization_config.enable_speaker_diarization")  # fmt: skip
         return None
     if num_speakers is None:
         raise RivaRequestError("diarization_config: this server has no diarizer loaded (start it with --diarizer)")
@@ -128,7 +134,16 @@ def _diarization(config, num_speakers: int | None) -> dict | None:
     if not 0 <= count <= num_speakers:
         raise RivaRequestError(f"diarization_config.max_speaker_count {count}: this diarizer tells at most "
                                f"{num_speakers} speakers apart (0: all of them)")  # fmt: skip
-    return {"max_speakers": count or num_speakers}
+    return {"max_speakers": count or num_speakers, "split_on_speaker_change": split}
+
+
+def _split_option(custom: dict) -> bool:
+    """custom_configuration {"split_on_speaker_change": "true"}: /ws's diarization option of that
+    name, in Riva's map of per-stream options (its proto has no field for it)."""
+    value = custom.get("split_on_speaker_change", "false")
+    if value.lower() not in ("true", "false"):
+        raise RivaRequestError(f"custom_configuration split_on_speaker_change={preview(value)}: use true or false")
+    return value.lower() == "true"
 
 
 def check_rate(rate: int, where: str) -> None:

@@ -12,6 +12,11 @@
                      carries segments and words; the engine chunks the audio itself)
     known_speaker_names[], known_speaker_references[]: refused (400): speakers are not matched
                      to reference voices here
+    max_speakers     nemo-serve's, as /ws's diarization option (the SDK sends it with extra_body):
+                     1..the diarizer's speakers, with diarized_json (default: all of them)
+    split_on_speaker_change  nemo-serve's, `true`: a segment (a verbose_json segment, an srt/vtt
+                     cue, a diarized_json final) ends where the speaker changes; diarizes the
+                     stream with any response_format (a --diarizer server only)
     stream           `true` is refused: no server-sent events here
 
 Order of checks, cheapest first: a browser's Origin (403, as for the sockets), bearer token
@@ -142,18 +147,36 @@ def _options(form: FormData, query, ctx: ServerContext) -> dict:
 
 
 def _diarization(form: FormData, response_format: str, num_speakers: int | None) -> dict | None:
-    """The stream's diarization option: all the diarizer's speakers for diarized_json, else none.
-    400 before any decoding where it cannot be served."""
+    """The stream's diarization option: on for diarized_json (all the diarizer's speakers unless
+    max_speakers says fewer) or split_on_speaker_change=true, else None. 400 before any decoding
+    where it cannot be served."""
     known = [name for name in form if name.startswith("known_speaker_")]
     if known:
         raise RequestError(400, f"{known[0]} is not supported: speakers are labelled A, B, ... in order of "
                            "appearance, not matched to reference voices", param=known[0])  # fmt: skip
-    if response_format != "diarized_json":
+    split = _flag(form, "split_on_speaker_change")
+    max_speakers = _field(form, "max_speakers")
+    if response_format != "diarized_json" and not split:
+        if max_speakers is not None:
+            raise RequestError(400, "max_speakers needs response_format diarized_json or split_on_speaker_change "
+                               "true (other formats show no speakers)", param="max_speakers")  # fmt: skip
         return None
     if num_speakers is None:
-        raise RequestError(400, "response_format diarized_json: this server has no diarizer loaded "
-                           "(start it with --diarizer)", param="response_format")  # fmt: skip
-    return {"max_speakers": num_speakers}
+        param = "response_format" if response_format == "diarized_json" else "split_on_speaker_change"
+        raise RequestError(400, f"{param} {_field(form, param) or 'diarized_json'}: this server has no diarizer "
+                           "loaded (start it with --diarizer)", param=param)  # fmt: skip
+    if max_speakers is not None and not (max_speakers.isdigit() and 1 <= int(max_speakers) <= num_speakers):
+        raise RequestError(400, f"max_speakers {preview(max_speakers, 20)}: use a whole number from 1 to "
+                           f"{num_speakers} (the diarizer's speakers)", param="max_speakers")  # fmt: skip
+    return {"max_speakers": int(max_speakers) if max_speakers else num_speakers, "split_on_speaker_change": split}
+
+
+def _flag(form: FormData, name: str) -> bool:
+    """A true/false form field (absent: false); 400 for anything else."""
+    value = (_field(form, name) or "false").lower()
+    if value not in ("true", "false"):
+        raise RequestError(400, f"{name} {preview(value, 20)}: use true or false", param=name)
+    return value == "true"
 
 
 def _context_right(raw: str, served: tuple[int, ...]) -> int:

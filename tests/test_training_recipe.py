@@ -34,8 +34,8 @@ def test_sentences_and_vocabulary_are_deterministic():
 
     from nemo_serve.training import corpus
 
-    a = [corpus.make_sentence(random.Random(7)) for _ in range(5)]
-    b = [corpus.make_sentence(random.Random(7)) for _ in range(5)]
+    a = [sentences.make_sentence(random.Random(7)) for _ in range(5)]
+    b = [sentences.make_sentence(random.Random(7)) for _ in range(5)]
     assert a == b
     assert sentences.number_words(0) == "zero"
     assert sentences.number_words(321) == "three hundred twenty one"
@@ -45,6 +45,30 @@ def test_sentences_and_vocabulary_are_deterministic():
         assert w in vocab
     assert len(vocab) > 500
     assert not set(corpus.HELDOUT_VARIANTS) & set(corpus.TRAIN_VARIANTS)
+
+
+def test_eou_corpus_draws_the_demo_corpus_sentences(tmp_path, monkeypatch):
+    """eou_corpus's promise (its docstring): for the same --seed and --n-eval, its dev, held-out and
+    espeak-ng training splits hold the demo corpus's sentences. Synthesis stubbed: the sentences each
+    main hands to build_split, compared split by split."""
+    from nemo_serve.training import corpus, eou_corpus
+
+    def recorder(calls: dict):
+        def build_split(name, sentences, *args, **kwargs):
+            calls[name] = list(sentences)
+            return []
+
+        return build_split
+
+    demo, eou = {}, {}
+    monkeypatch.setattr(corpus, "build_split", recorder(demo))
+    monkeypatch.setattr(eou_corpus, "build_split", recorder(eou))
+    corpus.main(["--out", str(tmp_path / "demo"), "--n-train", "40", "--n-eval", "6", "--workers", "1"])
+    eou_corpus.main(["--out", str(tmp_path / "eou"), "--n-train", "40", "--n-eval", "6", "--workers", "1"])
+    assert set(eou) == {"dev", "heldout_sentences", "heldout_voices", "train"}
+    for name, drawn in eou.items():
+        assert drawn == demo[name] and len(drawn) == (40 if name == "train" else 6), name
+    assert len(set(demo["dev"]) | set(demo["heldout_sentences"]) | set(demo["heldout_voices"]) | set(demo["flite"])) == 24
 
 
 def test_fast_rnnt_loss_matches_nemo():

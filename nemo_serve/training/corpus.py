@@ -51,7 +51,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .sentences import make_sentence, unique_sentences
+from .sentences import held_out_sets, training_sentences, unique_sentences
 from .synthesizers import (ESPEAK_VOICES, FESTIVAL_F0, FLITE_F0, FLITE_HELDOUT_VOICES, FLITE_TRAIN_VOICES, FLITE_VOICES,
                            HELDOUT_VARIANTS, MORE_SYNTHESIZERS, TRAIN_VARIANTS, espeak_wave, festival_wave, flite_wave,
                            pico_wave, rhvoice_wave)
@@ -212,28 +212,22 @@ def main(argv=None) -> None:
     rng = random.Random(a.seed)
     # Evaluation sentences first; training sentences exclude all of them.  The flite additions are drawn
     # after the espeak-ng training sentences, so every espeak-ng split is the same as in an espeak-only corpus.
-    dev = unique_sentences(rng, a.n_eval, set())
-    hs = unique_sentences(rng, a.n_eval, set(dev))
-    hv = unique_sentences(rng, a.n_eval, set(dev) | set(hs))
-    fl = unique_sentences(rng, a.n_eval, set(dev) | set(hs) | set(hv))
+    dev, hs, hv, fl = held_out_sets(rng, a.n_eval)
     held = set(dev) | set(hs) | set(hv) | set(fl)
-    train = [make_sentence(rng) for _ in range(a.n_train * 2)]
-    train = [s for s in train if s not in held and len(s.split()) <= 14][: a.n_train]
+    train = training_sentences(rng, a.n_train, held)
     flite_train, dev_flite = [], []
     if a.n_train_flite:
         # unseen sentences in the training flite voices, mixed into the dev set (one in three rows)
         dev_flite = unique_sentences(rng, a.n_eval // 2, held | set(train))
         held |= set(dev_flite)
-        flite_train = [make_sentence(rng) for _ in range(a.n_train_flite * 2)]
-        flite_train = [s for s in flite_train if s not in held and len(s.split()) <= 14][: a.n_train_flite]
+        flite_train = training_sentences(rng, a.n_train_flite, held)
     # Then the training-only synthesizers, in MORE_SYNTHESIZERS' order and last: each added split leaves every
     # split drawn before it as it was.
     more_train = {}
     for name in MORE_SYNTHESIZERS:
         n = getattr(a, f"n_train_{name}")
         if a.n_train_flite and n:
-            drawn = [make_sentence(rng) for _ in range(n * 2)]
-            more_train[name] = [s for s in drawn if s not in held and len(s.split()) <= 14][:n]
+            more_train[name] = training_sentences(rng, n, held)
     with open(out / "train_text.txt", "w") as f:
         f.write("\n".join(train + flite_train + sum(more_train.values(), [])) + "\n")
     keep = a.keep_existing

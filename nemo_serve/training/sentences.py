@@ -170,3 +170,20 @@ def unique_sentences(rng: random.Random, n: int, exclude: set[str], max_words: i
         seen.add(s)
         out.append(s)
     return out
+
+
+def held_out_sets(rng: random.Random, n: int, count: int = 4) -> list[list[str]]:
+    """The corpus's first draws: `count` sets of n sentences (dev, heldout_sentences, heldout_voices,
+    flite), each unseen by the ones before. Drawn first, so every later split can exclude them all."""
+    sets, seen = [], set()
+    for _ in range(count):
+        sets.append(unique_sentences(rng, n, seen))
+        seen |= set(sets[-1])
+    return sets
+
+
+def training_sentences(rng: random.Random, n: int, exclude: set[str], max_words: int = 14) -> list[str]:
+    """Up to n training sentences, none in `exclude` nor longer than `max_words`. Always 2n draws
+    (repeats kept), so the splits drawn after it do not depend on what this one rejected."""
+    drawn = [make_sentence(rng) for _ in range(n * 2)]
+    return [s for s in drawn if s not in exclude and len(s.split()) <= max_words][:n]

@@ -220,7 +220,7 @@ def wire_packets(path: str, x_by_rate: dict) -> list:
 
 
 async def paced(path: str, ports: tuple[int, int], n: int, seconds: float, packets: list, fe_pids: list[int],
-                settle_s: float = 1.0) -> dict:  # fmt: skip
+                settle_s: float = 1.0, core_pids: tuple[int, ...] = ()) -> dict:  # fmt: skip
     """N streams of `path` at real-time pace for `seconds`: front-end CPU over the window / packets.
     The streams' packets are spread over each packet interval (a burst every SPREAD_S), as
     independent clients' would be: all N in one burst would let the front end take many packets
@@ -236,6 +236,7 @@ async def paced(path: str, ports: tuple[int, int], n: int, seconds: float, packe
     steps = int(seconds / packet_s) * groups
     late = sent = 0
     c0, w0, me0 = sum(cpu_s(p) for p in fe_pids), time.time(), time.process_time()
+    k0 = sum(cpu_s(p) for p in core_pids)  # the engine core's side of the same window
     t0 = loop.time()
     for k in range(steps):
         delay = t0 + k * packet_s / groups - loop.time()
@@ -249,6 +250,7 @@ async def paced(path: str, ports: tuple[int, int], n: int, seconds: float, packe
             sent += 1
     await asyncio.sleep(packet_s)  # the last packets' own work
     c1, w1, me1 = sum(cpu_s(p) for p in fe_pids), time.time(), time.process_time()
+    k1 = sum(cpu_s(p) for p in core_pids)
     counts: Counter = Counter()
     for c in conns:
         counts.update(c.counts)
@@ -256,7 +258,7 @@ async def paced(path: str, ports: tuple[int, int], n: int, seconds: float, packe
     await asyncio.sleep(0.5)
     return {
         "path": path, "streams": n, "packets": sent, "messages_received": dict(counts),
-        "frontend_cpu_s": round(c1 - c0, 4), "wall_s": round(w1 - w0, 3), "client_cpu_s": round(me1 - me0, 3),
+        "frontend_cpu_s": round(c1 - c0, 4), "core_cpu_s": round(k1 - k0, 4), "wall_s": round(w1 - w0, 3), "client_cpu_s": round(me1 - me0, 3),
         "ticks_late_by_over_one_packet": late, "errors": [c.error for c in conns if c.error][:3],
     }  # fmt: skip
 
@@ -288,7 +290,8 @@ class Target:
 
     def ready(self, idle_s: float) -> None:
         self.server.wait_ready()
-        self.fe_pids = self.server.roles()["frontends"]
+        roles = self.server.roles()
+        self.fe_pids, self.core_pids = roles["frontends"], tuple(roles["others"])
         time.sleep(2)
         self.idle_cores = idle_rate(self.fe_pids, idle_s)
 
@@ -297,7 +300,7 @@ def measure(path: str, t: Target, args, idle_cores: float, x_by_rate: dict) -> d
     packets = wire_packets(path, x_by_rate)
     n = args.streams * len(t.fe_pids)
     port = t.fast_port if path.endswith(FAST) else t.server.port
-    r = asyncio.run(paced(path, (port, t.grpc_port), n, args.seconds, packets, t.fe_pids))
+    r = asyncio.run(paced(path, (port, t.grpc_port), n, args.seconds, packets, t.fe_pids, core_pids=t.core_pids))
     deadline = time.time() + 60  # the closed streams' slots back before the next run opens its own
     while time.time() < deadline:
         try:
@@ -310,8 +313,11 @@ def measure(path: str, t: Target, args, idle_cores: float, x_by_rate: dict) -> d
     r["frontend_cpu_s_minus_idle"] = round(busy, 4)
     r["results_per_packet"] = round(sum(r["messages_received"].values()) / max(r["packets"], 1), 3)
     r["us_per_packet_all_in"] = round(1e6 * busy / max(r["packets"], 1), 1)
+    # The engine core's CPU per packet, not less its idle rate: its polling while audio flows is
+    # part of what a way of publishing ring positions costs (core/shared.py).
+    r["core_us_per_packet"] = round(1e6 * r["core_cpu_s"] / max(r["packets"], 1), 1)
     print(f"{t.label:8s} {path:26s} {r['packets']:7d} packets {sum(r['messages_received'].values()):6d} messages  "
-          f"{r['us_per_packet_all_in']:7.1f} us/packet all in  (client {r['client_cpu_s']:.2f} s CPU, "
+          f"{r['us_per_packet_all_in']:7.1f} us/packet all in, core {r['core_us_per_packet']:6.1f}  (client {r['client_cpu_s']:.2f} s CPU, "
           f"late ticks {r['ticks_late_by_over_one_packet']})", flush=True)  # fmt: skip
     return r
 

@@ -266,6 +266,23 @@ def shape(recording: dict) -> dict:
     }
 
 
+def test_wire_items_and_shown_texts_follow_the_wire_not_the_turns():
+    """What the live test (skipped where the framework is missing) compares rests on these two:
+    an item is every append since the last commit, however the VAD cut the turns (one turn split
+    in two here), and printed texts are put in commit order by their item id."""
+    def append(*samples: int) -> dict:
+        audio = base64.b64encode(np.array(samples, "<i2").tobytes()).decode()
+        return {"type": "input_audio_buffer.append", "audio": audio}
+
+    commit = {"type": "input_audio_buffer.commit"}
+    events = [append(1, 2), append(3), commit, append(4), commit, append(5, 6), commit, append(7)]
+    assert [i.tolist() for i in wire_items(events)] == [[1, 2, 3], [4], [5, 6]]  # 7: never committed
+    stdout = "\n".join(json.dumps({"text": t, "item_id": i}) for t, i in [("b", "item_b"), ("a", "item_a")])
+    assert shown_texts(stdout, ["item_a", "item_b"]) == ["a", "b"]
+    with pytest.raises(KeyError):  # a frame for an item nobody committed
+        shown_texts(stdout, ["item_a"])
+
+
 # ----------------------------------------------------------------------------- replay: the recorded wire
 
 

@@ -157,6 +157,36 @@ def table_packet_cost() -> str:
     return "\n".join(rows) + source(list(PACKET_FILES), [run_info(r) for r in runs])
 
 
+RING_POSITIONS_FILES = ("packet_cost_ring_positions_core_cpu.json", "packet_cost_ring_positions_cpu.json")  # (core CPU, py-spy)
+RING_POSITIONS_TREES = (("before", "before"), ("messages", "messages"), ("shared", "shared"))
+
+
+def table_packet_cost_ring() -> str:
+    """benchmarks/packet_cost.py --tree-env: the branch point, and this tree with the ring positions
+    in messages and in shared memory (NEMO_SERVE_RING_POSITIONS), side by side in one run; the
+    engine core's CPU from the same run, the py-spy parts from a second run of the same three."""
+    d, profiled = (read(name) for name in RING_POSITIONS_FILES)
+    trees = {t["tree"]: t["paths"] for t in d["runs"][0]["trees"]}
+    spied = {t["tree"]: t["paths"] for t in profiled["runs"][0]["trees"]}
+    target = d["target_us_per_packet"]
+    names = " / ".join(name for _, name in RING_POSITIONS_TREES)
+    rows = [f"| path ({d['streams_per_frontend']} paced streams, 1 front end) | front end, µs per packet: {names} "
+            f"(repeats) | engine core, µs per packet: {names} | largest parts, shared (µs per packet, py-spy) | target |",
+            "|---|---|---|---|---|"]  # fmt: skip
+    for path in PACKET_ROWS:
+        fronts, cores = [], []
+        for label, _ in RING_POSITIONS_TREES:
+            row = trees[label][path]
+            each = ", ".join(f"{r['us_per_packet_all_in']:.0f}" for r in row["repeats"])
+            fronts.append(f"{row['us_per_packet_all_in']:.0f} ({each})")
+            cores.append(f"{statistics.median(r['core_us_per_packet'] for r in row['repeats']):.0f}")
+        parts = list(spied["shared"][path].get("profile", {}).get("by_component_us_per_packet", {}).items())[:3]
+        verdict = "met" if trees["shared"][path]["us_per_packet_all_in"] <= target else "**missed**"
+        rows.append(f"| {PACKET_PATHS.get(path, path)} | {' / '.join(fronts)} | {' / '.join(cores)} "
+                    f"| {', '.join(f'{k} {v:.0f}' for k, v in parts)} | {target} µs: {verdict} |")  # fmt: skip
+    return "\n".join(rows) + source(list(RING_POSITIONS_FILES), [run_info(r) for r in (d, profiled)])
+
+
 def table_ws_layer() -> str:
     """benchmarks/ws_layer_bench.py: the WebSocket layer alone, candidate by candidate in one run."""
     d = read("ws_layer_cpu.json")

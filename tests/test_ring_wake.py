@@ -17,6 +17,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 import zmq
 import zmq.asyncio
 
@@ -186,3 +187,19 @@ def test_a_finish_right_after_its_audio_gets_all_of_it(tmp_path):
     got = asyncio.run(run())
     assert got and got[-1].done and got[-1].error is None, got
     assert got[-1].audio_processed_s == 1000  # SequenceEngine reports the samples it took
+
+
+def test_the_switch_picks_the_way_and_refuses_a_misspelling(monkeypatch):
+    from nemo_serve.core import shared as shared_module
+
+    monkeypatch.setenv("NEMO_SERVE_RING_POSITIONS", "messages")
+    assert shared_module.positions_in_shared_default() is False
+    monkeypatch.setenv("NEMO_SERVE_RING_POSITIONS", "shared")
+    assert shared_module.positions_in_shared_default() is True
+    monkeypatch.setenv("NEMO_SERVE_RING_POSITIONS", "shm")
+    with pytest.raises(ValueError, match="NEMO_SERVE_RING_POSITIONS"):
+        shared_module.positions_in_shared_default()
+    monkeypatch.delenv("NEMO_SERVE_RING_POSITIONS")
+    for machine, expected in (("x86_64", True), ("aarch64", False)):
+        monkeypatch.setattr(shared_module.platform, "machine", lambda m=machine: m)
+        assert shared_module.positions_in_shared_default() is expected

@@ -48,6 +48,14 @@ def shared_server():
         yield s
 
 
+@pytest.fixture(name="server")
+def leak_checked_server(shared_server):
+    """`server` in a test module that imports this: the shared server, and after each test the
+    "engine is empty" check (no slot or stream left behind)."""
+    yield shared_server
+    shared_server.assert_no_leak()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -32,18 +32,13 @@ from nemo_serve.server.auth import CLIENT_SECRET_TTL_S, mint_client_secret, vali
 from nemo_serve.server.wav_stream import WavStreamDecoder
 
 from .helpers_server import SHARED_NUM_SLOTS, TOKEN, finals_tokens_and_text, start_server, ws_pcm16_finals
+from .helpers_server import leak_checked_server  # noqa: F401 - this module's `server` fixture
 
 UTTERANCES = sorted((Path(nemo_serve.__file__).parent / "assets" / "demo" / "utterances").glob("*.wav"))
 TRANSCRIPTION = "conversation.item.input_audio_transcription"
 SESSIONS = "/v1/realtime/transcription_sessions"
 NIM_CLIENT = Path(__file__).parent / "nim_client" / "realtime_asr_file_client.py"
 FINAL_LINE = re.compile(r" - INFO - Final Transcript: (.*)$", re.MULTILINE)
-
-
-@pytest.fixture
-def server(shared_server):
-    yield shared_server
-    shared_server.assert_no_leak()
 
 
 async def ws_tokens(server, path: Path, token: str | None = TOKEN) -> list[int]:

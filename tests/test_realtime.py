@@ -25,6 +25,7 @@ from nemo_serve.server.realtime_protocol import (
 )
 
 from .helpers_server import TEST_MODEL, TOKEN, finals_tokens_and_text, pcm16_file, ws_pcm16_finals
+from .helpers_server import leak_checked_server  # noqa: F401 - this module's `server` fixture
 
 openai = pytest.importorskip("openai")
 from openai.types import realtime as ga  # noqa: E402
@@ -54,12 +55,6 @@ BETA_TYPES = {
     f"{TRANSCRIPTION}.completed": beta.ConversationItemInputAudioTranscriptionCompletedEvent,
     "error": beta.ErrorEvent,
 }
-
-
-@pytest.fixture
-def server(shared_server):
-    yield shared_server
-    shared_server.assert_no_leak()
 
 
 def pcm16(rate: int) -> np.ndarray:

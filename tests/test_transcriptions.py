@@ -24,16 +24,11 @@ from nemo_serve.oracle import oracle_transcribe
 
 from . import helpers
 from .helpers_server import PROMPT_TEST_MODEL, SHARED_NUM_SLOTS, TOKEN, finals_tokens_and_text, start_server, ws_pcm16_finals
+from .helpers_server import leak_checked_server  # noqa: F401 - this module's `server` fixture
 
 openai = pytest.importorskip("openai")
 
 UTTERANCES = sorted((Path(nemo_serve.__file__).parent / "assets" / "demo" / "utterances").glob("*.wav"))
-
-
-@pytest.fixture
-def server(shared_server):
-    yield shared_server
-    shared_server.assert_no_leak()
 
 
 def sdk(server) -> "openai.OpenAI":

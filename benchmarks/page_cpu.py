@@ -74,13 +74,15 @@ def table_host() -> str:
 
 
 def table_ring() -> str:
-    """The ring positions in messages against plain stores, per packets per event-loop tick."""
+    """The ring positions in messages and in shared memory (the server's way on x86-64) against bare
+    plain stores, per packets per event-loop tick."""
     d = read("ring_publication_cpu.json")
-    rows = ["| packets per tick | plain stores: µs per packet (core's loop thread) | messages: µs per packet (core's loop thread) |",
-            "|---|---|---|"]
+    ways = (("plain_stores", "plain stores"), ("messages", "messages"), ("shared", "shared (the server's, x86-64)"))
+    rows = ["| packets per tick | " + " | ".join(f"{name}: µs per packet (core's loop thread)" for _, name in ways) + " |",
+            "|---|" + "---|" * len(ways)]  # fmt: skip
     for r in sorted(d["cost"], key=lambda r: -r["per_tick"]):
-        rows.append(f"| {r['per_tick']} | {r['plain_stores_us_per_packet']:.1f} ({r['plain_stores_core_us_per_packet']:.1f}) "
-                    f"| {r['messages_us_per_packet']:.1f} ({r['messages_core_us_per_packet']:.1f}) |")
+        rows.append(f"| {r['per_tick']} | " + " | ".join(
+            f"{r[key + '_us_per_packet']:.1f} ({r[key + '_core_us_per_packet']:.1f})" for key, _ in ways) + " |")  # fmt: skip
     h = read("host_core_ring_messages_cpu.json")["summary_us_per_stream_step"]
     rows.append(f"\nAt the scale the core is sized for, its CPU per stream-step (`benchmarks/host_bench.py`, 1,000 streams, "
                 f"plain stores and messages alternated in one run) moved within noise: median {h['before_80ms']['median']:.2f} -> "

@@ -3,8 +3,9 @@
 One iteration, on the stepping thread:
   1 control messages (open, wrote, finish, force-final, abort, front end gone), without blocking,
     applied to the core (engine_core.apply_control); Stop ends the loop
-  2-5 EngineCore.step(), then one Results message per front end with news: its StreamUpdates and
-    how far the core read its rings (the front end reuses that space only then: shared.py says why)
+  2-5 EngineCore.step(), then one Results message per front end with news: its StreamUpdates and,
+    with the ring positions in messages, how far the core read its rings (the front end reuses that
+    space only then: shared.py says why)
 When nothing moved, it waits up to POLL_MS for a control message: audio arriving in a ring
 waits at most that long (plus the step that is running) before the core sees it. With the ring
 positions in shared memory (shared.py) that wait is the core's poll of them; once no audio has

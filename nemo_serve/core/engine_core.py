@@ -8,7 +8,8 @@ slot is free in the slot table before its front end sees its last update.
 Inputs, from the one thread that steps, between steps (the control messages of core/messages.py
 name the same calls; `apply_control` maps one to its call):
   open        a stream on a slot its front end allocated in the slot table, at that generation
-  wrote       new ring ends for some slots (their samples are in the rings already)
+  wrote       new ring ends for some slots (their samples are in the rings already); with the
+              ring positions in shared memory (shared.py) no wrote comes: step 2 reads them there
   finish / force_final / abort      a stream by (slot, generation); a stale one is ignored
   frontend_gone                     abort its streams, free its slots
 `step()`:
@@ -17,7 +18,8 @@ name the same calls; `apply_control` maps one to its call):
   3 ends of input (after 2, so a stream's last packet is in before its end)
   4 Engine.iterate(), its output routed: updates to their slot's front end, released streams'
     slots freed in the slot table, the queue delay published there
-  5 returned: per front end its updates, how far its rings were read, the slots released
+  5 returned: per front end its updates, how far its rings were read (positions in messages; in
+    shared memory the read ends are stored there in 2), the slots released
 """
 
 from __future__ import annotations

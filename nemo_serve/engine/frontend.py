@@ -63,17 +63,26 @@ class AudioBuffer:
     def extend(self, parts: tuple[np.ndarray, ...], arrived: float) -> None:
         """Append samples (given as consecutive pieces, e.g. the two halves of a wrapped ring)
         straight into the buffer, one copy; `arrived`: when they reached the server."""
-        n = len(parts[0]) if len(parts) == 1 else sum(map(len, parts))
-        if n == 0:
-            return
         used = self._used
-        if used + n > len(self._data):
-            used = self._make_room(n)
-        data = self._data
-        for p in parts:
-            data[used : used + len(p)] = p
-            used += len(p)
-        self._used = used
+        if len(parts) == 1:  # the usual case, without the loop (this runs per stream per packet)
+            samples = parts[0]
+            n = len(samples)
+            if n == 0:
+                return
+            if used + n > self._data.size:
+                used = self._make_room(n)
+            self._data[used : used + n] = samples
+            self._used = used + n
+        else:
+            n = sum(map(len, parts))
+            if n == 0:
+                return
+            if used + n > self._data.size:
+                used = self._make_room(n)
+            for p in parts:
+                self._data[used : used + len(p)] = p
+                used += len(p)
+            self._used = used
         self.num_samples += n
         self._arrival_ends.append(self.num_samples)
         self._arrival_times.append(arrived)

@@ -61,6 +61,7 @@ def timed_run(model, diarizer, batch: int, audio, diarized: bool, reuse_features
     return {"seconds": elapsed, "asr_steps": asr_steps, "asr_rows": asr_rows, "diarizer_rows": diar_rows,
             "diarizer_steps": engine.engine.diarizer.num_steps, "iterations": iterations,
             "diarizer_seconds": engine.engine.diarizer.seconds,  # its plan (features), step and collect
+            "diarizer_feature_seconds": engine.engine.diarizer.feature_seconds,  # of which its preprocessor
             "ms_per_asr_step": 1e3 * elapsed / max(asr_steps, 1)}  # fmt: skip
 
 
@@ -72,11 +73,15 @@ def measure(model, diarizer, batch: int, audio, repeats: int, before: bool) -> d
             runs[kind].append(timed_run(model, diarizer, batch, audio, kind != "plain", kind != "diarized_before"))
     med = {k: statistics.median(r["ms_per_asr_step"] for r in v) for k, v in runs.items()}
     share = statistics.median(r["diarizer_seconds"] / r["seconds"] for r in runs["diarized"])
+    features_ms = {k: statistics.median(1e3 * r["diarizer_feature_seconds"] / max(r["diarizer_steps"], 1) for r in v)
+                   for k, v in runs.items() if k != "plain"}  # fmt: skip
     row = {"batch": batch, "plain_ms_per_step": round(med["plain"], 3), "diarized_ms_per_step": round(med["diarized"], 3),
            "ratio": round(med["diarized"] / med["plain"], 3), "diarizer_share_of_diarized_time": round(share, 3)}  # fmt: skip
+    row["diarizer_feature_ms_per_step"] = round(features_ms["diarized"], 3)
     if before:
         row.update(diarized_before_ms_per_step=round(med["diarized_before"], 3),
-                   ratio_before=round(med["diarized_before"] / med["plain"], 3))
+                   ratio_before=round(med["diarized_before"] / med["plain"], 3),
+                   diarizer_feature_ms_per_step_before=round(features_ms["diarized_before"], 3))
     return {**row, "runs": runs}
 
 

@@ -29,6 +29,7 @@ by identity.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -176,6 +177,7 @@ class SortformerRunner:
         self.in_flight: list[DiarLaunched] = []  # launched, not collected, oldest first
         self.num_steps = 0  # steps run (tests: a server with only plain streams runs none)
         self.seconds = 0.0  # time in plan, step and collect (the loop adds it up; benchmarks read it)
+        self.feature_seconds = 0.0  # of which in the preprocessor (benchmarks: the reuse's before/after)
 
     # ------------------------------------------------------------------ streams
     def open(self, stream_id: str, max_speakers: int) -> None:
@@ -227,7 +229,9 @@ class SortformerRunner:
         new: list[torch.Tensor | None] = [None] * len(streams)
         for count in np.unique(counts[counts > 0]).tolist():
             rows = np.flatnonzero(counts == count).tolist()
+            started = time.perf_counter()
             feats = self.features.compute([streams[r].audio for r in rows], [starts[r] for r in rows], count)
+            self.feature_seconds += time.perf_counter() - started
             for k, r in enumerate(rows):
                 new[r] = feats[k]  # [F, count]
         return [s.features.window(t0, n, x) for s, t0, n, x in zip(streams, t0s, ns, new)]

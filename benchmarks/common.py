@@ -120,12 +120,15 @@ def run_record() -> dict:
     """What every results file carries: the exact command, when, on what, and how busy the CPU was."""
     import torch
 
+    # The results folder is left out: a run that writes results there must not call its own code dirty.
+    changed = _git("status", "--porcelain", "--", "nemo_serve", "benchmarks", ":!benchmarks/results").splitlines()
     rec = {
         "command": " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "git_commit": _git("rev-parse", "--short", "HEAD"),
-        # The results folder is left out: a run that writes results there must not call its own code dirty.
-        "git_dirty": bool(_git("status", "--porcelain", "--", "nemo_serve", "benchmarks", ":!benchmarks/results")),
+        "git_dirty": bool(changed),
+        # which code differed from the commit, so "at <commit> (dirty)" still says what ran
+        "git_dirty_files": [line.split(maxsplit=1)[1] for line in changed[:20]],
         "host": platform.node(),
         "cpu": _cpu_model(),
         "cpu_count": os.cpu_count(),

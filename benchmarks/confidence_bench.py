@@ -97,7 +97,7 @@ def decoder_part(args) -> list[dict]:
         GreedyBatchedRNNTLabelLoopingComputer,
     )
 
-    from nemo_serve.engine.step import aten_rnn, confidence_computer
+    from nemo_serve.engine.nemo_decoder import aten_rnn, confidence_computer
 
     cfg = OmegaConf.load(args.config)
     vocab = int(cfg.tokenizer.vocab_size) if "tokenizer" in cfg else len(cfg.model.labels)

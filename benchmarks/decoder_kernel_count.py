@@ -11,7 +11,7 @@ counted per step (`aten_ops`, `leaf_ops`: an estimate of CUDA kernel launches, `
 by phase (encoder, decoder, the rest) and under CUDA graphs: as kernel_count.py, whose count() this
 uses.
 
-Decoders (`--decoder nemo | label_loop | label_loop:active`, engine/step.py `decoder_kind`; the
+Decoders (`--decoder nemo | label_loop | label_loop:active`, engine/nemo_decoder.py `decoder_kind`; the
 decoder phase is `Stepper.decode`: the decoder with its state gather/scatter and result packing).
 Per step also counted: the joint's evaluations (`joint_calls`: NeMo's outer plus inner label-loop
 trips; our loop's trips, one joint each), the prediction network's calls (`predict_calls`: NeMo's
@@ -27,11 +27,9 @@ later chunks and sums. The per-decoder table:
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -46,22 +44,13 @@ def count(prof) -> dict:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="nemotron-0.6b")
-    ap.add_argument("--modes", default="0,3,13", help="right contexts")
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--dtype", default="fp32")
-    ap.add_argument("--source", default=None, help="import nemo_serve from this checkout")
-    ap.add_argument("--label", required=True)
-    ap.add_argument("--out", default=None)
+    ap = kernel_count.common_parser(__doc__)
     ap.add_argument("--decoder", default=None, help="nemo | label_loop | label_loop:active (default: the engine's)")
     ap.add_argument("--audio", action="store_true", help="bundled speech instead of random features")
     ap.add_argument("--steps", type=int, default=1, help="later chunks profiled (summed)")
     ap.add_argument("--skip-s", type=float, default=0.0, help="audio stepped through before the profiled chunks")
     args = ap.parse_args(argv)
-    sys.path.insert(0, str(REPO))
-    if args.source:
-        sys.path.insert(0, str(Path(args.source).resolve()))
+    kernel_count.import_from_source(args)
     if args.decoder:
         kind, _, rows = args.decoder.partition(":")
         os.environ["NEMO_SERVE_DECODER"] = kind

@@ -19,7 +19,9 @@ the CPU time of `iterate()` is counted (time.thread_time), after a warm-up that 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
+import json
 import sys
 import time
 from pathlib import Path
@@ -48,6 +50,42 @@ class _StubPreprocessor(torch.nn.Module):
 
 
 OVERLAP = [False]  # --overlap: the engine launches step N+1 before collecting step N (engine/loop.py)
+PROFILER: list[cProfile.Profile | None] = [None]  # --profile: on around the measured iterations only
+
+
+def _timed(call) -> float:
+    """Thread CPU seconds of `call()`, under the profiler when one is on."""
+    profiler = PROFILER[0]
+    t0 = time.thread_time()
+    if profiler is not None:
+        profiler.enable()
+    call()
+    if profiler is not None:
+        profiler.disable()
+    return time.thread_time() - t0
+
+
+def _timed_off(call) -> float:
+    """`call()` off the profiler (warm-up iterations)."""
+    t0 = time.thread_time()
+    call()
+    return time.thread_time() - t0
+
+
+def _iterations(g, num_streams: int, per_turn: int, seconds: float) -> tuple[int, int]:
+    """(warm-up iterations, all iterations): the warm-up steps every stream's first later chunk
+    (twice as many iterations overlapped: a stream in flight waits one), then `seconds` of audio
+    per stream are measured, at least two iterations."""
+    warm = -(-num_streams // per_turn) * (2 if OVERLAP[0] else 1)
+    return warm, warm + max(2, int(seconds * 1000 / g.chunk_ms * num_streams / per_turn))
+
+
+def _hungry(picked: list[int], flying: np.ndarray, slot_of) -> list[int]:
+    """The streams of `picked` whose last chunk is not in flight. The overlapped loop leaves a
+    stream in flight out of planning until the next iteration collects it: feeding it a chunk every
+    iteration anyway would pile up audio it cannot step (growing buffers the real loop never has,
+    where a chunk comes once per chunk period). The sequential loop has nothing in flight here."""
+    return [k for k in picked if not flying[slot_of(k)]]
 
 
 def _collect_stub(result):
@@ -55,12 +93,38 @@ def _collect_stub(result):
     return result
 
 
-def _stub_step(tokens_per_frame: float, num_slots: int):
+EMISSION = Path(__file__).resolve().parent / "results" / "emission_demo_cpu_fp32.json"
+
+
+def trained_emission(context_right: int) -> dict[int, float]:
+    """The trained demo model's tokens per encoder frame at this chunk mode, as a distribution
+    {tokens on one frame: share of frames} (benchmarks/gpu/emission.py measured it over the bundled
+    utterances: 0.42 tokens per frame at every mode, 62-66% of frames without a token, up to 4)."""
+    modes = {m["context_right"]: m for m in json.loads(EMISSION.read_text())["modes"]}
+    counts = {int(k): v for k, v in modes[context_right]["frames_by_tokens"].items()}
+    total = sum(counts.values())
+    return {k: v / total for k, v in sorted(counts.items())}
+
+
+def _emission_table(distribution: dict[int, float], length: int = 1 << 17) -> np.ndarray:
+    """Cumulative tokens over `length` encoder frames drawn (seeded) from `distribution`: a row
+    stepping frames [a, b) emits table[b] - table[a] tokens (each slot reads it at its own offset),
+    so the stub costs O(rows) per step and carries the trained model's spread, not only its mean."""
+    rng = np.random.default_rng(46)
+    per_frame = rng.choice(list(distribution), size=length, p=list(distribution.values()))
+    return np.concatenate([[0], np.cumsum(per_frame)])
+
+
+def _stub_step(tokens_per_frame: float | dict[int, float], num_slots: int, emitted: dict):
     """The step's host side without the model: run_step's result handling (one packed [B, 2 + 2W]
-    array turned into lists, sliced per row) over tokens made up at `tokens_per_frame`."""
+    array turned into lists, sliced per row) over tokens made up at `tokens_per_frame` (a rate,
+    spread evenly, or a distribution of tokens per frame: `trained_emission`). `emitted` counts
+    the tokens and encoder frames it produced (the load it really carried)."""
     from nemo_serve.engine.step import StepResult
 
     decoded = np.zeros(num_slots, np.int64)  # encoder frames decoded per slot
+    table = _emission_table(tokens_per_frame) if isinstance(tokens_per_frame, dict) else None
+    offset = np.arange(num_slots, dtype=np.int64) * 7919 % (1 << 16)  # each slot its own stretch of the table
 
     def step(model, encoder, pool, batch) -> StepResult:
         rows = np.asarray(batch.rows)  # an array (a tensor in older versions)
@@ -68,7 +132,12 @@ def _stub_step(tokens_per_frame: float, num_slots: int):
         start = decoded[rows]
         end = start + (np.asarray(batch.num_frames) + sub - 1) // sub
         decoded[rows] = end
-        lens = (end * tokens_per_frame).astype(np.int64) - (start * tokens_per_frame).astype(np.int64)
+        if table is None:
+            lens = (end * tokens_per_frame).astype(np.int64) - (start * tokens_per_frame).astype(np.int64)
+        else:
+            lens = table[end + offset[rows]] - table[start + offset[rows]]
+        emitted["tokens"] += int(lens.sum())
+        emitted["frames"] += int((end - start).sum())
         width = max(int(lens.max()), 1)
         frames = start[:, None] + np.arange(width)[None, :]  # [B, W]
         packed = np.concatenate([lens[:, None], end[:, None], 1 + frames % 50, frames], axis=1)
@@ -91,7 +160,8 @@ def measure(model, num_streams: int, seconds: float, tokens_per_frame: float, re
     engine = LocalEngine(loop.Engine(model, num_slots=num_streams, max_batch=num_streams, endpoint=EndpointConfig(), overlap=OVERLAP[0]))
     engine.engine.features.pre = _StubPreprocessor(model.num_mels, g.hop_samples)
     real_step = runner.launch_step, runner.collect_step
-    runner.launch_step, runner.collect_step = _stub_step(tokens_per_frame, num_streams), _collect_stub
+    emitted = {"tokens": 0, "frames": 0}
+    runner.launch_step, runner.collect_step = _stub_step(tokens_per_frame, num_streams, emitted), _collect_stub
     try:
         streams = [engine.open_stream(lambda r: None) for _ in range(num_streams)]
         chunk_samples = g.chunk_frames * g.hop_samples
@@ -101,17 +171,19 @@ def measure(model, num_streams: int, seconds: float, tokens_per_frame: float, re
             engine.push(s, audio[:first_samples])
         engine.iterate()  # opens, first chunks
         per_turn = max(1, round(num_streams * ready_fraction))
-        steps = max(3, int(seconds * 1000 / g.chunk_ms * num_streams / per_turn))
+        warm, steps = _iterations(g, num_streams, per_turn, seconds)
         cpu, stream_steps, iterations = 0.0, 0, 0
         gc.collect()
+        flying = engine.engine.in_flight.flying
+        emitted.update(tokens=0, frames=0)
         for i in range(steps):
-            for k in range(i * per_turn, (i + 1) * per_turn):
-                engine.push(streams[k % num_streams], audio[first_samples:])
+            picked = [k % num_streams for k in range(i * per_turn, (i + 1) * per_turn)]
+            for k in _hungry(picked, flying, lambda k: streams[k].slot):
+                engine.push(streams[k], audio[first_samples:])
             before = engine.stats.stream_steps
-            t0 = time.thread_time()
-            engine.iterate()
-            dt = time.thread_time() - t0
-            if i * per_turn >= num_streams:  # after every stream's first later chunk
+            counted = i >= warm  # after every stream's first later chunk
+            dt = _timed(engine.iterate) if counted else _timed_off(engine.iterate)
+            if counted:
                 cpu += dt
                 stream_steps += engine.stats.stream_steps - before
                 iterations += 1
@@ -129,6 +201,7 @@ def measure(model, num_streams: int, seconds: float, tokens_per_frame: float, re
         "stream_steps": stream_steps,
         "inprocess_cpu_us_per_stream_step": round(1e6 * cpu / max(stream_steps, 1), 2),
         "inprocess_cpu_ms_per_iteration": round(1e3 * cpu / max(iterations, 1), 2),
+        "stub_tokens_per_frame": round(emitted["tokens"] / max(emitted["frames"], 1), 4),
         "budget_us_per_stream_step": round(1e3 * g.chunk_ms / num_streams, 2),
     }
 
@@ -184,7 +257,8 @@ def measure_core(model, num_streams: int, seconds: float, tokens_per_frame: floa
     engine = loop.Engine(model, num_slots=num_streams, max_batch=num_streams, endpoint=EndpointConfig(), overlap=OVERLAP[0])
     engine.features.pre = _StubPreprocessor(model.num_mels, g.hop_samples)
     real_step = runner.launch_step, runner.collect_step
-    runner.launch_step, runner.collect_step = _stub_step(tokens_per_frame, num_streams), _collect_stub
+    emitted = {"tokens": 0, "frames": 0}
+    runner.launch_step, runner.collect_step = _stub_step(tokens_per_frame, num_streams, emitted), _collect_stub
     before_tids = _tids()
     core_ctx = zmq.Context()
     core = EngineCoreProc(engine, shared, ipc_dir, core_ctx)
@@ -225,7 +299,9 @@ def measure_core(model, num_streams: int, seconds: float, tokens_per_frame: floa
         def write(streams: range, samples: np.ndarray, now: float) -> None:
             """The front end's side (core/client.py): ring writes, then one Wrote message; waits
             until it has reached the core's socket, as a front end's would have between iterations."""
-            picked = [k % num_streams for k in streams]
+            picked = _hungry([k % num_streams for k in streams], engine.in_flight.flying, lambda k: slots[k][0])
+            if not picked:
+                return
             for k in picked:
                 shared.write(slots[k][0], int(written[k]), samples)
             written[picked] += len(samples)
@@ -239,20 +315,20 @@ def measure_core(model, num_streams: int, seconds: float, tokens_per_frame: floa
         core.iterate_once()  # first chunks
         drain(1000)
         per_turn = max(1, round(num_streams * ready_fraction))
-        steps = max(3, int(seconds * 1000 / g.chunk_ms * num_streams / per_turn))
+        warm, steps = _iterations(g, num_streams, per_turn, seconds)
         cpu, io_cpu, stream_steps, iterations = 0.0, 0.0, 0, 0
         gc.collect()
+        emitted.update(tokens=0, frames=0)
         for i in range(steps):
             now = time.time()
             io0 = _thread_cpu_s(io_tids)
             write(range(i * per_turn, (i + 1) * per_turn), audio[first_samples:], now)  # off the loop's clock
             before = engine.stats.stream_steps
-            t0 = time.thread_time()
-            core.iterate_once()
-            dt = time.thread_time() - t0
-            drain(1000)  # off the clock; waits for the message, so the I/O thread is done with it
+            counted = i >= warm
+            dt = _timed(core.iterate_once) if counted else _timed_off(core.iterate_once)
+            drain(100 if engine.in_flight.flying.any() else 1000)  # off the clock; waits for the message, so the I/O thread is done with it
             dio = _thread_cpu_s(io_tids) - io0
-            if i * per_turn >= num_streams:
+            if counted:
                 cpu += dt
                 io_cpu += dio
                 stream_steps += engine.stats.stream_steps - before
@@ -282,6 +358,65 @@ def measure_core(model, num_streams: int, seconds: float, tokens_per_frame: floa
         "core_results_messages": received["messages"],
         "core_results_updates": received["updates"],
         "core_results_bytes_per_update": round(received["bytes"] / max(received["updates"], 1), 1),
+        "core_stub_tokens_per_frame": round(emitted["tokens"] / max(emitted["frames"], 1), 4),
+    }
+
+
+# Where a stream-step's time goes: (part, file suffix, function names or None for every function).
+# A built-in (numpy, list, dict methods) is charged to its caller's part.
+PARTS = [
+    ("audio intake: ring -> stream buffer (EngineCore._take_audio, Engine.take_audio, AudioBuffer.extend)",
+     ("core/engine_core.py", "engine/loop.py", "engine/frontend.py", "core/shared.py", "engine/scheduler.py"),
+     {"_take_audio", "take_audio", "extend", "views", "set_audio", "take_input"}),
+    ("features: samples -> staging (FeatureExtractor.compute, AudioBuffer.copy_segment; preprocessor stubbed)",
+     ("engine/frontend.py", "host_bench.py"), {"compute", "compute_group", "copy_segment", "take", "forward", "_features"}),
+    ("plan and launch (Scheduler.plan/advance, Engine._schedule/_launch, StepBatch)",
+     ("engine/scheduler.py", "engine/loop.py", "engine/runner.py", "engine/in_flight.py", "engine/step.py"),
+     {"plan", "advance", "frames_available", "_schedule", "_launch", "launch", "launched", "__init__", "take"}),
+    ("step stub: the step's host-side result handling (packed tokens -> per-row lists)", ("host_bench.py",), {"step", "<listcomp>"}),
+    ("collect per row (Engine._collect/_advance: buffer trim, arrival, endpoint, StreamUpdate)",
+     ("engine/loop.py", "engine/stream.py", "engine/endpoint.py", "engine/frontend.py", "engine/in_flight.py",
+      "engine/slot_table.py", "engine/results.py", "engine/queue_delay.py", "engine/eou.py", "engine/runner.py"), None),
+    ("publish: route, results message (msgpack), ZMQ send (EngineCore.step, core_proc)",
+     ("core/engine_core.py", "core/core_proc.py", "core/messages.py", "zmq/sugar/socket.py", "core/core_io.py"), None),
+]
+OTHER = "other (control intake, iterate's frame)"
+
+
+def _part_of(func: tuple[str, int, str]) -> str | None:
+    path, _, name = func
+    for part, files, names in PARTS:
+        if path.endswith(files) and (names is None or name in names):
+            return part
+    return None if path == "~" or "site-packages" in path and "zmq" not in path else OTHER
+
+
+def profile_summary(profiler: cProfile.Profile, stream_steps: int) -> dict:
+    """Self time of the profiled iterations by part of the loop (shares: cProfile's overhead inflates
+    every call alike, so the shares, not its microseconds, are what to read), and the top functions."""
+    profiler.create_stats()
+    stats = profiler.stats
+    if not stats:
+        return {"profiled_s": 0.0, "stream_steps": stream_steps, "note": "no iteration measured (too few --seconds)"}
+    by_part: dict[str, float] = {}
+    for func, (_, _, tottime, _, callers) in stats.items():
+        part = _part_of(func)
+        if part is not None:
+            by_part[part] = by_part.get(part, 0.0) + tottime
+            continue
+        edges = {c: e[2] for c, e in callers.items()}  # a built-in's self time, by caller
+        total = sum(edges.values()) or 1.0
+        for caller, t in edges.items() if edges else [(None, 1.0)]:
+            owner = (_part_of(caller) or OTHER) if caller else OTHER
+            by_part[owner] = by_part.get(owner, 0.0) + tottime * t / total
+    whole = sum(by_part.values()) or 1.0
+    top = sorted(stats.items(), key=lambda kv: -kv[1][2])[:20]
+    return {
+        "profiled_s": round(whole, 4),
+        "stream_steps": stream_steps,
+        "share_by_part": {k: round(v / whole, 3) for k, v in sorted(by_part.items(), key=lambda kv: -kv[1])},
+        "top_self_time": [{"function": f"{Path(f[0]).name}:{f[1]}({f[2]})", "calls": v[1], "share": round(v[2] / whole, 3)}
+                          for f, v in top],  # fmt: skip
     }
 
 
@@ -292,7 +427,11 @@ def main() -> None:
     p.add_argument("--context-right", default="0,13")
     p.add_argument("--seconds", type=float, default=4.0, help="audio per stream per measurement")
     p.add_argument("--ready-fraction", default="1.0", help="comma list: share of the streams stepped per iteration")
-    p.add_argument("--tokens-per-frame", type=float, default=0.33, help="stub emission rate (real models: 0.2-0.5)")
+    p.add_argument("--tokens-per-frame", default="trained", help="stub emission: 'trained' (the demo model's measured "
+                   "tokens per frame and their spread at each mode, benchmarks/results/emission_demo_cpu_fp32.json: 0.42) "
+                   "or a rate spread evenly (the old default was 0.33)")
+    p.add_argument("--profile", action="store_true", help="cProfile the engine core's measured iterations: the JSON "
+                   "says per level where the time went (shares by part of the loop, top functions)")
     p.add_argument("--core-only", action="store_true", help="skip the in-process Engine measurement")
     p.add_argument("--frontend", action="store_true", help="also parts (b) and (c): a real server's front ends (benchmarks/frontend_bench.py)")
     p.add_argument("--core-io", default="inline", help="comma list of inline / threads, repeats allowed (inline,threads,inline,threads: an A/B run, "
@@ -312,16 +451,22 @@ def main() -> None:
     record = run_record()
     record["notes"] = args.notes
     record["overlap"] = record_overlap
+    record["tokens_per_frame"] = args.tokens_per_frame
     entries = []
     for r in [int(x) for x in args.context_right.split(",")]:
         model = load_model(args.model, context_right=r)
+        emission = trained_emission(r) if args.tokens_per_frame == "trained" else float(args.tokens_per_frame)
         for n, f in [(int(x), float(y)) for x in args.streams.split(",") for y in args.ready_fraction.split(",")]:
-            e = measure(model, n, args.seconds, args.tokens_per_frame, f) if not args.core_only else {
+            e = measure(model, n, args.seconds, emission, f) if not args.core_only else {
                 "streams": n, "context_right": r, "chunk_ms": model.geometry.chunk_ms, "ready_fraction": f,
                 "budget_us_per_stream_step": round(1e3 * model.geometry.chunk_ms / n, 2)}  # fmt: skip
             for io in args.core_io.split(","):
                 gc.collect()
-                e = dict(e, **measure_core(model, n, args.seconds, args.tokens_per_frame, f, io_threads=io == "threads"))
+                PROFILER[0] = cProfile.Profile() if args.profile else None
+                e = dict(e, **measure_core(model, n, args.seconds, emission, f, io_threads=io == "threads"))
+                if PROFILER[0] is not None:
+                    e["profile"] = profile_summary(PROFILER[0], e["core_stream_steps"])
+                    PROFILER[0] = None
                 gc.collect()
                 entries.append(e)
                 print(f"streams {n:6d} ready {f:4.2f}  {e['chunk_ms']:5.0f} ms  io {io:7s}  core {e['core_cpu_us_per_stream_step']:7.2f} "

@@ -216,21 +216,32 @@ def _in_phase(fn, phase: str, record_function):
     return wrapped
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def common_parser(doc: str) -> argparse.ArgumentParser:
+    """The options both kernel counts take (this one and decoder_kernel_count.py, which adds its own)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--model", default="nemotron-0.6b")
     ap.add_argument("--modes", default="0,3,13", help="right contexts")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--dtype", default="fp32")
-    ap.add_argument("--configs", default="window:matmul,ring:matmul,ring:sdpa",
-                    help="KV layout:attention pairs (NEMO_SERVE_KV_LAYOUT, NEMO_SERVE_ATTENTION), each counted")
     ap.add_argument("--source", default=None, help="import nemo_serve from this checkout")
     ap.add_argument("--label", required=True)
     ap.add_argument("--out", default=None)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def import_from_source(args) -> None:
+    """This checkout's benchmarks, and nemo_serve from --source when given."""
     sys.path.insert(0, str(REPO))
     if args.source:
         sys.path.insert(0, str(Path(args.source).resolve()))
+
+
+def main(argv=None) -> None:
+    ap = common_parser(__doc__)
+    ap.add_argument("--configs", default="window:matmul,ring:matmul,ring:sdpa",
+                    help="KV layout:attention pairs (NEMO_SERVE_KV_LAYOUT, NEMO_SERVE_ATTENTION), each counted")
+    args = ap.parse_args(argv)
+    import_from_source(args)
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 

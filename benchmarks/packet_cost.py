@@ -25,7 +25,9 @@ write), gRPC through grpc.aio. On a 2-core machine the client, the engine core a
 share the cores; the JSON records the client's CPU and how many pacer ticks ran more than a packet
 late (those packets arrive in bursts, which are cheaper per packet). --frontends 1,4 runs each path
 with K front ends and K x N streams (scaling with cores: only meaningful where there are cores to
-spare). --tree LABEL=PATH (twice) runs a before/after pair side by side, alternated path by path.
+spare). --tree LABEL=PATH (twice) runs a before/after pair side by side, alternated path by path;
+--tree-env LABEL=NAME=VALUE starts that tree's server with an environment switch (the same tree
+twice, one switch apart: e.g. NEMO_SERVE_RING_POSITIONS=messages against shared).
 """
 
 from __future__ import annotations
@@ -218,7 +220,7 @@ def wire_packets(path: str, x_by_rate: dict) -> list:
 
 
 async def paced(path: str, ports: tuple[int, int], n: int, seconds: float, packets: list, fe_pids: list[int],
-                settle_s: float = 1.0) -> dict:  # fmt: skip
+                settle_s: float = 1.0, core_pids: tuple[int, ...] = ()) -> dict:  # fmt: skip
     """N streams of `path` at real-time pace for `seconds`: front-end CPU over the window / packets.
     The streams' packets are spread over each packet interval (a burst every SPREAD_S), as
     independent clients' would be: all N in one burst would let the front end take many packets
@@ -234,6 +236,7 @@ async def paced(path: str, ports: tuple[int, int], n: int, seconds: float, packe
     steps = int(seconds / packet_s) * groups
     late = sent = 0
     c0, w0, me0 = sum(cpu_s(p) for p in fe_pids), time.time(), time.process_time()
+    k0 = sum(cpu_s(p) for p in core_pids)  # the engine core's side of the same window
     t0 = loop.time()
     for k in range(steps):
         delay = t0 + k * packet_s / groups - loop.time()
@@ -247,6 +250,7 @@ async def paced(path: str, ports: tuple[int, int], n: int, seconds: float, packe
             sent += 1
     await asyncio.sleep(packet_s)  # the last packets' own work
     c1, w1, me1 = sum(cpu_s(p) for p in fe_pids), time.time(), time.process_time()
+    k1 = sum(cpu_s(p) for p in core_pids)
     counts: Counter = Counter()
     for c in conns:
         counts.update(c.counts)
@@ -254,7 +258,7 @@ async def paced(path: str, ports: tuple[int, int], n: int, seconds: float, packe
     await asyncio.sleep(0.5)
     return {
         "path": path, "streams": n, "packets": sent, "messages_received": dict(counts),
-        "frontend_cpu_s": round(c1 - c0, 4), "wall_s": round(w1 - w0, 3), "client_cpu_s": round(me1 - me0, 3),
+        "frontend_cpu_s": round(c1 - c0, 4), "core_cpu_s": round(k1 - k0, 4), "wall_s": round(w1 - w0, 3), "client_cpu_s": round(me1 - me0, 3),
         "ticks_late_by_over_one_packet": late, "errors": [c.error for c in conns if c.error][:3],
     }  # fmt: skip
 
@@ -270,20 +274,24 @@ class Target:
         # "before" of a before/after pair, run side by side with this one): `python -m` puts its
         # working directory first on sys.path, so the server runs there, PYTHONPATH as well.
         saved = os.environ.get("PYTHONPATH")
+        saved_env = {name: os.environ.get(name) for name in args.env_of.get(label, {})}
+        os.environ.update(args.env_of.get(label, {}))  # inherited by the server's processes
         os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [tree, saved]))  # tree first; packages after
         try:
             self.server = Server(str(Path(args.model).resolve()), args.context_right, k, k * args.streams + 16,
                                  out_dir.resolve() / f"packet_cost_{label}_k{k}.server.log",
                                  extra_args=("--grpc-port", str(self.grpc_port), *fast_args), cwd=tree)  # fmt: skip
         finally:
-            if saved is None:
-                os.environ.pop("PYTHONPATH")
-            else:
-                os.environ["PYTHONPATH"] = saved
+            for name, value in {**saved_env, "PYTHONPATH": saved}.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
     def ready(self, idle_s: float) -> None:
         self.server.wait_ready()
-        self.fe_pids = self.server.roles()["frontends"]
+        roles = self.server.roles()
+        self.fe_pids, self.core_pids = roles["frontends"], tuple(roles["others"])
         time.sleep(2)
         self.idle_cores = idle_rate(self.fe_pids, idle_s)
 
@@ -292,7 +300,7 @@ def measure(path: str, t: Target, args, idle_cores: float, x_by_rate: dict) -> d
     packets = wire_packets(path, x_by_rate)
     n = args.streams * len(t.fe_pids)
     port = t.fast_port if path.endswith(FAST) else t.server.port
-    r = asyncio.run(paced(path, (port, t.grpc_port), n, args.seconds, packets, t.fe_pids))
+    r = asyncio.run(paced(path, (port, t.grpc_port), n, args.seconds, packets, t.fe_pids, core_pids=t.core_pids))
     deadline = time.time() + 60  # the closed streams' slots back before the next run opens its own
     while time.time() < deadline:
         try:
@@ -305,8 +313,11 @@ def measure(path: str, t: Target, args, idle_cores: float, x_by_rate: dict) -> d
     r["frontend_cpu_s_minus_idle"] = round(busy, 4)
     r["results_per_packet"] = round(sum(r["messages_received"].values()) / max(r["packets"], 1), 3)
     r["us_per_packet_all_in"] = round(1e6 * busy / max(r["packets"], 1), 1)
+    # The engine core's CPU per packet, not less its idle rate: its polling while audio flows is
+    # part of what a way of publishing ring positions costs (core/shared.py).
+    r["core_us_per_packet"] = round(1e6 * r["core_cpu_s"] / max(r["packets"], 1), 1)
     print(f"{t.label:8s} {path:26s} {r['packets']:7d} packets {sum(r['messages_received'].values()):6d} messages  "
-          f"{r['us_per_packet_all_in']:7.1f} us/packet all in  (client {r['client_cpu_s']:.2f} s CPU, "
+          f"{r['us_per_packet_all_in']:7.1f} us/packet all in, core {r['core_us_per_packet']:6.1f}  (client {r['client_cpu_s']:.2f} s CPU, "
           f"late ticks {r['ticks_late_by_over_one_packet']})", flush=True)  # fmt: skip
     return r
 
@@ -362,6 +373,7 @@ def run_k(k: int, trees: list[tuple[str, str]], args, x_by_rate: dict, out_dir: 
                         }  # fmt: skip
         return {"frontends": k, "trees": [
             {"tree": t.label, "tree_path": t.tree, "tree_commit": _commit(t.tree), "command": " ".join(t.server.command),
+             "environment": args.env_of.get(t.label, {}),
              "idle_frontend_cores": round(t.idle_cores, 4), "paths": rows[t.label]} for t in targets]}  # fmt: skip
     finally:
         for t in targets:
@@ -390,11 +402,17 @@ def main() -> None:
     p.add_argument("--tree", action="append", default=None, metavar="LABEL=PATH",
                    help="run the server from this source tree (repeat for before/after side by side, alternated "
                         "path by path); default: this checkout")  # fmt: skip
+    p.add_argument("--tree-env", action="append", default=[], metavar="LABEL=NAME=VALUE",
+                   help="an environment variable for that tree's server (repeatable)")
     p.add_argument("--repeats", type=int, default=1, help="runs of each path on each tree (the median is kept)")
     p.add_argument("--fast-ws", action="store_true", help="start the server with --fast-ws-port (the *_fast paths)")
     p.add_argument("--notes", default=None)
     p.add_argument("--out", default=None)
     args = p.parse_args()
+    args.env_of = {}
+    for item in args.tree_env:
+        label, name, value = item.split("=", 2)
+        args.env_of.setdefault(label, {})[name] = value
     record = run_record()
     record["notes"] = args.notes
     out_dir = Path(args.out).parent if args.out else Path("/tmp")

@@ -74,13 +74,15 @@ def table_host() -> str:
 
 
 def table_ring() -> str:
-    """The ring positions in messages against plain stores, per packets per event-loop tick."""
+    """The ring positions in messages and in shared memory (the server's way on x86-64) against bare
+    plain stores, per packets per event-loop tick."""
     d = read("ring_publication_cpu.json")
-    rows = ["| packets per tick | plain stores: µs per packet (core's loop thread) | messages: µs per packet (core's loop thread) |",
-            "|---|---|---|"]
+    ways = (("plain_stores", "plain stores"), ("messages", "messages"), ("shared", "shared (the server's, x86-64)"))
+    rows = ["| packets per tick | " + " | ".join(f"{name}: µs per packet (core's loop thread)" for _, name in ways) + " |",
+            "|---|" + "---|" * len(ways)]  # fmt: skip
     for r in sorted(d["cost"], key=lambda r: -r["per_tick"]):
-        rows.append(f"| {r['per_tick']} | {r['plain_stores_us_per_packet']:.1f} ({r['plain_stores_core_us_per_packet']:.1f}) "
-                    f"| {r['messages_us_per_packet']:.1f} ({r['messages_core_us_per_packet']:.1f}) |")
+        rows.append(f"| {r['per_tick']} | " + " | ".join(
+            f"{r[key + '_us_per_packet']:.1f} ({r[key + '_core_us_per_packet']:.1f})" for key, _ in ways) + " |")  # fmt: skip
     h = read("host_core_ring_messages_cpu.json")["summary_us_per_stream_step"]
     rows.append(f"\nAt the scale the core is sized for, its CPU per stream-step (`benchmarks/host_bench.py`, 1,000 streams, "
                 f"plain stores and messages alternated in one run) moved within noise: median {h['before_80ms']['median']:.2f} -> "
@@ -155,6 +157,36 @@ def table_packet_cost() -> str:
         rows.append(f"| {PACKET_PATHS.get(path, path)} | {' | '.join(cells)} | {per_result:.2f} "
                     f"| {', '.join(f'{k} {v:.0f}' for k, v in parts)} | {target} µs: {verdict} |")  # fmt: skip
     return "\n".join(rows) + source(list(PACKET_FILES), [run_info(r) for r in runs])
+
+
+RING_POSITIONS_FILES = ("packet_cost_ring_positions_core_cpu.json", "packet_cost_ring_positions_cpu.json")  # (core CPU, py-spy)
+RING_POSITIONS_TREES = (("before", "before"), ("messages", "messages"), ("shared", "shared"))
+
+
+def table_packet_cost_ring() -> str:
+    """benchmarks/packet_cost.py --tree-env: the branch point, and this tree with the ring positions
+    in messages and in shared memory (NEMO_SERVE_RING_POSITIONS), side by side in one run; the
+    engine core's CPU from the same run, the py-spy parts from a second run of the same three."""
+    d, profiled = (read(name) for name in RING_POSITIONS_FILES)
+    trees = {t["tree"]: t["paths"] for t in d["runs"][0]["trees"]}
+    spied = {t["tree"]: t["paths"] for t in profiled["runs"][0]["trees"]}
+    target = d["target_us_per_packet"]
+    names = " / ".join(name for _, name in RING_POSITIONS_TREES)
+    rows = [f"| path ({d['streams_per_frontend']} paced streams, 1 front end) | front end, µs per packet: {names} "
+            f"(repeats) | engine core, µs per packet: {names} | largest parts, shared (µs per packet, py-spy) | target |",
+            "|---|---|---|---|---|"]  # fmt: skip
+    for path in PACKET_ROWS:
+        fronts, cores = [], []
+        for label, _ in RING_POSITIONS_TREES:
+            row = trees[label][path]
+            each = ", ".join(f"{r['us_per_packet_all_in']:.0f}" for r in row["repeats"])
+            fronts.append(f"{row['us_per_packet_all_in']:.0f} ({each})")
+            cores.append(f"{statistics.median(r['core_us_per_packet'] for r in row['repeats']):.0f}")
+        parts = list(spied["shared"][path].get("profile", {}).get("by_component_us_per_packet", {}).items())[:3]
+        verdict = "met" if trees["shared"][path]["us_per_packet_all_in"] <= target else "**missed**"
+        rows.append(f"| {PACKET_PATHS.get(path, path)} | {' / '.join(fronts)} | {' / '.join(cores)} "
+                    f"| {', '.join(f'{k} {v:.0f}' for k, v in parts)} | {target} µs: {verdict} |")  # fmt: skip
+    return "\n".join(rows) + source(list(RING_POSITIONS_FILES), [run_info(r) for r in (d, profiled)])
 
 
 def table_ws_layer() -> str:

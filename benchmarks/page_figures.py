@@ -17,9 +17,18 @@ figure too, without a unit, also on a line that names a flag: backed by the test
 when its paragraph (up to it) or its table row names that test (`tests/test_x.py`, a file that
 exists), else by the paragraph's result files as above; with neither it fails.
 
+A difference in points (`missed by 0.4 points`) must be the difference of two numbers of one
+object of the file whose keys share a word (`wer_demo`, `wer_eou_model`), as a fraction or in percent.
+
+A line that names a result file (`packet_cost_cpu.json`, in benchmarks/results/) is checked
+against it as well as against its paragraph's files; the numbers of a file include those of the
+`command` that made it (a run's settings, `--streams 32`, are backed by the run).
+
 Not figures: code (fenced blocks and `inline`), chunk durations (a mode is configured, not
 measured), and lines (or tables, by their header) that state a configured limit or a flag's
-default: they name a `--flag`, or say "default", "limit" or "cap". NOT_MEASURED below is the short,
+default: they name a `--flag`, or say "default", "limit" or "cap", and no result file backs
+them (under a `figures: FILE` mark, or naming a result file, such a line is checked: a
+measurement quoted beside a flag is still a measurement). NOT_MEASURED below is the short,
 explicit list of the rest.
 
 The match against a file's numbers is loose on purpose (any number of the file, any scale): it
@@ -33,12 +42,13 @@ import math
 import re
 from pathlib import Path
 
-UNITS = r"µs|us|ms|s|%|x|times|MB|MiB|GB|GiB|kB|KB|KiB|bytes|streams|tokens|min|minutes|seconds|hours|cores?|waits?"
+UNITS = r"µs|us|ms|s|%|points?|x|times|MB|MiB|GB|GiB|kB|KB|KiB|bytes|streams|tokens|min|minutes|seconds|hours|cores?|waits?"
 NUMBER = r"[-+]?\d[\d,]*(?:\.\d+)?"
 FIGURE = re.compile(rf"(?<![\w./-])({NUMBER}(?:\s?(?:-|to|/)\s?{NUMBER})*)\s?({UNITS})(?!\w)")
 INTEGER = r"(?:\d{1,3}(?:,\d{3})+|\d+)"
 COUNT = re.compile(rf"(?<![\w./-])(?<!HTTP )({INTEGER}\s?(?:/|of)\s?{INTEGER})(?![\w./-]|\s?(?:{UNITS})(?!\w))")
 TEST_FILE = re.compile(r"tests/test_\w+\.py")
+RESULT_FILE = re.compile(r"(?<![\w.-])([\w.-]+\.jsonl?)(?![\w.-])")
 SENTENCE_END = re.compile(r"[.;:](?:\s+|$)(?=[A-Z(*`]|$)")
 CHUNK_MS = {80, 160, 320, 480, 560, 640, 1120}  # chunk modes of the served models: configured, not measured
 CONFIG_LINE = re.compile(r"`--[a-z]|\bdefaults?\b|\blimits?\b|\bcaps?\b", re.I)
@@ -53,6 +63,7 @@ NOT_MEASURED = {
     ("docs/protocol.md", "30 s"),  # a file transcription's deadline past its audio's duration
     ("docs/how_it_works.md", "1.2 s"), ("docs/how_it_works.md", "20 s"),  # endpoint rules' defaults
     ("docs/how_it_works.md", "8 streams"),  # the device-wait test's batch (a test setting)
+    ("docs/demo_model.md", "2 points"),  # the WER target's bound for chained decoding (a target)
 }
 
 SCALES = {  # unit -> the factors from a result file's number to the unit written
@@ -63,7 +74,7 @@ SCALES = {  # unit -> the factors from a result file's number to the unit writte
     "count": (1,),
 }
 UNIT_KIND = {"µs": "time", "us": "time", "ms": "time", "s": "time", "min": "time", "minutes": "time",
-             "seconds": "time", "hours": "time", "%": "%", "x": "x", "MB": "bytes", "MiB": "bytes",
+             "seconds": "time", "hours": "time", "%": "%", "point": "count", "points": "count", "x": "x", "MB": "bytes", "MiB": "bytes",
              "GB": "bytes", "GiB": "bytes", "kB": "bytes", "KB": "bytes", "KiB": "bytes", "bytes": "bytes", "times": "x",
              "streams": "count", "tokens": "count", "core": "count", "cores": "count", "wait": "count", "waits": "count"}
 
@@ -99,7 +110,8 @@ def is_config(figure: str, unit: str) -> bool:
     return unit == "ms" and all(v in CHUNK_MS for v, _ in _values(figure))
 
 
-def figures(page: str, text: str, root: Path | None = None) -> list[tuple[int, str, str, list[str]]]:
+def figures(page: str, text: str, root: Path | None = None,
+            results: Path | None = None) -> list[tuple[int, str, str, list[str]]]:
     """(line, figure, unit, result files of its paragraph, or []) of every figure on a page; a count
     (unit "") on a line naming tests under `root` carries those tests instead of result files."""
     out, files, config_table, tests = [], [], False, []
@@ -124,12 +136,17 @@ def figures(page: str, text: str, root: Path | None = None) -> list[tuple[int, s
         tests = in_scope if rest is None else [t for t in TEST_FILE.findall(rest) if t in named]
         if line.startswith("|") and not (i and raw[i - 1].startswith("|")):
             config_table = bool(CONFIG_LINE.search(raw[i]))  # a table of limits or defaults, by its header
-        if CONFIG_LINE.search(raw[i]) or (config_table and line.startswith("|")):
+        # A line that names a result file is checked against it; a flag or "default" on a line exempts
+        # its figures only where no result file is named for them (a measurement quoted beside a flag
+        # is still a measurement).
+        named_files = [f for f in RESULT_FILE.findall(raw[i]) if results is not None and (results / f).is_file()]
+        backing = files + [f for f in named_files if f not in files]
+        if not backing and (CONFIG_LINE.search(raw[i]) or (config_table and line.startswith("|"))):
             continue
         for m in FIGURE.finditer(line):
             fig, unit = m.group(1), m.group(2)
             if not is_config(fig, unit) and (page, m.group(0)) not in NOT_MEASURED:
-                out.append((i + 1, fig, unit, files))
+                out.append((i + 1, fig, unit, backing))
     return out
 
 
@@ -143,8 +160,11 @@ def _numbers(path: Path) -> list[float]:
             if isinstance(x, (int, float)):
                 out.append(float(x))
             elif isinstance(x, dict):
-                for v in x.values():
-                    walk(v)
+                for k, v in x.items():
+                    if k == "command" and isinstance(v, str):  # the run's settings (`--streams 32`)
+                        out.extend(float(n.replace(",", "")) for n in re.findall(NUMBER, v))
+                    else:
+                        walk(v)
             elif isinstance(x, list):
                 for v in x:
                     walk(v)
@@ -154,6 +174,28 @@ def _numbers(path: Path) -> list[float]:
                 walk(json.loads(chunk))
         return out
     return [float(n.replace(",", "")) for n in re.findall(NUMBER, path.read_text())]
+
+
+def _sibling_differences(path: Path) -> list[float]:
+    """|a - b| and 100 |a - b| for two numbers of one object in a JSON result whose keys share a word
+    (`wer_demo` and `wer_eou_model` of one row): what a difference "in points" may be."""
+    out: list[float] = []
+
+    def walk(x):
+        if isinstance(x, dict):
+            nums = [(set(k.split("_")), v) for k, v in x.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+            out.extend(abs(a - b) * s for i, (ka, a) in enumerate(nums) for kb, b in nums[i + 1 :] if ka & kb for s in (1, 100))
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, list):
+            for v in x:
+                walk(v)
+
+    text = path.read_text() if path.suffix in (".json", ".jsonl") else ""
+    for chunk in [text] if path.suffix == ".json" else text.splitlines():
+        if chunk.strip():
+            walk(json.loads(chunk))
+    return out
 
 
 def held(value: float, decimals: int, unit: str, numbers: list[float]) -> bool:
@@ -174,7 +216,7 @@ def unbacked(root: Path, results: Path, pages: list[str]) -> list[str]:
     """'page:line: figure (why)' for every figure on the pages that no generated table or named file backs."""
     problems, cache = [], {}
     for page in pages:
-        for line, fig, unit, files in figures(page, (root / page).read_text(), root):
+        for line, fig, unit, files in figures(page, (root / page).read_text(), root, results):
             where = f"{page}:{line}: {fig} {unit}".rstrip()
             if not files:
                 problems.append(f"{where} (no result file backs it)")
@@ -185,7 +227,10 @@ def unbacked(root: Path, results: Path, pages: list[str]) -> list[str]:
             if missing:
                 problems.append(f"{where} (no such result file: {', '.join(missing)})")
                 continue
-            nums = [n for f in files for n in cache.setdefault(f, _numbers(results / f))]
+            if unit.startswith("point"):  # "missed by 0.4 points": a difference of two rates side by side
+                nums = [n for f in files for n in cache.setdefault(("points", f), _sibling_differences(results / f))]
+            else:
+                nums = [n for f in files for n in cache.setdefault(f, _numbers(results / f))]
             bad = [v for v, d in _values(fig) if not held(v, d, unit, nums) and not math.isnan(v)]
             if bad:
                 problems.append(f"{where} (not in {', '.join(files)})")

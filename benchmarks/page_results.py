@@ -23,7 +23,9 @@ def run_info(d: dict) -> dict:
     # a run stamped dirty ran code that was not all committed (before 2026-12-05 the results
     # folder itself counted, so older files may say so for that alone)
     commit = r.get("git_commit") or "no commit recorded"
-    commit += " (dirty)" if r.get("git_dirty") else ""
+    dirty_files = r.get("git_dirty_files")
+    commit += f" (dirty: {', '.join(dirty_files)})" if r.get("git_dirty") and dirty_files else ""
+    commit += " (dirty)" if r.get("git_dirty") and not dirty_files else ""
     return {"command": r.get("command", "?"), "commit": commit,
             "date": str(r.get("date", "?"))[:10], "cpu": r.get("cpu", "?"), "cpu_count": r.get("cpu_count")}
 

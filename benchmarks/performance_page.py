@@ -43,6 +43,7 @@ TABLES = {  # marker name -> the function that renders it
     "step": page_cpu.table_step, "host": page_cpu.table_host, "frontend": page_cpu.table_frontend,
     "sweeps": page_cpu.table_sweeps, "mode-mix": page_cpu.table_mode_mix, "ring": page_cpu.table_ring,
     "packet-cost": page_cpu.table_packet_cost, "ws-layer": page_cpu.table_ws_layer,
+    "packet-cost-ring": page_cpu.table_packet_cost_ring,
     "demo-wer": page_quality.table_demo_wer, "boost-benefit": page_quality.table_boost_benefit,
     "boost-cost": page_quality.table_boost_cost, "overload": page_quality.table_overload, "fuzz": page_quality.table_fuzz,
 }

@@ -3,7 +3,7 @@
     python benchmarks/phrase_boost_benefit.py --out benchmarks/results/phrase_boost_benefit_demo_r13_cpu.json
 
 Test set (made here, deterministic): 12 terms that are not in the demo model's training vocabulary
-(nemo_serve/training/corpus.py `vocabulary()`: names and rare nouns), each in two carrier sentences
+(nemo_serve/training/sentences.py `vocabulary()`: names and rare nouns), each in two carrier sentences
 of in-vocabulary words ("add quinoa to the shopping list"), spoken by espeak-ng's en-us and
 en-gb-x-rp voices (training voices, as corpus.py renders them: 16 kHz, trimmed, no noise) and by
 flite's slt voice (a voice the demo model trained on only through flite's other voices): 72
@@ -43,7 +43,7 @@ SR = 16000
 def synthesize(text: str, engine: str, voice: str) -> np.ndarray:
     import soxr
 
-    from nemo_serve.training.corpus import espeak_wave, flite_wave
+    from nemo_serve.training.synthesizers import espeak_wave, flite_wave
 
     if engine == "espeak":
         x, sr = espeak_wave(text, voice, 160, 50)

@@ -11,7 +11,9 @@ front end stores its write position in shared memory after the samples, the core
 positions of every slot: correct on x86-64 only); `messages` is today's (core/client.py's Wrote,
 one per event-loop tick, and the read ends in the core's Results), through the real EngineClient
 and EngineCoreProc methods. `per_tick` packets are written between two core iterations, to as many
-streams: 1 is a quiet server, where each packet pays for a message of its own.
+streams: 1 is a quiet server, where each packet pays for a message of its own. `shared` is the
+positions in shared memory as the server keeps them on x86-64 now (core/shared.py: fenced stores,
+no Wrote, no read ends in Results), through the same EngineClient and EngineCoreProc methods.
 
 Stress (`stress()`, run by tests/test_ring_stress.py): an EngineCoreProc in its own process, its Engine
 replaced by `SequenceEngine`, which checks that every sample it is handed is the next number of its
@@ -186,9 +188,10 @@ async def _stream_all(client, num_slots: int, num_streams: int, max_packet: int,
 
 
 def stress(num_slots: int = 6, num_streams: int = 24, ring_samples: int = 997, max_packet: int = 1500,
-           samples_per_stream: tuple[int, int] = (20_000, 60_000), seed: int = 0, timeout_s: float = 300.0) -> dict:  # fmt: skip
+           samples_per_stream: tuple[int, int] = (20_000, 60_000), seed: int = 0, timeout_s: float = 300.0,
+           positions_in_shared: bool = False) -> dict:  # fmt: skip
     """The engine core in a process of its own, the front end here; every sample of every stream
-    checked. Returns {"streams", "packets", "samples", "bad": [(stream, why)], "seconds"}."""
+    checked; the ring positions in messages or in shared memory (core/shared.py). Returns {"streams", "packets", "samples", "bad": [(stream, why)], "seconds"}."""
     import zmq
 
     from nemo_serve.core import messages as m
@@ -197,7 +200,7 @@ def stress(num_slots: int = 6, num_streams: int = 24, ring_samples: int = 997, m
     from nemo_serve.core.shared import FileLock, SharedLayout, SharedSlots
 
     ipc_dir = tempfile.mkdtemp(prefix="ring-stress-")
-    layout = SharedLayout(num_slots, ring_samples)
+    layout = SharedLayout(num_slots, ring_samples, positions_in_shared)
     lock = FileLock(f"{ipc_dir}/slots.lock")
     shared = SharedSlots.create(layout, lock)
     ctx = multiprocessing.get_context("spawn")
@@ -249,13 +252,23 @@ class _Tick:
     def call_soon(self, fn, *args) -> None:
         self.callbacks.append((fn, args))
 
+    def call_later(self, _delay_s: float, fn, *args) -> None:
+        """At the tick's end too: the core iterates once per tick here, as if ticks were a Wrote
+        period (client.WROTE_PERIOD_S) apart."""
+        self.callbacks.append((fn, args))
+
+    @staticmethod
+    def time() -> float:
+        return time.monotonic()
+
     def end(self) -> None:
         callbacks, self.callbacks = self.callbacks, []
         for fn, args in callbacks:
             fn(*args)
 
 
-def _cost_messages(num_streams: int, per_tick: int, rounds: int, packet: np.ndarray, ipc_dir: str) -> tuple[float, float]:
+def _cost_messages(num_streams: int, per_tick: int, rounds: int, packet: np.ndarray, ipc_dir: str,
+                   positions_in_shared: bool = False) -> tuple[float, float]:
     """(CPU s per packet, of which the core's loop thread) with today's rings, through
     EngineClient's and EngineCoreProc's own methods."""
     import zmq
@@ -266,7 +279,8 @@ def _cost_messages(num_streams: int, per_tick: int, rounds: int, packet: np.ndar
     from nemo_serve.core.core_proc import EngineCoreProc
     from nemo_serve.core.shared import FileLock, SharedLayout, SharedSlots
 
-    shared = SharedSlots.create(SharedLayout(num_streams, 4 * len(packet)), FileLock(f"{ipc_dir}/slots.lock"))
+    shared = SharedSlots.create(SharedLayout(num_streams, 4 * len(packet), positions_in_shared),
+                                FileLock(f"{ipc_dir}/slots.lock"))  # fmt: skip
     core_ctx, fe_ctx = zmq.Context(), zmq.Context()
     core = EngineCoreProc(SequenceEngine(shared.num_slots, check=False), shared, ipc_dir, core_ctx)
     client = EngineClient(model_info(), shared, 0, ipc_dir)
@@ -274,6 +288,7 @@ def _cost_messages(num_streams: int, per_tick: int, rounds: int, packet: np.ndar
     results.bind(results_address(ipc_dir, 0))
     client._control = fe_ctx.socket(zmq.PUSH)
     client._control.connect(core.control.getsockopt_string(zmq.LAST_ENDPOINT))
+    client._control_send = client._control.send  # what start() sets up
     tick = _Tick()
     client._loop = tick
     try:
@@ -286,13 +301,15 @@ def _cost_messages(num_streams: int, per_tick: int, rounds: int, packet: np.ndar
             t0 = time.process_time()
             for k in range(r * per_tick, (r + 1) * per_tick):
                 client.push(handles[k % num_streams], packet)
-            tick.end()  # the front end's tick: one Wrote
-            core.control.poll(1000)  # (waits off the CPU for the I/O threads)
+            tick.end()  # the front end's tick: one Wrote (shared positions: nothing)
+            if not positions_in_shared:
+                core.control.poll(1000)  # (waits off the CPU for the I/O threads)
             c0 = time.thread_time()
-            core.iterate_once()  # take the Wrote, copy the samples out, send the read ends
+            core.iterate_once()  # take the Wrote (or read the positions), copy the samples out, send the read ends
             c1 = time.thread_time()
-            results.poll(1000)
-            client._apply_read(m.results_decoder.decode(results.recv()))
+            if not positions_in_shared:  # shared: the read ends are in shared memory, no message
+                results.poll(1000)
+                client._apply_read(m.results_decoder.decode(results.recv()))
             if r:  # the first round warms up
                 cpu += time.process_time() - t0
                 core_cpu += c1 - c0
@@ -368,11 +385,12 @@ def cost(num_streams: int, per_tick: int, packets: int, repeats: int = 3) -> dic
     """Both protocols, alternated `repeats` times in this process; the median of each."""
     packet = np.zeros(1600, np.float32)  # 100 ms at 16 kHz
     rounds = max(1, packets // per_tick)
-    runs: dict[str, list[tuple[float, float]]] = {"plain_stores": [], "messages": []}
+    runs: dict[str, list[tuple[float, float]]] = {"plain_stores": [], "messages": [], "shared": []}
     for _ in range(repeats):
         runs["plain_stores"].append(_cost_plain_stores(num_streams, per_tick, rounds, packet))
-        with tempfile.TemporaryDirectory(prefix="ring-cost-") as ipc_dir:
-            runs["messages"].append(_cost_messages(num_streams, per_tick, rounds, packet, ipc_dir))
+        for name in ("messages", "shared"):
+            with tempfile.TemporaryDirectory(prefix="ring-cost-") as ipc_dir:
+                runs[name].append(_cost_messages(num_streams, per_tick, rounds, packet, ipc_dir, name == "shared"))
     e = {"streams": num_streams, "per_tick": per_tick, "packet_samples": len(packet), "packets": rounds * per_tick}
     for name, v in runs.items():
         e[f"{name}_us_per_packet"] = round(1e6 * float(np.median([x[0] for x in v])), 2)
@@ -389,6 +407,8 @@ def main() -> None:
     p.add_argument("--per-tick", default="1,16,256", help="packets written between two core iterations")
     p.add_argument("--packets", type=int, default=20000, help="per measurement")
     p.add_argument("--stress-streams", type=int, default=48, help="streams through the stress check (0: skip it)")
+    p.add_argument("--stress-positions", choices=("messages", "shared"), default="messages",
+                   help="where the stress check's ring positions live")
     p.add_argument("--notes", default=None)
     p.add_argument("--out", default=None)
     args = p.parse_args()
@@ -401,9 +421,10 @@ def main() -> None:
         out["cost"].append(e)
         print(f"{e['streams']} streams, {per_tick:4d} packets per tick, us per packet (core's share):"
               f"  plain stores {e['plain_stores_us_per_packet']:6.2f} ({e['plain_stores_core_us_per_packet']:5.2f})"
-              f"  messages {e['messages_us_per_packet']:6.2f} ({e['messages_core_us_per_packet']:5.2f})", flush=True)
+              f"  messages {e['messages_us_per_packet']:6.2f} ({e['messages_core_us_per_packet']:5.2f})"
+              f"  shared {e['shared_us_per_packet']:6.2f} ({e['shared_core_us_per_packet']:5.2f})", flush=True)
     if args.stress_streams:
-        out["stress"] = stress(num_streams=args.stress_streams)
+        out["stress"] = stress(num_streams=args.stress_streams, positions_in_shared=args.stress_positions == "shared")
         s = out["stress"]
         print(f"stress on {record['machine']}: {s['streams']} streams, {s['packets']} packets, {s['samples']} samples checked,"
               f" {len(s['bad'])} bad, {s['seconds']} s", flush=True)

@@ -14,7 +14,7 @@ Each is an attribute or method that NeMo 3.0.0 sets or defines privately:
     model.py, engine/encoder.py)
   - the subsampling module's channels and stride, and a causal convolution's padding
     (`_conv_channels`, `_stride`, `_left_padding`, `_right_padding`: engine/encoder.py)
-  - the preprocessor's sample rate (`_sample_rate`: training/train.py)
+  - the preprocessor's sample rate (`_sample_rate`: training/feature_augment.py)
 Imports neither torch nor NeMo: the functions take NeMo's objects.
 """
 

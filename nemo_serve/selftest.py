@@ -26,7 +26,7 @@ from .engine.endpoint import EndpointConfig
 from .core.inproc import LocalEngine
 from .engine.loop import Engine
 from .engine.greedy_joint import joint_mode
-from .engine.step import decoder_name
+from .engine.nemo_decoder import decoder_name
 from .engine.eou import EouTokens
 from .model import ServedModel, load_model
 from .oracle import oracle_transcribe

@@ -110,3 +110,17 @@ def new_engine(m, num_slots: int = 8, endpoint: EndpointConfig | None = None, ma
 def bare_engine(m, num_slots: int = 8, endpoint: EndpointConfig | None = None, **kw) -> Engine:
     """The Engine alone, as an engine core drives it: admit(slot=...), take_audio, iterate."""
     return Engine(m, num_slots=num_slots, endpoint=endpoint or EndpointConfig.off(), **kw)
+
+
+def chunk_signal(g, history, idx, feats, is_first: bool):
+    """A chunk's encoder input as the engine builds it: a first chunk alone (drop 0), a later one after
+    its rows' last pre-cache frames (drop g.drop_frames). `history` [rows, mels, pre_cache] is updated in
+    place. Returns (signal, drop, lengths)."""
+    import torch
+
+    signal, drop = feats, 0
+    if not is_first:
+        signal, drop = torch.cat([history[idx], feats], dim=-1), g.drop_frames
+    history[idx] = torch.cat([history[idx], feats], dim=-1)[:, :, -g.pre_cache_frames :]
+    lengths = torch.full((len(idx),), signal.shape[-1], dtype=torch.long)
+    return signal, drop, lengths

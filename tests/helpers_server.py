@@ -48,6 +48,14 @@ def shared_server():
         yield s
 
 
+@pytest.fixture(name="server")
+def leak_checked_server(shared_server):
+    """`server` in a test module that imports this: the shared server, and after each test the
+    "engine is empty" check (no slot or stream left behind)."""
+    yield shared_server
+    shared_server.assert_no_leak()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -232,3 +240,31 @@ async def raw_session(
         except ConnectionClosed:
             pass
         return messages, ws.close_code
+
+
+async def ws_pcm16_finals(server, pcm: np.ndarray, rate: int, token: str | None = TOKEN, **client_options) -> list[dict]:
+    """/ws's final messages for these PCM16 samples, sent as the clients in the tests send them (packets
+    of 100 ms, then end); `client_options`: StreamingClient's (context_right, language, endpointing)."""
+    from nemo_serve.client import StreamingClient
+
+    async with StreamingClient(server.ws_url, sample_rate=rate, encoding="pcm_s16le", token=token,
+                               **client_options) as c:  # fmt: skip
+        for i in range(0, len(pcm), rate // 10):
+            await c.send_audio(pcm[i : i + rate // 10])
+        await c.end()
+        return [m async for m in c.messages() if m["type"] == "final"]
+
+
+def finals_tokens_and_text(finals: list[dict]) -> tuple[list[int], str]:
+    """The token ids and the text of a stream's final messages."""
+    return [t for f in finals for t in f["token_ids"]], " ".join(f["text"] for f in finals if f["text"])
+
+
+def pcm16_file(path: Path, rate: int) -> np.ndarray:
+    """A bundled utterance as PCM16 at `rate` (soxr HQ when the rate differs), as a client would send it."""
+    import soundfile
+    import soxr
+
+    audio, file_rate = soundfile.read(path, dtype="float32")
+    audio = soxr.resample(audio, file_rate, rate, quality="HQ") if rate != file_rate else audio
+    return np.clip(np.round(audio * 32768.0), -32768, 32767).astype("<i2")

@@ -34,11 +34,7 @@ def _encoder_outputs(m, attention: str, steps: int = 12, rows: int = 3):
                 continue
             feats = torch.randn(len(group), m.num_mels, g.first_frames if is_first else g.chunk_frames, generator=gen)
             idx = torch.tensor(group)
-            signal, drop = feats, 0
-            if not is_first:
-                signal, drop = torch.cat([history[idx], feats], dim=-1), g.drop_frames
-            history[idx] = torch.cat([history[idx], feats], dim=-1)[:, :, -g.pre_cache_frames :]
-            lengths = torch.full((len(group),), signal.shape[-1], dtype=torch.long)
+            signal, drop, lengths = helpers.chunk_signal(g, history, idx, feats, is_first)
             with torch.inference_mode():
                 e, _, cache = enc.step(signal.to(m.dtype), lengths, pool.gather_encoder(idx), drop, False)
             pool.scatter_encoder(idx, cache)

@@ -1,5 +1,7 @@
 """The load benchmarks' keep-up rule: the numbers in docs/performance.md depend on it."""
 
+import pytest
+
 from benchmarks.load_level import keeps_up
 
 
@@ -51,9 +53,13 @@ def test_a_result_file_does_not_make_its_own_run_dirty(tmp_path, monkeypatch):
     git("commit", "-q", "-m", "init")
     monkeypatch.setattr(common, "REPO", tmp_path)
     (tmp_path / "benchmarks" / "results" / "new.json").write_text("{}")
-    assert common.run_record()["git_dirty"] is False
+    clean = common.run_record()
+    assert clean["git_dirty"] is False and clean["git_dirty_files"] == []
     (tmp_path / "benchmarks" / "b.py").write_text("b = 2\n")
-    assert common.run_record()["git_dirty"] is True
+    (tmp_path / "nemo_serve" / "new.py").write_text("n = 1\n")
+    dirty = common.run_record()
+    # which files differed is kept, so a dirty result still says what code ran (not the results folder)
+    assert dirty["git_dirty"] is True and sorted(dirty["git_dirty_files"]) == ["benchmarks/b.py", "nemo_serve/new.py"]
 
 
 def test_kernel_count_splits_ops_by_phase_for_both_kernel_scripts():
@@ -83,3 +89,33 @@ def test_kernel_count_splits_ops_by_phase_for_both_kernel_scripts():
     assert leaf == {"encoder": 2, "attention": 1, "decoder": 1, "rest": 1, "total": 4}, both
     assert {p: c["leaf_ops"] for p, c in two.items()} == {"encoder": 2, "decoder": 1, "rest": 1, "total": 4}, two
     assert two["decoder"]["top_level_ops"] == 2 and two["decoder"]["aten_ops"] > two["decoder"]["leaf_ops"]  # view, abs
+
+
+def test_a_dirty_result_names_its_changed_files_under_the_tables():
+    """A result whose run had uncommitted code says which files under its table; an older one that
+    recorded only the flag says "(dirty)"."""
+    from benchmarks import page_results
+
+    stamped = {"git_commit": "abc1234", "git_dirty": True, "git_dirty_files": ["nemo_serve/engine/step.py"]}
+    assert page_results.run_info(stamped)["commit"] == "abc1234 (dirty: nemo_serve/engine/step.py)"
+    assert page_results.run_info({"git_commit": "abc1234", "git_dirty": True})["commit"] == "abc1234 (dirty)"
+    assert page_results.run_info({"git_commit": "abc1234", "git_dirty": False, "git_dirty_files": []})["commit"] == "abc1234"
+
+
+def test_eou_bench_turn_end_counts_a_missed_eou_at_its_silence_rule_fallback():
+    """benchmarks/eou_bench.py: a turn with an EOU after the last word ends at it; a turn whose EOU
+    came early (or never) ends where the silence rule's final came, not nowhere (the EOU columns'
+    percentiles leave such turns out, so docs/performance.md needs this one for 'every turn')."""
+    from types import SimpleNamespace as F
+
+    from benchmarks.eou_bench import eou_outcome, turn_end_latency
+
+    end_s = 2.0
+    eou_at_end = [F(end_reason="eou", eou_time_s=2.08, audio_processed_s=2.24, text="hello there")]
+    assert turn_end_latency(eou_at_end, end_s) == pytest.approx(0.24)
+    early_then_silence = [F(end_reason="eou", eou_time_s=1.0, audio_processed_s=1.12, text="hello"),
+                          F(end_reason="silence", eou_time_s=None, audio_processed_s=3.28, text="there")]
+    assert eou_outcome(early_then_silence, end_s) == (None, True)  # missed, and an early cut
+    assert turn_end_latency(early_then_silence, end_s) == pytest.approx(1.28)
+    never = [F(end_reason="end_of_input", eou_time_s=None, audio_processed_s=5.0, text="hello there")]
+    assert turn_end_latency(never, end_s) is None

@@ -38,10 +38,10 @@ def _solo_tokens(model, audio) -> list[int]:
     return out.tokens(0)
 
 
-async def _late_push_run(model, audio_a, audio_b, late) -> tuple[list[int], np.ndarray]:
+async def _late_push_run(model, audio_a, audio_b, late, positions_in_shared) -> tuple[list[int], np.ndarray]:
     """B's tokens, and what B's ring held when the core read it."""
     ipc_dir = tempfile.mkdtemp(prefix="ns-late-")
-    shared = SharedSlots.create(SharedLayout(1, RING), FileLock(f"{ipc_dir}/lock"))
+    shared = SharedSlots.create(SharedLayout(1, RING, positions_in_shared), FileLock(f"{ipc_dir}/lock"))
     ctx = zmq.Context()
     proc = EngineCoreProc(helpers.bare_engine(model, 1, EndpointConfig()), shared, ipc_dir, ctx)
     client = EngineClient(proc.engine.model_info, shared, 0, ipc_dir).start()
@@ -62,9 +62,9 @@ async def _late_push_run(model, audio_a, audio_b, late) -> tuple[list[int], np.n
         step_until(lambda: proc.core._read_end[0] == RING)
         for _ in range(50):  # the front end learns the ring space is free again
             await asyncio.sleep(0.01)
-            if a.read == RING:
+            if _read_end(client, a) == RING:
                 break
-        assert a.read == RING
+        assert _read_end(client, a) == RING
         client.finish(a)
         # No await from here: the front end does not see A's `done` while the core releases A.
         step_until(lambda: shared.num_free == 1)
@@ -90,11 +90,17 @@ async def _late_push_run(model, audio_a, audio_b, late) -> tuple[list[int], np.n
         shared.close()
 
 
-def test_a_released_streams_late_audio_does_not_reach_the_next_stream_on_its_slot(tiny):
+def _read_end(client, h) -> int:
+    """How far the front end knows the core has read (from Results, or from shared memory)."""
+    return client._shared_read_end(h) if client._positions_in_shared else h.read
+
+
+@pytest.mark.parametrize("positions_in_shared", [False, True], ids=["messages", "shared"])
+def test_a_released_streams_late_audio_does_not_reach_the_next_stream_on_its_slot(tiny, positions_in_shared):
     a_audio, b_audio = helpers.utterances(2, seed=3)
     a_audio = np.resize(a_audio, RING).astype(np.float32)
     b_audio = b_audio[: 16000 * 3 // 2].astype(np.float32)
     late = np.random.default_rng(0).standard_normal(8000).astype(np.float32)
-    tokens_b, ring_b = asyncio.run(_late_push_run(tiny, a_audio, b_audio, late))
+    tokens_b, ring_b = asyncio.run(_late_push_run(tiny, a_audio, b_audio, late, positions_in_shared))
     np.testing.assert_array_equal(ring_b, b_audio)  # before the fix: A's noise in samples 0..7999
     assert tokens_b == _solo_tokens(tiny, b_audio) and tokens_b

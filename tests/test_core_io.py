@@ -74,6 +74,15 @@ class _Bench:
     def receive(self, timeout_ms: int) -> m.Results | None:
         return m.results_decoder.decode(self.results.recv()) if self.results.poll(timeout_ms) else None
 
+    def updates_until_done(self, timeout_ms: int = 5000) -> list:
+        """Every update up to a `done` one; a wait of `timeout_ms` with nothing fails the test."""
+        got = []
+        while not any(u.done for u in got):
+            r = self.receive(timeout_ms)
+            assert r is not None
+            got.extend(r.updates)
+        return got
+
     def close(self) -> None:
         if self.thread.is_alive():
             self.send(m.Stop())
@@ -213,11 +222,7 @@ def test_core_io_threads_off_keeps_the_io_inline(monkeypatch):
         a = bench.open("s-1")
         bench.push(a, sequence("s-1", 0, 1000))
         bench.send(m.Finish(*a))
-        got = []
-        while not any(u.done for u in got):
-            r = bench.receive(5000)
-            assert r is not None
-            got.extend(r.updates)
+        got = bench.updates_until_done()
         assert [u.done for u in got] == [True] and got[0].audio_processed_s == 1000
         assert bench.proc.io is None and not {t.name for t in threading.enumerate()} - before - {bench.thread.name}
     finally:
@@ -232,11 +237,7 @@ def test_a_malformed_control_message_is_dropped_and_the_rest_served(caplog):
         a = bench.open("s-1")
         bench.push(a, sequence("s-1", 0, 500))
         bench.send(m.Finish(*a))
-        got = []
-        while not any(u.done for u in got):
-            r = bench.receive(5000)
-            assert r is not None
-            got.extend(r.updates)
+        got = bench.updates_until_done()
         assert [u.done for u in got] == [True] and got[0].audio_processed_s == 500 and got[0].error is None
     finally:
         bench.close()

@@ -305,3 +305,59 @@ def test_device_waits_and_cores_are_units(tmp_path):
     page.write_text("The GPU saw 7 waits per iteration.\n\nThe front end used 0.7 core.\n")
     assert page_figures.unbacked(tmp_path, page_results.RESULTS, ["x.md"]) == [
         "x.md:1: 7 waits (no result file backs it)", "x.md:3: 0.7 core (no result file backs it)"]
+
+
+def test_a_measurement_beside_a_flag_is_checked_when_a_result_file_backs_its_line(tmp_path):
+    """A flag on a line exempts its numbers (limits, defaults) only where no result file is named for
+    them: under a figures mark, or in a row naming its result file, a figure copied wrong is named.
+    ws_layer_cpu.json holds 22.5 (µs, picows with a task per frame), not 23.5; packet_cost_fastws2_cpu.json
+    holds 101.2, not 99.9, and its command's `--streams 32` backs "32 streams"."""
+    page = tmp_path / "x.md"
+    results = page_results.RESULTS
+    marked = "<!-- figures: ws_layer_cpu.json -->\nA frame to a task, as `--fast-ws-port` does: {} per packet.\n"
+    row = "| `--fast-ws-port` | off | 32 streams: {} after (`packet_cost_fastws2_cpu.json`) |\n"
+    page.write_text(marked.format("22.5 µs") + "\n" + row.format("101.2 µs"))
+    assert page_figures.unbacked(tmp_path, results, ["x.md"]) == []
+    page.write_text(marked.format("23.5 µs") + "\n" + row.format("99.9 µs"))
+    assert page_figures.unbacked(tmp_path, results, ["x.md"]) == [
+        "x.md:2: 23.5 µs (not in ws_layer_cpu.json)", "x.md:4: 99.9 µs (not in packet_cost_fastws2_cpu.json)"]
+    page.write_text("| `--fast-ws-port` | off | 99.9 µs per packet |\n")  # a flag's row naming no file: a setting
+    assert page_figures.unbacked(tmp_path, results, ["x.md"]) == []
+
+
+def _client_versions(readme: str) -> dict[str, set[str]]:
+    """package -> the versions README.md's client table says were tested."""
+    table = readme.split("| client (version tested) |", 1)[1].split("\n\n", 1)[0]
+    alias = {"riva.client": "nvidia-riva-client"}
+    found: dict[str, set[str]] = {}
+    for name, version in re.findall(r"`?([A-Za-z][\w.-]*)`?(?: SDK)? (\d+\.\d+(?:\.\d+)?)\b", table):
+        found.setdefault(alias.get(name, name).lower(), set()).add(version)
+    return found
+
+
+def test_the_client_versions_in_the_readme_are_the_locks():
+    """README.md's "client (version tested)" column names the versions CI installs: env/cpu.lock.txt,
+    or env/nodeps.lock.txt for the two packages installed without dependencies."""
+    lock = {}
+    for name in ("cpu.lock.txt", "nodeps.lock.txt"):
+        for line in (ROOT / "env" / name).read_text().splitlines():
+            if "==" in line and not line.startswith("#"):
+                package, version = line.split("==")
+                lock[package.strip().lower()] = version.strip()
+    claimed = _client_versions(README.read_text())
+    pinned = {p: v for p, v in claimed.items() if p in lock}
+    assert {"openai", "websockets", "nvidia-riva-client", "livekit-plugins-openai", "livekit-plugins-nvidia"} <= set(pinned)
+    assert {p: v for p, v in pinned.items() if v != {lock[p]}} == {}
+    assert _client_versions("| client (version tested) |\n| `openai` SDK 3.56.0 |\n")["openai"] == {"3.56.0"}
+
+
+def test_a_difference_in_points_must_be_a_difference_of_the_files_rates(tmp_path):
+    """eou_demo_cpu.json: the EOU model's WER 0.0975 against the demo model's 0.0932 is 0.4 points
+    (0.43); 0.7 points is no difference of its numbers."""
+    page = tmp_path / "x.md"
+    marked = "<!-- figures: eou_demo_cpu.json -->\nThe WER target is missed by {} at 80 ms.\n"
+    page.write_text(marked.format("0.4 points"))
+    assert page_figures.unbacked(tmp_path, page_results.RESULTS, ["x.md"]) == []
+    page.write_text(marked.format("0.7 points"))
+    assert page_figures.unbacked(tmp_path, page_results.RESULTS, ["x.md"]) == [
+        "x.md:2: 0.7 points (not in eou_demo_cpu.json)"]

@@ -17,7 +17,7 @@ from nemo_serve.engine.encoder import (
     kv_cache_unsupported,
     make_encoder,
 )
-from nemo_serve.engine.step import aten_rnn
+from nemo_serve.engine.nemo_decoder import aten_rnn
 from nemo_serve.engine.slots import SlotPool
 
 from . import helpers
@@ -43,11 +43,7 @@ def _run_both(m, steps: int, rows: int, start: list[int], final_width: int | Non
                 width = final_width
             feats = torch.randn(len(group), m.num_mels, width, generator=gen)
             idx = torch.tensor(group)
-            signal, drop = feats, 0
-            if not is_first:
-                signal, drop = torch.cat([history[idx], feats], dim=-1), g.drop_frames
-            history[idx] = torch.cat([history[idx], feats], dim=-1)[:, :, -g.pre_cache_frames :]
-            lengths = torch.full((len(group),), signal.shape[-1], dtype=torch.long)
+            signal, drop, lengths = helpers.chunk_signal(g, history, idx, feats, is_first)
             out = {}
             for name, enc in (("kv", kv), ("ref", ref)):
                 with torch.inference_mode():

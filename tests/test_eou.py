@@ -144,21 +144,26 @@ def test_force_final_and_silence_rules_say_why():
     helpers.assert_engine_empty(eng)
 
 
-def test_shipped_demo_eou_model_ends_the_turn_after_the_last_word():
+@pytest.mark.parametrize("context_right", [0, 13])  # the 80 and 1120 ms rows of docs/performance.md's EOU table
+def test_shipped_demo_eou_model_ends_the_turn_after_the_last_word(context_right):
     """nemo_serve/assets/demo/demo_eou.nemo (docs/demo_model.md): a bundled utterance followed by
-    silence gives one final with the whole text, ended by an EOU, whose tokens are NeMo's loop's."""
+    silence gives one final with the whole text, ended by an EOU; its segments are NeMo's loop's
+    tokens, EOU tokens included, split where NeMo's voice agent splits them (the silence rules out
+    of reach, so only the model ends a segment)."""
     from nemo_serve.model import DEMO_MODEL_PATH
 
-    m = helpers.model(str(DEMO_MODEL_PATH.with_name("demo_eou.nemo")), 0)
+    m = helpers.model(str(DEMO_MODEL_PATH.with_name("demo_eou.nemo")), context_right)
     eou_ids = _eou_ids(m)
     assert list(eou_ids.values()) == ["eou"]
     audios = [np.concatenate([a, np.zeros(16000, np.float32)]) for a in helpers.utterances(4, seed=0)]
-    driven = _driven(m, audios, EndpointConfig())
+    far = EndpointConfig(rule1_min_trailing_silence_s=3000, rule2_min_trailing_silence_s=3000, rule3_min_utterance_length_s=3000)
+    driven = _driven(m, audios, far)
     ended_by_eou = 0
     for i, a in enumerate(audios):
-        texts = [f for f in driven.finals(i) if f.text]
-        ref = oracle_transcribe(m, a).token_ids
-        assert [t for f in driven.finals(i) for t in f.token_ids] == [t for t in ref if t not in eou_ids]
+        expected = _segments_as_voice_agent_draws_them(oracle_transcribe(m, a).token_ids, eou_ids)
+        finals = driven.finals(i)
+        assert [(f.token_ids, f.end_reason) for f in finals] == expected
+        texts = [f for f in finals if f.text]
         ended_by_eou += len(texts) == 1 and texts[0].end_reason == "eou"
     assert ended_by_eou >= 3, [[(f.text, f.end_reason) for f in driven.finals(i)] for i in range(4)]
 

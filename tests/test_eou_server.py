@@ -16,12 +16,11 @@ import pytest
 import soundfile
 
 import nemo_serve
-from nemo_serve.client import StreamingClient
 from nemo_serve.engine.eou import EouTokens
 from nemo_serve.oracle import oracle_transcribe
 
 from . import helpers
-from .helpers_server import TOKEN, as_model_input, free_port, start_server
+from .helpers_server import TOKEN, as_model_input, free_port, pcm16_file, start_server, ws_pcm16_finals
 
 openai = pytest.importorskip("openai")
 riva = pytest.importorskip("riva.client")
@@ -42,23 +41,11 @@ def server():
 
 
 def pcm16(rate: int) -> np.ndarray:
-    import soxr
-
-    audio, file_rate = soundfile.read(UTTERANCE, dtype="float32")
-    audio = soxr.resample(audio, file_rate, rate, quality="HQ") if rate != file_rate else audio
-    return np.clip(np.round(audio * 32768.0), -32768, 32767).astype("<i2")
+    return pcm16_file(UTTERANCE, rate)
 
 
 def ws_finals(server, wire: np.ndarray, rate: int, endpointing: dict | None = None) -> list[dict]:
-    async def run() -> list[dict]:
-        async with StreamingClient(server.ws_url, sample_rate=rate, encoding="pcm_s16le", token=TOKEN,
-                                   endpointing=endpointing) as c:  # fmt: skip
-            for i in range(0, len(wire), rate // 10):
-                await c.send_audio(wire[i : i + rate // 10])
-            await c.end()
-            return [m async for m in c.messages() if m["type"] == "final"]
-
-    return asyncio.run(run())
+    return asyncio.run(ws_pcm16_finals(server, wire, rate, endpointing=endpointing))
 
 
 def test_ws_finals_end_at_eou_with_reason_and_probability(server):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from nemo_serve.config_files import config_dir
-from nemo_serve.training import train
+from nemo_serve.training import model_setup
 from nemo_serve.training.eou import EOU_BIAS_OFFSET, grow_tokenizer, strip_eou
 
 DEMO = "nemo_serve/assets/demo/demo.nemo"
@@ -28,8 +28,8 @@ def test_grown_model_starts_as_the_demo_model_with_eou_below_blank(tmp_path):
 
     demo = ASRModel.restore_from(DEMO, map_location="cpu").eval()
     tok = grow_tokenizer(config_dir() / "demo_tokenizer", tmp_path / "tok")
-    grown = train.build_model(train.DEFAULT_CONFIG, tok, len(demo.encoder.layers))
-    train.init_from(grown, DEMO)  # refused (vocabulary mismatch) before the EOU recipe
+    grown = model_setup.build_model(model_setup.DEFAULT_CONFIG, tok, len(demo.encoder.layers))
+    model_setup.init_from(grown, DEMO)  # refused (vocabulary mismatch) before the EOU recipe
     grown.eval()
     v = demo.tokenizer.vocab_size
     enc = torch.randn(2, 7, demo.joint.enc.in_features if hasattr(demo.joint.enc, "in_features") else 128)

@@ -4,7 +4,9 @@ Two kinds of test, each checking every committed item's tokens against /ws on th
 (PCM16 at 24 kHz, endpointing off: /ws's tokens for exactly the audio the item holds):
 
 - live: the framework's own STT service, unchanged but for its URL (tests/framework_clients/
-  drives it), through a recording relay (wire_recorder.py). Needs the framework: here, or in the
+  drives it, its own local VAD putting the commits), through a recording relay (wire_recorder.py);
+  each item's audio is taken from the wire, as pipecat resamples its 16 kHz pipeline's audio and
+  its VAD decides where items end. Needs the framework: here, or in the
   interpreter NEMO_SERVE_FRAMEWORK_PYTHON names (pipecat-ai 1.14's pins clash with this project's
   lock, so it lives in a venv of its own); skipped, saying so, without it. With
   NEMO_SERVE_RECORD_WIRE=1 it rewrites the recording below.
@@ -42,14 +44,17 @@ RECORDINGS = HERE / "framework_wire"
 UTTERANCES = sorted((Path(nemo_serve.__file__).parent / "assets" / "demo" / "utterances").glob("*.wav"))
 COMPLETED = "conversation.item.input_audio_transcription.completed"
 
-# name -> (module to import, driver and its arguments before the turns, silence after each turn)
+# name -> (module to import, driver and its arguments before the turns, the rate of the turns the
+# driver reads, silence after each turn (the drivers add it))
 FRAMEWORKS = {
-    "pipecat": ("pipecat", ["pipecat_realtime_stt.py", "{ws}/v1/realtime", TOKEN], 0.0),
-    "livekit": ("livekit.plugins.openai", ["livekit_realtime_stt.py", "{http}/v1", TOKEN, "gpt-realtime-whisper"], 1.0),
+    "pipecat": ("pipecat", ["pipecat_realtime_stt.py", "{ws}/v1/realtime", TOKEN], 16000, 1.0),
+    "livekit": ("livekit.plugins.openai", ["livekit_realtime_stt.py", "{http}/v1", TOKEN, "gpt-realtime-whisper"],
+                RATE, 1.0),
 }
 CLIENT_LABELS = {
-    "pipecat": "pipecat-ai 1.14.0, OpenAIRealtimeSTTService(api_key, base_url) in its default mode: "
-    "local VAD, input_audio_buffer.commit on VADUserStoppedSpeakingFrame",
+    "pipecat": "pipecat-ai 1.14.0, OpenAIRealtimeSTTService(api_key, base_url) in its default mode: local VAD "
+    "(VADProcessor(SileroVADAnalyzer()) in a 16 kHz pipeline), input_audio_buffer.commit on "
+    "VADUserStoppedSpeakingFrame, pipecat's 16 -> 24 kHz stream resampler",
     "livekit": "livekit-agents / livekit-plugins-openai 1.8.9, openai.STT(model='gpt-realtime-whisper', "
     "use_realtime=True, base_url, api_key): its bundled Silero VAD, a commit at each end of speech",
 }
@@ -62,14 +67,15 @@ def demo_server():
         s.assert_no_leak()
 
 
-def turns_pcm(names: list[str]) -> list[np.ndarray]:
-    """Bundled utterances as PCM16 at 24 kHz, what OpenAI's clients send."""
+def turns_pcm(names: list[str], rate: int = RATE) -> list[np.ndarray]:
+    """Bundled utterances as PCM16 at `rate` (24 kHz: what OpenAI's clients send)."""
     import soxr
 
     out = []
     for name in names:
-        audio, rate = soundfile.read(UTTERANCES[0].parent / name, dtype="float32")
-        audio = soxr.resample(audio, rate, RATE, quality="HQ")
+        audio, file_rate = soundfile.read(UTTERANCES[0].parent / name, dtype="float32")
+        if file_rate != rate:
+            audio = soxr.resample(audio, file_rate, rate, quality="HQ")
         out.append(np.clip(np.round(audio * 32768.0), -32768, 32767).astype("<i2"))
     return out
 
@@ -129,13 +135,25 @@ async def ws_tokens(server, pcm: np.ndarray) -> tuple[list[int], str]:
     return [t for f in finals for t in f["token_ids"]], " ".join(f["text"] for f in finals if f["text"])
 
 
-def check_items_match_ws(server, script: list[dict], audio: np.ndarray, server_events: list[dict],
-                         turns: int) -> list[tuple[list[int], str]]:  # fmt: skip
-    """Each committed item's completed (tokens, transcript) is /ws's on that item's audio; returns /ws's."""
+def wire_items(client_events: list[dict]) -> list[np.ndarray]:
+    """Each committed item's audio as the server received it: the decoded appends between one commit
+    and the next (a framework that resamples sends other bytes than the test's own)."""
+    items, pending = [], []
+    for e in client_events:
+        if e["type"] == "input_audio_buffer.append":
+            pending.append(np.frombuffer(base64.b64decode(e["audio"]), dtype="<i2"))
+        elif e["type"] == "input_audio_buffer.commit":
+            items.append(np.concatenate(pending) if pending else np.zeros(0, dtype="<i2"))
+            pending = []
+    return items
+
+
+def check_completed_match_ws(server, items: list[np.ndarray],
+                             server_events: list[dict]) -> tuple[list[str], list[tuple[list[int], str]]]:  # fmt: skip
+    """Each committed item's completed (tokens, transcript) is /ws's on that item's audio; returns the
+    item ids in commit order and /ws's (tokens, transcript) per item."""
     errors = [e for e in server_events if e["type"] == "error"]
     assert not errors, errors
-    items = committed_items(script, audio)
-    assert len(items) == turns, f"{len(items)} commits for {turns} turns"
     # items committed back to back decode side by side and may complete in any order (as OpenAI
     # documents): `committed` gives the item ids in commit order
     committed = [e["item_id"] for e in server_events if e["type"] == "input_audio_buffer.committed"]
@@ -145,8 +163,26 @@ def check_items_match_ws(server, script: list[dict], audio: np.ndarray, server_e
     references = [asyncio.run(ws_tokens(server, item)) for item in items]
     got = [(e["nemo_serve"]["token_ids"], e["transcript"]) for e in completed]
     assert got == references
-    assert all(tokens for tokens, _ in references), "a turn gave no tokens: the comparison would be weak"
-    return references
+    assert all(tokens for tokens, _ in references), "an item gave no tokens: the comparison would be weak"
+    return committed, references
+
+
+def check_items_match_ws(server, script: list[dict], audio: np.ndarray, server_events: list[dict],
+                         turns: int) -> list[tuple[list[int], str]]:  # fmt: skip
+    """check_completed_match_ws on the items the script cuts from `audio`, one per turn."""
+    items = committed_items(script, audio)
+    assert len(items) == turns, f"{len(items)} commits for {turns} turns"
+    return check_completed_match_ws(server, items, server_events)[1]
+
+
+def shown_texts(stdout: str, committed: list[str]) -> list[str]:
+    """The driver's printed texts in commit order: by the item id it printed beside each (pipecat
+    passes items on as they complete), else as printed."""
+    shown = [json.loads(line) for line in stdout.splitlines()]
+    if shown and all("item_id" in s for s in shown):
+        order = {item_id: i for i, item_id in enumerate(committed)}
+        shown.sort(key=lambda s: order[s["item_id"]])
+    return [s["text"] for s in shown]
 
 
 # ----------------------------------------------------------------------------- live: the framework itself
@@ -154,13 +190,12 @@ def check_items_match_ws(server, script: list[dict], audio: np.ndarray, server_e
 
 @pytest.mark.parametrize("name", list(FRAMEWORKS))
 def test_framework_stt_service_unchanged_matches_ws(request, name, tmp_path):
-    module, driver, silence_s = FRAMEWORKS[name]
+    module, driver, turn_rate, silence_s = FRAMEWORKS[name]
     python = framework_python(module)  # before the server starts: a skip costs nothing
     demo_server = request.getfixturevalue("demo_server")
     names = [u.name for u in UTTERANCES]
-    turns = turns_pcm(names)
     paths = []
-    for i, t in enumerate(turns):
+    for i, t in enumerate(turns_pcm(names, turn_rate)):
         paths.append(tmp_path / f"turn{i}.pcm")
         paths[-1].write_bytes(t.tobytes())
     with WireRecorder(f"ws://127.0.0.1:{demo_server.port}") as rec:
@@ -169,12 +204,18 @@ def test_framework_stt_service_unchanged_matches_ws(request, name, tmp_path):
                              capture_output=True, text=True, timeout=600)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     script = wire_script(rec.client_events())
-    audio = session_audio(turns, silence_s)
-    references = check_items_match_ws(demo_server, script, audio, rec.server_events(), len(turns))
+    # The items as the server got them: the framework's VAD put the commits (a turn it split or
+    # merged is then two items or one, each still checked against /ws on its own audio), and
+    # pipecat resampled 16 -> 24 kHz. Each item's completed event and each text the framework shows
+    # against /ws on that audio.
+    items = wire_items(rec.client_events())
+    committed, references = check_completed_match_ws(demo_server, items, rec.server_events())
+    if turn_rate == RATE:  # sent as given: the items are the test's own audio, cut at the commits
+        own = committed_items(script, session_audio(turns_pcm(names), silence_s))
+        assert all(np.array_equal(a, b) for a, b in zip(items, own, strict=True))
     # What the framework hands its pipeline (pipecat's TranscriptionFrame.text, livekit's FINAL_TRANSCRIPT
-    # text), per turn, against /ws on that turn's audio: not against the relay's copy of the server's event.
-    texts = [json.loads(line)["text"] for line in run.stdout.splitlines()]
-    assert texts == [text for _, text in references if text], run.stdout[-2000:]
+    # text), per item, against /ws on that item's audio: not against the relay's copy of the server's event.
+    assert shown_texts(run.stdout, committed) == [text for _, text in references if text], run.stdout[-2000:]
     recording = {"client": CLIENT_LABELS[name], "path": rec.paths[0].replace(TOKEN, "TOKEN"), "turns": names,
                  "silence_after_turn_s": silence_s, "script": compress(script)}  # fmt: skip
     target = RECORDINGS / f"{name}.json"
@@ -223,6 +264,23 @@ def shape(recording: dict) -> dict:
         "control": [e for e in script if e["type"] != "input_audio_buffer.append"],
         "append_sizes": sorted({e["samples"] for e in script if e["type"] == "input_audio_buffer.append"}),
     }
+
+
+def test_wire_items_and_shown_texts_follow_the_wire_not_the_turns():
+    """What the live test (skipped where the framework is missing) compares rests on these two:
+    an item is every append since the last commit, however the VAD cut the turns (one turn split
+    in two here), and printed texts are put in commit order by their item id."""
+    def append(*samples: int) -> dict:
+        audio = base64.b64encode(np.array(samples, "<i2").tobytes()).decode()
+        return {"type": "input_audio_buffer.append", "audio": audio}
+
+    commit = {"type": "input_audio_buffer.commit"}
+    events = [append(1, 2), append(3), commit, append(4), commit, append(5, 6), commit, append(7)]
+    assert [i.tolist() for i in wire_items(events)] == [[1, 2, 3], [4], [5, 6]]  # 7: never committed
+    stdout = "\n".join(json.dumps({"text": t, "item_id": i}) for t, i in [("b", "item_b"), ("a", "item_a")])
+    assert shown_texts(stdout, ["item_a", "item_b"]) == ["a", "b"]
+    with pytest.raises(KeyError):  # a frame for an item nobody committed
+        shown_texts(stdout, ["item_a"])
 
 
 # ----------------------------------------------------------------------------- replay: the recorded wire

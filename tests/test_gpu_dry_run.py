@@ -127,13 +127,13 @@ def test_graph_vs_eager_reports_a_stepper_that_differs():
     one token to row 0 of the first 5-row step is reported as not identical, at that batch and step,
     and the unchanged stepper as identical. Seen to fail with graph_vs_eager comparing the eager
     stepper's result with itself."""
-    from benchmarks.gpu import gpu_bench
+    from benchmarks.gpu.mode_checks import graph_vs_eager, make_engine
 
     from .helpers_server import TEST_MODEL
 
     model = helpers.model(TEST_MODEL)
-    engine, stepper = gpu_bench.make_engine(model, 8)
-    clean = gpu_bench.graph_vs_eager(None, model, engine, stepper, steps=2)
+    engine, stepper = make_engine(model, 8)
+    clean = graph_vs_eager(None, model, engine, stepper, steps=2)
     assert clean["identical"] and clean["tokens"] > 0 and clean["first_difference"] is None, clean
     run = stepper.run
 
@@ -146,19 +146,19 @@ def test_graph_vs_eager_reports_a_stepper_that_differs():
 
     one_token_more.done = False
     stepper.run = one_token_more
-    differs = gpu_bench.graph_vs_eager(None, model, engine, stepper, steps=2)
+    differs = graph_vs_eager(None, model, engine, stepper, steps=2)
     assert not differs["identical"] and differs["first_difference"] == {"batch": 5, "step": 0}, differs
 
 
 def test_preflight_stops_the_run_with_a_plain_message(tmp_path, monkeypatch, capsys):
     """A preflight that finds a problem writes its record, prints what is wrong, ends the run with
     exit 4 and a `done` record, and measures nothing."""
-    from benchmarks.gpu import gpu_bench
+    from benchmarks.gpu import gpu_bench, preflight
 
     def broken(args):
         raise RuntimeError("no kernel image is available for execution on the device")
 
-    monkeypatch.setattr(gpu_bench, "_one_bucket", broken)
+    monkeypatch.setattr(preflight, "_one_bucket", broken)
     rc = gpu_bench.main(["--out", str(tmp_path), "--model", "tiny-prompt", "--device", "cpu", "--dtype", "fp32",
                          "--threads", "1"])  # fmt: skip
     assert rc == 4
@@ -172,12 +172,12 @@ def test_preflight_stops_the_run_with_a_plain_message(tmp_path, monkeypatch, cap
 def test_forced_capture_failure_falls_back_and_is_recorded(tmp_path, monkeypatch):
     """--force-capture-failure: the preflight's first decoder call fails (on a GPU its encoder
     capture too); the bucket is retried, still steps, and the failure is in the record."""
-    from benchmarks.gpu import gpu_bench
+    from benchmarks.gpu import gpu_bench, preflight
 
     monkeypatch.setenv("NEMO_SERVE_DECODER", "nemo")  # NeMo's computer: its capture fallback (CUDA's default decoder)
     args = gpu_bench.parse(["--out", str(tmp_path), "--model", "tiny-prompt", "--device", "cpu", "--dtype", "fp32",
                             "--force-capture-failure"])  # fmt: skip
-    out = gpu_bench._one_bucket(args)
+    out = preflight._one_bucket(args)
     rep = out["report"]
     assert out["tokens"] > 0
     assert [(f["bucket"], f["mode"]) for f in rep["decoder_failures"]] == [(2, "no_graphs")]
@@ -190,7 +190,7 @@ def test_calibration_reaches_its_target_on_a_step_like_response():
     """Emission against the blank bias is nearly a step function with random weights (1.0 to 0.0
     within ~0.2): bracketing then >= 14 bisections must land within 0.02 of the target, far from
     the bracket's start, where 8 bisections over [-10, 60] could not."""
-    from benchmarks.gpu.gpu_bench import calibrate_blank
+    from benchmarks.gpu.calibration import calibrate_blank
 
     class Bias:  # the joint's output layer, as calibrate_blank reaches it
         def __init__(self):

@@ -22,7 +22,8 @@ import torch
 
 from nemo_serve.engine.biasing import BiasingRegistry, biasing_computer
 from nemo_serve.engine.label_loop import label_loop
-from nemo_serve.engine.step import apply_prompt, aten_rnn, confidence_computer
+from nemo_serve.engine.nemo_decoder import aten_rnn, confidence_computer
+from nemo_serve.engine.step import apply_prompt
 from nemo_serve.nemo_private import decoder_state_after_sos
 
 from . import helpers

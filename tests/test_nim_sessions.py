@@ -26,13 +26,13 @@ import pytest
 import soundfile
 
 import nemo_serve
-from nemo_serve.client import StreamingClient
 from nemo_serve.model import DEMO_MODEL_PATH
 from nemo_serve.server.audio import AudioError
 from nemo_serve.server.auth import CLIENT_SECRET_TTL_S, mint_client_secret, valid_client_secret
 from nemo_serve.server.wav_stream import WavStreamDecoder
 
-from .helpers_server import SHARED_NUM_SLOTS, TOKEN, start_server
+from .helpers_server import SHARED_NUM_SLOTS, TOKEN, finals_tokens_and_text, start_server, ws_pcm16_finals
+from .helpers_server import leak_checked_server  # noqa: F401 - this module's `server` fixture
 
 UTTERANCES = sorted((Path(nemo_serve.__file__).parent / "assets" / "demo" / "utterances").glob("*.wav"))
 TRANSCRIPTION = "conversation.item.input_audio_transcription"
@@ -41,19 +41,9 @@ NIM_CLIENT = Path(__file__).parent / "nim_client" / "realtime_asr_file_client.py
 FINAL_LINE = re.compile(r" - INFO - Final Transcript: (.*)$", re.MULTILINE)
 
 
-@pytest.fixture
-def server(shared_server):
-    yield shared_server
-    shared_server.assert_no_leak()
-
-
 async def ws_tokens(server, path: Path, token: str | None = TOKEN) -> list[int]:
     pcm, rate = soundfile.read(path, dtype="int16")
-    async with StreamingClient(server.ws_url, sample_rate=rate, encoding="pcm_s16le", token=token) as c:
-        for i in range(0, len(pcm), rate // 10):
-            await c.send_audio(pcm[i : i + rate // 10])
-        await c.end()
-        return [t for m in [m async for m in c.messages()] if m["type"] == "final" for t in m["token_ids"]]
+    return finals_tokens_and_text(await ws_pcm16_finals(server, pcm, rate, token=token))[0]
 
 
 def riva_args(server, **overrides) -> argparse.Namespace:
@@ -106,11 +96,7 @@ async def run_riva_client(args: argparse.Namespace, path: Path, force_eou_at: in
 async def ws_finals(server, path: Path) -> list[str]:
     """/ws's final texts for a file sent as NVIDIA's client sends it (100 ms packets)."""
     pcm, rate = soundfile.read(path, dtype="int16")
-    async with StreamingClient(server.ws_url, sample_rate=rate, encoding="pcm_s16le", token=TOKEN) as c:
-        for i in range(0, len(pcm), rate // 10):
-            await c.send_audio(pcm[i : i + rate // 10])
-        await c.end()
-        return [m["text"] for m in [m async for m in c.messages()] if m["type"] == "final"]
+    return [m["text"] for m in await ws_pcm16_finals(server, pcm, rate)]
 
 
 async def nvidia_client_runs(server, paths: list[Path], out: Path, concurrency: int) -> dict[str, tuple[int, str, str | None]]:

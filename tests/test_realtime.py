@@ -13,11 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import soundfile
-import soxr
 
 import nemo_serve
-from nemo_serve.client import StreamingClient
 from nemo_serve.server.realtime_protocol import (
     Append,
     BufferEvent,
@@ -27,7 +24,8 @@ from nemo_serve.server.realtime_protocol import (
     parse_client_event,
 )
 
-from .helpers_server import TEST_MODEL, TOKEN
+from .helpers_server import TEST_MODEL, TOKEN, finals_tokens_and_text, pcm16_file, ws_pcm16_finals
+from .helpers_server import leak_checked_server  # noqa: F401 - this module's `server` fixture
 
 openai = pytest.importorskip("openai")
 from openai.types import realtime as ga  # noqa: E402
@@ -59,16 +57,8 @@ BETA_TYPES = {
 }
 
 
-@pytest.fixture
-def server(shared_server):
-    yield shared_server
-    shared_server.assert_no_leak()
-
-
 def pcm16(rate: int) -> np.ndarray:
-    audio, file_rate = soundfile.read(UTTERANCE, dtype="float32")
-    audio = soxr.resample(audio, file_rate, rate, quality="HQ") if rate != file_rate else audio
-    return np.clip(np.round(audio * 32768.0), -32768, 32767).astype("<i2")
+    return pcm16_file(UTTERANCE, rate)
 
 
 def b64(samples: np.ndarray) -> str:
@@ -77,12 +67,7 @@ def b64(samples: np.ndarray) -> str:
 
 async def ws_reference(server, wire: np.ndarray, rate: int) -> tuple[list[int], str]:
     """/ws's tokens and text for the same PCM16 (packets of 100 ms, end)."""
-    async with StreamingClient(server.ws_url, sample_rate=rate, encoding="pcm_s16le", token=TOKEN) as c:
-        for i in range(0, len(wire), rate // 10):
-            await c.send_audio(wire[i : i + rate // 10])
-        await c.end()
-        finals = [m async for m in c.messages() if m["type"] == "final"]
-    return [t for f in finals for t in f["token_ids"]], " ".join(f["text"] for f in finals if f["text"])
+    return finals_tokens_and_text(await ws_pcm16_finals(server, wire, rate))
 
 
 def realtime_url(server, query: str = "") -> str:

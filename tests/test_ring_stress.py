@@ -1,4 +1,5 @@
-"""The shared-memory audio rings across processes (core/shared.py: positions published by message).
+"""The shared-memory audio rings across processes (core/shared.py: positions published by message,
+or stored in shared memory with the core's wake-up).
 
 An engine core process whose Engine checks every sample against its stream's sequence number, and
 a front end (the real EngineClient) that streams sequence-numbered packets of random sizes into
@@ -12,13 +13,16 @@ from __future__ import annotations
 
 import platform
 
+import pytest
+
 from benchmarks.ring_bench import stress
 
 
-def test_every_sample_crosses_the_rings_in_order():
+@pytest.mark.parametrize("positions_in_shared", [False, True], ids=["messages", "shared"])
+def test_every_sample_crosses_the_rings_in_order(positions_in_shared):
     ring, slots, streams = 997, 6, 24
     r = stress(num_slots=slots, num_streams=streams, ring_samples=ring, max_packet=1500,
-               samples_per_stream=(20_000, 60_000), seed=1)  # fmt: skip
+               samples_per_stream=(20_000, 60_000), seed=1, positions_in_shared=positions_in_shared)  # fmt: skip
     where = f"on {platform.machine()}: {r}"
     assert r["bad"] == [] and r["streams"] == streams, where
     assert r["samples"] >= streams * 20_000 and r["samples"] > 100 * ring * slots, where  # laps, not one pass

@@ -329,6 +329,26 @@ def test_no_free_slot_is_resource_exhausted(server, asr):
             t.join(20)
 
 
+def test_a_silent_call_ends_at_the_idle_timeout_and_gives_its_slot_back(server, asr):
+    """--idle-timeout-s 3 (the fixture): config and one packet, then nothing; the call's input
+    clock (riva_grpc.InputClock) ends it with /ws's reason, and its slot comes back."""
+    release = threading.Event()
+    wav = UTTERANCES[1]
+
+    def silent_audio():
+        yield b"\0\0" * 1600
+        release.wait(20)
+
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(grpc.RpcError) as e:
+            list(asr.streaming_response_generator(silent_audio(), streaming_config(wav, interim=False)))
+    finally:
+        release.set()
+    assert "idle timeout" in e.value.details(), e.value.details()
+    assert 2.5 < time.monotonic() - t0 < 15
+
+
 def check_calls_per_address_limit(service, wav: Path, limit: int) -> None:
     """`limit` calls from this address are open (slots to spare): the next is refused."""
     release = threading.Event()

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from nemo_serve.training.corpus import MBROLA_ACCENTED_VOICES
+from nemo_serve.training import sentences, synthesizers
+from nemo_serve.training.synthesizers import MBROLA_ACCENTED_VOICES
 
 from . import helpers
 
@@ -33,23 +34,47 @@ def test_sentences_and_vocabulary_are_deterministic():
 
     from nemo_serve.training import corpus
 
-    a = [corpus.make_sentence(random.Random(7)) for _ in range(5)]
-    b = [corpus.make_sentence(random.Random(7)) for _ in range(5)]
+    a = [sentences.make_sentence(random.Random(7)) for _ in range(5)]
+    b = [sentences.make_sentence(random.Random(7)) for _ in range(5)]
     assert a == b
-    assert corpus.number_words(0) == "zero"
-    assert corpus.number_words(321) == "three hundred twenty one"
-    assert corpus.number_words(1000) == "one thousand"
-    vocab = corpus.vocabulary()
+    assert sentences.number_words(0) == "zero"
+    assert sentences.number_words(321) == "three hundred twenty one"
+    assert sentences.number_words(1000) == "one thousand"
+    vocab = sentences.vocabulary()
     for w in ["seven", "ninety", "hundred", "thousand", "monday", "december", "timer", "volume"]:
         assert w in vocab
     assert len(vocab) > 500
     assert not set(corpus.HELDOUT_VARIANTS) & set(corpus.TRAIN_VARIANTS)
 
 
+def test_eou_corpus_draws_the_demo_corpus_sentences(tmp_path, monkeypatch):
+    """eou_corpus's promise (its docstring): for the same --seed and --n-eval, its dev, held-out and
+    espeak-ng training splits hold the demo corpus's sentences. Synthesis stubbed: the sentences each
+    main hands to build_split, compared split by split."""
+    from nemo_serve.training import corpus, eou_corpus
+
+    def recorder(calls: dict):
+        def build_split(name, sentences, *args, **kwargs):
+            calls[name] = list(sentences)
+            return []
+
+        return build_split
+
+    demo, eou = {}, {}
+    monkeypatch.setattr(corpus, "build_split", recorder(demo))
+    monkeypatch.setattr(eou_corpus, "build_split", recorder(eou))
+    corpus.main(["--out", str(tmp_path / "demo"), "--n-train", "40", "--n-eval", "6", "--workers", "1"])
+    eou_corpus.main(["--out", str(tmp_path / "eou"), "--n-train", "40", "--n-eval", "6", "--workers", "1"])
+    assert set(eou) == {"dev", "heldout_sentences", "heldout_voices", "train"}
+    for name, drawn in eou.items():
+        assert drawn == demo[name] and len(drawn) == (40 if name == "train" else 6), name
+    assert len(set(demo["dev"]) | set(demo["heldout_sentences"]) | set(demo["heldout_voices"]) | set(demo["flite"])) == 24
+
+
 def test_fast_rnnt_loss_matches_nemo():
     from nemo.collections.asr.losses.rnnt import RNNTLoss
 
-    from nemo_serve.training.train import rnnt_loss
+    from nemo_serve.training.rnnt_loss import rnnt_loss
 
     torch.manual_seed(0)
     B, T, U, V = 3, 12, 5, 9
@@ -221,8 +246,8 @@ def test_corpus_adds_mbrola_and_pico_after_everything_else(tmp_path):
     rows_b = [json.loads(l) for l in open(tmp_path / "b" / "train.jsonl")]
     assert len(rows_a) == 6 and rows_b[:6] == rows_a
     assert [r["audio_filepath"].split("/")[0] for r in rows_b[6:]] == ["train_mbrola"] * 3 + ["train_pico"] * 2
-    assert {r["voice"] for r in rows_b[6:9]} <= set(corpus.MBROLA_VOICES)
-    assert {r["voice"] for r in rows_b[9:]} <= set(corpus.PICO_VOICES)
+    assert {r["voice"] for r in rows_b[6:9]} <= set(synthesizers.MBROLA_VOICES)
+    assert {r["voice"] for r in rows_b[9:]} <= set(synthesizers.PICO_VOICES)
     assert all(r["duration"] > 1.0 for r in rows_b[6:])  # speech, not an empty file
     # Pico without MBROLA: still after all the others
     corpus.main(["--out", str(tmp_path / "c"), "--n-train-pico", "2"] + base)
@@ -236,12 +261,10 @@ def test_corpus_adds_mbrola_and_pico_after_everything_else(tmp_path):
 def test_corpus_adds_rhvoice_after_everything_else(tmp_path):
     """RHVoice's sentences are drawn after Pico's, so adding them changes no other split (the corpus of the
     models before it stays as it was), and its rows come last in train.jsonl, in RHVoice's voices."""
-    from nemo_serve.training import corpus
-
     base = ["--n-train", "2", "--n-train-flite", "2", "--n-train-pico", "2", "--n-eval", "2", "--workers", "2"]
     added = _rows_added_by(tmp_path, base, ["--n-train-rhvoice", "3"])
     assert [r["audio_filepath"].split("/")[0] for r in added] == ["train_rhvoice"] * 3
-    assert {r["voice"] for r in added} <= set(corpus.RHVOICE_VOICES)
+    assert {r["voice"] for r in added} <= set(synthesizers.RHVOICE_VOICES)
     assert all(r["duration"] > 1.0 for r in added)  # speech, not an empty file
 
 
@@ -252,14 +275,12 @@ def test_corpus_adds_rab_don_and_alan_slt_after_everything_else(tmp_path):
     """festival's rab and don and RHVoice's alan and slt are drawn after RHVoice's first four, in that order, so
     adding them changes no other split (the corpus of the models before them stays as it was), and their rows
     come last in train.jsonl, each split in its own voices."""
-    from nemo_serve.training import corpus
-
     base = ["--n-train", "2", "--n-train-flite", "2", "--n-train-rhvoice", "2", "--n-eval", "2", "--workers", "2"]
     added = _rows_added_by(tmp_path, base, ["--n-train-festival-rab-don", "6", "--n-train-rhvoice-alan-slt", "2"])
     assert [r["audio_filepath"].split("/")[0] for r in added] == (["train_festival_rab_don"] * 6
                                                                  + ["train_rhvoice_alan_slt"] * 2)
-    assert {r["voice"] for r in added[:6]} <= set(corpus.FESTIVAL_RAB_DON_VOICES)
-    assert {r["voice"] for r in added[6:]} <= set(corpus.RHVOICE_ALAN_SLT_VOICES)
+    assert {r["voice"] for r in added[:6]} <= set(synthesizers.FESTIVAL_RAB_DON_VOICES)
+    assert {r["voice"] for r in added[6:]} <= set(synthesizers.RHVOICE_ALAN_SLT_VOICES)
     assert all(r["duration"] > 1.0 for r in added)  # speech, not an empty file
 
 
@@ -278,11 +299,11 @@ def test_corpus_adds_mbrola_accented_after_everything_else(tmp_path):
     base = ["--n-train", "2", "--n-train-flite", "2", "--n-train-mbrola", "2", "--n-eval", "2", "--workers", "2"]
     added = _rows_added_by(tmp_path, base, ["--n-train-mbrola-accented", "4"])
     assert [r["audio_filepath"].split("/")[0] for r in added] == ["train_mbrola_accented"] * 4
-    assert {r["voice"] for r in added} <= set(corpus.MBROLA_ACCENTED_VOICES)
+    assert {r["voice"] for r in added} <= set(synthesizers.MBROLA_ACCENTED_VOICES)
     assert all(r["duration"] > 1.0 for r in added)  # speech, not an empty file
 
     spectra = {}
-    for voice in corpus.MBROLA_ACCENTED_VOICES + ["mb-en1"]:
+    for voice in synthesizers.MBROLA_ACCENTED_VOICES + ["mb-en1"]:
         _, dur = corpus._job((0, "set a timer for twenty five minutes", "mbrola", voice, 160, 50, 1.0, 1,
                               str(tmp_path / "v.wav"), True, False))
         assert 1.0 < dur < 5.0, (voice, dur)
@@ -308,7 +329,7 @@ def test_corpus_keeps_existing_files_and_adds_festival_last(tmp_path):
     assert rows_b[:4] == [json.loads(l) for l in open(tmp_path / "a" / "train.jsonl")]
     fest = rows_b[4:]
     assert len(fest) == 3 and all(r["audio_filepath"].startswith("train_festival/") for r in fest)
-    assert {r["voice"] for r in fest} <= set(corpus.FESTIVAL_VOICES)
+    assert {r["voice"] for r in fest} <= set(synthesizers.FESTIVAL_VOICES)
 
     wav = tmp_path / "b" / fest[0]["audio_filepath"]
     wav.write_bytes(wav.read_bytes()[:-3200])  # 0.1 s shorter: kept as it is, or made again?
@@ -526,7 +547,7 @@ def test_evaluate_chains_consecutive_utterances():
 
 
 def test_training_chains_cover_every_utterance_once():
-    from nemo_serve.training.train import chain_dev, join_chain, make_chains
+    from nemo_serve.training.batches import chain_dev, join_chain, make_chains
 
     idx = np.arange(50)
     # prob 0: the utterances in pool order, no random number drawn (older recipes batch as before)
@@ -555,7 +576,7 @@ def test_training_chains_cover_every_utterance_once():
 def test_random_eq_filters_speech_and_leaves_silence_and_padding():
     """random_eq is a channel: one smooth gain curve per item, the same in every frame, applied to power, so
     frames at the log floor (digital silence) and frames past the length stay exactly as they were."""
-    from nemo_serve.training.train import LOG_GUARD, random_eq
+    from nemo_serve.training.feature_augment import LOG_GUARD, random_eq
 
     rng = np.random.default_rng(0)
     speech = torch.from_numpy(rng.uniform(-9.0, -2.0, (3, 80, 50))).float()  # log mel power of loud frames
@@ -576,7 +597,7 @@ def test_random_eq_filters_speech_and_leaves_silence_and_padding():
 def test_vtlp_moves_formants_by_the_factor_and_leaves_silence_and_padding():
     """random_vtlp warps frequency: a peak in the band centred at f moves to the band centred nearest a * f
     (up for a > 1, down for a < 1), with the demo model's own filterbank; silence and padding stay as they were."""
-    from nemo_serve.training.train import LOG_GUARD, mel_centers_hz, random_vtlp, warp_bands
+    from nemo_serve.training.feature_augment import LOG_GUARD, mel_centers_hz, random_vtlp, warp_bands
 
     centers = mel_centers_hz(helpers.model().nemo.preprocessor)
     assert len(centers) == 80 and np.all(np.diff(centers) > 0) and 0 < centers[0] < 100 and 7000 < centers[-1] < 8000

@@ -23,17 +23,12 @@ from nemo_serve.client import StreamingClient
 from nemo_serve.oracle import oracle_transcribe
 
 from . import helpers
-from .helpers_server import PROMPT_TEST_MODEL, SHARED_NUM_SLOTS, TOKEN, start_server
+from .helpers_server import PROMPT_TEST_MODEL, SHARED_NUM_SLOTS, TOKEN, finals_tokens_and_text, start_server, ws_pcm16_finals
+from .helpers_server import leak_checked_server  # noqa: F401 - this module's `server` fixture
 
 openai = pytest.importorskip("openai")
 
 UTTERANCES = sorted((Path(nemo_serve.__file__).parent / "assets" / "demo" / "utterances").glob("*.wav"))
-
-
-@pytest.fixture
-def server(shared_server):
-    yield shared_server
-    shared_server.assert_no_leak()
 
 
 def sdk(server) -> "openai.OpenAI":
@@ -43,13 +38,7 @@ def sdk(server) -> "openai.OpenAI":
 async def ws_tokens(server, pcm: np.ndarray, rate: int, context_right: int | None = None,
                     language: str | None = None) -> tuple[list[int], str]:  # fmt: skip
     """/ws's tokens and text for these PCM16 samples (packets of 100 ms, then end)."""
-    async with StreamingClient(server.ws_url, sample_rate=rate, encoding="pcm_s16le", token=TOKEN,
-                               context_right=context_right, language=language) as c:  # fmt: skip
-        for i in range(0, len(pcm), rate // 10):
-            await c.send_audio(pcm[i : i + rate // 10])
-        await c.end()
-        finals = [m async for m in c.messages() if m["type"] == "final"]
-    return [t for f in finals for t in f["token_ids"]], " ".join(f["text"] for f in finals if f["text"])
+    return finals_tokens_and_text(await ws_pcm16_finals(server, pcm, rate, context_right=context_right, language=language))
 
 
 def pcm16(path: Path) -> tuple[np.ndarray, int]:

@@ -236,13 +236,9 @@ def test_parity_scenarios_with_confidence_on_mixed(confidence_on):
 
 
 async def _ws_finals(server, wire, rate: int) -> list[dict]:
-    from nemo_serve.client import StreamingClient
+    from .helpers_server import ws_pcm16_finals
 
-    async with StreamingClient(server.ws_url, sample_rate=rate, encoding="pcm_s16le", token=TOKEN) as c:
-        for i in range(0, len(wire), rate // 10):
-            await c.send_audio(wire[i : i + rate // 10])
-        await c.end()
-        return [m async for m in c.messages() if m["type"] == "final"]
+    return await ws_pcm16_finals(server, wire, rate)
 
 
 async def _realtime_completed(server, wire, rate: int) -> list[dict]:

@@ -21,13 +21,15 @@ from benchmarks.gpu.paths import applied
 
 
 def diarization(args, model, res, levels: list[int]) -> None:
-    from benchmarks.gpu.gpu_bench import _free_gpu, _slots_that_fit, capacity_level, left, make_engine
+    from benchmarks.gpu.capacity import capacity_level, slots_that_fit
+    from benchmarks.gpu.mode_checks import make_engine
+    from benchmarks.gpu.record import free_gpu, left
     from nemo_serve.diarization.load import DEFAULT_SETTING, load_diarizer
     from nemo_serve.diarization.settings import MODEL_CARD_SETTINGS
 
     g = model.geometry
     path = args.capacity_configs[-1]
-    cap = _slots_that_fit(model, args)
+    cap = slots_that_fit(model, args)
     if cap is not None and cap < max(levels):
         res.write("skipped", what=f"diarization {round(g.chunk_ms)} ms levels above {cap}", why="GPU memory")
         levels = [x for x in levels if x <= cap] or [cap]
@@ -58,4 +60,4 @@ def diarization(args, model, res, levels: list[int]) -> None:
                 break
     finally:
         del engine, stepper, diarizer
-        _free_gpu()
+        free_gpu()

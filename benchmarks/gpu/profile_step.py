@@ -44,6 +44,7 @@ REPO = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.gpu.emission import StepRecorder  # noqa: E402
+from benchmarks.gpu.record import free_gpu  # noqa: E402
 from benchmarks.gpu.step_ranges import analyse, ranges  # noqa: E402
 
 T0 = time.time()
@@ -145,7 +146,7 @@ def split(args, model, rows: int, timer: Timer) -> dict:
                         for t, d, (o, i) in zip(total, dec, trips)],
            "label_loop": rec.summary(since=2)}  # fmt: skip
     del stepper, pool
-    _free()
+    free_gpu()
     return out
 
 
@@ -187,7 +188,7 @@ def kernel_profile(args, model, rows: int, cuda: bool, trace: Path | None) -> di
         raw.unlink()
         out["trace"] = trace.name
     del stepper, pool, prof
-    _free()
+    free_gpu()
     return out
 
 
@@ -227,7 +228,7 @@ def index_bench(args, model, timer: Timer) -> dict:
            "per_layer_index_copy_gbs": rate(lambda: [x.index_copy_(0, rows, o) for x, o in zip(layers, out)]),
            "copy_gbs": rate(lambda: out.copy_(kv[:, :n]))}  # fmt: skip
     pool = kv = out = layers = None  # freed before the next phase (the lambdas above are done)
-    _free()
+    free_gpu()
     return res
 
 
@@ -258,23 +259,13 @@ def big(args, model, timer: Timer) -> dict:
         out[f"{name}_ms"] = _med(timer.done(marks))
     out["parts_over_one_step"] = round(out["parts_ms"] / out["one_step_ms"], 3) if out["one_step_ms"] else None
     del whole, parts, pool
-    _free()
+    free_gpu()
     return out
 
 
 # ----------------------------------------------------------------------------- main
 def _med(xs) -> float | None:
     return round(float(np.median(xs)), 3) if len(xs) else None
-
-
-def _free() -> None:
-    import gc
-
-    import torch
-
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def parse(argv=None):
@@ -322,7 +313,8 @@ def run(args, out_dir: Path) -> dict:
     import torch
 
     from benchmarks.architecture import served, set_mode
-    from benchmarks.gpu import gpu_bench
+    from benchmarks.gpu.calibration import calibrate, set_blank_bias
+    from benchmarks.gpu.emission import TRAINED
 
     cuda = args.device == "cuda"
     timer = Timer(cuda)
@@ -341,26 +333,26 @@ def run(args, out_dir: Path) -> dict:
         except Exception as e:  # noqa: BLE001 - the other phases still measure
             doc["errors"].append({"what": what, "error": f"{type(e).__name__}: {e}"[:500],
                                   "where": traceback.format_exc()[-2000:]})  # fmt: skip
-            _free()
+            free_gpu()
             return None
         finally:
             save()
 
     models = {r: served(args.model, r, args.dtype, args.device) for r in args.modes}
-    models[args.modes[0]].decoding_computer.max_symbols = args.max_symbols  # shared by the modes (gpu_bench.build)
+    models[args.modes[0]].decoding_computer.max_symbols = args.max_symbols  # shared by the modes (calibration.build)
 
-    class Sink:  # gpu_bench.calibrate writes its records here
+    class Sink:  # calibration.calibrate writes its records here
         def write(self, kind, **fields):
             doc["calibration"].append(fields)
 
-    ns = argparse.Namespace(modes=args.modes, tokens_target=gpu_bench.TRAINED["tokens_per_frame"], tokens_tol=0.03,
+    ns = argparse.Namespace(modes=args.modes, tokens_target=TRAINED["tokens_per_frame"], tokens_tol=0.03,
                             calibrate_iters=args.calibrate_iters)  # fmt: skip
-    biases = phase("calibration", lambda: gpu_bench.calibrate(ns, models, Sink()), 20) or {}
+    biases = phase("calibration", lambda: calibrate(ns, models, Sink()), 20) or {}
 
     def at(r):
         set_mode(models[r])
         if r in biases:
-            gpu_bench.set_blank_bias(models[r], biases[r])
+            set_blank_bias(models[r], biases[r])
         return models[r]
 
     for r in args.modes:

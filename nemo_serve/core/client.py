@@ -2,9 +2,10 @@
 
 Sessions call the same methods as on the in-process Engine (open_stream, push, finish,
 force_final, abort, num_free_slots, error); here they become a slot taken in shared memory,
-samples written into the slot's ring, and small control messages to the core: after the samples,
-one `Wrote` per event-loop tick, and at most one per WROTE_PERIOD_S, with every ring's new end (that message is what publishes the
-samples: shared.py). The core's
+samples written into the slot's ring, and small control messages to the core. The ring's new end
+is published one of two ways (shared.py): stored in shared memory after the samples, with a
+`Wake` only for a core that sleeps; or (NEMO_SERVE_RING_POSITIONS=messages) one `Wrote` per
+event-loop tick, at most one per WROTE_PERIOD_S, with every ring's new end. The core's
 StreamUpdates come back on one socket; a task on the event loop assembles each into the
 StreamResult the session expects (text and detokenisation happen here, not in the core).
 
@@ -36,7 +37,7 @@ from ..engine.results import Detokenizer, ResultAssembler, StreamResult, StreamU
 from ..admission import OverloadGuard, Verdict
 from . import messages as m
 from .addresses import control_address, results_address
-from .shared import FAILED, SERVING, STOPPED, SharedSlots
+from .shared import FAILED, SERVING, STOPPED, SharedSlots, fence
 
 log = logging.getLogger("nemo_serve.frontend")
 
@@ -45,8 +46,8 @@ FLUSH_PERIOD_S = 0.005  # retry for audio that did not fit in a full ring
 # the ZMQ I/O thread were the largest share of a paced packet's CPU when each packet had its own
 # tick, as it has when streams are independent clients). Rings written meanwhile share the next
 # one: the core sees new audio at most this much later, against chunks of 80 ms and more.
-# Rejected: one Wrote per core step (the front end does not know when the core plans) and the
-# core reading ring ends from shared memory (the message is what publishes them: shared.py).
+# Rejected: one Wrote per core step (the front end does not know when the core plans). Where the
+# ring positions live in shared memory (shared.py) there is no Wrote at all.
 WROTE_PERIOD_S = 0.002
 
 
@@ -90,6 +91,8 @@ class EngineClient:
         self._unannounced: dict[StreamHandle, None] = {}  # rings written since the last Wrote (ordered set)
         self._loop: asyncio.AbstractEventLoop | None = None  # set by start(): Wrote goes once per tick
         self._last_wrote = float("-inf")  # loop time of the last Wrote (WROTE_PERIOD_S)
+        self._positions_in_shared = shared.layout.positions_in_shared  # no Wrote: shared.py
+        self._woken_epoch = 0  # the core's last sleep this front end sent a Wake for
         self._pending: set[StreamHandle] = set()
         self._wake_flush = asyncio.Event()
         self._zmq: zmq.asyncio.Context | None = None
@@ -271,16 +274,40 @@ class EngineClient:
         if not self._holds_slot(h):
             return None  # released by the core: its `done` is on the way; the audio is dropped
         k = min(self.shared.ring_samples - (h.written - h.read), len(samples))
+        if k < len(samples) and self._positions_in_shared:  # the core may have read more since
+            k = min(self.shared.ring_samples - (h.written - self._shared_read_end(h)), len(samples))
         if k:
             self.shared.write(h.slot, h.written, samples[:k])
             h.written += k
             h.arrival = now
-            if not self._unannounced and self._loop is not None:
-                self._schedule_announce()
-            self._unannounced[h] = None
-            if self._loop is None:  # not started (tests): at once
-                self._announce_written()
+            if self._positions_in_shared:
+                self._publish_written(h)
+            else:
+                self._announce_later(h)
         return samples[k:] if k < len(samples) else None
+
+    def _announce_later(self, h: StreamHandle) -> None:
+        """Positions in messages: the ring in the next Wrote."""
+        if not self._unannounced and self._loop is not None:
+            self._schedule_announce()
+        self._unannounced[h] = None
+        if self._loop is None:  # not started (tests): at once
+            self._announce_written()
+
+    def _shared_read_end(self, h: StreamHandle) -> int:
+        """Shared positions: how far the core has read the stream's ring (only the core stores it,
+        for the slot's open stream; allocate() zeroed it for this one)."""
+        h.read = int(self.shared.read_end[h.slot])
+        fence()  # the read end before the writes into the space it frees
+        return h.read
+
+    def _publish_written(self, h: StreamHandle) -> None:
+        """Shared positions: the ring's new end where the core reads it; a Wake if the core sleeps
+        and this front end has not woken it from this sleep yet (shared.py, the wake-up)."""
+        epoch = self.shared.publish_write(h.slot, h.gen, h.written, h.arrival)
+        if epoch and epoch != self._woken_epoch:
+            self._woken_epoch = epoch
+            self._send_now(m.Wake())
 
     def _holds_slot(self, h: StreamHandle) -> bool:
         """Whether the slot is still this stream's in the slot table. The core frees a released

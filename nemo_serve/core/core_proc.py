@@ -3,10 +3,14 @@
 One iteration, on the stepping thread:
   1 control messages (open, wrote, finish, force-final, abort, front end gone), without blocking,
     applied to the core (engine_core.apply_control); Stop ends the loop
-  2-5 EngineCore.step(), then one Results message per front end with news: its StreamUpdates and
-    how far the core read its rings (the front end reuses that space only then: shared.py says why)
+  2-5 EngineCore.step(), then one Results message per front end with news: its StreamUpdates and,
+    with the ring positions in messages, how far the core read its rings (the front end reuses that
+    space only then: shared.py says why)
 When nothing moved, it waits up to POLL_MS for a control message: audio arriving in a ring
-waits at most that long (plus the step that is running) before the core sees it.
+waits at most that long (plus the step that is running) before the core sees it. With the ring
+positions in shared memory (shared.py) that wait is the core's poll of them; once no audio has
+come for SLEEP_AFTER_S it sleeps up to SLEEP_S instead, and a front end's Wake ends the sleep
+(shared.py: the wake-up, no audio left waiting).
 `run()` puts the sockets on threads of their own (core/core_io.py: receive and decode, encode and
 send), so the stepping thread neither waits on nor encodes for the network; without them
 (`iterate_once()` before `start_io()`: tests, benchmarks; NEMO_SERVE_CORE_IO_THREADS=0) the same
@@ -30,11 +34,16 @@ from . import messages as m
 from .addresses import control_address, results_address
 from .core_io import CoreIO
 from .engine_core import CoreStep, EngineCore, apply_control
-from .shared import FAILED, SERVING, STOPPED, SharedSlots
+from .shared import FAILED, SERVING, STOPPED, SharedSlots, fence
 
 log = logging.getLogger("nemo_serve.core")
 
 POLL_MS = 2
+# Shared positions: after this long without new audio the core sleeps (a poll costs the stepping
+# thread a loop iteration; a sleep costs a front end a Wake), and at most this long (the heartbeat
+# and the supervisor check run once per iteration).
+SLEEP_AFTER_S = 0.05
+SLEEP_S = 0.1
 
 
 class EngineCoreProc:
@@ -53,6 +62,7 @@ class EngineCoreProc:
         self._own_context = zmq_context is None
         self.io: CoreIO | None = None  # the I/O threads, once start_io() ran
         self._waiting: list = []  # control messages taken by wait_control(), applied by the next take_control()
+        self._sleep_epoch = 0  # shared positions: the number of the core's last sleep (shared.core_asleep)
 
     def start_io(self) -> CoreIO:
         """The sockets on their own threads from now on (core/core_io.py)."""
@@ -87,7 +97,7 @@ class EngineCoreProc:
                     log.error("the supervisor is gone; exiting")
                     break
             if not busy:
-                self.wait_control(POLL_MS / 1000)
+                self.idle_wait()
         if self.io is not None:
             self.io.stop()  # after sending what the last steps handed it
         self.shared.state[0] = STOPPED
@@ -96,6 +106,24 @@ class EngineCoreProc:
         """One iteration without waiting (tests, benchmarks)."""
         taken = self.take_control()
         return self.step() or bool(taken)
+
+    def idle_wait(self) -> None:
+        """Nothing to step: poll the shared positions after POLL_MS, or sleep (module docstring)."""
+        if not self.core.positions_in_shared or time.monotonic() - self.core.last_audio_s < SLEEP_AFTER_S:
+            self.wait_control(POLL_MS / 1000)
+        else:
+            self.sleep(SLEEP_S)
+
+    def sleep(self, timeout_s: float) -> None:
+        """Until a control message (a Wake among them) or `timeout_s`, after saying so in shared
+        memory and looking once more: audio published before a front end saw the flag is found
+        by that look, audio published after it brings a Wake (shared.py, the wake-up)."""
+        self._sleep_epoch += 1
+        self.shared.core_asleep[0] = self._sleep_epoch
+        fence()  # the flag before the look at the positions
+        if not self.core.audio_waiting():
+            self.wait_control(timeout_s)
+        self.shared.core_asleep[0] = 0
 
     def wait_control(self, timeout_s: float) -> None:
         """Until a control message has come, or `timeout_s`."""

@@ -8,7 +8,8 @@ slot is free in the slot table before its front end sees its last update.
 Inputs, from the one thread that steps, between steps (the control messages of core/messages.py
 name the same calls; `apply_control` maps one to its call):
   open        a stream on a slot its front end allocated in the slot table, at that generation
-  wrote       new ring ends for some slots (their samples are in the rings already)
+  wrote       new ring ends for some slots (their samples are in the rings already); with the
+              ring positions in shared memory (shared.py) no wrote comes: step 2 reads them there
   finish / force_final / abort      a stream by (slot, generation); a stale one is ignored
   frontend_gone                     abort its streams, free its slots
 `step()`:
@@ -17,7 +18,8 @@ name the same calls; `apply_control` maps one to its call):
   3 ends of input (after 2, so a stream's last packet is in before its end)
   4 Engine.iterate(), its output routed: updates to their slot's front end, released streams'
     slots freed in the slot table, the queue delay published there
-  5 returned: per front end its updates, how far its rings were read, the slots released
+  5 returned: per front end its updates, how far its rings were read (positions in messages; in
+    shared memory the read ends are stored there in 2), the slots released
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from ..engine.invariants import check
 from ..engine.outputs import IterationOutput
 from ..engine.results import StreamUpdate
 from . import messages as m
-from .shared import FREE, SharedLayout
+from .shared import FREE, SharedLayout, fence, positions_in_shared_default
 
 log = logging.getLogger("nemo_serve.core")
 
@@ -80,6 +82,10 @@ class EngineCore:
         self._write_end = np.zeros(n, dtype=np.int64)  # samples the front end says it wrote
         self._read_end = np.zeros(n, dtype=np.int64)  # samples copied out of the ring
         self._arrival = np.zeros(n, dtype=np.float64)  # when the newest written ones arrived
+        # Ring positions in shared memory (shared.py): the write ends are read from there when the
+        # core plans, the read ends stored there, and no read ends travel in Results.
+        self.positions_in_shared = slots.layout.positions_in_shared
+        self.last_audio_s = time.monotonic()  # when the core last found new audio in a ring
         self._read_slots: list[np.ndarray] = []  # slots read since the last step returned
         self._finishes: list = []  # streams whose end of input arrived since the last step
         self._outgoing: dict[int, FrontendResults] = defaultdict(FrontendResults)
@@ -165,10 +171,21 @@ class EngineCore:
             self.engine.finish(stream)
         self._finishes.clear()
 
+    def audio_waiting(self) -> bool:
+        """Shared positions: whether a held slot's ring has samples the core has not copied out
+        (the core's look before it sleeps: shared.py, the wake-up)."""
+        active = np.flatnonzero(self.engine.slots.held)
+        ends = self.shared.written(active, self._gen[active], self._read_end[active])
+        return bool((ends != self._read_end[active]).any())
+
     def _take_audio(self) -> None:
         active = np.flatnonzero(self.engine.slots.held)
         if active.size == 0:
             return
+        if self.positions_in_shared:
+            self._write_end[active] = self.shared.written(active, self._gen[active], self._write_end[active])
+            self._arrival[active] = self.shared.arrival[active]
+            fence()  # the positions before the samples they cover
         ends = self._write_end[active]
         moved = ends != self._read_end[active]
         slots, ends = active[moved], ends[moved]
@@ -180,7 +197,12 @@ class EngineCore:
             # One copy, ring -> the stream's buffer; the front end learns in step 5 that the space is free.
             self.engine.take_audio(stream_at[slot], self.shared.views(slot, start, end), arrived)
         self._read_end[slots] = ends
-        self._read_slots.append(slots)
+        self.last_audio_s = time.monotonic()
+        if self.positions_in_shared:
+            fence()  # the copies out before the space is given back
+            self.shared.read_end[slots] = ends
+        else:
+            self._read_slots.append(slots)
 
     # ------------------------------------------------------------------ 4-5 step
     def step(self) -> CoreStep:
@@ -244,7 +266,8 @@ class EngineCore:
 
 
 def apply_control(core: EngineCore, msg) -> None:
-    """One control message (core/messages.py) as the core call it names; both transports use it."""
+    """One control message (core/messages.py) as the core call it names; both transports use it.
+    A Wake names none: it only ended the core's wait."""
     if isinstance(msg, m.Wrote):
         core.wrote(np.frombuffer(msg.slots, m.SLOT), np.frombuffer(msg.gens, m.GEN), np.frombuffer(msg.ends, m.POS),
                    np.frombuffer(msg.arrivals, m.TIME))  # fmt: skip
@@ -263,4 +286,4 @@ def apply_control(core: EngineCore, msg) -> None:
 
 
 def ring_layout(settings, sample_rate: int) -> SharedLayout:
-    return SharedLayout(settings.num_slots, int(settings.audio_ring_s * sample_rate))
+    return SharedLayout(settings.num_slots, int(settings.audio_ring_s * sample_rate), positions_in_shared_default())

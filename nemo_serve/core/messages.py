@@ -1,8 +1,9 @@
 """Messages between the processes, as msgspec structs encoded with msgpack.
 
-Control (front ends and supervisor -> core, one ZMQ PULL socket): a handful per stream, and one
-`Wrote` per event-loop tick in which a front end wrote audio, at most one per
-client.WROTE_PERIOD_S. Results (core -> one front end, a PUSH socket per front end): one message
+Control (front ends and supervisor -> core, one ZMQ PULL socket): a handful per stream, and, where
+ring positions travel in messages (shared.py), one `Wrote` per event-loop tick in which a front end
+wrote audio, at most one per client.WROTE_PERIOD_S; where they live in shared memory, a `Wake`
+only to a core that sleeps. Results (core -> one front end, a PUSH socket per front end): one message
 per loop iteration holding every StreamUpdate of that front end's streams and how far the core has
 read their rings. Audio does not travel here: it goes through the shared-memory rings (shared.py);
 these messages publish the ring positions, which is
@@ -45,6 +46,11 @@ class Wrote(msgspec.Struct, tag=True, array_like=True):
     arrivals: bytes  # float64[n]: time.time() when the newest of them arrived
 
 
+class Wake(msgspec.Struct, tag=True, array_like=True):
+    """Front end, ring positions in shared memory: new audio for a core that said it sleeps
+    (shared.py, the wake-up); the core's next look at the positions finds it."""
+
+
 class Finish(msgspec.Struct, tag=True, array_like=True):
     slot: int
     gen: int
@@ -71,7 +77,7 @@ class Stop(msgspec.Struct, tag=True, array_like=True):
     """Supervisor: every front end has drained; exit."""
 
 
-Control = Open | Wrote | Finish | ForceFinal | Abort | FrontendGone | Stop
+Control = Open | Wrote | Wake | Finish | ForceFinal | Abort | FrontendGone | Stop
 
 
 class Results(msgspec.Struct, array_like=True):

@@ -18,22 +18,35 @@ One block, created by the supervisor, attached by every process:
 A slot is allocated by a front end at admission (so a full server refuses at once, without a
 round trip to the core) and freed by the core once it has released the stream.
 
-Publication (why this holds on any CPU, aarch64 included). A ring has one writer (the front end
-holding the slot) and one reader (the core). Neither position lives here: the writer tells the
-reader how far it has written in a `Wrote` control message, and the reader tells the writer how
-far it has read in its `Results` message (core/messages.py). Each message is sent after the
-accesses it announces, in program order, and received before the accesses that rely on it; ZMQ
-hands a message from the sending thread to the receiving one through its lock-free pipes
-(acquire/release atomics), its I/O threads and a Unix socket (the kernel's locks), every hand-off
-a release/acquire pair. So the samples' stores happen before the core's loads of them, and the
-core's loads happen before the front end overwrites that space: what C11 and the CPU memory
-models (x86-TSO, ARMv8, POWER, RISC-V) call message passing, correct without a barrier of ours.
-A position in shared memory, stored with a plain numpy store after the samples, would not be:
-x86-64 keeps stores in order, but an aarch64 core (GH200) may make the position visible before
-the samples it covers, and the reader may load samples before the position. The alternatives
-rejected: a sequence counter checked after the copy needs the same barriers around it, which
-numpy cannot issue; an atomics library adds a compiled dependency and a call per slot per
-iteration where the message is one per event-loop tick (cost: benchmarks/ring_bench.py).
+Publication: two ways, one chosen per block (SharedLayout.positions_in_shared; the server's is
+ring_layout()'s, NEMO_SERVE_RING_POSITIONS). A ring has one writer (the front end holding the slot)
+and one reader (the core).
+
+`messages` (the old way; the default off x86-64). Neither position lives here: the writer tells
+the reader how far it has written in a `Wrote` control message, and the reader tells the writer
+how far it has read in its `Results` message (core/messages.py). Each message is sent after the
+accesses it announces and received before the accesses that rely on it; ZMQ's hand-offs are
+release/acquire pairs, so this is message passing, correct on any CPU without a barrier of ours.
+Its cost: a message and a ZMQ I/O-thread wake-up per event-loop tick each way
+(benchmarks/ring_bench.py, benchmarks/packet_cost.py).
+
+`shared` (vLLM's way for its shared-memory queues; the default on x86-64). The positions live
+here: `write_end` (and `arrival`) stored by the writer after the samples, `read_end` stored by the
+core after it copied them out; the core reads every held slot's `write_end` when it plans, the
+writer reads its `read_end` when it needs ring space. No message per packet: the only one is a
+`Wake` to a core that is asleep (`core_asleep`, below). `fence()` orders each store after the
+accesses it publishes and each load before the accesses that rely on it: on x86-64 (TSO) only the
+store-then-load of the wake-up needs it; on aarch64 the positions would need it too, and the
+fence's strength there rests on the C library's semaphore atomics, not checked on such a machine:
+that is why the default is `messages` off x86-64.
+
+Wake-up (shared positions). The core polls the positions every core_proc.POLL_MS while audio
+flows (the same delay a Wrote had, client.WROTE_PERIOD_S). When none has moved for a while it
+sleeps longer: it stores a fresh epoch in `core_asleep`, fences, looks at the positions and its
+inbox once more, and only then blocks on its inbox; a writer stores its position, fences, and
+reads `core_asleep`: non-zero and not yet woken by it, it sends one `Wake`. Either the core's
+second look sees the position, or the writer sees the epoch (the fences forbid both missing:
+Dekker's pattern), so no audio waits for the sleep's timeout (tests/test_ring_wake.py).
 
 The slot table (owner, gen, mode) and the guard change under `lock`, an flock whose kernel lock
 orders them as well; a slot freed by the core is reused by a front end only through that lock, so
@@ -45,6 +58,8 @@ from __future__ import annotations
 
 import fcntl
 import os
+import platform
+import threading
 from dataclasses import dataclass
 from multiprocessing import shared_memory
 
@@ -61,6 +76,7 @@ FREE = -1
 class SharedLayout:
     num_slots: int
     ring_samples: int
+    positions_in_shared: bool = False  # ring positions here, not in messages (module docstring)
 
     def _fields(self):
         s, n = self.num_slots, self.ring_samples
@@ -72,12 +88,41 @@ class SharedLayout:
             ("owner", np.int32, (s,)),
             ("mode", np.int32, (s,)),  # the holder's chunk mode (right context), for /readyz
             ("gen", np.int64, (s,)),
+            ("write_end", np.int64, (s,)),  # shared positions: the stream's generation and samples written (publish_write)
+            ("arrival", np.float64, (s,)),  # shared positions: time.time() the newest written ones arrived
+            ("read_end", np.int64, (s,)),  # shared positions: samples the core copied out (the space is free)
+            ("core_asleep", np.int64, (1,)),  # shared positions: the core's sleep epoch, 0 while awake
             ("ring", np.float32, (s, n)),
         ]
 
     @property
     def nbytes(self) -> int:
         return sum(_aligned(np.dtype(t).itemsize * int(np.prod(shape))) for _, t, shape in self._fields())
+
+
+def positions_in_shared_default() -> bool:
+    """NEMO_SERVE_RING_POSITIONS=shared|messages; unset: shared on x86-64 only (module docstring)."""
+    choice = os.environ.get("NEMO_SERVE_RING_POSITIONS", "")
+    if choice not in ("", "shared", "messages"):
+        raise ValueError(f"NEMO_SERVE_RING_POSITIONS={choice!r}: expected 'shared' or 'messages'")
+    return choice == "shared" or (not choice and platform.machine().lower() in ("x86_64", "amd64"))
+
+
+# A shared write position: the stream's generation (low 23 bits) over 40 bits of samples (two
+# years at 16 kHz), one atomic 64-bit store.
+_POS_BITS = 40
+_POS_MASK = (1 << _POS_BITS) - 1
+_GEN_MASK = (1 << 23) - 1
+
+_FENCE_LOCK = threading.Lock()
+
+
+def fence() -> None:
+    """A full memory barrier, from Python: taking and giving back a lock is an atomic
+    read-modify-write each (x86-64: a locked instruction, which orders every earlier load and store
+    before every later one). About 0.2 us."""
+    with _FENCE_LOCK:
+        pass
 
 
 def _aligned(n: int) -> int:
@@ -131,6 +176,7 @@ class SharedSlots:
         self.save_guard(GuardState())
         self.owner[:] = FREE
         self.gen[:] = 0
+        self.core_asleep[:] = 0
         return self
 
     @classmethod
@@ -177,6 +223,9 @@ class SharedSlots:
             if free.size == 0:
                 raise NoFreeSlotError(f"all {self.num_slots} slots are in use")
             slot = int(free[0])
+            # Before the Open that hands the slot to the core, under the lock that orders it after
+            # the core's last access for the previous stream.
+            self.read_end[slot] = 0
             self.gen[slot] += 1
             self.owner[slot] = frontend
             self.mode[slot] = mode
@@ -193,7 +242,25 @@ class SharedSlots:
 
     # -- audio ring -------------------------------------------------------------------------------
     # Positions count a stream's samples from 0 and grow forever; sample i sits at i % N. Who has
-    # written and read how far travels in messages (see the module docstring), not through here.
+    # written and read how far travels in messages or lives here (see the module docstring).
+    def publish_write(self, slot: int, gen: int, end: int, arrival: float) -> int:
+        """Front end, shared positions: the slot's samples up to `end` are in its ring. Returns the
+        core's sleep epoch as seen after the store (non-zero: it may be asleep; send a Wake).
+        The position carries the stream's generation in one 64-bit store, as a Wrote carries it:
+        a late store by a slot's previous stream (client._holds_slot's narrow window) is ignored."""
+        fence()  # the samples before the position
+        self.arrival[slot] = arrival
+        self.write_end[slot] = (gen & _GEN_MASK) << _POS_BITS | end
+        fence()  # the position before the look at the flag (the wake-up: module docstring)
+        return int(self.core_asleep[0])
+
+    def written(self, slots: np.ndarray, gens: np.ndarray, fallback: np.ndarray) -> np.ndarray:
+        """Core, shared positions: the write ends of these slots' streams (at `gens`); `fallback`
+        where the position is another generation's (the stream has not written yet)."""
+        word = self.write_end[slots]
+        ours = (word >> _POS_BITS) == (gens & _GEN_MASK)
+        return np.where(ours, word & _POS_MASK, fallback)
+
     def write(self, slot: int, start: int, samples: np.ndarray) -> None:
         """Front end: samples [start, start + n) of the slot's stream (the caller knows they fit)."""
         n = len(samples)

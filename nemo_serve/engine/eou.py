@@ -13,7 +13,7 @@ state at an EOU, the engine carries state on, as at any endpoint (engine/endpoin
 all segments together stay NeMo's cache-aware loop's.
 
 Probability: the step reports NeMo's `max_prob` confidence with alpha 1, c = (p*v - 1)/(v - 1) over
-the v joint outputs (blank included, engine/step.py `confidence_computer`); `probability` inverts it.
+the v joint outputs (blank included, engine/nemo_decoder.py `confidence_computer`); `probability` inverts it.
 """
 
 from __future__ import annotations

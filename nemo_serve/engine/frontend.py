@@ -38,11 +38,15 @@ class AudioBuffer:
     """One stream's raw samples, owned by the engine's loop thread (no lock: whoever takes audio
     from the network hands it to that thread first, core/engine_core.py)."""
 
-    def __init__(self) -> None:
-        # Samples [offset, offset + _used) are held in _data[:_used].
-        self._data = np.zeros(16000, dtype=np.float32)
+    def __init__(self, capacity: int = 16000) -> None:
+        """`capacity`: samples the buffer holds before it first compacts or grows (the engine sizes
+        it for the stream's chunk mode, so a steady stream never reallocates)."""
+        # Samples [offset, offset + _used) are held in _data[:_used]; those before `kept_from` are
+        # no longer needed (discard_before) and are dropped when the space is next wanted.
+        self._data = np.zeros(capacity, dtype=np.float32)
         self._used = 0
         self.offset = 0  # global index of _data[0]
+        self.kept_from = 0  # global index of the first sample still needed
         self.num_samples = 0  # samples taken in so far (global end)
         self.finished = False  # end of input
         self.finish_time: float | None = None  # server time of end of input
@@ -64,16 +68,31 @@ class AudioBuffer:
             return
         used = self._used
         if used + n > len(self._data):
-            new = np.zeros(max(2 * len(self._data), used + n), dtype=np.float32)
-            new[:used] = self._data[:used]
-            self._data = new
+            used = self._make_room(n)
+        data = self._data
         for p in parts:
-            self._data[used : used + len(p)] = p
+            data[used : used + len(p)] = p
             used += len(p)
         self._used = used
         self.num_samples += n
         self._arrival_ends.append(self.num_samples)
         self._arrival_times.append(arrived)
+
+    def _make_room(self, n: int) -> int:
+        """Room for `n` more samples: the samples still needed moved to the front (the only copy of
+        old audio, and only when the buffer is full: a discard copies nothing), the buffer doubled
+        only if that is not enough. Returns the new end. The rejected alternative, compacting in
+        discard_before, copied the kept tail at every other step and let the buffer grow first."""
+        k = self.kept_from - self.offset
+        if k > 0:
+            kept = self._used - k
+            self._data[:kept] = self._data[k : self._used]  # numpy buffers overlapping copies
+            self._used, self.offset = kept, self.kept_from
+        if self._used + n > len(self._data):
+            new = np.zeros(max(2 * len(self._data), self._used + n), dtype=np.float32)
+            new[: self._used] = self._data[: self._used]
+            self._data = new
+        return self._used
 
     def copy_segment(self, start: int, out: np.ndarray) -> None:
         """Write samples [start, start + len(out)) into `out`; zeros outside [0, num_samples)."""
@@ -94,15 +113,11 @@ class AudioBuffer:
         return self._arrival_times[i]
 
     def discard_before(self, start: int) -> None:
-        """Forget samples before global index `start` (they will never be read again)."""
-        k = start - self.offset
-        if k <= 0:
+        """Forget samples before global index `start` (they will never be read again): marked
+        only; their space is reused when the buffer is next full (_make_room)."""
+        if start <= self.kept_from:
             return
-        k = min(k, self._used)
-        if k * 2 >= len(self._data) or k >= 64000:
-            self._data[: self._used - k] = self._data[k : self._used].copy()
-            self._used -= k
-            self.offset += k
+        self.kept_from = min(start, self.num_samples)
         if len(self._arrival_ends) > 32:  # trimmed now and then, not at every step
             i = bisect_left(self._arrival_ends, start)
             if i > 1:  # keep one entry before `start` so arrival_time stays defined

@@ -51,7 +51,7 @@ from .encoder import make_encoder
 from .ring_cache import make_slot_pool
 from .endpoint import EndpointConfig
 from .eou import EouTokens
-from .frontend import FeatureExtractor
+from .frontend import AudioBuffer, FeatureExtractor
 from .scheduler import Group, Scheduler
 from .outputs import IterationOutput, ReleasedStream, StepStats
 from .geometry import ModelInfo
@@ -306,6 +306,7 @@ class Engine:
             frame_s=self.geometry.encoder_frame_s,
             context_right=options.context_right,
             phrases=request,
+            audio=AudioBuffer(self._audio_capacity(self.model.geometries[options.context_right])),
         )
         self.slots.take(stream, slot)
         if options.diarization is not None:  # its diarizer slot: one per engine slot, so one is free
@@ -319,6 +320,13 @@ class Engine:
         self.scheduler.admit(slot, self.model.geometries[stream.context_right])
         self._num_phrases += len(request.phrases)
         return stream
+
+    def _audio_capacity(self, g) -> int:
+        """Samples a stream's buffer holds (engine/frontend.py AudioBuffer): two chunks (or a first
+        chunk) and the history a chunk reads, so a stream at real-time pace compacts now and then
+        and never reallocates; at least one second (80 ms chunks compact every ten or so steps)."""
+        history = g.pre_cache_frames * g.hop_samples + 2 * self.features.margin
+        return max(16000, 2 * max(g.chunk_frames, g.first_frames) * g.hop_samples + history)
 
     def _biasing(self) -> BiasingRegistry:
         """The registry, made with the first boosted stream (its multi-model holds device memory)."""

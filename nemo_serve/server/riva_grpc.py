@@ -28,6 +28,7 @@ import asyncio
 import hmac
 import itertools
 import logging
+import time
 
 import grpc
 
@@ -81,6 +82,7 @@ class RivaCall:
         self.wav = LeadingWav()
         self.decoder: AudioDecoder | None = None  # made when the input rate is known (WAV header)
         self._task = asyncio.current_task()
+        self.clock = InputClock(self.session)
 
     def _cancel(self) -> None:
         """The drain's last resort: a client that does not take its status. Cancel the handler."""
@@ -147,7 +149,66 @@ class RivaCall:
 
     def close(self) -> None:
         """The handler's `finally:` whatever ended the call: the slot comes back, metrics settle."""
+        self.clock.stop()
         self.session.close("call ended")
+
+
+class InputClock:
+    """The session's idle and duration clocks (StreamSession.input_deadline) over a call's reads,
+    as one timer per call that is moved only when it rings: StreamSession.receive's
+    asyncio.wait_for per read made a task and a timer per audio message (12 us of a 20 ms packet's
+    CPU here; benchmarks/packet_cost.py). When the deadline has passed while a read waits, the read
+    is cancelled, as wait_for cancelled it, and `read` returns None after the session acted on it."""
+
+    def __init__(self, session: StreamSession) -> None:
+        self.session = session
+        self._timer: asyncio.TimerHandle | None = None
+        self._reader: asyncio.Task | None = None  # the task inside read(), while it waits
+        self._rang = False
+
+    async def read(self, read):
+        """The client's next message, or None when a clock ran out (as StreamSession.receive)."""
+        if self._timer is None and not self._arm():
+            return await read()  # input ended: no clock runs
+        self._reader = asyncio.current_task()
+        try:
+            message = await read()
+        except asyncio.CancelledError:
+            if not self._rang:
+                raise
+            # A message that arrived in the same instant is lost, as with wait_for: the deadline
+            # ends the input (or the call) either way.
+            self._rang = False
+            asyncio.current_task().uncancel()
+            self.session.input_deadline_passed()
+            return None
+        finally:
+            self._reader = None
+        self.session.last_input = time.monotonic()
+        return message
+
+    def _arm(self) -> bool:
+        deadline = self.session.input_deadline()
+        if deadline is None:
+            return False
+        self._timer = asyncio.get_running_loop().call_later(max(0.0, deadline - time.monotonic()), self._ring)
+        return True
+
+    def _ring(self) -> None:
+        self._timer = None
+        deadline = self.session.input_deadline()
+        if deadline is None:
+            return
+        if self._reader is None or time.monotonic() < deadline:  # moved on meanwhile: the new deadline
+            self._arm()
+            return
+        self._rang = True
+        self._reader.cancel()
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 class RivaSpeechRecognition:
@@ -230,7 +291,7 @@ class RivaSpeechRecognition:
     async def _read(self, call: RivaCall, context):
         """The next request, or None at the end of the client's stream or when the session's
         idle or duration clock ran out (stream_session.StreamSession.receive)."""
-        request = await call.session.receive(context.read)
+        request = await call.clock.read(context.read)
         if isinstance(request, Malformed):
             raise RivaRequestError(request.reason)
         return None if request is grpc.aio.EOF else request

@@ -67,7 +67,8 @@ def main(argv=None) -> None:
     steps = ", ".join(str(step) if step is not None else Path(c).name for c, (_, step) in zip(a.checkpoints, loaded))
     print(f"{a.out}: the mean of {len(loaded)} checkpoints ({steps})")
     if a.dev:
-        from .train import chain_dev, load_audio, offline_wer
+        from .batches import chain_dev, load_audio
+        from .dev_wer import offline_wer
 
         wavs, texts = load_audio(Path(a.dev), a.dev_limit)
         with torch.no_grad():

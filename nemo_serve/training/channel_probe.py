@@ -23,9 +23,10 @@ import torch
 
 from ..audio_io import load_manifest
 from ..scoring import word_errors
-from .corpus import FLITE_TRAIN_VOICES
+from .synthesizers import FLITE_TRAIN_VOICES
 from .evaluate import load_model
-from .train import collate, hyp_text
+from .batches import collate
+from .dev_wer import hyp_text
 
 
 @torch.no_grad()

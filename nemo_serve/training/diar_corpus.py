@@ -31,8 +31,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .corpus import (ESPEAK_VOICES, FLITE_TRAIN_VOICES, HELDOUT_VARIANTS, MBROLA_ACCENTED_VOICES, MBROLA_VOICES,
-                     PICO_VOICES, SR, TRAIN_VARIANTS, espeak_wave, flite_wave, pico_wave, unique_sentences)
+from .corpus import SR
+from .sentences import unique_sentences
+from .synthesizers import (ESPEAK_VOICES, FLITE_TRAIN_VOICES, HELDOUT_VARIANTS, MBROLA_ACCENTED_VOICES, MBROLA_VOICES,
+                           PICO_VOICES, TRAIN_VARIANTS, espeak_wave, flite_wave, pico_wave)
 
 ACTIVITY_HOP = 160  # samples (10 ms) per activity frame
 LABEL_FRAME_S = 0.08  # Sortformer's output frame: 8 x 10 ms

@@ -12,7 +12,9 @@ import argparse
 import random
 from pathlib import Path
 
-from .corpus import ESPEAK_VOICES, HELDOUT_VARIANTS, TRAIN_VARIANTS, build_split, make_sentence, unique_sentences
+from .corpus import build_split
+from .sentences import held_out_sets, training_sentences
+from .synthesizers import ESPEAK_VOICES, HELDOUT_VARIANTS, TRAIN_VARIANTS
 
 
 def main(argv=None) -> None:
@@ -26,13 +28,8 @@ def main(argv=None) -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(a.seed)
-    dev = unique_sentences(rng, a.n_eval, set())  # as corpus.main: dev, held-out sentences, voices, flite
-    hs = unique_sentences(rng, a.n_eval, set(dev))
-    hv = unique_sentences(rng, a.n_eval, set(dev) | set(hs))
-    fl = unique_sentences(rng, a.n_eval, set(dev) | set(hs) | set(hv))
-    held = set(dev) | set(hs) | set(hv) | set(fl)
-    train = [make_sentence(rng) for _ in range(a.n_train * 2)]
-    train = [s for s in train if s not in held and len(s.split()) <= 14][: a.n_train]
+    dev, hs, hv, fl = held_out_sets(rng, a.n_eval)  # as corpus.main: the flite set is drawn, not made
+    train = training_sentences(rng, a.n_train, set(dev) | set(hs) | set(hv) | set(fl))
     build_split("dev", dev, "espeak", ESPEAK_VOICES, TRAIN_VARIANTS, out, a.seed + 1, a.workers, keep=True)
     build_split("heldout_sentences", hs, "espeak", ESPEAK_VOICES, TRAIN_VARIANTS, out, a.seed + 2, a.workers, keep=True)
     build_split("heldout_voices", hv, "espeak", ESPEAK_VOICES, HELDOUT_VARIANTS, out, a.seed + 3, a.workers, keep=True)

@@ -14,7 +14,7 @@ import torch
 def export(checkpoint: Path, tokenizer_dir: Path, out: Path, encoder_layers: int = 6) -> Path:
     """A training run's `last.pt` (model + optimiser) as a `.nemo` the server loads (a run stopped
     before its next dev evaluation still has its latest weights here)."""
-    from .train import DEFAULT_CONFIG, build_model
+    from .model_setup import DEFAULT_CONFIG, build_model
 
     model = build_model(DEFAULT_CONFIG, tokenizer_dir, encoder_layers)
     model.load_state_dict(torch.load(checkpoint, map_location="cpu", weights_only=False)["model"])

@@ -28,7 +28,7 @@ import torch
 from ..audio_io import load_manifest
 from ..oracle import nemo_loop
 from ..scoring import word_errors
-from .train import chain_dev  # the same joining as the training dev WER
+from .batches import chain_dev  # the same joining as the training dev WER
 
 DEFAULT_SETS = ["heldout_sentences", "heldout_voices", "flite"]
 DEFAULT_RIGHTS = [0, 3, 6, 13]

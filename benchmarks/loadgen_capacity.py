@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import SAMPLE_RATE, run_record, write_json  # noqa: E402
 from benchmarks.load_items import make_items  # noqa: E402
 from benchmarks.load_workers import lateness_line, measure_level  # noqa: E402
-from benchmarks.sweep import _free_port  # noqa: E402
+from benchmarks.server_process import free_port  # noqa: E402
 
 TARGET_STREAMS = 5000
 
@@ -72,7 +72,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     record = run_record()
-    port = _free_port()
+    port = free_port()
     stub = mp.get_context("fork").Process(target=_stub_server, args=(port, args.chunk_ms), daemon=True)
     stub.start()
     time.sleep(1.0)

@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import model_file, run_record, write_json  # noqa: E402
 from benchmarks.load_items import attach_oracle, make_items  # noqa: E402
 from benchmarks.load_level import format_level, keeps_up, run_level, summarise_level  # noqa: E402
-from benchmarks.sweep import Sampler, Server  # noqa: E402
+from benchmarks.process_sampler import Sampler  # noqa: E402
+from benchmarks.sweep import Server  # noqa: E402
 
 
 def _server(args, nemo_path: Path, modes: str, slots: int, log: Path, devices: str | None = None) -> Server:

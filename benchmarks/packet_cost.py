@@ -47,7 +47,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import run_record, write_json  # noqa: E402
-from benchmarks.frontend_bench import Server, cpu_s, frame, free_port, message_type, read_frame, ws_upgrade  # noqa: E402
+from benchmarks.frontend_bench import Server  # noqa: E402
+from benchmarks.raw_ws import frame, message_type, read_frame, ws_upgrade  # noqa: E402
+from benchmarks.server_process import cpu_s, free_port  # noqa: E402
 from benchmarks.packet_profile import categorize, plot  # noqa: E402
 
 RATE = 16000

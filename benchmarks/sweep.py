@@ -21,12 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import shutil
-import signal
-import socket
-import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -36,6 +31,10 @@ from benchmarks.common import file_digest, model_file, run_record, write_json  #
 from benchmarks.load_items import attach_oracle, make_items  # noqa: E402
 from benchmarks.load_level import format_level  # noqa: E402
 from benchmarks.load_workers import DEFAULT_MAX_SEND_LATENESS_MS, lateness_line, measure_level  # noqa: E402
+from benchmarks.process_sampler import Sampler  # noqa: E402
+from benchmarks.server_process import ServerProcess, free_port, process_tree  # noqa: E402
+from benchmarks.step_metrics import step_time_by_batch  # noqa: E402
+from benchmarks.sweep_plot import plot  # noqa: E402
 
 SUMMARY_RE = re.compile(r"cache ([\d.]+) MiB/stream x (\d+) slots = ([\d.]+) MiB")
 
@@ -43,13 +42,16 @@ SUMMARY_RE = re.compile(r"cache ([\d.]+) MiB/stream x (\d+) slots = ([\d.]+) MiB
 # ----------------------------------------------------------------------------- the server process
 
 
-class Server:
+class Server(ServerProcess):
     """nemo-serve in a subprocess, with its stdout kept (the start-up summary line) in a log file."""
+
+    readyz_timeout_s = 2.0
+    ready_poll_s = 1.0
 
     def __init__(self, args, nemo_path: Path, num_slots: int, log_path: Path, max_queue_delay_s: float = 0.0) -> None:
         """`max_queue_delay_s`: the server's overload limit; 0 (a sweep finds where the server falls
         behind, so it admits by slots only)."""
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         if getattr(args, "ray", False):
             cmd, env = _ray_command(args, nemo_path, num_slots, self.port, max_queue_delay_s), dict(os.environ)
@@ -75,27 +77,11 @@ class Server:
         self._start(cmd, dict(os.environ), args, log_path)
 
     def _start(self, cmd: list[str], env: dict, args, log_path: Path) -> None:
+        """The one place the command is launched (gpu/server_capacity.py adds flags here)."""
         if args.threads:
             env.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
-        self.command = cmd
         self.processes: dict = {}
-        self.log_path = log_path
-        self._log = open(log_path, "w")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
-
-    def wait_ready(self, timeout_s: float) -> dict:
-        deadline = time.time() + timeout_s
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"server exited with {self.proc.returncode}; see {self.log_path}")
-            try:
-                with urllib.request.urlopen(self.url + "/readyz", timeout=2) as r:
-                    import json
-
-                    return json.loads(r.read())
-            except OSError:
-                time.sleep(1.0)
-        raise SystemExit(f"server not ready after {timeout_s} s; see {self.log_path}")
+        self._launch(cmd, env, log_path)
 
     def summary(self) -> dict:
         text = self.log_path.read_text(errors="replace")
@@ -109,16 +95,6 @@ class Server:
     def metrics(self) -> str:
         with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
             return r.read().decode()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
 
 
 def _ray_command(args, nemo_path: Path, num_slots: int, port: int, max_queue_delay_s: float) -> list[str]:
@@ -135,152 +111,6 @@ def _ray_command(args, nemo_path: Path, num_slots: int, port: int, max_queue_del
     assignments = [f"{k}={v}" if k.endswith("_THREADS") else f"NEMO_SERVE_{k}={v}" for k, v in settings.items()]
     return ["env", *assignments, sys.executable, "-m", "nemo_serve.ray_serve", "--replicas", "1",
             "--num-slots", str(num_slots), "--port", str(port)]  # fmt: skip
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def process_tree(pid: int) -> list[int]:
-    """`pid` and its descendants, from /proc/<pid>/task/*/children (recursively). With the
-    multi-process server the top process is an idle supervisor: the engine core and the front
-    ends are its children."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        for task in Path(f"/proc/{p}/task").glob("*/children") if Path(f"/proc/{p}/task").exists() else ():
-            try:
-                todo.extend(int(c) for c in task.read_text().split())
-            except OSError:
-                pass
-    return out
-
-
-def tree_cpu_rss(pid: int, tick: int) -> tuple[float, float, dict[int, float]]:
-    """(CPU seconds, RSS MiB, {pid: CPU seconds}) summed over the process tree under `pid`.
-    CPU of children that already exited is not counted (their time goes to cutime of a parent
-    that waited for them; the server's processes live as long as the server). Raises OSError
-    when `pid` itself is gone."""
-    cpu_total, rss_total, per = 0.0, 0.0, {}
-    for p in process_tree(pid):
-        try:
-            stat = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            rss_kib = next(int(ln.split()[1]) for ln in Path(f"/proc/{p}/status").read_text().splitlines() if ln.startswith("VmRSS"))
-        except (OSError, StopIteration, IndexError):
-            if p == pid:
-                raise OSError(f"process {pid} is gone")
-            continue  # a child that just exited
-        cpu = (int(stat[11]) + int(stat[12])) / tick  # utime + stime
-        per[p] = cpu
-        cpu_total += cpu
-        rss_total += rss_kib / 1024
-    return cpu_total, rss_total, per
-
-
-class Sampler(threading.Thread):
-    """CPU seconds and RSS summed over a process and all its descendants (the supervisor, the
-    engine core, the front ends) from /proc, GPU memory from nvidia-smi, every period_s."""
-
-    def __init__(self, pid: int, period_s: float = 0.5) -> None:
-        super().__init__(daemon=True, name="sampler")
-        self.pid, self.period_s = pid, period_s
-        self.samples: list[tuple[float, float, float, float | None]] = []  # (wall, cpu_s, rss_mib, gpu_mib)
-        self.per_process: list[tuple[float, dict[int, float]]] = []  # (wall, {pid: cpu_s})
-        self._stopped = threading.Event()  # not `_stop`: that is Thread._stop, which a fork (the load generator's workers) calls
-        self._tick = os.sysconf("SC_CLK_TCK")
-        self._smi = shutil.which("nvidia-smi")
-
-    def run(self) -> None:
-        n = 0
-        gpu = None
-        while not self._stopped.is_set():
-            try:
-                cpu, rss, per = tree_cpu_rss(self.pid, self._tick)
-            except OSError:
-                return
-            if self._smi and n % 4 == 0:
-                gpu = self._gpu_mib()
-            now = time.time()
-            self.samples.append((now, cpu, rss, gpu))
-            self.per_process.append((now, per))
-            n += 1
-            self._stopped.wait(self.period_s)
-
-    def _gpu_mib(self) -> float | None:
-        try:
-            out = subprocess.run(
-                [self._smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                capture_output=True, text=True, timeout=5,
-            ).stdout  # fmt: skip
-            for line in out.splitlines():
-                pid, mem = [x.strip() for x in line.split(",")]
-                if int(pid) in process_tree(self.pid):
-                    return float(mem)
-            out = subprocess.run(
-                [self._smi, "--query-gpu=memory.used", "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=5
-            ).stdout
-            return float(out.split()[0])  # per-process figures unavailable (containers): the whole GPU
-        except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
-            return None
-
-    def window(self, t0: float, t1: float) -> dict:
-        inside = [s for s in self.samples if t0 <= s[0] <= t1]
-        if len(inside) < 2:
-            return {}
-        (w0, c0, _, _), (w1, c1, _, _) = inside[0], inside[-1]
-        gpus = [s[3] for s in inside if s[3] is not None]
-        per = [p for p in self.per_process if t0 <= p[0] <= t1]
-        by_pid = {}
-        if len(per) >= 2:
-            (pw0, p0), (pw1, p1) = per[0], per[-1]
-            by_pid = {str(k): round((v - p0.get(k, 0.0)) / (pw1 - pw0), 2) for k, v in p1.items()}
-        return {
-            "server_cpu_cores": round((c1 - c0) / (w1 - w0), 2),
-            "server_cpu_cores_by_pid": by_pid,
-            "server_rss_mib_max": round(max(s[2] for s in inside), 1),
-            "gpu_mem_mib_max": max(gpus) if gpus else None,
-        }
-
-    def stop(self) -> None:
-        self._stopped.set()
-
-
-# ----------------------------------------------------------------------------- server metrics
-
-
-def step_histogram(text: str) -> dict[str, tuple[float, float]]:
-    """batch-size bin -> (sum of step seconds, count) from nemo_serve_step_duration_seconds."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out: dict[str, list[float]] = {}
-    for fam in text_string_to_metric_families(text):
-        if fam.name != "nemo_serve_step_duration_seconds":
-            continue
-        for s in fam.samples:
-            b = s.labels.get("batch_size")
-            if s.name.endswith("_sum"):
-                out.setdefault(b, [0.0, 0.0])[0] = s.value
-            elif s.name.endswith("_count"):
-                out.setdefault(b, [0.0, 0.0])[1] = s.value
-    return {b: (v[0], v[1]) for b, v in out.items()}
-
-
-def step_time_by_batch(before: str, after: str) -> dict[str, dict]:
-    """Mean step time and step count per batch-size bin over one level."""
-    a, b = step_histogram(before), step_histogram(after)
-    out = {}
-    for label, (s1, c1) in b.items():
-        s0, c0 = a.get(label, (0.0, 0.0))
-        if c1 - c0 > 0:
-            out[label] = {"steps": int(c1 - c0), "mean_ms": round(1000 * (s1 - s0) / (c1 - c0), 2)}
-    return dict(sorted(out.items(), key=lambda kv: _bin_lo(kv[0])))
-
-
-def _bin_lo(label: str) -> int:
-    return int(label.split("-")[0])
 
 
 # ----------------------------------------------------------------------------- sweep
@@ -401,57 +231,7 @@ def _assemble(args, record, name, nemo_path, server, ready, idle, results) -> di
     }
 
 
-# ----------------------------------------------------------------------------- plot
-
-
-def plot(result: dict, png: Path, step_bench: dict | None = None) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    lv = result["levels"]
-    n = [x["streams"] for x in lv]
-    fig, ax = plt.subplots(1, 3, figsize=(15, 4.2))
-    for key, style in (("p50", "-o"), ("p95", "-s"), ("p99", "-^")):
-        ax[0].plot(n, [x["partial_latency_ms"][key] for x in lv], style, label=f"partial {key}")
-    ax[0].plot(n, [x["final_latency_ms"]["p95"] for x in lv], "--d", label="final p95")
-    ax[0].set(xlabel="concurrent streams N", ylabel="latency (ms)", yscale="log", title="latency")
-    ax[0].legend(fontsize=8)
-    drift = [x["drift_ms_per_s"]["p90"] for x in lv]
-    colors = ["tab:green" if x["keeps_up"] else "tab:red" for x in lv]
-    ax[1].bar([str(v) for v in n], [d if d is not None else 0 for d in drift], color=colors)
-    ax[1].axhline(result["max_drift_ms_per_s"], color="grey", ls="--", lw=1, label="keeps-up threshold")
-    ax[1].set(xlabel="concurrent streams N", ylabel="p90 drift over streams (ms of latency per s of audio)", title="drift")
-    ax[1].legend(fontsize=8)
-    _plot_steps(ax[2], lv, step_bench)
-    fig.suptitle(
-        f"{result['model']} {result['chunk_ms']:.0f} ms {result['dtype']} on {result['device']} "
-        f"({result['server_threads']} thread(s)): kept up at N={result['capacity']['streams_kept_up']}",
-        fontsize=10,
-    )
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
-
-
-def _plot_steps(ax, levels: list[dict], step_bench: dict | None) -> None:
-    by_bin: dict[str, list[float]] = {}
-    for x in levels:
-        for label, s in x.get("step_time_by_batch", {}).items():
-            by_bin.setdefault(label, [0.0, 0.0])
-            by_bin[label][0] += s["mean_ms"] * s["steps"]
-            by_bin[label][1] += s["steps"]
-    labels = sorted(by_bin, key=_bin_lo)
-    xs = [(_bin_lo(b) + int(b.split("-")[-1])) / 2 for b in labels]
-    ax.plot(xs, [by_bin[b][0] / by_bin[b][1] for b in labels], "-o", label="server (mean per batch bin)")
-    if step_bench:
-        for system in ("engine", "pipeline", "sherpa", "loop"):
-            rows = sorted((r["batch"], r["step_ms_median"]) for r in step_bench["results"] if r["system"] == system)
-            if rows:
-                ax.plot(*zip(*rows), "--x", label=f"step_bench {system}")
-    ax.set(xlabel="batch size", ylabel="step time (ms)", title="step time vs batch size")
-    ax.legend(fontsize=8)
+# ----------------------------------------------------------------------------- plain against Ray Serve
 
 
 def compare_ray(args) -> None:

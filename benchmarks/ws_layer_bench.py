@@ -38,7 +38,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.frontend_bench import children, cpu_s, frame, free_port  # noqa: E402
+from benchmarks.raw_ws import frame  # noqa: E402
+from benchmarks.server_process import children, cpu_s, free_port  # noqa: E402
 
 PACKET_S = 0.02
 SPREAD_S = 0.002

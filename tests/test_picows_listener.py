@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("picows")
 
-from benchmarks.frontend_bench import frame  # noqa: E402
+from benchmarks.raw_ws import frame  # noqa: E402
 from nemo_serve.server.ws_socket import CLOSE_TIMEOUT_S  # noqa: E402
 
 from . import helpers  # noqa: E402

@@ -87,7 +87,8 @@ def served_file(args, settings: dict) -> Path:
 
 def start_server(args, nemo_path: Path, num_slots: int):
     """The sweep's Server, plus a picows listener on its own port with --fast-ws (fast_ws_port set)."""
-    from benchmarks.sweep import Server, _free_port
+    from benchmarks.server_process import free_port
+    from benchmarks.sweep import Server
 
     class WithFastWs(Server):
         def _start(self, cmd, env, spec, log_path) -> None:
@@ -95,7 +96,7 @@ def start_server(args, nemo_path: Path, num_slots: int):
 
     spec = types.SimpleNamespace(context_right=args.mode, dtype=args.dtype, device=args.device, threads=args.threads,
                                  frontends=args.frontends, devices=None, ray=False,
-                                 fast_ws_port=_free_port() if args.fast_ws else None)  # fmt: skip
+                                 fast_ws_port=free_port() if args.fast_ws else None)  # fmt: skip
     server = WithFastWs(spec, nemo_path, num_slots, Path(args.out) / "server_capacity.server.log")
     server.fast_ws_port = spec.fast_ws_port
     return server, server.wait_ready(max(30.0, left(args) - 20))
@@ -179,7 +180,7 @@ def planned(levels: list[int], lines: list[tuple[str, str]]) -> list[tuple[int, 
 
 
 def one_level(args, url: str, server, items, n: int) -> dict:
-    from benchmarks.sweep import Sampler
+    from benchmarks.process_sampler import Sampler
 
     sampler = Sampler(server.proc.pid)
     sampler.start()

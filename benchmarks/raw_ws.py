@@ -1,0 +1,130 @@
+"""A raw WebSocket client for the front-end benchmarks: frames built and masked once and sent
+many times, a handshake on a bare socket, and a connection that counts the server's messages by
+type without parsing them, so the client costs far less CPU than the server it measures."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import struct
+
+import numpy as np
+
+SAMPLE_RATE = 16000
+PACKET_S = 0.1
+MASK = b"\x37\xfa\x21\x3d"
+
+
+def frame(payload: bytes, opcode: int) -> bytes:
+    """A masked client frame (RFC 6455), built once and sent many times."""
+    n = len(payload)
+    head = bytes([0x80 | opcode])
+    if n < 126:
+        head += bytes([0x80 | n])
+    elif n < 65536:
+        head += bytes([0x80 | 126]) + struct.pack("!H", n)
+    else:
+        head += bytes([0x80 | 127]) + struct.pack("!Q", n)
+    mask = np.resize(np.frombuffer(MASK, np.uint8), n)
+    return head + MASK + (np.frombuffer(payload, np.uint8) ^ mask).tobytes()
+
+
+def text_frame(obj) -> bytes:
+    return frame(json.dumps(obj).encode(), 0x1)
+
+
+async def ws_upgrade(port: int, path: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A WebSocket handshake on a raw socket (no client library between the benchmark and TCP)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    key = base64.b64encode(os.urandom(16)).decode()
+    writer.write(
+        (f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+         f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode()
+    )  # fmt: skip
+    head = await reader.readuntil(b"\r\n\r\n")
+    if b" 101 " not in head.split(b"\r\n", 1)[0]:
+        raise RuntimeError(f"handshake refused: {head[:80]!r}")
+    return reader, writer
+
+
+async def read_frame(r: asyncio.StreamReader) -> tuple[int, bytes]:
+    """One unmasked server frame: (opcode, payload)."""
+    b0, b1 = await r.readexactly(2)
+    n = b1 & 0x7F
+    if n >= 126:
+        n = int.from_bytes(await r.readexactly(2 if n == 126 else 8), "big")
+    return b0 & 0x0F, await r.readexactly(n)
+
+
+def message_type(payload: bytes) -> str:
+    """A JSON message's `type`, found without parsing the message (the client stays cheap)."""
+    i = payload.find(b'"type":"')
+    return payload[i + 8 : payload.index(b'"', i + 8)].decode() if i >= 0 else "?"
+
+
+class Conn:
+    def __init__(self) -> None:
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+        self.counts: dict[str, int] = {}
+        self.packets = 0
+        self.done = asyncio.Event()
+        self.ready = asyncio.Event()
+        self.error: str | None = None
+
+    async def open(self, port: int, config: dict) -> None:
+        self.reader, self.writer = await ws_upgrade(port, "/ws")
+        self.writer.write(text_frame(config))
+        self._task = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        r = self.reader
+        try:
+            while True:
+                op, payload = await read_frame(r)
+                if op == 0x8:  # close
+                    self.done.set()
+                    return
+                if op != 0x1:
+                    continue
+                kind = message_type(payload)
+                self.counts[kind] = self.counts.get(kind, 0) + 1
+                if kind == "ready":
+                    self.ready.set()
+                elif kind == "done":
+                    self.done.set()
+                elif kind == "error":
+                    self.error = payload[:200].decode(errors="replace")
+                    self.ready.set()
+                    self.done.set()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            self.done.set()
+            self.ready.set()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        t = getattr(self, "_task", None)
+        if t is not None:
+            t.cancel()
+
+
+CONFIG = {"type": "config", "encoding": "pcm_s16le", "sample_rate": SAMPLE_RATE}
+
+
+async def open_all(port: int, n: int, config: dict = CONFIG) -> list[Conn]:
+    conns = [Conn() for _ in range(n)]
+    for c in conns:
+        await c.open(port, config)
+    await asyncio.wait_for(asyncio.gather(*(c.ready.wait() for c in conns)), 60)
+    bad = [c.error for c in conns if c.error and not c.counts.get("ready")]
+    if bad:
+        raise RuntimeError(f"{len(bad)} streams refused: {bad[0]}")
+    return conns
+
+
+def packets_of(audio_i16: np.ndarray) -> list[bytes]:
+    k = int(SAMPLE_RATE * PACKET_S)
+    return [frame(audio_i16[i : i + k].tobytes(), 0x2) for i in range(0, len(audio_i16) - k + 1, k)]

@@ -15,7 +15,7 @@ events too (commit, the speech detector). Owner: the event loop; `render` runs i
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from ..engine.results import StreamResult
 from .nim_items import LastUtterance
@@ -24,14 +24,24 @@ from .realtime_protocol import ServerEvent, completed_event, event, new_id
 from .realtime_speakers import segment_events
 from .wire import Rendered
 
-if TYPE_CHECKING:
-    from .realtime import RealtimeFormat
+
+class ItemManager(Protocol):
+    """What a renderer reads of realtime.RealtimeFormat (a Protocol, so that the two modules do not
+    import each other)."""
+
+    keys: Any  # realtime_items.SegmentKeys
+    num_items: int
+    num_items_sent: int
+    session: Any  # stream_session.StreamSession
+    vad: Any
+    rt: Any  # realtime_protocol's session settings
+    ctx: Any  # context.ServerContext
 
 TRANSCRIPTION = "conversation.item.input_audio_transcription"
 
 
 class OpenAIRenderer:
-    def __init__(self, items: "RealtimeFormat") -> None:
+    def __init__(self, items: ItemManager) -> None:
         self.items = items
         self.segment_to_item: dict[int, str] = {}  # session segment -> item_id
         self.last_item_id: str | None = None  # the previous completed or committed item
@@ -116,7 +126,7 @@ class OpenAIRenderer:
 class NimRenderer(OpenAIRenderer):
     """A NIM client's session (its update had `input_audio_params`)."""
 
-    def __init__(self, items: "RealtimeFormat") -> None:
+    def __init__(self, items: ItemManager) -> None:
         super().__init__(items)
         self.said = LastUtterance()  # what a final repeats after trailing silence
 

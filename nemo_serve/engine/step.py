@@ -42,7 +42,7 @@ from .buckets import bucket_for, bucket_sizes, split
 from .label_loop import ROW_MODES, label_loop
 from .nemo_decoder import NemoComputers, aten_rnn, decoder_kind, decoder_name
 from .slots import SlotPool
-from .staging import LaunchedPart, LaunchedStep, Staging
+from .staging import LaunchedPart, LaunchedStep, StagingSets, stage_features, stage_languages, stage_rows
 
 
 @dataclass
@@ -95,11 +95,7 @@ class Stepper(NemoComputers):
         self.prompt = model.prompt_dictionary is not None
         b, w, f = self.max_rows, max(self.widths.values()), model.num_mels
         packed = 2 + 3 * self.out_width  # [lens | decoded | ids | frames | confidences (float32 bits)]
-        # Host staging sets not owned by a launched part (`Staging`): two, so one step can be
-        # staged while another runs; `_take_staging` makes another if more parts are in flight.
-        self._staging_shape = (b, f, w, packed)
-        self._all_staging = [Staging.make(b, f, w, packed, self.cuda) for _ in range(2)]
-        self._free_staging = list(self._all_staging)
+        self.staging = StagingSets(b, f, w, packed, self.cuda)  # host side, one set per launched part
         # Device buffers, sliced [:bucket] by every step of that bucket.
         self.d_rows = torch.full((b,), pool.scratch, dtype=torch.long, device=dev)
         self.d_lens = torch.zeros(b, dtype=torch.long, device=dev)
@@ -149,7 +145,7 @@ class Stepper(NemoComputers):
     @property
     def host_buffers(self) -> list[torch.Tensor]:
         """Every staging buffer, owned or free (tests/test_step_sync.py tells them from device tensors)."""
-        return [x for st in self._all_staging for x in st.buffers()]
+        return self.staging.buffers()
 
     def run(self, batch: StepBatch) -> StepResult:
         """The synchronous step: launch and wait for it."""
@@ -173,7 +169,7 @@ class Stepper(NemoComputers):
             if part.done is not None:
                 part.done.synchronize()
             results.append(self._unpack(part.staging.out[: part.num_rows].numpy(), part.confidence))
-            self._free_staging.append(part.staging)
+            self.staging.give_back(part.staging)
         if len(results) == 1:
             return results[0]
         return StepResult(
@@ -182,13 +178,6 @@ class Stepper(NemoComputers):
             [r for p in results for r in p.decoded_frames],
             [r for p in results for r in p.token_confidences] if step.confidence else None,
         )
-
-    def _take_staging(self) -> Staging:
-        if not self._free_staging:  # more parts in flight than sets made so far: one more, kept
-            st = Staging.make(*self._staging_shape, self.cuda)
-            self._all_staging.append(st)
-            return st
-        return self._free_staging.pop()
 
     def _launch_part(self, batch: StepBatch, lo: int, hi: int) -> LaunchedPart:
         n = hi - lo
@@ -202,14 +191,15 @@ class Stepper(NemoComputers):
         self.padded_rows += bucket - n
         self.confidence = batch.confidence
         self.boosted = self.pool.biasing is not None and self.pool.any_boosted(batch.rows[lo:hi])
-        st = self._take_staging()
-        self._stage_rows(st, batch.rows, lo, hi, bucket)
+        st = self.staging.take()
+        stage_rows(st, self.d_rows, batch.rows, lo, hi, bucket, self.pool.scratch, self.device, self.cuda)
         st.lens[:n] = torch.as_tensor(num_frames, dtype=torch.long)
         st.lens[n:bucket] = width  # padded rows: full width (the unmasked path stays open)
         self.d_lens[:bucket].copy_(st.lens[:bucket], non_blocking=self.cuda)
         if self.prompt:
-            self._stage_languages(st, batch.languages, lo, hi, bucket)
-        self._stage_features(st, batch.features, lo, hi, width)
+            stage_languages(st, self.d_langs, batch.languages, lo, hi, bucket, self.d_rows, self.pool.languages,
+                            self.device, self.cuda)  # fmt: skip
+        stage_features(st, self.d_feat, batch.features, lo, hi, width, self.device)
         events = None
         if self.gpu_times is not None and self.cuda:
             events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
@@ -228,40 +218,6 @@ class Stepper(NemoComputers):
             done = torch.cuda.Event()
             done.record()
         return LaunchedPart(st, n, batch.confidence, done)
-
-    def _stage_rows(self, st: Staging, rows, lo: int, hi: int, bucket: int) -> None:
-        n, scratch = hi - lo, self.pool.scratch
-        if isinstance(rows, torch.Tensor) and rows.device == self.device:
-            self.d_rows[:n].copy_(rows[lo:hi])  # already there: device to device
-            self.d_rows[n:bucket].fill_(scratch)
-            return
-        src = rows[lo:hi] if isinstance(rows, torch.Tensor) else torch.from_numpy(np.asarray(rows[lo:hi], dtype=np.int64))
-        st.rows[:n] = src
-        st.rows[n:bucket] = scratch
-        self.d_rows[:bucket].copy_(st.rows[:bucket], non_blocking=self.cuda)
-
-    def _stage_languages(self, st: Staging, languages, lo: int, hi: int, bucket: int) -> None:
-        n = hi - lo
-        if languages is None:  # the slots' own languages, gathered on the device
-            torch.index_select(self.pool.languages, 0, self.d_rows[:n], out=self.d_langs[:n])
-        elif isinstance(languages, torch.Tensor) and languages.device == self.device:
-            self.d_langs[:n].copy_(languages[lo:hi])
-        else:
-            src = languages[lo:hi] if isinstance(languages, torch.Tensor) else torch.from_numpy(np.asarray(languages[lo:hi], dtype=np.int64))
-            st.langs[:n] = src
-            self.d_langs[:n].copy_(st.langs[:n], non_blocking=self.cuda)
-        self.d_langs[n:bucket].fill_(0)
-
-    def _stage_features(self, st: Staging, features: torch.Tensor, lo: int, hi: int, width: int) -> None:
-        n, w = hi - lo, features.shape[-1]
-        if features.device == self.device:
-            self.d_feat[:n, :, :w].copy_(features[lo:hi])
-        else:
-            st.feat[:n, :, :w].copy_(features[lo:hi])
-            self.d_feat[:n, :, :w].copy_(st.feat[:n, :, :w], non_blocking=True)
-        if w < width:
-            self.d_feat[:n, :, w:width].zero_()  # a short final chunk: zero padding, masked by its length
-        # Rows past n keep earlier features (finite): they feed only the scratch slot.
 
     def _unpack(self, out: np.ndarray, confidence: bool) -> StepResult:
         k = self.out_width

@@ -1,4 +1,5 @@
-"""One streaming session, whatever carries it: a WebSocket, a Riva gRPC call, an HTTP file upload.
+"""One streaming session, whatever carries it: a WebSocket, a Riva gRPC call, an HTTP file upload;
+on /v1/realtime one per item holding a slot, under the socket's RealtimeSession (realtime_session.py).
 
   in   open(options)        admission (ServerContext.admit, the only one) and the engine stream
        push(samples)        model-rate audio -> the engine; the input clock and backpressure count it
@@ -68,7 +69,7 @@ class StreamSession:
         self.log = log  # the adapter's logger
         self.flush_input = flush_input
         self.on_drop = on_drop
-        # An item of a realtime session (realtime_items.py): its results, errors included, go to
+        # An item of a realtime session (realtime_slots.py): its results, errors included, go to
         # the item manager, which renders them into the socket's one outbox; None: to our outbox.
         self.results = results
         self.outbox = Outbox(max_queued)  # StreamResult | adapter messages | Failure (first)

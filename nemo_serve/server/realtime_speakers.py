@@ -5,7 +5,7 @@ in the session's transcription settings; each item's speakers then come as
 `conversation.item.input_audio_transcription.segment` events (the SDK's
 ConversationItemInputAudioTranscriptionSegment: id, item_id, content_index, speaker, start, end,
 text), before the item's `completed`, which has no speaker field. Here the same name opens each
-item's engine stream with all the diarizer's speakers (engine/speakers.py); the segments are the
+item's engine stream with all the diarizer's speakers, or max_speakers (engine/speakers.py); the segments are the
 file API's diarized_json segments (transcript_formats.py): one per run of one speaker's words,
 speaker "A" for the diarizer's speaker 0, times on the item's own clock (as its words'). A server
 without --diarizer refuses the name at session.update, before any audio.

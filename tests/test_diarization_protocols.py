@@ -30,6 +30,7 @@ openai = pytest.importorskip("openai")
 
 UTTERANCES = sorted((Path(nemo_serve.__file__).parent / "assets" / "demo" / "utterances").glob("*.wav"))
 MAX_SPEAKERS = 3
+DIARIZE = "gpt-4o-transcribe-diarize"
 
 
 @pytest.fixture(scope="module")
@@ -256,22 +257,26 @@ def test_file_max_speakers_and_split_on_speaker_change_through_extra_body(server
 
 
 # ---------------------------------------------------------------------------------------- realtime
-def realtime_events(server, wire: np.ndarray, model: str) -> list:
-    """The SDK's GA transcription flow at 24 kHz, no turn detection: append all, commit, until completed."""
+def realtime_events(server, wire: np.ndarray, model: str, until_close: bool = False, **speaker_fields) -> list:
+    """The SDK's GA transcription flow at 24 kHz, no turn detection: append all, commit, until
+    completed; `until_close`: then input_audio_buffer.done, every event until the server closes
+    (1000, after the last item). `speaker_fields`: more transcription settings (max_speakers, ...)."""
 
     async def run() -> list:
         client = openai.AsyncOpenAI(api_key=TOKEN, base_url=f"{server.http_url}/v1")
         events = []
         async with client.realtime.connect(model="nemotron", extra_query={"intent": "transcription"}) as conn:
             await conn.session.update(session={"type": "transcription", "audio": {"input": {
-                "format": {"type": "audio/pcm", "rate": 24000}, "transcription": {"model": model},
+                "format": {"type": "audio/pcm", "rate": 24000}, "transcription": {"model": model, **speaker_fields},
                 "turn_detection": None}}})  # fmt: skip
             for i in range(0, len(wire), 2400):
                 await conn.input_audio_buffer.append(audio=base64.b64encode(wire[i : i + 2400].tobytes()).decode())
             await conn.input_audio_buffer.commit()
-            async for ev in conn:
+            if until_close:
+                await conn.send({"type": "input_audio_buffer.done"})
+            async for ev in conn:  # the SDK's iteration ends at a normal close
                 events.append(ev)
-                if ev.type in ("conversation.item.input_audio_transcription.completed", "error"):
+                if not until_close and ev.type in ("conversation.item.input_audio_transcription.completed", "error"):
                     break
         return events
 
@@ -304,3 +309,127 @@ def test_realtime_diarizing_model_refused_without_a_diarizer(shared_server):
     errors = [e for e in events if e.type == "error"]
     assert errors and "no diarizer loaded" in errors[0].error.message and errors[0].error.param == "transcription.model"
     shared_server.assert_no_leak()
+
+
+def wire_of(conversation: Path) -> np.ndarray:
+    """The conversation as OpenAI's GA audio/pcm: PCM16 at 24 kHz."""
+    samples, rate = soundfile.read(conversation, dtype="float32")
+    return np.clip(np.round(soxr.resample(samples, rate, 24000, quality="HQ") * 32768.0), -32768, 32767).astype("<i2")
+
+
+def segment_tuples(events: list) -> list[tuple[str, str, float, float]]:
+    return [(e.speaker, e.text, e.start, e.end) for e in events if e.type == SEGMENT]
+
+
+SEGMENT = "conversation.item.input_audio_transcription.segment"
+COMPLETED = "conversation.item.input_audio_transcription.completed"
+
+
+def test_realtime_max_speakers_one_puts_every_segment_on_speaker_a(server, conversation):
+    """transcription.max_speakers, carried to the item's engine stream: /ws's speakers with the
+    same max_speakers, so one speaker, "A", on every segment."""
+    wire = wire_of(conversation)
+    one = realtime_events(server, wire, "gpt-4o-transcribe-diarize", max_speakers=1)
+    reference = ws_diarized_finals(server, conversation, 1, wire, 24000, endpointing={"enabled": False})
+    server.assert_no_leak()
+    assert not [e for e in one if e.type == "error"], one
+    updated = next(e for e in one if e.type == "session.updated")
+    assert updated.session.audio.input.transcription.model_extra["max_speakers"] == 1  # echoed
+    assert segment_tuples(one) == speaker_runs(reference)
+    assert {e.speaker for e in one if e.type == SEGMENT} == {"A"} and one[-1].type == COMPLETED
+
+
+def test_realtime_split_on_speaker_change_gives_one_speaker_per_item(server, conversation):
+    """transcription.split_on_speaker_change: a speaker change ends the engine segment, so the item:
+    more items than the one commit makes without it, each holding the segment of one speaker, and
+    those are /ws's finals with the option (text, speaker and times)."""
+    wire = wire_of(conversation)
+    split = realtime_events(server, wire, "gpt-4o-transcribe-diarize", until_close=True, max_speakers=2,
+                            split_on_speaker_change=True)  # fmt: skip
+    plain = realtime_events(server, wire, "gpt-4o-transcribe-diarize", until_close=True, max_speakers=2)
+    reference = ws_diarized_finals(server, conversation, 2, wire, 24000, endpointing={"enabled": False}, split=True)
+    server.assert_no_leak()
+    assert not [e for e in split + plain if e.type == "error"]
+    completed = [e for e in split if e.type == COMPLETED and e.transcript.strip()]
+    assert len(completed) == len(reference) > len([e for e in plain if e.type == COMPLETED and e.transcript.strip()])
+    for item in completed:
+        speakers = [e.speaker for e in split if e.type == SEGMENT and e.item_id == item.item_id]
+        assert len(speakers) == 1, (item.transcript, speakers)
+    assert [(s, t) for s, t, *_ in segment_tuples(split)] == [
+        ("ABCD"[f["speaker"]], " ".join(w["word"] for w in f["words"])) for f in reference]
+    def letters(events):  # a cut may fall inside a word (speakers are per token): compare without spaces
+        return "".join("".join(e.transcript.split()) for e in events if e.type == COMPLETED)
+
+    assert letters(split) == letters(plain)  # the same text, only cut
+
+
+@pytest.mark.parametrize("fields, model, param, said", [
+    ({"max_speakers": 5}, DIARIZE, "max_speakers", "max_speakers must be an integer from 1 to 4"),
+    ({"max_speakers": 0}, DIARIZE, "max_speakers", "max_speakers must be an integer from 1 to 4"),
+    ({"max_speakers": "2"}, DIARIZE, "max_speakers", "max_speakers must be an integer"),
+    ({"max_speakers": True}, DIARIZE, "max_speakers", "max_speakers must be an integer"),
+    ({"split_on_speaker_change": "maybe"}, DIARIZE, "split_on_speaker_change", "must be true or false"),
+    ({"max_speakers": 2}, "gpt-4o-transcribe", "max_speakers", "needs transcription model gpt-4o-transcribe-diarize"),
+    ({"split_on_speaker_change": True}, None, "split_on_speaker_change", "needs transcription model"),
+])  # fmt: skip
+def test_realtime_bad_speaker_fields_are_refused_and_change_nothing(server, fields, model, param, said):
+    """A refused update is an `error` naming the field; the session goes on, unchanged (the
+    update's other fields, here its rate and language, not applied), in both dialects."""
+    errors, sessions = asyncio.run(refused_updates(server, {"model": model, "language": "en", **fields}))
+    for error in errors:
+        assert error.type == "error" and said in error.error.message and error.error.param == f"transcription.{param}"
+    (created, ga), (beta_created, beta) = sessions
+    assert created.type == "session.created" and ga.type == "session.updated"
+    assert ga.session.audio.input == created.session.audio.input and ga.session.audio.input.format.rate == 24000
+    assert beta_created["type"] == "session.created" and beta["type"] == "transcription_session.updated"
+    assert beta["session"]["input_audio_transcription"] == beta_created["session"]["audio"]["input"]["transcription"]
+    server.assert_no_leak()
+
+
+def test_realtime_speaker_fields_refused_without_a_diarizer(shared_server):
+    errors, _ = asyncio.run(refused_updates(shared_server, {"model": "gpt-4o-transcribe", "max_speakers": 1}))
+    assert all("no diarizer loaded" in e.error.message and e.error.param == "transcription.max_speakers" for e in errors)
+    shared_server.assert_no_leak()
+
+
+async def refused_updates(server, transcription: dict) -> tuple[list, tuple]:
+    """`transcription` in a GA session.update (with rate 16000) and a beta
+    transcription_session.update, each on its own session, each followed by an empty update:
+    the errors and each session's (created, updated) events (the beta ones as JSON: the SDK
+    parses GA events)."""
+    client = openai.AsyncOpenAI(api_key=TOKEN, base_url=f"{server.http_url}/v1")
+    async with client.realtime.connect(model="nemotron", extra_query={"intent": "transcription"}) as conn:
+        await conn.session.update(session={"type": "transcription", "audio": {"input": {
+            "format": {"type": "audio/pcm", "rate": 16000}, "transcription": transcription}}})  # fmt: skip
+        await conn.session.update(session={"type": "transcription"})
+        ga_events = [ev async for ev in _until(conn, "session.updated")]
+    beta_events = await beta_updates(server, [{"input_audio_transcription": transcription}, {}])
+    errors = [e for e in ga_events if e.type == "error"]
+    beta_errors = [e for e in beta_events if e["type"] == "error"]
+    assert len(errors) == len(beta_errors) == 1, (ga_events, beta_events)
+    assert beta_errors[0]["error"]["param"] == errors[0].error.param and beta_errors[0]["error"]["message"] == errors[0].error.message
+    return errors, ((ga_events[0], ga_events[-1]), (beta_events[0], beta_events[-1]))
+
+
+async def _until(conn, kind: str):
+    async for ev in conn:
+        yield ev
+        if ev.type == kind:
+            return
+
+
+async def beta_updates(server, sessions: list[dict]) -> list[dict]:
+    """A raw client's transcription_session.update for each of `sessions`: every event until the
+    last one's transcription_session.updated."""
+    from websockets.asyncio.client import connect
+
+    url = f"ws://127.0.0.1:{server.port}/v1/realtime?intent=transcription"
+    events = []
+    async with connect(url, additional_headers={"Authorization": f"Bearer {TOKEN}"}) as ws, asyncio.timeout(30):
+        for session in sessions:
+            await ws.send(json.dumps({"type": "transcription_session.update", "session": session}))
+        async for m in ws:
+            events.append(json.loads(m))
+            if events[-1]["type"] == "transcription_session.updated":
+                return events
+    return events

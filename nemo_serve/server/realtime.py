@@ -77,7 +77,7 @@ from .realtime_protocol import (
 )
 from .realtime_render import TRANSCRIPTION, NimRenderer, OpenAIRenderer, end_reason_text
 from .realtime_session import RealtimeSession
-from .realtime_speakers import check_diarizing
+from .realtime_speakers import check_diarizing, transcription_diarization
 from .speech_detector import SpeechDetector, SpeechEvent
 from .wire import NormalClose, Rendered
 
@@ -204,13 +204,19 @@ class RealtimeFormat(ItemSlots):
             except RealtimeError as e:
                 e.event_id = u.event_id
                 raise
-            rt.language = t.language or None
         check_model(t.model, self.ctx.model.name, u.event_id)
         check_diarizing(t.model, self.ctx.model.num_speakers, u.event_id)
-        rt.transcription_model = t.model or rt.transcription_model
-        rt.prompt = t.prompt if t.prompt is not None else rt.prompt
+        model = t.model or rt.transcription_model
+        speakers = transcription_diarization(t, model, self.ctx.model.num_speakers, u.event_id)
         phrases = transcription_phrases(t, self.ctx.settings.phrase_limits, encodable_characters(self.ctx.model.vocabulary),
                                         self.ctx.model.is_bpe, u.event_id)  # fmt: skip
+        # Checked: from here on nothing refuses, so a refused update changed nothing.
+        if t.language is not None:
+            rt.language = t.language or None
+        rt.transcription_model = model
+        rt.max_speakers = speakers.get("max_speakers", rt.max_speakers)
+        rt.split_on_speaker_change = speakers.get("split_on_speaker_change", rt.split_on_speaker_change)
+        rt.prompt = t.prompt if t.prompt is not None else rt.prompt
         rt.phrases = phrases if phrases is not None else rt.phrases
 
     def _append(self, a: Append) -> None:

@@ -37,6 +37,7 @@ from .tokens import token_pieces
 
 GA_RATE = 24000  # the only rate OpenAI's audio/pcm and beta pcm16 have
 MAX_PREVIEW = 60
+DIARIZING_MODEL = "gpt-4o-transcribe-diarize"  # OpenAI's diarizing transcriber: asks for speakers (realtime_speakers.py)
 
 
 def new_id(prefix: str) -> str:
@@ -87,6 +88,10 @@ class Transcription(_Loose):
     # `transcription_phrases`, with the /ws messages.
     phrases: Any = None
     boost: Any = None
+    # Speakers (nemo-serve's, as /ws's `diarization` option names them), with the diarizing model
+    # only. Any: checked by realtime_speakers.transcription_diarization with /ws's rule and words.
+    max_speakers: Any = None
+    split_on_speaker_change: Any = None
 
 
 def transcription_phrases(t: Transcription, limits: PhraseLimits, encodable: frozenset[str], tokenized: bool,
@@ -344,6 +349,8 @@ class RealtimeConfig:
     language: str | None = None  # as the client sent it
     prompt: str | None = None  # echoed, not used
     phrases: PhraseRequest | None = None  # boosted phrases (Transcription.phrases)
+    max_speakers: int | None = None  # with the diarizing model; None: all the diarizer's speakers
+    split_on_speaker_change: bool = False  # with the diarizing model: a speaker change ends the item
     turn_detection: TurnDetection | None = None  # None: endpointing off, the client commits
     context_right: int = 0  # the latency mode every item of the session runs at
 
@@ -357,12 +364,19 @@ class RealtimeConfig:
             "audio": {"input": {
                 "format": {"type": "audio/pcm", "rate": self.rate},
                 "noise_reduction": None,
-                "transcription": {"model": self.transcription_model, "language": self.language, "prompt": self.prompt},
+                "transcription": {"model": self.transcription_model, "language": self.language, "prompt": self.prompt,
+                                  **self.speaker_fields()},
                 "turn_detection": td,
             }},
             "include": [],
             "context_right": self.context_right,
         }  # fmt: skip
+
+    def speaker_fields(self) -> dict:
+        """The speaker options, echoed only while the diarizing model is named (they apply only then)."""
+        if self.transcription_model != DIARIZING_MODEL:
+            return {}
+        return {"max_speakers": self.max_speakers, "split_on_speaker_change": self.split_on_speaker_change}
 
     def beta(self) -> dict:
         """TranscriptionSession (beta, as NIM shows it: with input_audio_params; no client secret)."""
@@ -374,7 +388,7 @@ class RealtimeConfig:
             "input_audio_format": "none" if self.wav_header else "pcm16",
             "input_audio_params": {"sample_rate_hz": self.rate, "num_channels": 1},
             "input_audio_transcription": {"model": self.transcription_model, "language": self.language,
-                                          "prompt": self.prompt},
+                                          "prompt": self.prompt, **self.speaker_fields()},
             "turn_detection": td,
             "client_secret": None,
             "context_right": self.context_right,

@@ -101,7 +101,7 @@ class ItemSlots:
         boost = {"phrases": list(rt.phrases.phrases), "boost": rt.phrases.boost} if rt.phrases else {}
         try:
             session.open_item(rt.context_right, language=self.language, endpoint=self._endpoint_rules(), **boost,
-                              **diarization_option(rt.transcription_model, self.ctx.model.num_speakers))  # fmt: skip
+                              **diarization_option(rt, self.ctx.model.num_speakers))  # fmt: skip
         except NoFreeSlotError as e:
             self._wait_for_slot(str(e))
             return False

@@ -48,12 +48,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import run_record, write_json  # noqa: E402
 from benchmarks.frontend_bench import Server  # noqa: E402
-from benchmarks.raw_ws import frame, message_type, read_frame, ws_upgrade  # noqa: E402
+from benchmarks.raw_ws import frame, message_type, read_frame, send_spread, ws_upgrade  # noqa: E402
 from benchmarks.server_process import cpu_s, free_port  # noqa: E402
 from benchmarks.packet_profile import categorize, plot  # noqa: E402
 
 RATE = 16000
-SPREAD_S = 0.002  # the pacer writes a share of the streams every this often
 PATHS = {  # name: (protocol, encoding, packet_s, input rate)
     "ws_s16_100ms": ("ws", "pcm_s16le", 0.1, RATE),
     "ws_f32_100ms": ("ws", "pcm_f32le", 0.1, RATE),
@@ -224,7 +223,7 @@ def wire_packets(path: str, x_by_rate: dict) -> list:
 async def paced(path: str, ports: tuple[int, int], n: int, seconds: float, packets: list, fe_pids: list[int],
                 settle_s: float = 1.0, core_pids: tuple[int, ...] = ()) -> dict:  # fmt: skip
     """N streams of `path` at real-time pace for `seconds`: front-end CPU over the window / packets.
-    The streams' packets are spread over each packet interval (a burst every SPREAD_S), as
+    The streams' packets are spread over each packet interval (raw_ws.send_spread), as
     independent clients' would be: all N in one burst would let the front end take many packets
     per event-loop tick, which real clients do not give it."""
     packet_s = PATHS[path][2]
@@ -233,23 +232,10 @@ async def paced(path: str, ports: tuple[int, int], n: int, seconds: float, packe
     for c, off in zip(conns, offsets):  # opens the engine stream where the first audio does (realtime)
         c.write(packets[off])
     await asyncio.sleep(settle_s)  # the opens' own work out of the window
-    groups = max(1, min(n, round(packet_s / SPREAD_S)))
-    loop = asyncio.get_running_loop()
-    steps = int(seconds / packet_s) * groups
-    late = sent = 0
     c0, w0, me0 = sum(cpu_s(p) for p in fe_pids), time.time(), time.process_time()
     k0 = sum(cpu_s(p) for p in core_pids)  # the engine core's side of the same window
-    t0 = loop.time()
-    for k in range(steps):
-        delay = t0 + k * packet_s / groups - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        elif delay < -packet_s:
-            late += 1
-        tick, group = divmod(k, groups)
-        for i in range(group, n, groups):
-            conns[i].write(packets[(offsets[i] + 1 + tick) % len(packets)])
-            sent += 1
+    sent, late = await send_spread(n, seconds, packet_s,
+                                   lambda i, tick: conns[i].write(packets[(offsets[i] + 1 + tick) % len(packets)]))  # fmt: skip
     await asyncio.sleep(packet_s)  # the last packets' own work
     c1, w1, me1 = sum(cpu_s(p) for p in fe_pids), time.time(), time.process_time()
     k1 = sum(cpu_s(p) for p in core_pids)

@@ -9,12 +9,14 @@ import base64
 import json
 import os
 import struct
+from collections.abc import Callable
 
 import numpy as np
 
 SAMPLE_RATE = 16000
 PACKET_S = 0.1
 MASK = b"\x37\xfa\x21\x3d"
+SPREAD_S = 0.002  # the pacer writes a share of the streams every this often
 
 
 def frame(payload: bytes, opcode: int) -> bytes:
@@ -128,3 +130,25 @@ async def open_all(port: int, n: int, config: dict = CONFIG) -> list[Conn]:
 def packets_of(audio_i16: np.ndarray) -> list[bytes]:
     k = int(SAMPLE_RATE * PACKET_S)
     return [frame(audio_i16[i : i + k].tobytes(), 0x2) for i in range(0, len(audio_i16) - k + 1, k)]
+
+
+async def send_spread(n: int, seconds: float, packet_s: float, write: Callable[[int, int], None]) -> tuple[int, int]:
+    """Real-time pace for `seconds`: every `packet_s`, one packet per stream, the N streams spread
+    over the interval (a burst every SPREAD_S), as independent clients' would be; all N in one
+    burst would let the front end take many packets per event-loop tick. `write(i, tick)` writes
+    stream i's packet of that tick. Returns (packets written, bursts more than a packet late)."""
+    groups = max(1, min(n, round(packet_s / SPREAD_S)))
+    loop = asyncio.get_running_loop()
+    late = sent = 0
+    t0 = loop.time()
+    for k in range(int(seconds / packet_s) * groups):
+        delay = t0 + k * packet_s / groups - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        elif delay < -packet_s:
+            late += 1
+        tick, group = divmod(k, groups)
+        for i in range(group, n, groups):
+            write(i, tick)
+            sent += 1
+    return sent, late

@@ -169,7 +169,7 @@ def tree_cpu_s(pid: int) -> float:
 
 
 async def paced(port: int, n: int, seconds: float, pid: int) -> dict:
-    from benchmarks.packet_cost import WsConn
+    from benchmarks.packet_clients import WsConn
 
     conns = [WsConn() for _ in range(n)]
     for c in conns:

@@ -12,7 +12,7 @@ from collections import Counter
 
 import numpy as np
 
-from benchmarks.raw_ws import frame, message_type, read_frame, ws_upgrade
+from benchmarks.raw_ws import Conn, frame
 
 RATE = 16000
 PATHS = {  # name: (protocol, encoding, packet_s, input rate)
@@ -58,46 +58,6 @@ def realtime_frames(pcm16: list[bytes]) -> list[bytes]:
 
 
 # ----------------------------------------------------------------------------- clients
-
-
-class WsConn:
-    """A raw WebSocket client: pre-built frames out, every message in, counted by type."""
-
-    def __init__(self) -> None:
-        self.counts: Counter = Counter()
-        self.ready = asyncio.Event()
-        self.error: str | None = None
-
-    async def open(self, port: int, path: str, first: bytes, ready_type: str) -> None:
-        self.reader, self.writer = await ws_upgrade(port, path)
-        self.ready_type = ready_type
-        self.task = asyncio.create_task(self._read())
-        if first:
-            self.writer.write(first)
-
-    def write(self, data: bytes) -> None:
-        self.writer.write(data)
-
-    async def _read(self) -> None:
-        r = self.reader
-        try:
-            while True:
-                op, payload = await read_frame(r)
-                if op == 0x8:
-                    return
-                kind = message_type(payload)
-                self.counts[kind] += 1
-                if kind == self.ready_type:
-                    self.ready.set()
-                elif kind == "error":
-                    self.error = payload[:200].decode(errors="replace")
-                    self.ready.set()
-        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
-            self.ready.set()
-
-    def close(self) -> None:
-        self.writer.close()
-        self.task.cancel()
 
 
 class GrpcConn:
@@ -150,7 +110,7 @@ async def open_streams(path: str, port: int, grpc_port: int, n: int) -> list:
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}")
         stub = asr_grpc.RivaSpeechRecognitionStub(channel)
         return [GrpcConn(stub, asr_pb2, rate) for _ in range(n)]
-    conns = [WsConn() for _ in range(n)]
+    conns = [Conn() for _ in range(n)]
     for c in conns:
         if proto == "ws":
             cfg = {"type": "config", "encoding": encoding, "sample_rate": rate}

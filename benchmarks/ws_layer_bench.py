@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.raw_ws import frame, send_spread  # noqa: E402
+from benchmarks.raw_ws import Conn, frame, send_spread  # noqa: E402
 from benchmarks.server_process import children, cpu_s, free_port  # noqa: E402
 
 PACKET_S = 0.02
@@ -169,9 +169,7 @@ def tree_cpu_s(pid: int) -> float:
 
 
 async def paced(port: int, n: int, seconds: float, pid: int) -> dict:
-    from benchmarks.packet_clients import WsConn
-
-    conns = [WsConn() for _ in range(n)]
+    conns = [Conn() for _ in range(n)]
     for c in conns:
         await c.open(port, "/ws", b"", "ready")
     await asyncio.wait_for(asyncio.gather(*(c.ready.wait() for c in conns)), 30)

@@ -17,12 +17,10 @@ from collections import Counter
 PHASES = (  # (function, file substring) -> phase; the first match from the leaf up wins
     (("data_received", "protocols/"), "packet in: transport + WebSocket frames"),
     (("on_ws_frame", "picows_listener.py"), "packet in: transport + WebSocket frames"),
-    (("_receive_loop", "session.py"), "packet in: session, decode, ring write"),
     (("_receive_loop", "ws_socket.py"), "packet in: session, decode, ring write"),
     (("_receive", "riva_grpc.py"), "packet in: session, decode, ring write"),
     (("_read", "riva_grpc.py"), "packet in: session, decode, ring write"),
     (("_receive_results", "core/client.py"), "results in: ZMQ, assembly, outbox"),
-    (("_send_loop", "session.py"), "results out: render + send"),
     (("_send_loop", "ws_socket.py"), "results out: render + send"),
     (("results", "riva_grpc.py"), "results out: render + send"),
     (("StreamingRecognize", "riva_grpc.py"), "results out: render + send"),

@@ -89,6 +89,11 @@ class SequenceEngine:
         s.taken += len(got)
         s.arrived = arrived
 
+    def take_audio_many(self, slots: np.ndarray, parts: list, arrivals: list[float]) -> None:
+        """What EngineCore calls once per iteration (Engine.take_audio_many)."""
+        for slot, pieces, arrived in zip(slots.tolist(), parts, arrivals):
+            self.take_audio(self.slots.by_slot[slot], pieces, arrived)
+
     def finish(self, s: _Stream) -> None:
         self._ending.append(s)
 

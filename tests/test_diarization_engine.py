@@ -20,6 +20,7 @@ from nemo_serve.builtin.sortformer import build_diarizer
 from nemo_serve.diarization import runner as diar_runner
 from nemo_serve.diarization.reference import nemo_chunks, nemo_reference_preds, stream_features
 from nemo_serve.diarization.settings import MODEL_CARD_SETTINGS, apply_settings
+from nemo_serve.engine.frontend import AudioBuffer
 from nemo_serve.engine.invariants import ENV, AccountingError
 from tests import helpers
 
@@ -369,3 +370,31 @@ def test_the_diarizer_slot_table_reports_a_slot_both_held_and_free():
     pool._free_slots.pop()
     engine.abort(h)
     _assert_empty(engine)
+
+
+def test_each_diarizer_feature_frame_is_computed_once(monkeypatch):
+    """Consecutive chunks overlap by their left and right context; a frame computed for one chunk
+    serves the next (diarization/features.py): the preprocessor computes each of the stream's
+    feature frames once, the speakers staying NeMo's (the other tests here run with the reuse)."""
+    engine = helpers.new_engine(helpers.model(None), 1, diarizer=diarizer())
+    runner, computed = engine.engine.diarizer, []
+    compute = runner.features.compute
+
+    def counting(audios, t0s, n, **kw):
+        computed.append(n * len(audios))
+        return compute(audios, t0s, n, **kw)
+
+    monkeypatch.setattr(runner.features, "compute", counting)
+    audio = helpers.utterances(1, seed=2)[0]
+    results, _ = _drive(engine, [audio], [{"max_speakers": 4}], packet=1234)
+    num_frames = runner._final_frames(_ended_buffer(audio))
+    assert results[0][-1].done and runner.num_steps > 10
+    assert sum(computed) == num_frames, (sum(computed), num_frames)
+    _assert_empty(engine)
+
+
+def _ended_buffer(audio: np.ndarray) -> AudioBuffer:
+    buffer = AudioBuffer()
+    buffer.extend((audio,), time.time())
+    buffer.finish()
+    return buffer

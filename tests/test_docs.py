@@ -176,7 +176,7 @@ def _constants():
     """Each Limits row's numbers besides `--flag N` pairs, in the order the row writes them, with the
     value in the code each must equal (as written: its unit and decimals). A number the table gains
     without an entry here fails the check, so a value is never written by hand alone."""
-    from nemo_serve.server import auth, connections, file_audio, nim_body, outbox, realtime, session
+    from nemo_serve.server import auth, connections, file_audio, nim_body, outbox, realtime, stream_session
 
     mib, max_stream_s = 2**20, _setting_default("max_stream_s")
     return {
@@ -194,7 +194,7 @@ def _constants():
         "a frame larger than": [("1 MiB", _setting_default("max_message_bytes") / mib)],
         "NIM's session POST body": [("64 kB", nim_body.MAX_BODY_BYTES / 1024), ("32 levels", nim_body.MAX_NESTING),
                                     ("100 digits", nim_body.MAX_INT_DIGITS)],
-        "audio read ahead of the model": [("20 s", session.MAX_AHEAD_S)],
+        "audio read ahead of the model": [("20 s", stream_session.MAX_AHEAD_S)],
         "results not read for": [("64 messages", outbox.MAX_QUEUED)],
         "tokens a partial carries whole": [("256", outbox.WHOLE_PARTIAL_MAX_TOKENS)],
     }

@@ -20,7 +20,7 @@ import pytest
 
 from benchmarks.fuzz_server import fuzz
 from nemo_serve.oracle import oracle_transcribe
-from nemo_serve.server.session import CLOSE_TIMEOUT_S
+from nemo_serve.server.ws_socket import CLOSE_TIMEOUT_S
 
 from . import helpers
 from .helpers_server import TEST_MODEL, TOKEN, raw_session, start_server

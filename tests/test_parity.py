@@ -190,15 +190,15 @@ def test_audio_pushed_while_the_loop_takes_audio_in_is_not_lost():
     eng = helpers.new_engine(m, 2)
     results = []
     cut = len(audio) // 2
-    take_audio = eng.engine.take_audio  # the Engine's public intake, which the core calls
+    take_audio_many = eng.engine.take_audio_many  # the Engine's public intake, which the core calls
 
-    def take_then_more_arrives(stream, parts, arrived):
-        take_audio(stream, parts, arrived)
+    def take_then_more_arrives(slots, parts, arrivals):
+        take_audio_many(slots, parts, arrivals)
         if not s.finished:  # once: the rest lands mid-drain
             eng.push(s, audio[cut:])
             eng.finish(s)
 
-    eng.engine.take_audio = take_then_more_arrives
+    eng.engine.take_audio_many = take_then_more_arrives
     s = eng.open_stream(results.append)
     eng.push(s, audio[:cut])
     for _ in range(200):

@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("picows")
 
 from benchmarks.raw_ws import frame  # noqa: E402
-from nemo_serve.server.session import CLOSE_TIMEOUT_S  # noqa: E402
+from nemo_serve.server.ws_socket import CLOSE_TIMEOUT_S  # noqa: E402
 
 from . import helpers  # noqa: E402
 from .helpers_server import TEST_MODEL, TOKEN, encode, free_port, start_server  # noqa: E402

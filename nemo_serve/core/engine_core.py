@@ -191,11 +191,11 @@ class EngineCore:
         slots, ends = active[moved], ends[moved]
         if slots.size == 0:
             return
-        starts, arrivals = self._read_end[slots].tolist(), self._arrival[slots].tolist()
-        stream_at = self.engine.slots.by_slot
-        for slot, start, end, arrived in zip(slots.tolist(), starts, ends.tolist(), arrivals):
-            # One copy, ring -> the stream's buffer; the front end learns in step 5 that the space is free.
-            self.engine.take_audio(stream_at[slot], self.shared.views(slot, start, end), arrived)
+        views = self.shared.views
+        starts = self._read_end[slots].tolist()
+        parts = [views(slot, start, end) for slot, start, end in zip(slots.tolist(), starts, ends.tolist())]
+        # One copy, ring -> each stream's buffer; the front end learns in step 5 that the space is free.
+        self.engine.take_audio_many(slots, parts, self._arrival[slots].tolist())
         self._read_end[slots] = ends
         self.last_audio_s = time.monotonic()
         if self.positions_in_shared:

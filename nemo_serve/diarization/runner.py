@@ -29,6 +29,7 @@ by identity.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,7 @@ import numpy as np
 import torch
 
 from ..engine.frontend import AudioBuffer, FeatureExtractor
+from .features import KeptFeatures
 from .reference import FeatureChunk
 from .slots import SpeakerCacheSlots
 from .step import DiarStepBatch, make_batch, plan_step, run_step
@@ -107,6 +109,7 @@ class DiarStream:
     max_speakers: int
     preds: SpeakerWindow
     audio: AudioBuffer = field(default_factory=AudioBuffer)
+    features: KeptFeatures = field(default_factory=KeptFeatures)  # frames computed and still needed
     next_start: int = 0  # feature frame where its next chunk to launch starts (moved on at launch)
     collected_end: int = 0  # feature frame its collected chunks reach
     done: bool = False  # every chunk of its (ended) input stepped and collected
@@ -169,10 +172,12 @@ class SortformerRunner:
         self.frame_s = sub * fb.hop_length / self.sample_rate  # one diarizer frame (80 ms)
         self.num_speakers = modules.n_spk
         self.streams: dict[str, DiarStream] = {}  # stream_id -> its state, while open
+        self.reuse_features = True  # False: each chunk's whole window computed (benchmarks' before)
         self.device = InlineDevice()  # runs (enqueues) the launched steps, in order
         self.in_flight: list[DiarLaunched] = []  # launched, not collected, oldest first
         self.num_steps = 0  # steps run (tests: a server with only plain streams runs none)
         self.seconds = 0.0  # time in plan, step and collect (the loop adds it up; benchmarks read it)
+        self.feature_seconds = 0.0  # of which in the preprocessor (benchmarks: the reuse's before/after)
 
     # ------------------------------------------------------------------ streams
     def open(self, stream_id: str, max_speakers: int) -> None:
@@ -205,20 +210,31 @@ class SortformerRunner:
     def plan(self) -> DiarPlan | None:
         """Every stream whose next chunk is ready, one chunk each (a row's next chunk needs this
         one's state), or None. Python per diarized stream: diarized streams are few beside the
-        plain ones, and a plain stream costs nothing here. Features: one preprocessor call per
-        distinct chunk width (first, steady, last chunks)."""
+        plain ones, and a plain stream costs nothing here. Features: only the frames no earlier
+        chunk computed (diarization/features.py), one preprocessor call per distinct count."""
         cuts = [(s, cut) for s in self.streams.values() if (cut := self._next_cut(s)) is not None]
         if not cuts:
             return None
-        chunks: list[FeatureChunk | None] = [None] * len(cuts)
-        widths = np.array([cut[1] for _, cut in cuts])
-        for n in np.unique(widths).tolist():
-            rows = np.flatnonzero(widths == n).tolist()
-            feats = self.features.compute([cuts[r][0].audio for r in rows], [cuts[r][1][0] for r in rows], n)
-            for k, r in enumerate(rows):
-                t0, _, left, right, _ = cuts[r][1]
-                chunks[r] = FeatureChunk(feats[k].T, left, right)  # [n, F]
+        chunks = self._chunk_features([s for s, _ in cuts], [cut[0] for _, cut in cuts], [cut[1] for _, cut in cuts])
+        chunks = [FeatureChunk(f, cut[2], cut[3]) for f, (_, cut) in zip(chunks, cuts)]
         return DiarPlan([s.stream_id for s, _ in cuts], chunks, [cut[4] for _, cut in cuts])
+
+    def _chunk_features(self, streams: list[DiarStream], t0s: list[int], ns: list[int]) -> list[torch.Tensor]:
+        """Each row's frames [t0, t0 + n) as [n, F]: the ones computed before reused."""
+        if not self.reuse_features:
+            for s in streams:
+                s.features = KeptFeatures()
+        starts = [s.features.missing_from(t0) for s, t0 in zip(streams, t0s)]
+        counts = np.array([t0 + n - start for t0, n, start in zip(t0s, ns, starts)])
+        new: list[torch.Tensor | None] = [None] * len(streams)
+        for count in np.unique(counts[counts > 0]).tolist():
+            rows = np.flatnonzero(counts == count).tolist()
+            started = time.perf_counter()
+            feats = self.features.compute([streams[r].audio for r in rows], [starts[r] for r in rows], count)
+            self.feature_seconds += time.perf_counter() - started
+            for k, r in enumerate(rows):
+                new[r] = feats[k]  # [F, count]
+        return [s.features.window(t0, n, x) for s, t0, n, x in zip(streams, t0s, ns, new)]
 
     def launch(self, plan: DiarPlan) -> DiarLaunched:
         """Decides the step on the host and enqueues it (module docstring); its rows' chunk

@@ -63,17 +63,26 @@ class AudioBuffer:
     def extend(self, parts: tuple[np.ndarray, ...], arrived: float) -> None:
         """Append samples (given as consecutive pieces, e.g. the two halves of a wrapped ring)
         straight into the buffer, one copy; `arrived`: when they reached the server."""
-        n = len(parts[0]) if len(parts) == 1 else sum(map(len, parts))
-        if n == 0:
-            return
         used = self._used
-        if used + n > len(self._data):
-            used = self._make_room(n)
-        data = self._data
-        for p in parts:
-            data[used : used + len(p)] = p
-            used += len(p)
-        self._used = used
+        if len(parts) == 1:  # the usual case, without the loop (this runs per stream per packet)
+            samples = parts[0]
+            n = len(samples)
+            if n == 0:
+                return
+            if used + n > self._data.size:
+                used = self._make_room(n)
+            self._data[used : used + n] = samples
+            self._used = used + n
+        else:
+            n = sum(map(len, parts))
+            if n == 0:
+                return
+            if used + n > self._data.size:
+                used = self._make_room(n)
+            for p in parts:
+                self._data[used : used + len(p)] = p
+                used += len(p)
+            self._used = used
         self.num_samples += n
         self._arrival_ends.append(self.num_samples)
         self._arrival_times.append(arrived)
@@ -101,9 +110,11 @@ class AudioBuffer:
         if hi <= lo:
             out[:] = 0.0
             return
-        out[: lo - start] = 0.0
+        if lo > start:  # zeros only where there are samples to zero: an empty slice store costs as much
+            out[: lo - start] = 0.0
         out[lo - start : hi - start] = self._data[lo - self.offset : hi - self.offset]
-        out[hi - start :] = 0.0
+        if hi < end:
+            out[hi - start :] = 0.0
 
     def arrival_time(self, sample_end: int) -> float:
         """Server time at which sample `sample_end - 1` arrived (the latest one if beyond)."""
@@ -149,11 +160,12 @@ class FeatureExtractor:
         """Frames whose every input sample has arrived (all of them once input has finished)."""
         return int(frames_available(audio.num_samples, audio.finished, self.hop, self.margin))
 
-    def first_sample_needed(self, t0: int) -> int:
+    def first_sample_needed(self, t0):
+        """The first sample frame `t0` reads (an int, or an array for an array of frames)."""
         return t0 * self.hop - self.margin
 
-    def last_sample_needed(self, t1: int) -> int:
-        """Exclusive end of the samples that frames before t1 read."""
+    def last_sample_needed(self, t1):
+        """Exclusive end of the samples that frames before t1 read (an int, or an array)."""
         return (t1 - 1) * self.hop + self.margin
 
     @property
@@ -177,11 +189,11 @@ class FeatureExtractor:
         length = self._ints.take(b, fresh=not more)
         batch, lengths = x.numpy(), length.numpy()
         lengths[:] = seg_len
-        for i, (a, t0) in enumerate(zip(audios, t0s)):
-            start = self.first_sample_needed(t0)
-            a.copy_segment(start, batch[i])
-            if a.finished:
-                lengths[i] = min(seg_len, a.num_samples - start)
+        starts = self.first_sample_needed(np.asarray(t0s, dtype=np.int64)).tolist()
+        for a, start, row in zip(audios, starts, batch):
+            a.copy_segment(start, row)
+        for i in [i for i, a in enumerate(audios) if a.finished]:  # streams at their end: the real sample count
+            lengths[i] = min(seg_len, audios[i].num_samples - starts[i])
         # Non-blocking from staging that no later step writes before the device has read it (_Staging).
         x = x.to(self.device, non_blocking=self.pin)
         feats, _ = self.pre(input_signal=x, length=length.to(self.device, non_blocking=self.pin))

@@ -62,6 +62,10 @@ class InFlight:
             self._owed_final.add(slot)
         return bool(self.flying[slot])
 
+    def has_deferred(self) -> bool:
+        """Some abort or forced final waits for a collect (else a collect need not ask per row)."""
+        return bool(self._abort_reason or self._owed_final)
+
     def pop_abort(self, slot: int) -> str | None:
         """The reason of an abort deferred on `slot` (its forced final is moot then), or None."""
         reason = self._abort_reason.pop(slot, None)

@@ -135,6 +135,7 @@ class Engine:
             self.speakers = SpeakerAttacher(self.diarizer, model.geometry.encoder_frame_s)
         self.token_confidence = token_confidence
         self.eou = EouTokens.from_vocabulary(model.vocabulary)  # empty unless the model has <EOU>/<EOB>
+        self._has_eou = bool(self.eou)  # read per row per step
         # An EOU final carries its token's probability: the step computes confidences for an EOU
         # model even without --word-confidence (a log-softmax per label iteration, engine/step.py);
         # clients then get only the EOU probability, not per-token confidences.
@@ -345,6 +346,19 @@ class Engine:
         if stream.diarized:
             self.diarizer.take_audio(stream.stream_id, parts, arrived)
 
+    def take_audio_many(self, slots: np.ndarray, parts: list[tuple[np.ndarray, ...]], arrivals: list[float]) -> None:
+        """`take_audio` for the open streams on `slots` ([N] int64), one call per iteration: the
+        samples into each stream's buffer, the scheduler's sample counts set in one array store."""
+        by_slot, num_samples = self.slots.by_slot, []
+        for slot, pieces, arrived in zip(slots.tolist(), parts, arrivals):
+            stream = by_slot[slot]
+            audio = stream.audio
+            audio.extend(pieces, arrived)
+            num_samples.append(audio.num_samples)
+            if stream.diarized:
+                self.diarizer.take_audio(stream.stream_id, pieces, arrived)
+        self.scheduler.num_samples[slots] = num_samples  # `finished` unchanged: only finish() sets it
+
     def finish(self, stream: Stream, at: float | None = None) -> None:
         """End of input; `at`: when it reached the server (default now). Its final comes out of a
         later `iterate()`. A stream no longer open is left alone."""
@@ -518,21 +532,30 @@ class Engine:
         slots, widths = group.slots.tolist(), group.widths.tolist()
         elapsed = time.perf_counter() - step.started
         self._count_step(group, len(slots), widths, elapsed)
-        next_frames = (group.t0 + group.widths).tolist()
+        # Per-row positions as array operations over the group, not per-row calls: the next chunk's
+        # first frame, the first sample it reads (with the pre-encode history before it), the end
+        # of the samples this chunk read, and the chunk's real-time length.
+        next_frames = group.t0 + group.widths
+        keep_from = self.features.first_sample_needed(next_frames - self.geometry.pre_cache_frames).tolist()
+        read_end = self.features.last_sample_needed(next_frames).tolist()
+        periods = (group.widths * self.hop_s).tolist()  # int64 * float64: Python's int * float, value for value
         confs = result.token_confidences or [None] * len(streams)
+        # Calls deferred to this collect (an abort, a forced final) are rare: looked up per row only if any.
+        deferred = self.in_flight.has_deferred()
+        by_slot = self.slots.by_slot
         longest_delay = 0.0
-        for s, slot, next_frame, last, ids, frames, decoded, conf, width in zip(
-            streams, slots, next_frames, group.is_last.tolist(), result.token_ids, result.token_frames,
-            result.decoded_frames, confs, widths,
+        for s, slot, next_frame, first_kept, needed_end, last, ids, frames, decoded, conf, period in zip(
+            streams, slots, next_frames.tolist(), keep_from, read_end, group.is_last.tolist(), result.token_ids,
+            result.token_frames, result.decoded_frames, confs, periods,
         ):
-            if self._collect_row_aborted(s, slot):
-                continue
-            arrived = self._advance(s, next_frame, last, ids, frames, decoded, conf)
+            if by_slot[slot] is not s or (deferred and self._collect_row_aborted(s, slot)):
+                continue  # no longer the slot's stream (slots.holds), or aborted while in flight
+            arrived = self._advance(s, next_frame, first_kept, needed_end, last, ids, frames, decoded, conf)
             # Due: its last sample in, and at most real-time pace after the stream's previous chunk
             # (queue_delay.py). A client ahead of real time is not the engine falling behind.
-            s.due = max(arrived, s.due + width * self.hop_s)
-            longest_delay = max(longest_delay, wall_start - s.due)
-            if self.in_flight.pop_final(slot) and self.slots.holds(s):  # not released by its last chunk
+            s.due = due = max(arrived, s.due + period)
+            longest_delay = max(longest_delay, wall_start - due)
+            if deferred and self.in_flight.pop_final(slot) and self.slots.holds(s):  # not released by its last chunk
                 self._publish_final(s, [], [], time.time(), done=False)
         self.queue_delay.record(longest_delay, wall_start + elapsed)
 
@@ -557,15 +580,16 @@ class Engine:
         per_mode[1] += num_rows
         self._steps.append(StepStats(num_rows, elapsed, group.context_right))
 
-    def _advance(self, s: Stream, next_frame: int, is_last: bool, ids: list[int], frames: list[int], decoded: int,
-                 conf: list[float] | None = None) -> float:  # fmt: skip
-        """Take one stepped chunk's results; returns the arrival time of the last sample it needed."""
+    def _advance(self, s: Stream, next_frame: int, first_kept: int, needed_end: int, is_last: bool, ids: list[int],
+                 frames: list[int], decoded: int, conf: list[float] | None = None) -> float:  # fmt: skip
+        """Take one stepped chunk's results; returns the arrival time of the last sample it needed.
+        `first_kept`: the first sample the stream's next chunk reads; `needed_end`: the end of
+        the samples this one read (features.first_sample_needed / last_sample_needed)."""
         s.decoded_frames = decoded
         audio = s.audio
-        audio.discard_before(self.features.first_sample_needed(next_frame - self.geometry.pre_cache_frames))
-        sample_end = min(self.features.last_sample_needed(next_frame), audio.num_samples)
-        arrival = audio.arrival_time(sample_end)
-        if self.eou:
+        audio.discard_before(first_kept)
+        arrival = audio.arrival_time(min(needed_end, audio.num_samples))
+        if self._has_eou:
             ids, frames, conf = self._end_at_eou(s, ids, frames, conf, arrival)
         if not self.token_confidence:
             conf = None  # computed for the EOU probability only

@@ -1,6 +1,6 @@
 """The FastAPI app: the streaming WebSocket, health, readiness, metrics and the browser page.
 
-  WS  /ws (and /, for sherpa-onnx clients)  one stream per socket (session.py, ws_format.py)
+  WS  /ws (and /, for sherpa-onnx clients)  one stream per socket (ws_socket.py, ws_format.py)
   WS  /v1/realtime  OpenAI Realtime transcription, GA and beta dialects (realtime.py)
   POST /v1/audio/transcriptions  OpenAI's file transcription, through the engine (transcriptions.py)
   POST /v1/realtime/transcription_sessions  NIM's session bootstrap before /v1/realtime (nim_sessions.py)
@@ -41,8 +41,7 @@ from .context import Refused, ServerContext
 from .logsafe import preview
 from .protocol import CLOSE_PROTOCOL_ERROR, CLOSE_TRY_AGAIN_LATER, ErrorMessage, close_reason
 from .nim_sessions import add_nim_session_routes
-from .realtime import RealtimeFormat
-from .session import Session
+from .realtime import realtime_wire
 from .ws_socket import WsSocket
 from .transcriptions import add_transcription_routes
 
@@ -150,7 +149,7 @@ def create_app(ctx: ServerContext, drain_on_shutdown: bool = False, on_shutdown:
         realtime = ws.scope["path"] == "/v1/realtime"
         if realtime:
             await ws.accept(subprotocol=accepted_subprotocol(ws))  # NIM's client offers `realtime`
-            await Session(ws, ctx, RealtimeFormat).run()
+            await WsSocket(ws, ctx, realtime_wire).run()
             return
         await ws.accept()
         await WsSocket(ws, ctx).run()

@@ -23,7 +23,7 @@ with the policy and the counts kept here:
     asyncio's own 60 s ssl_handshake_timeout, before any of this runs.)
   - a small kernel send buffer (SEND_BUFFER_BYTES) so that a client that stops reading is
     noticed after a few hundred kilobytes of results, not after the kernel's autotuned
-    megabytes; the session's send timeout then frees its slot (session.py).
+    megabytes; the session's send timeout then frees its slot (stream_session.py).
   - `scope["extensions"]["nemo_serve.connection"]["abort"]`: drops the TCP connection at once.
     The session uses it for a client that cannot take even its close frame, where
     transport.close() would wait for the client to read, forever.

@@ -33,9 +33,9 @@ class Refused(Exception):
 
 
 class Session(Protocol):
-    """What the context asks of an open session (session.Session, stream_session.StreamSession,
-    file_transcription.FileTranscription): named here, so that the context need not import the
-    sessions, which import it. A failure is a reason and its label; each adapter says it in its
+    """What the context asks of an open session (stream_session.StreamSession; for a realtime
+    socket its subclass realtime_session.RealtimeSession, whose items are not in the set): named
+    here, so that the context need not import the sessions, which import it. A failure is a reason and its label; each adapter says it in its
     protocol's terms (a close code, a gRPC status, an HTTP status)."""
 
     def drain(self) -> None: ...

@@ -6,7 +6,7 @@ results come (or not at all):
      replaces it (the newer one carries everything the older one did, see PartialTail);
   2. past MAX_QUEUED messages (finals, ready, done) `put` refuses, and the session closes the
      stream with a reason (close 1008);
-  3. a write that does not complete in --send-timeout-s closes it the same way (session.py):
+  3. a write that does not complete in --send-timeout-s closes it the same way (stream_session.py):
      that frees the slot whatever the ping setting.
 A close jumps the queue: results that raced an error are dropped anyway.
 

@@ -4,7 +4,9 @@ A commit means "everything before this is one utterance" (OpenAI's semantics): t
 stream is finished as an end of input is (the tail decoded with the same rule), and the audio
 after it goes to a fresh engine stream, so each committed item equals NeMo's loop on its own
 audio. A NIM client commits every packet as a flush; its session keeps one engine stream and
-nim_items.py says where its items end. Owner: the event loop (realtime.RealtimeFormat).
+nim_items.py says where its items end. An item that holds a slot is a StreamSession
+(stream_session.py): its engine stream, the audio pushed, the model's progress. At most
+realtime.MAX_SLOTS_PER_SESSION of them at once. Owner: the event loop (realtime.RealtimeFormat).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .audio import AudioDecoder
+from .stream_session import StreamSession
 
 
 @dataclass
@@ -23,15 +26,19 @@ class ItemStream:
     number: int  # 0, 1, ... in the session's order
     decoder: AudioDecoder  # its own resampler: the span is resampled as if it were alone
     start_s: float = 0.0  # where its audio begins in the session's audio (model-rate seconds)
-    handle: object | None = None  # the engine's stream; None while it waits for a slot
+    session: StreamSession | None = None  # its engine stream's session; None while it waits for a slot
     waiting: list[np.ndarray] = field(default_factory=list)  # model-rate audio until a slot frees
     num_samples: int = 0  # model-rate samples pushed or waiting
-    processed_s: float = 0.0  # audio the model consumed (its results say)
     segment: int = 0  # the engine segment now being filled (the receive side's view)
     finishing: bool = False  # committed, or input ended: decoded to its end, then released
     done: bool = False  # its last result came
     last: bool = False  # the session's input ended with it: its last item is `is_last_result`
     cleared_from: int | None = None  # engine segments from here on are not sent (clear)
+
+    @property
+    def processed_s(self) -> float:
+        """Audio the model consumed (its results say)."""
+        return 0.0 if self.session is None else self.session.processed_s
 
     @property
     def in_flight(self) -> bool:

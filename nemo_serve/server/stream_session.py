@@ -1,4 +1,5 @@
-"""One streaming session, whatever carries it: a WebSocket, a Riva gRPC call, an HTTP file upload.
+"""One streaming session, whatever carries it: a WebSocket, a Riva gRPC call, an HTTP file upload;
+on /v1/realtime one per item holding a slot, under the socket's RealtimeSession (realtime_session.py).
 
   in   open(options)        admission (ServerContext.admit, the only one) and the engine stream
        push(samples)        model-rate audio -> the engine; the input clock and backpressure count it
@@ -62,12 +63,15 @@ class StreamSession:
 
     def __init__(self, ctx: ServerContext, name: str, log: logging.Logger, *,
                  flush_input: Callable[[], np.ndarray] | None = None, on_drop: Callable[[], None] | None = None,
-                 max_queued: int = MAX_QUEUED) -> None:  # fmt: skip
+                 max_queued: int = MAX_QUEUED, results: Callable[[StreamResult], None] | None = None) -> None:  # fmt: skip
         self.ctx = ctx
         self.name = name  # "ws3", "riva7": in logs
         self.log = log  # the adapter's logger
         self.flush_input = flush_input
         self.on_drop = on_drop
+        # An item of a realtime session (realtime_slots.py): its results, errors included, go to
+        # the item manager, which renders them into the socket's one outbox; None: to our outbox.
+        self.results = results
         self.outbox = Outbox(max_queued)  # StreamResult | adapter messages | Failure (first)
         self.mode_label = str(ctx.model.geometry.context_right)  # the stream's chunk mode, for metrics
         self.stream = None  # the engine's handle once admitted
@@ -114,6 +118,14 @@ class StreamSession:
         self.mode_label = str(self.ctx.model.geometry_for(context_right).context_right)
         self.ctx.metrics.stream_opened(self.mode_label)
         return True
+
+    def open_item(self, context_right: int | None = None, **stream_options) -> None:
+        """Open the engine stream of a stream admitted already: a realtime item, whose session was
+        admitted at its first append (one admission, one guard move, counted open once). Not
+        counted here; NoFreeSlotError and ValueError (options the engine does not serve)
+        propagate: the item manager waits for a slot of its own or fails its session."""
+        self.stream = self.ctx.engine.open_stream(self._on_result, context_right=context_right, **stream_options)
+        self.opened_at = time.monotonic()
 
     def push(self, samples: np.ndarray) -> None:
         """Model-rate samples for the engine; ignored once input ended or the session failed."""
@@ -263,15 +275,22 @@ class StreamSession:
         hand_over(self._loop, self._take_result, result)
 
     def _take_result(self, r: StreamResult) -> None:
+        if self.results is not None:
+            self.results(r)  # the item manager judges it (its session may have ended) and counts it
+            return
         if self.closing or self.client_gone:
             return
         if r.error is not None:
             self.fail(f"engine error: {r.error}", "engine")
             return
-        # The model's progress counts whether or not the client reads: backpressure never waits on it.
+        self.progressed(r)
+        if r.is_final or r.done or self.interim_results:
+            self.queue(r)
+
+    def progressed(self, r: StreamResult) -> None:
+        """Result `r` counted: the model's progress, whether or not the client reads (so
+        backpressure never waits on the client), and the `done`."""
         self.ctx.metrics.audio_seconds.inc(max(0.0, r.audio_processed_s - self.processed_s))
         self.processed_s = max(self.processed_s, r.audio_processed_s)
         self.done = self.done or r.done
         self._progress.set()
-        if r.is_final or r.done or self.interim_results:
-            self.queue(r)

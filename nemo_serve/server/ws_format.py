@@ -6,7 +6,7 @@
   end / "Done" / "eof"            -> end of input: the tail decoded, session.end_input
   force_final                     -> session.force_final (the segment closes at the audio so far)
   engine result                   -> partial / final (only what the client lacks: outbox.PartialTail),
-                                     then done after the last one (ws_socket.py then closes 1000)
+                                     then done after the last one, then close 1000 (render)
 
 Messages are protocol.py's. One engine stream per socket; the first message takes its slot.
 """
@@ -48,6 +48,7 @@ from .protocol import (
 )
 from .stream_session import StreamSession
 from .tokens import token_pieces
+from .wire import Rendered
 
 
 def _diarized(r: StreamResult, final: dict, token_offset: int) -> tuple[type, dict]:
@@ -151,15 +152,20 @@ class WsFormat:
         return self.decoder.flush()
 
     # ------------------------------------------------------------------ what the send task writes
-    def error_frame(self, reason: str) -> str:
-        """The text frame sent before a failure's close."""
+    def error_frame(self, reason: str, code: int) -> str:
+        """The text frame sent before a failure's close (whatever its code)."""
         return ErrorMessage(id=self.config.id, reason=reason).model_dump_json()
 
-    def result_frame(self, r: StreamResult) -> str | None:
-        """The partial or final for engine result `r`; None where the client asked for no partials."""
-        return self._result_message(r).model_dump_json() if r.is_final or self.config.interim_results else None
+    def render(self, r: StreamResult) -> Rendered:
+        """Engine result `r`: its partial or final (none where the client asked for no partials),
+        and after the last one `done` and close 1000."""
+        frames = [self._result_message(r).model_dump_json()] if r.is_final or self.config.interim_results else []
+        observed = bool(frames)
+        if not r.done:
+            return Rendered(frames, observed)
+        return Rendered(frames + self._done_frames(r), observed, close="")
 
-    def done_frames(self, r: StreamResult) -> list[str]:
+    def _done_frames(self, r: StreamResult) -> list[str]:
         """After the last result: "Done!" (the client ended with a bare "Done"/"eof"), then `done`."""
         done = DoneMessage(id=self.config.id, stream_id=r.stream_id, audio_processed=r.audio_processed_s,
                            reason=self.session.end_reason or "end")  # fmt: skip

@@ -1,9 +1,14 @@
-"""One /ws socket: a thin WebSocket transport over its StreamSession (stream_session.py), whose
-wire format is ws_format.py's. What is here is the WebSocket's own: the receive task, the send
-task, the idle clock's timer, and the close code, chosen from the Failure's label at this edge.
+"""Every WebSocket stream (/ws and /v1/realtime): a thin transport over its StreamSession
+(stream_session.py), whose wire format is ws_format.py's (/ws) or realtime.py's (/v1/realtime, a
+session whose engine streams are its items). What is here is the WebSocket's own: the receive
+task, the send task, the idle clock's timer, and the close code, chosen from the Failure's label
+at this edge.
 
-  receive task: frames -> WsFormat.on_text / on_bytes -> session.push / end_input (never writes)
-  send task:    session.next_event() (ready, results, the Failure) -> frames -> close (the only writer)
+  receive task: frames -> wire.on_text / on_bytes -> session.push / end_input (never writes)
+  send task:    session.next_event() (messages, results, the Failure) -> wire's frames -> close
+                (the only writer)
+
+A wire format (WireFormat below) parses frames and renders results; it never writes.
 
 Every write has a deadline: --send-timeout-s for results (session.send), then CLOSE_TIMEOUT_S for
 the error and close frames; a client that cannot take those either is dropped (TCP), so a client
@@ -21,6 +26,7 @@ import asyncio
 import itertools
 import logging
 import time
+from collections.abc import Callable
 
 from starlette.websockets import WebSocket
 
@@ -37,12 +43,17 @@ from .protocol import (
     ProtocolError,
     close_reason,
 )
-from .session import CLOSE_TIMEOUT_S
 from .stream_session import Failure
+from .wire import NormalClose, WireFormat
 from .ws_format import WsFormat
 
 log = logging.getLogger("nemo_serve.session")
 _numbers = itertools.count(1)
+
+# A stream that failed (slow client, drain deadline, error) gets this long to put its error
+# and close frames on the wire; then the TCP connection is dropped.
+CLOSE_TIMEOUT_S = 1.0
+
 
 # A failure's close code by its label (stream_session.Failure); the rest (protocol, bad_audio,
 # bad_config, slow_client, idle_timeout): 1008. docs/protocol.md lists them.
@@ -59,16 +70,24 @@ def close_code(f: Failure) -> int:
     return _CLOSE_FOR_LABEL.get(f.label, CLOSE_PROTOCOL_ERROR)
 
 
+WireFactory = Callable[..., WireFormat]  # (ws, ctx, name, log, on_drop) -> its wire format
+
+
+def ws_wire(ws: WebSocket, ctx: ServerContext, name: str, log: logging.Logger, on_drop) -> WsFormat:
+    return WsFormat(ctx, name, log, ws.query_params, on_drop=on_drop)
+
+
 class WsSocket:
-    def __init__(self, ws: WebSocket, ctx: ServerContext) -> None:
+    def __init__(self, ws: WebSocket, ctx: ServerContext, make_wire: WireFactory = ws_wire) -> None:
         self.number = next(_numbers)  # for task names and logs
         self.ws, self.ctx = ws, ctx
-        self.wire = WsFormat(ctx, f"ws{self.number}", log, ws.query_params, on_drop=self._drop_connection)
+        self.wire = make_wire(ws, ctx, f"ws{self.number}", log, self._drop_connection)
         self.session = self.wire.session
         # run() reached its `finally:`: no frame is handled after this (a frame that arrives with
         # the receive task's cancel must not act on a session that was closed, issue 45).
         self.finished = False
         self._clock: asyncio.TimerHandle | None = None
+        self._clock_at = 0.0  # when the armed timer fires, in time.monotonic()
         self._waiting_for_model = False  # backpressure: not reading, so the client is not idle
 
     async def run(self) -> None:
@@ -92,9 +111,13 @@ class WsSocket:
                 self._clock.cancel()
             for task in (recv, send):
                 task.cancel()
-            await asyncio.gather(recv, send, return_exceptions=True)
+            # The slot comes back and the session leaves the set before anything is awaited: the
+            # handler itself may be cancelled here (a server's or test client's shutdown).
             s.close("connection closed")
             self.ctx.remove(s)
+            # Rejected: asyncio.gather, whose own cancel re-raises a task's CancelledError, not the
+            # handler's: a cancel scope around the handler (anyio's) then does not take it as its own.
+            await asyncio.wait({recv, send})
 
     # ------------------------------------------------------------------ the idle and duration clocks
     def _check_clock(self) -> None:
@@ -109,6 +132,7 @@ class WsSocket:
             deadline = max(deadline, now + s.ctx.settings.idle_timeout_s)
         if now < deadline:
             self._clock = asyncio.get_running_loop().call_later(deadline - now, self._check_clock)
+            self._clock_at = deadline
             return
         s.input_deadline_passed()
         self._check_clock()  # idle failed: stops; the duration ended input: stops
@@ -124,7 +148,6 @@ class WsSocket:
                 self._on_disconnect(message.get("code", 1005))
                 return
             s.last_input = time.monotonic()
-            was_open = s.stream is not None
             try:
                 if message.get("bytes") is not None:
                     self.wire.on_bytes(message["bytes"])
@@ -132,18 +155,21 @@ class WsSocket:
                     self.wire.on_text(message.get("text") or "")
             except (ProtocolError, AudioError) as e:
                 s.fail(str(e), "bad_audio" if isinstance(e, AudioError) else "protocol")
-            if not was_open and s.stream is not None:
-                self._rearm_clock()  # the duration clock starts: it may run out before the idle one
+            self._rearm_if_sooner()
             self._waiting_for_model = True
             try:
                 await s.wait_for_model()
             finally:
                 self._waiting_for_model = False
 
-    def _rearm_clock(self) -> None:
-        if self._clock is not None:
+    def _rearm_if_sooner(self) -> None:
+        """A frame moved the deadline sooner (the duration clock started at the open; a realtime
+        append started the turn's silence clock): the timer is set again. Later moves need
+        nothing: the timer looks again when it fires."""
+        deadline = self.session.input_deadline()
+        if self._clock is not None and deadline is not None and deadline < self._clock_at:
             self._clock.cancel()
-        self._check_clock()
+            self._check_clock()
 
     def _on_disconnect(self, code: int) -> None:
         self.session.client_gone = True
@@ -156,10 +182,15 @@ class WsSocket:
     async def _send_loop(self) -> None:
         s = self.session
         try:
-            while True:
+            # Not `while True`: asyncio.wait_for before Python 3.12 (inside session.send) returns a
+            # write that completed with run()'s cancel instead of raising it; `finished` ends the loop.
+            while not self.finished:
                 item = await s.next_event()
                 if isinstance(item, Failure):
                     await self._send_failure(item)
+                    return
+                if isinstance(item, NormalClose):
+                    await self._close_within_deadline(CLOSE_NORMAL, item.reason)
                     return
                 if s.closing:
                     continue  # results that raced the failure are dropped
@@ -173,25 +204,31 @@ class WsSocket:
             s.gone()  # the stream aborted now, not only in run()'s finally
 
     async def _send_result(self, r: StreamResult) -> bool:
-        """One engine result, and after the last one `done` and close 1000; True once closed."""
+        """One engine result's frames, and the close 1000 the wire format asks for after them
+        (each within --send-timeout-s); True once closed."""
         s = self.session
-        frame = self.wire.result_frame(r)
-        if frame is not None:
+        out = self.wire.render(r)
+        for frame in out.frames:
             if not await s.send(self.ws.send_text(frame)):
                 return False  # failed (slow client): the Failure is next
+        if out.observed:
             s.result_sent(r)
-        if not r.done:
+        if out.close is None:
             return False
-        for frame in self.wire.done_frames(r):
-            if not await s.send(self.ws.send_text(frame)):
-                return False
-        return await s.send(self.ws.close(CLOSE_NORMAL))
+        return await s.send(self.ws.close(CLOSE_NORMAL, out.close or None))
 
     async def _send_failure(self, f: Failure) -> None:
         try:
             async with asyncio.timeout(CLOSE_TIMEOUT_S):
-                await self.ws.send_text(self.wire.error_frame(f.reason))
+                await self.ws.send_text(self.wire.error_frame(f.reason, close_code(f)))
                 await self.ws.close(close_code(f), close_reason(f.reason))
+        except TimeoutError:
+            self.session.drop()
+
+    async def _close_within_deadline(self, code: int, reason: str) -> None:
+        try:
+            async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                await self.ws.close(code, close_reason(reason))
         except TimeoutError:
             self.session.drop()
 

@@ -16,7 +16,6 @@ import json
 import os
 import platform
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -184,9 +183,9 @@ def local_server(*flags: str):
     once its /readyz answers 200 (up to 5 min); yields the port, stops the server after."""
     import httpx
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from benchmarks.server_process import free_port
+
+    port = free_port()
     script = Path(sys.executable).with_name("nemo-serve")
     cmd = [str(script)] if script.exists() else [sys.executable, "-m", "nemo_serve.cli"]
     env = {k: v for k, v in os.environ.items() if k != "NEMO_SERVE_AUTH_TOKEN"}  # no token: a local run

@@ -201,7 +201,7 @@ async def unpaced(port: int, n: int, seconds: float, warmup_s: float, packets: l
         while not stop:
             c = Conn()
             try:
-                await c.open(port, CONFIG)
+                await c.open(port, "/ws", text_frame(CONFIG))
                 await asyncio.wait_for(c.ready.wait(), 30)
                 if c.error:
                     errors.append(c.error[:160])

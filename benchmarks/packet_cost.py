@@ -34,8 +34,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
-import json
 import os
 import subprocess
 import sys
@@ -48,183 +46,16 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import run_record, write_json  # noqa: E402
 from benchmarks.frontend_bench import Server  # noqa: E402
-from benchmarks.raw_ws import frame, message_type, read_frame, ws_upgrade  # noqa: E402
+from benchmarks.packet_clients import FAST, PATHS, RATE, open_streams, speech, wire_packets  # noqa: E402
+from benchmarks.raw_ws import send_spread  # noqa: E402
 from benchmarks.server_process import cpu_s, free_port  # noqa: E402
 from benchmarks.packet_profile import categorize, plot  # noqa: E402
-
-RATE = 16000
-SPREAD_S = 0.002  # the pacer writes a share of the streams every this often
-PATHS = {  # name: (protocol, encoding, packet_s, input rate)
-    "ws_s16_100ms": ("ws", "pcm_s16le", 0.1, RATE),
-    "ws_f32_100ms": ("ws", "pcm_f32le", 0.1, RATE),
-    "ws_s16_20ms": ("ws", "pcm_s16le", 0.02, RATE),
-    "ws_f32_20ms": ("ws", "pcm_f32le", 0.02, RATE),
-    "realtime_24k_20ms": ("realtime", "vad", 0.02, 24000),
-    "realtime_24k_20ms_novad": ("realtime", "novad", 0.02, 24000),
-    "grpc_100ms": ("grpc", "pcm_s16le", 0.1, RATE),
-    "grpc_20ms": ("grpc", "pcm_s16le", 0.02, RATE),
-}
-# --fast-ws: each WebSocket path again through --fast-ws-port (server/picows_listener.py), same packets
-FAST = "_fast"
-PATHS.update({name + FAST: spec for name, spec in PATHS.items() if spec[0] != "grpc"})
-
-
-# ----------------------------------------------------------------------------- packets
-
-
-def speech(audio_manifest: str, rate: int) -> np.ndarray:
-    """About a minute of the bundled utterances, float32 at `rate`."""
-    from benchmarks.load_items import make_items
-
-    items = make_items(audio_manifest, 4, (10.0, 20.0))
-    x = np.concatenate([it.audio for it in items]).astype(np.float32)
-    if rate != RATE:
-        import soxr
-
-        x = soxr.resample(x, RATE, rate).astype(np.float32)
-    return x
-
-
-def payloads(x: np.ndarray, encoding: str, packet_s: float, rate: int) -> list[bytes]:
-    k = int(rate * packet_s)
-    pcm = x if encoding == "pcm_f32le" else np.clip(x * 32767, -32768, 32767).astype("<i2")
-    return [pcm[i : i + k].astype(pcm.dtype.newbyteorder("<")).tobytes() for i in range(0, len(pcm) - k + 1, k)]
-
-
-def realtime_frames(pcm16: list[bytes]) -> list[bytes]:
-    return [frame(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(p).decode()}).encode(), 0x1)
-            for p in pcm16]  # fmt: skip
-
-
-# ----------------------------------------------------------------------------- clients
-
-
-class WsConn:
-    """A raw WebSocket client: pre-built frames out, every message in, counted by type."""
-
-    def __init__(self) -> None:
-        self.counts: Counter = Counter()
-        self.ready = asyncio.Event()
-        self.error: str | None = None
-
-    async def open(self, port: int, path: str, first: bytes, ready_type: str) -> None:
-        self.reader, self.writer = await ws_upgrade(port, path)
-        self.ready_type = ready_type
-        self.task = asyncio.create_task(self._read())
-        if first:
-            self.writer.write(first)
-
-    def write(self, data: bytes) -> None:
-        self.writer.write(data)
-
-    async def _read(self) -> None:
-        r = self.reader
-        try:
-            while True:
-                op, payload = await read_frame(r)
-                if op == 0x8:
-                    return
-                kind = message_type(payload)
-                self.counts[kind] += 1
-                if kind == self.ready_type:
-                    self.ready.set()
-                elif kind == "error":
-                    self.error = payload[:200].decode(errors="replace")
-                    self.ready.set()
-        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
-            self.ready.set()
-
-    def close(self) -> None:
-        self.writer.close()
-        self.task.cancel()
-
-
-class GrpcConn:
-    """One Riva StreamingRecognize call fed from a queue the pacer fills."""
-
-    def __init__(self, stub, riva, rate: int) -> None:
-        self.counts: Counter = Counter()
-        self.ready = asyncio.Event()
-        self.error: str | None = None
-        self.queue: asyncio.Queue = asyncio.Queue()
-        self.riva = riva
-        config = riva.StreamingRecognitionConfig(
-            config=riva.RecognitionConfig(encoding=1, sample_rate_hertz=rate, language_code="en-US"),  # LINEAR_PCM
-            interim_results=True,
-        )
-        self.queue.put_nowait(riva.StreamingRecognizeRequest(streaming_config=config))
-        self.call = stub.StreamingRecognize(self._requests())
-        self.task = asyncio.create_task(self._read())
-        self.ready.set()  # a call is admitted with its first message; refusals come as an error
-
-    async def _requests(self):
-        while (item := await self.queue.get()) is not None:
-            yield item
-
-    def write(self, data) -> None:
-        self.queue.put_nowait(data)
-
-    async def _read(self) -> None:
-        try:
-            async for response in self.call:
-                self.counts["final" if any(r.is_final for r in response.results) else "partial"] += 1
-        except Exception as e:  # noqa: BLE001 - a cancelled call at the end, or a refusal: recorded
-            if not isinstance(e, asyncio.CancelledError):
-                self.error = repr(e)[:200]
-
-    def close(self) -> None:
-        self.queue.put_nowait(None)
-        self.call.cancel()
-        self.task.cancel()
-
-
-async def open_streams(path: str, port: int, grpc_port: int, n: int) -> list:
-    proto, encoding, packet_s, rate = PATHS[path]
-    if proto == "grpc":
-        import grpc
-
-        from nemo_serve.server.riva_protos import load
-
-        asr_pb2, asr_grpc, _ = load()
-        channel = grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}")
-        stub = asr_grpc.RivaSpeechRecognitionStub(channel)
-        return [GrpcConn(stub, asr_pb2, rate) for _ in range(n)]
-    conns = [WsConn() for _ in range(n)]
-    for c in conns:
-        if proto == "ws":
-            cfg = {"type": "config", "encoding": encoding, "sample_rate": rate}
-            await c.open(port, "/ws", frame(json.dumps(cfg).encode(), 0x1), "ready")
-        else:
-            td = {"type": "server_vad"} if encoding == "vad" else None
-            update = {"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
-                "format": {"type": "audio/pcm", "rate": rate}, "turn_detection": td}}}}  # fmt: skip
-            await c.open(port, "/v1/realtime?intent=transcription", frame(json.dumps(update).encode(), 0x1),
-                         "session.updated")  # fmt: skip
-    await asyncio.wait_for(asyncio.gather(*(c.ready.wait() for c in conns)), 60)
-    bad = [c.error for c in conns if c.error]
-    if bad:
-        raise RuntimeError(f"{len(bad)} streams refused: {bad[0]}")
-    return conns
-
-
-def wire_packets(path: str, x_by_rate: dict) -> list:
-    """What the pacer writes, one item per packet: a masked frame, or a gRPC request."""
-    proto, encoding, packet_s, rate = PATHS[path]
-    pcm = payloads(x_by_rate[rate], "pcm_s16le" if proto != "ws" else encoding, packet_s, rate)
-    if proto == "ws":
-        return [frame(p, 0x2) for p in pcm]
-    if proto == "realtime":
-        return realtime_frames(pcm)
-    from nemo_serve.server.riva_protos import load
-
-    asr_pb2 = load()[0]
-    return [asr_pb2.StreamingRecognizeRequest(audio_content=p) for p in pcm]
 
 
 async def paced(path: str, ports: tuple[int, int], n: int, seconds: float, packets: list, fe_pids: list[int],
                 settle_s: float = 1.0, core_pids: tuple[int, ...] = ()) -> dict:  # fmt: skip
     """N streams of `path` at real-time pace for `seconds`: front-end CPU over the window / packets.
-    The streams' packets are spread over each packet interval (a burst every SPREAD_S), as
+    The streams' packets are spread over each packet interval (raw_ws.send_spread), as
     independent clients' would be: all N in one burst would let the front end take many packets
     per event-loop tick, which real clients do not give it."""
     packet_s = PATHS[path][2]
@@ -233,23 +64,10 @@ async def paced(path: str, ports: tuple[int, int], n: int, seconds: float, packe
     for c, off in zip(conns, offsets):  # opens the engine stream where the first audio does (realtime)
         c.write(packets[off])
     await asyncio.sleep(settle_s)  # the opens' own work out of the window
-    groups = max(1, min(n, round(packet_s / SPREAD_S)))
-    loop = asyncio.get_running_loop()
-    steps = int(seconds / packet_s) * groups
-    late = sent = 0
     c0, w0, me0 = sum(cpu_s(p) for p in fe_pids), time.time(), time.process_time()
     k0 = sum(cpu_s(p) for p in core_pids)  # the engine core's side of the same window
-    t0 = loop.time()
-    for k in range(steps):
-        delay = t0 + k * packet_s / groups - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        elif delay < -packet_s:
-            late += 1
-        tick, group = divmod(k, groups)
-        for i in range(group, n, groups):
-            conns[i].write(packets[(offsets[i] + 1 + tick) % len(packets)])
-            sent += 1
+    sent, late = await send_spread(n, seconds, packet_s,
+                                   lambda i, tick: conns[i].write(packets[(offsets[i] + 1 + tick) % len(packets)]))  # fmt: skip
     await asyncio.sleep(packet_s)  # the last packets' own work
     c1, w1, me1 = sum(cpu_s(p) for p in fe_pids), time.time(), time.process_time()
     k1 = sum(cpu_s(p) for p in core_pids)

@@ -9,12 +9,15 @@ import base64
 import json
 import os
 import struct
+from collections import Counter
+from collections.abc import Callable
 
 import numpy as np
 
 SAMPLE_RATE = 16000
 PACKET_S = 0.1
 MASK = b"\x37\xfa\x21\x3d"
+SPREAD_S = 0.002  # the pacer writes a share of the streams every this often
 
 
 def frame(payload: bytes, opcode: int) -> bytes:
@@ -65,33 +68,44 @@ def message_type(payload: bytes) -> str:
 
 
 class Conn:
+    """One raw WebSocket connection: pre-built frames out, every server message in, counted by
+    type. `ready`: the first `ready_type` message, an error, or the connection's end; `done`:
+    a `done` message, an error, a close frame, or the connection's end."""
+
     def __init__(self) -> None:
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
-        self.counts: dict[str, int] = {}
+        self.counts: Counter = Counter()
         self.packets = 0
         self.done = asyncio.Event()
         self.ready = asyncio.Event()
         self.error: str | None = None
+        self.ready_type = "ready"
+        self._task: asyncio.Task | None = None
 
-    async def open(self, port: int, config: dict) -> None:
-        self.reader, self.writer = await ws_upgrade(port, "/ws")
-        self.writer.write(text_frame(config))
+    async def open(self, port: int, path: str, first: bytes, ready_type: str = "ready") -> None:
+        """Handshake on `path`, then `first` (a prebuilt frame; b"": none)."""
+        self.reader, self.writer = await ws_upgrade(port, path)
+        self.ready_type = ready_type
+        if first:
+            self.writer.write(first)
         self._task = asyncio.create_task(self._read())
 
+    def write(self, data: bytes) -> None:
+        self.writer.write(data)
+
     async def _read(self) -> None:
-        r = self.reader
         try:
             while True:
-                op, payload = await read_frame(r)
+                op, payload = await read_frame(self.reader)
                 if op == 0x8:  # close
                     self.done.set()
                     return
                 if op != 0x1:
                     continue
                 kind = message_type(payload)
-                self.counts[kind] = self.counts.get(kind, 0) + 1
-                if kind == "ready":
+                self.counts[kind] += 1
+                if kind == self.ready_type:
                     self.ready.set()
                 elif kind == "done":
                     self.done.set()
@@ -99,16 +113,15 @@ class Conn:
                     self.error = payload[:200].decode(errors="replace")
                     self.ready.set()
                     self.done.set()
-        except (asyncio.IncompleteReadError, ConnectionError):
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
             self.done.set()
             self.ready.set()
 
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
-        t = getattr(self, "_task", None)
-        if t is not None:
-            t.cancel()
+        if self._task is not None:
+            self._task.cancel()
 
 
 CONFIG = {"type": "config", "encoding": "pcm_s16le", "sample_rate": SAMPLE_RATE}
@@ -117,7 +130,7 @@ CONFIG = {"type": "config", "encoding": "pcm_s16le", "sample_rate": SAMPLE_RATE}
 async def open_all(port: int, n: int, config: dict = CONFIG) -> list[Conn]:
     conns = [Conn() for _ in range(n)]
     for c in conns:
-        await c.open(port, config)
+        await c.open(port, "/ws", text_frame(config))
     await asyncio.wait_for(asyncio.gather(*(c.ready.wait() for c in conns)), 60)
     bad = [c.error for c in conns if c.error and not c.counts.get("ready")]
     if bad:
@@ -128,3 +141,25 @@ async def open_all(port: int, n: int, config: dict = CONFIG) -> list[Conn]:
 def packets_of(audio_i16: np.ndarray) -> list[bytes]:
     k = int(SAMPLE_RATE * PACKET_S)
     return [frame(audio_i16[i : i + k].tobytes(), 0x2) for i in range(0, len(audio_i16) - k + 1, k)]
+
+
+async def send_spread(n: int, seconds: float, packet_s: float, write: Callable[[int, int], None]) -> tuple[int, int]:
+    """Real-time pace for `seconds`: every `packet_s`, one packet per stream, the N streams spread
+    over the interval (a burst every SPREAD_S), as independent clients' would be; all N in one
+    burst would let the front end take many packets per event-loop tick. `write(i, tick)` writes
+    stream i's packet of that tick. Returns (packets written, bursts more than a packet late)."""
+    groups = max(1, min(n, round(packet_s / SPREAD_S)))
+    loop = asyncio.get_running_loop()
+    late = sent = 0
+    t0 = loop.time()
+    for k in range(int(seconds / packet_s) * groups):
+        delay = t0 + k * packet_s / groups - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        elif delay < -packet_s:
+            late += 1
+        tick, group = divmod(k, groups)
+        for i in range(group, n, groups):
+            write(i, tick)
+            sent += 1
+    return sent, late

@@ -35,3 +35,15 @@ def step_time_by_batch(before: str, after: str) -> dict[str, dict]:
 def bin_lo(label: str) -> int:
     return int(label.split("-")[0])
 
+
+
+def mean_step_ms_by_bin(levels: list[dict]) -> dict[str, float]:
+    """Mean step time per batch-size bin over all of a sweep's levels (each level's mean weighted
+    by its step count), bins in rising order."""
+    by_bin: dict[str, list[float]] = {}
+    for level in levels:
+        for label, s in level.get("step_time_by_batch", {}).items():
+            total = by_bin.setdefault(label, [0.0, 0.0])
+            total[0] += s["mean_ms"] * s["steps"]
+            total[1] += s["steps"]
+    return {label: by_bin[label][0] / by_bin[label][1] for label in sorted(by_bin, key=bin_lo)}

@@ -11,6 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.load_level import keeps_up  # noqa: E402
+from benchmarks.step_metrics import mean_step_ms_by_bin  # noqa: E402
 
 SYSTEMS = ("engine", "engine-nemo", "pipeline", "loop", "sherpa")
 
@@ -155,13 +156,7 @@ def _pct(x) -> str:
 def server_steps_table(sweeps: list[tuple[Path, dict]]) -> str:
     rows = ["| model | chunk | server step time by batch size (mean ms, all levels) |", "|---|---|---|"]
     for _, d in sweeps:
-        agg: dict[str, list[float]] = {}
-        for lv in d["levels"]:
-            for label, s in lv.get("step_time_by_batch", {}).items():
-                a = agg.setdefault(label, [0.0, 0.0])
-                a[0] += s["mean_ms"] * s["steps"]
-                a[1] += s["steps"]
-        cells = ", ".join(f"B {k}: {v[0] / v[1]:.0f}" for k, v in sorted(agg.items(), key=lambda kv: int(kv[0].split("-")[0])))
+        cells = ", ".join(f"B {k}: {v:.0f}" for k, v in mean_step_ms_by_bin(d["levels"]).items())
         rows.append(f"| {d['model']} | {d['chunk_ms']:.0f} ms | {cells} |")
     return "\n".join(rows)
 

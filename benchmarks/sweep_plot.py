@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.step_metrics import bin_lo
+from benchmarks.step_metrics import bin_lo, mean_step_ms_by_bin
 
 
 def plot(result: dict, png: Path, step_bench: dict | None = None) -> None:
@@ -40,15 +40,9 @@ def plot(result: dict, png: Path, step_bench: dict | None = None) -> None:
 
 
 def _plot_steps(ax, levels: list[dict], step_bench: dict | None) -> None:
-    by_bin: dict[str, list[float]] = {}
-    for x in levels:
-        for label, s in x.get("step_time_by_batch", {}).items():
-            by_bin.setdefault(label, [0.0, 0.0])
-            by_bin[label][0] += s["mean_ms"] * s["steps"]
-            by_bin[label][1] += s["steps"]
-    labels = sorted(by_bin, key=bin_lo)
-    xs = [(bin_lo(b) + int(b.split("-")[-1])) / 2 for b in labels]
-    ax.plot(xs, [by_bin[b][0] / by_bin[b][1] for b in labels], "-o", label="server (mean per batch bin)")
+    mean_ms = mean_step_ms_by_bin(levels)
+    xs = [(bin_lo(b) + int(b.split("-")[-1])) / 2 for b in mean_ms]
+    ax.plot(xs, list(mean_ms.values()), "-o", label="server (mean per batch bin)")
     if step_bench:
         for system in ("engine", "pipeline", "sherpa", "loop"):
             rows = sorted((r["batch"], r["step_ms_median"]) for r in step_bench["results"] if r["system"] == system)

@@ -38,11 +38,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.raw_ws import frame  # noqa: E402
+from benchmarks.raw_ws import Conn, frame, send_spread  # noqa: E402
 from benchmarks.server_process import children, cpu_s, free_port  # noqa: E402
 
 PACKET_S = 0.02
-SPREAD_S = 0.002
 RESULT_EVERY = 16
 READY = b'{"type":"ready"}'
 RESULT = b'{"type":"partial","text":"' + b"x" * 120 + b'","segment":0,"start_ms":0,"end_ms":1200}'
@@ -170,27 +169,14 @@ def tree_cpu_s(pid: int) -> float:
 
 
 async def paced(port: int, n: int, seconds: float, pid: int) -> dict:
-    from benchmarks.packet_cost import WsConn
-
-    conns = [WsConn() for _ in range(n)]
+    conns = [Conn() for _ in range(n)]
     for c in conns:
         await c.open(port, "/ws", b"", "ready")
     await asyncio.wait_for(asyncio.gather(*(c.ready.wait() for c in conns)), 30)
     packet = frame(np.random.default_rng(0).integers(-3000, 3000, int(16000 * PACKET_S), np.int16).tobytes(), 0x2)
     await asyncio.sleep(0.5)
-    groups = max(1, min(n, round(PACKET_S / SPREAD_S)))
-    loop = asyncio.get_running_loop()
-    steps, late, sent = int(seconds / PACKET_S) * groups, 0, 0
-    c0, w0, me0, t0 = tree_cpu_s(pid), time.time(), time.process_time(), loop.time()
-    for k in range(steps):
-        delay = t0 + k * PACKET_S / groups - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        elif delay < -PACKET_S:
-            late += 1
-        for i in range(k % groups, n, groups):
-            conns[i].write(packet)
-            sent += 1
+    c0, w0, me0 = tree_cpu_s(pid), time.time(), time.process_time()
+    sent, late = await send_spread(n, seconds, PACKET_S, lambda i, tick: conns[i].write(packet))
     await asyncio.sleep(PACKET_S)
     c1, w1, me1 = tree_cpu_s(pid), time.time(), time.process_time()
     received = sum(sum(c.counts.values()) for c in conns)

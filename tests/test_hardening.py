@@ -16,7 +16,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from benchmarks.fuzz_server import fuzz
@@ -25,13 +24,12 @@ from nemo_serve.server.ws_socket import CLOSE_TIMEOUT_S
 
 from . import helpers
 from .helpers_server import TEST_MODEL, TOKEN, raw_session, start_server
+from .helpers_ws import HOSTILE_ENV, never_reading_client, seconds_until_closed, seconds_until_slot_freed, speech, ws_connect
 
 PER_IP = 10
 TOTAL = 24
 HARD_ENV = {
-    "NEMO_SERVE_PING_INTERVAL_S": "0",
-    "NEMO_SERVE_SEND_TIMEOUT_S": "2",
-    "NEMO_SERVE_HEADER_TIMEOUT_S": "1",
+    **HOSTILE_ENV,
     "NEMO_SERVE_MAX_CONNECTIONS": str(TOTAL),
     "NEMO_SERVE_MAX_CONNECTIONS_PER_IP": str(PER_IP),
     "NEMO_SERVE_ALLOWED_ORIGINS": "https://app.example.com",
@@ -46,20 +44,9 @@ def hard():
     assert "Traceback" not in s.log(), s.log()[-4000:]
 
 
-def _connect(url: str, **kw):
-    from websockets.asyncio.client import connect
-
-    kw.setdefault("additional_headers", {"Authorization": f"Bearer {TOKEN}"})
-    return connect(url, proxy=None, compression=None, max_size=None, ping_interval=None, **kw)
-
-
 def _log_since(server, offset: int) -> str:
     time.sleep(0.3)  # the server's log lines are written as they happen; let the last ones land
     return server.log()[offset:]
-
-
-def _speech(n: int, seed: int = 1) -> np.ndarray:
-    return np.concatenate(helpers.utterances(n, seed=seed)).astype("<f4")
 
 
 # ----------------------------------------------------------------------------- 1 secrets
@@ -95,14 +82,14 @@ def test_log_lines_bounded_in_size_and_rate(hard):
             big.append(await raw_session(hard.ws_url, [json.dumps({"type": "A" * 600_000 + "\x1b[31m"})]))
         bad_utf8 = []
         for _ in range(10):
-            async with _connect(hard.ws_url) as ws:
+            async with ws_connect(hard.ws_url) as ws:
                 await ws.send(b'{"type": "\xff"}', text=True)
                 await ws.wait_closed()
                 bad_utf8.append(ws.close_code)
         refused = []
         for _ in range(10):
             try:
-                async with _connect(hard.ws_url, additional_headers={"Authorization": "Bearer wrong"}):
+                async with ws_connect(hard.ws_url, additional_headers={"Authorization": "Bearer wrong"}):
                     refused.append(101)
             except InvalidStatus as e:
                 refused.append(e.response.status_code)
@@ -134,25 +121,6 @@ def test_log_lines_bounded_in_size_and_rate(hard):
 # ----------------------------------------------------------------------------- 3 slow readers, drain
 
 
-async def _never_reading_client(server, seconds_of_audio: int):
-    """A client with a tiny receive buffer that streams audio as fast as it may and never reads."""
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    s.connect(("127.0.0.1", server.port))
-    s.setblocking(False)
-    ws = await _connect(server.ws_url, sock=s)
-    ws.transport.pause_reading()
-    await ws.send(json.dumps({"type": "config", "endpointing": {"enabled": False}}))
-    speech = _speech(6)
-
-    async def send():
-        for i in range(0, seconds_of_audio * 16000, 16000):
-            j = i % (len(speech) - 16000)
-            await ws.send(speech[j : j + 16000].tobytes())
-
-    return ws, asyncio.create_task(send())
-
-
 def test_client_that_never_reads_loses_its_slot_in_bounded_time(hard):
     """Defect 3: with pings off, a client that never reads held its slot forever. Now the slot comes
     back in bounded time, and since this client cannot take the error and close frames within the
@@ -163,24 +131,12 @@ def test_client_that_never_reads_loses_its_slot_in_bounded_time(hard):
     start = len(hard.log())
 
     async def scenario():
-        ws, sender = await _never_reading_client(hard, 3000)
-        while hard.readyz()["open_streams"] < 1:
-            await asyncio.sleep(0.05)
-        t0 = time.monotonic()
-        while hard.readyz()["open_streams"] > 0 and time.monotonic() - t0 < 30:
-            await asyncio.sleep(0.2)
-        freed_s = time.monotonic() - t0
+        ws, sender = await never_reading_client(hard.port, hard.ws_url, 3000)
+        freed_s = await seconds_until_slot_freed(hard, 30)
         assert freed_s < 30, f"slot still held after {freed_s:.0f} s"
         await asyncio.sleep(2 * CLOSE_TIMEOUT_S)  # the server's time to write its close has passed
-        ws.transport.resume_reading()  # now read: the server must have dropped the connection
-        t1 = time.monotonic()
-        try:
-            async with asyncio.timeout(15):
-                await ws.wait_closed()
-        finally:
-            sender.cancel()
-            ws.transport.abort()
-        return freed_s, time.monotonic() - t1, ws.close_code
+        closed_s = await seconds_until_closed(ws, sender)  # now read: the server must have dropped the connection
+        return freed_s, closed_s, ws.close_code
 
     freed_s, closed_s, code = asyncio.run(scenario())
     assert freed_s < 40, f"slot still held after {freed_s:.0f} s"
@@ -201,8 +157,8 @@ def test_drain_sends_1012_and_exits_on_time_with_stalled_clients():
         async def scenario():
             from websockets.exceptions import ConnectionClosed
 
-            a, a_send = await _never_reading_client(srv, 400)
-            b, b_send = await _never_reading_client(srv, 400)
+            a, a_send = await never_reading_client(srv.port, srv.ws_url, 400)
+            b, b_send = await never_reading_client(srv.port, srv.ws_url, 400)
             await asyncio.wait({a_send, b_send}, timeout=30)  # every frame taken: the model is on it
             await asyncio.sleep(3.0)  # results pile up behind the full socket buffers
             t0 = time.monotonic()
@@ -267,11 +223,11 @@ def test_connection_caps_per_address_and_total(hard):
     from websockets.exceptions import InvalidStatus
 
     async def open_many(host: str, n: int) -> list:
-        return [await _connect(hard.ws_url, local_addr=(host, 0)) for _ in range(n)]
+        return [await ws_connect(hard.ws_url, local_addr=(host, 0)) for _ in range(n)]
 
     async def refused(host: str) -> InvalidStatus | None:
         try:
-            ws = await _connect(hard.ws_url, local_addr=(host, 0))
+            ws = await ws_connect(hard.ws_url, local_addr=(host, 0))
         except InvalidStatus as e:
             return e
         await ws.close()
@@ -344,11 +300,11 @@ def _assemble(partials: list[dict]) -> list[tuple[list[int], str]]:
 
 def test_partials_stay_bounded_on_a_long_segment(hard):
     """Defect 7: with endpointing off every partial carried the whole segment (quadratic)."""
-    audio = _speech(30)  # ~90 s of speech in one segment, ~570 tokens
+    audio = speech(30)  # ~90 s of speech in one segment, ~570 tokens
 
     async def scenario():
         out = []
-        async with _connect(hard.ws_url) as ws:
+        async with ws_connect(hard.ws_url) as ws:
             await ws.send(json.dumps({"type": "config", "endpointing": {"enabled": False}}))
 
             async def send():
@@ -386,7 +342,7 @@ def test_origin_allow_list(hard):
 
     async def status(origin: str | None) -> int:
         try:
-            async with _connect(hard.ws_url, origin=origin) as ws:
+            async with ws_connect(hard.ws_url, origin=origin) as ws:
                 await ws.send("Done")
                 await ws.wait_closed()
                 return 101

@@ -23,14 +23,13 @@ from nemo_serve.server.ws_socket import CLOSE_TIMEOUT_S  # noqa: E402
 
 from . import helpers  # noqa: E402
 from .helpers_server import TEST_MODEL, TOKEN, encode, free_port, start_server  # noqa: E402
+from .helpers_ws import HOSTILE_ENV, never_reading_client, seconds_until_closed, seconds_until_slot_freed, ws_connect  # noqa: E402
 from .test_server_e2e import check_well_formed, oracle_tokens, stream  # noqa: E402
 
 PER_IP = 4
 MAX_MESSAGE_BYTES = 65536
 ENV = {
-    "NEMO_SERVE_PING_INTERVAL_S": "0",
-    "NEMO_SERVE_SEND_TIMEOUT_S": "2",
-    "NEMO_SERVE_HEADER_TIMEOUT_S": "1",
+    **HOSTILE_ENV,
     "NEMO_SERVE_MAX_CONNECTIONS_PER_IP": str(PER_IP),
     "NEMO_SERVE_MAX_MESSAGE_BYTES": str(MAX_MESSAGE_BYTES),
 }
@@ -50,13 +49,6 @@ def fast():
 @pytest.fixture(scope="module")
 def oracle_model():
     return helpers.model(TEST_MODEL, None)
-
-
-def _connect(url: str, **kw):
-    from websockets.asyncio.client import connect
-
-    kw.setdefault("additional_headers", {"Authorization": f"Bearer {TOKEN}"})
-    return connect(url, proxy=None, compression=None, max_size=None, ping_interval=None, **kw)
 
 
 async def _close_code(ws, timeout_s: float = 10.0) -> tuple[list, int | None]:
@@ -97,7 +89,7 @@ def helpers_resample(audio: np.ndarray, rate: int) -> np.ndarray:
 
 def test_realtime_gets_its_subprotocol_and_session(fast):
     async def scenario():
-        async with _connect(fast.fast_url + "/v1/realtime?intent=transcription", subprotocols=["realtime"]) as ws:
+        async with ws_connect(fast.fast_url + "/v1/realtime?intent=transcription", subprotocols=["realtime"]) as ws:
             first = json.loads(await asyncio.wait_for(ws.recv(), 10))
             return ws.subprotocol, first["type"]
 
@@ -116,7 +108,7 @@ def test_realtime_through_picows_matches_ws(fast):
 
     async def run() -> list[dict]:
         raw: list[dict] = []
-        async with _connect(fast.fast_url + "/v1/realtime?intent=transcription") as ws:
+        async with ws_connect(fast.fast_url + "/v1/realtime?intent=transcription") as ws:
             assert json.loads(await ws.recv())["type"] == "session.created"
             await ws.send(json.dumps({"type": "session.update", "session": session}))
             for i in range(0, len(wire), 480):
@@ -141,7 +133,7 @@ def test_frame_and_message_size_and_invalid_utf8(fast):
     fragmented config under it works; a text frame that is not UTF-8: 1007. No slot is left."""
 
     async def raw(frames: list[bytes]) -> int | None:
-        ws = await _connect(fast.fast_url + "/ws")
+        ws = await ws_connect(fast.fast_url + "/ws")
         for f in frames:
             ws.transport.write(f)  # frames built here: websockets would refuse to send these
         messages, code = await _close_code(ws)
@@ -158,7 +150,7 @@ def test_frame_and_message_size_and_invalid_utf8(fast):
     assert code == 1007
 
     async def fragmented_config():
-        async with _connect(fast.fast_url + "/ws") as ws:
+        async with ws_connect(fast.fast_url + "/ws") as ws:
             await ws.send(iter(['{"type": "con', 'fig", "sample_rate": 16000}']))
             return json.loads(await asyncio.wait_for(ws.recv(), 10))["type"]
 
@@ -185,7 +177,7 @@ async def _refused(url: str, **kw) -> tuple[int, dict, dict]:
     from websockets.exceptions import InvalidStatus
 
     try:
-        async with _connect(url, **kw):
+        async with ws_connect(url, **kw):
             pass
     except InvalidStatus as e:
         return e.response.status_code, json.loads(e.response.body or b"{}"), dict(e.response.headers)
@@ -217,11 +209,11 @@ def test_connections_per_address_are_capped_with_503_and_released(fast, port):
     url = _url(fast, port) + "/ws"
 
     async def scenario():
-        held = [await _connect(url) for _ in range(PER_IP)]
+        held = [await ws_connect(url) for _ in range(PER_IP)]
         refused = await _refused(url)
         await held.pop().close()
         await asyncio.sleep(0.3)
-        again = await _connect(url)
+        again = await ws_connect(url)
         await again.send(json.dumps({"type": "config"}))
         ready = json.loads(await asyncio.wait_for(again.recv(), 10))["type"]
         for ws in [*held, again]:
@@ -246,7 +238,7 @@ def test_handshakes_in_progress_count_against_the_cap(fast, port):
         await asyncio.sleep(0.2)
         status = (await _refused(url))[0]
         await asyncio.sleep(2.0)
-        async with _connect(url) as ws:
+        async with ws_connect(url) as ws:
             await ws.send(json.dumps({"type": "config"}))
             ready = json.loads(await asyncio.wait_for(ws.recv(), 10))["type"]
         for s in silent:
@@ -272,7 +264,7 @@ def test_silent_socket_is_answered_408_at_the_handshake_deadline(fast, port):
 
 def test_idle_timeout_reaches_the_session(fast):
     async def scenario():
-        async with _connect(fast.fast_url + "/ws") as ws:
+        async with ws_connect(fast.fast_url + "/ws") as ws:
             return await _close_code(ws, 15)
 
     t0 = time.monotonic()
@@ -288,35 +280,10 @@ def test_client_that_never_reads_loses_its_slot(fast):
     before = fast.metric(label)
 
     async def scenario():
-        s = socket.socket()
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        s.connect(("127.0.0.1", fast.fast_port))
-        s.setblocking(False)
-        ws = await _connect(fast.fast_url + "/ws", sock=s)
-        ws.transport.pause_reading()
-        await ws.send(json.dumps({"type": "config", "endpointing": {"enabled": False}}))
-        speech = np.concatenate(helpers.utterances(6, seed=1)).astype("<f4")
-
-        async def send():
-            for i in range(0, 3000 * 16000, 16000):
-                j = i % (len(speech) - 16000)
-                await ws.send(speech[j : j + 16000].tobytes())
-
-        sender = asyncio.create_task(send())
-        while fast.readyz()["open_streams"] < 1:
-            await asyncio.sleep(0.05)
-        t0 = time.monotonic()
-        while fast.readyz()["open_streams"] > 0 and time.monotonic() - t0 < 40:
-            await asyncio.sleep(0.2)
-        freed_s = time.monotonic() - t0
+        ws, sender = await never_reading_client(fast.fast_port, fast.fast_url + "/ws", 3000)
+        freed_s = await seconds_until_slot_freed(fast, 40)
         await asyncio.sleep(2 * CLOSE_TIMEOUT_S)
-        ws.transport.resume_reading()
-        try:
-            async with asyncio.timeout(15):
-                await ws.wait_closed()
-        finally:
-            sender.cancel()
-            ws.transport.abort()
+        await seconds_until_closed(ws, sender)
         return freed_s, ws.close_code
 
     freed_s, code = asyncio.run(scenario())

@@ -44,37 +44,12 @@ REPO = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.gpu.emission import StepRecorder  # noqa: E402
+from benchmarks.gpu.index_bench import index_bench  # noqa: E402
 from benchmarks.gpu.record import free_gpu  # noqa: E402
 from benchmarks.gpu.step_ranges import analyse, ranges  # noqa: E402
+from benchmarks.gpu.timing import Timer, median_ms  # noqa: E402
 
 T0 = time.time()
-
-
-class Timer:
-    """CUDA events on a GPU (GPU time), the wall clock on CPU (synchronous there)."""
-
-    def __init__(self, cuda: bool) -> None:
-        self.cuda = cuda
-
-    def mark(self):
-        import torch
-
-        if self.cuda:
-            e = torch.cuda.Event(enable_timing=True)
-            e.record()
-            return e
-        return time.perf_counter()
-
-    def ms(self, a, b) -> float:
-        return a.elapsed_time(b) if self.cuda else 1000 * (b - a)
-
-    def done(self, marks: list) -> list[float]:
-        """ms of each (start, end) pair, once the device has reached the last end."""
-        if self.cuda:
-            import torch
-
-            torch.cuda.synchronize()
-        return [self.ms(a, b) for a, b in marks]
 
 
 # ----------------------------------------------------------------------------- 1 split
@@ -140,8 +115,8 @@ def split(args, model, rows: int, timer: Timer) -> dict:
     total = [timer.ms(a, b) for a, b, _ in steps]
     dec = [timer.ms(*d) for _, _, d in steps]
     out = {"chunk_ms": round(model.geometry.chunk_ms), "rows": rows, "graphs": stepper.graphs is not None,
-           "steps": len(steps), "step_ms": _med(total), "decoder_ms": _med(dec),
-           "encoder_ms": _med([t - d for t, d in zip(total, dec)]), "host_ms": _med(host[1:]),
+           "steps": len(steps), "step_ms": median_ms(total), "decoder_ms": median_ms(dec),
+           "encoder_ms": median_ms([t - d for t, d in zip(total, dec)]), "host_ms": median_ms(host[1:]),
            "per_step": [{"step_ms": round(t, 3), "decoder_ms": round(d, 3), "outer": o, "inner": i}
                         for t, d, (o, i) in zip(total, dec, trips)],
            "label_loop": rec.summary(since=2)}  # fmt: skip
@@ -192,46 +167,7 @@ def kernel_profile(args, model, rows: int, cuda: bool, trace: Path | None) -> di
     return out
 
 
-# ----------------------------------------------------------------------------- 3 index, 4 big
-def index_bench(args, model, timer: Timer) -> dict:
-    """GB/s of the cache gather/scatter kernels on the pool's K/V layout, whole pool and per layer."""
-    import torch
-
-    from benchmarks.architecture import set_mode
-    from nemo_serve.engine.encoder import make_encoder
-    from nemo_serve.engine.slots import SlotPool
-
-    set_mode(model)
-    pool = SlotPool(model, args.index_slots, make_encoder(model).channel_shape, max_rows=1)
-    kv = pool.cache_last_channel  # [L, S+1, *channel]
-    n = min(args.index_rows, args.index_slots)
-    rows = torch.randperm(args.index_slots, generator=torch.Generator().manual_seed(0))[:n].to(kv.device)
-    out = torch.empty((kv.shape[0], n, *kv.shape[2:]), dtype=kv.dtype, device=kv.device)
-    moved = out.numel() * out.element_size()
-
-    def rate(fn) -> float | None:
-        fn()  # warm-up
-        marks = []
-        for _ in range(args.index_reps):
-            a = timer.mark()
-            fn()
-            marks.append((a, timer.mark()))
-        ms = _med(timer.done(marks))
-        return round(moved / (ms / 1000) / 1e9, 2) if ms else None
-
-    layers = [kv[i] for i in range(kv.shape[0])]
-    res = {"slots": args.index_slots, "rows": n, "pool_elements": kv.numel(), "over_2_31": kv.numel() >= 2**31,
-           "bytes_moved": moved, "dtype": str(kv.dtype).replace("torch.", ""),
-           "index_select_gbs": rate(lambda: torch.index_select(kv, 1, rows, out=out)),
-           "index_copy_gbs": rate(lambda: kv.index_copy_(1, rows, out)),
-           "per_layer_index_select_gbs": rate(lambda: [torch.index_select(x, 0, rows, out=o) for x, o in zip(layers, out)]),
-           "per_layer_index_copy_gbs": rate(lambda: [x.index_copy_(0, rows, o) for x, o in zip(layers, out)]),
-           "copy_gbs": rate(lambda: out.copy_(kv[:, :n]))}  # fmt: skip
-    pool = kv = out = layers = None  # freed before the next phase (the lambdas above are done)
-    free_gpu()
-    return res
-
-
+# ----------------------------------------------------------------------------- 4 big (3 index: index_bench.py)
 def big(args, model, timer: Timer) -> dict:
     """One step of big_rows rows against the same rows in parts of big_part (one pool, two steppers)."""
     import torch
@@ -256,7 +192,7 @@ def big(args, model, timer: Timer) -> dict:
                     marks.append((a, timer.mark()))
         for r in range(n):
             pool.close_row(r)
-        out[f"{name}_ms"] = _med(timer.done(marks))
+        out[f"{name}_ms"] = median_ms(timer.done(marks))
     out["parts_over_one_step"] = round(out["parts_ms"] / out["one_step_ms"], 3) if out["one_step_ms"] else None
     del whole, parts, pool
     free_gpu()
@@ -264,10 +200,6 @@ def big(args, model, timer: Timer) -> dict:
 
 
 # ----------------------------------------------------------------------------- main
-def _med(xs) -> float | None:
-    return round(float(np.median(xs)), 3) if len(xs) else None
-
-
 def parse(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)

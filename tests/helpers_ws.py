@@ -1,0 +1,79 @@
+"""WebSocket clients for the hostile-client tests (test_hardening.py against the uvicorn port,
+test_picows_listener.py against the picows one): the same connection options, and the client
+that never reads, written once so the two ports are held to the same scenario."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+
+import numpy as np
+
+from . import helpers
+from .helpers_server import TOKEN
+
+# The limits both suites give the server: pings off (so nothing but our own limits frees a stalled
+# client), a 2 s send timeout, a 1 s header timeout.
+HOSTILE_ENV = {
+    "NEMO_SERVE_PING_INTERVAL_S": "0",
+    "NEMO_SERVE_SEND_TIMEOUT_S": "2",
+    "NEMO_SERVE_HEADER_TIMEOUT_S": "1",
+}
+
+
+def ws_connect(url: str, **kw):
+    """websockets' client with the test token, no proxy, no compression, no size limit, no pings."""
+    from websockets.asyncio.client import connect
+
+    kw.setdefault("additional_headers", {"Authorization": f"Bearer {TOKEN}"})
+    return connect(url, proxy=None, compression=None, max_size=None, ping_interval=None, **kw)
+
+
+def speech(n: int, seed: int = 1) -> np.ndarray:
+    return np.concatenate(helpers.utterances(n, seed=seed)).astype("<f4")
+
+
+async def never_reading_client(port: int, ws_url: str, seconds_of_audio: int):
+    """A client with a tiny receive buffer that streams audio as fast as it may and never reads.
+    Returns (the connection, its sender task)."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", port))
+    s.setblocking(False)
+    ws = await ws_connect(ws_url, sock=s)
+    ws.transport.pause_reading()
+    await ws.send(json.dumps({"type": "config", "endpointing": {"enabled": False}}))
+    audio = speech(6)
+
+    async def send():
+        for i in range(0, seconds_of_audio * 16000, 16000):
+            j = i % (len(audio) - 16000)
+            await ws.send(audio[j : j + 16000].tobytes())
+
+    return ws, asyncio.create_task(send())
+
+
+async def seconds_until_slot_freed(server, limit_s: float) -> float:
+    """Once a stream is open on `server`, how long until none is (at most about `limit_s`)."""
+    while server.readyz()["open_streams"] < 1:
+        await asyncio.sleep(0.05)
+    t0 = time.monotonic()
+    while server.readyz()["open_streams"] > 0 and time.monotonic() - t0 < limit_s:
+        await asyncio.sleep(0.2)
+    return time.monotonic() - t0
+
+
+async def seconds_until_closed(ws, sender: asyncio.Task) -> float:
+    """Start reading again and wait (15 s at most) for the connection to close; the sender and
+    the transport are ended either way."""
+    ws.transport.resume_reading()
+    t0 = time.monotonic()
+    try:
+        async with asyncio.timeout(15):
+            await ws.wait_closed()
+    finally:
+        sender.cancel()
+        ws.transport.abort()
+    return time.monotonic() - t0

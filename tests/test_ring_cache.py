@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from nemo_serve.core import inproc
-from nemo_serve.engine import loop
+from nemo_serve.engine import accounting, admission, loop, publish
 from nemo_serve.engine.encoder import KVCacheEncoder, RingKVEncoder, make_encoder
 from nemo_serve.engine.ring_cache import (
     INDEX_LIMIT, RingSlotPool, make_slot_pool, max_ring_step_rows, ring_layout_enabled,
@@ -86,7 +86,7 @@ def _run(spec, modes, dtype, num_slots=3, n=6):
     pair = _Lockstep(m, num_slots)
     pair.clock = _Clock()
     with pytest.MonkeyPatch.context() as mp:
-        for module in (loop, inproc):
+        for module in (loop, admission, publish, accounting, inproc):  # the engine's modules, one clock
             mp.setattr(module, "time", pair.clock)
         return _drive(m, pair, n)
 

@@ -8,7 +8,7 @@ the tokenizer's pieces, never from one checkpoint's numbering.
 
 The engine keeps the tokens as the decoder emits them (so they equal NeMo's loop, EOU included) and
 only changes how they are presented: an EOU token is cut out of what clients see and closes the
-segment it ends (engine/loop.py). Unlike NeMo's voice agent, which resets the encoder and decoder
+segment it ends (engine/publish.py). Unlike NeMo's voice agent, which resets the encoder and decoder
 state at an EOU, the engine carries state on, as at any endpoint (engine/endpoint.py): the tokens of
 all segments together stay NeMo's cache-aware loop's.
 

@@ -10,7 +10,7 @@ in-process harness's loop thread) checks after each iteration that its books agr
   owned in the shared-memory slot table by the front end that opened it, at its generation; in
   process, allocated by the harness to that stream id
 
-(engine/loop.py Engine.check_accounting, core/engine_core.py EngineCore.check_invariants,
+(engine/accounting.py Engine.check_accounting, core/engine_core.py EngineCore.check_invariants,
 core/inproc.py LocalEngine.check_accounting). Any drift raises AccountingError on the loop,
 which fails the engine loudly (an engine core exits FAILED; the in-process harness's loop sets
 LocalEngine.error, and a server around it fails every stream).

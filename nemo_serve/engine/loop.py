@@ -39,27 +39,26 @@ from __future__ import annotations
 import logging
 import os
 import time
-import uuid
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
-from .biasing import BiasingRegistry
-from .phrases import NO_BIASING, PhraseLimits, PhraseRequest, check_phrases, encodable_characters
+from .accounting import AccountingMixin
+from .admission import AdmissionMixin
+from .phrases import PhraseLimits, encodable_characters
 from .encoder import make_encoder
 from .ring_cache import make_slot_pool
 from .endpoint import EndpointConfig
 from .eou import EouTokens
-from .frontend import AudioBuffer, FeatureExtractor
+from .frontend import FeatureExtractor
+from .publish import PublishMixin
 from .scheduler import Group, Scheduler
 from .outputs import IterationOutput, ReleasedStream, StepStats
 from .geometry import ModelInfo
-from .invariants import check
 from .queue_delay import QueueDelay
 from .slot_table import SlotTable
 from .runner import RnntRunner
-from .speakers import DiarizationRequest, SpeakerAttacher, check_diarization
+from .speakers import SpeakerAttacher
 from .step import StepBatch, prepare_step
 from .in_flight import InFlight, InFlightStep
 from .results import Detokenizer, StreamUpdate
@@ -87,18 +86,11 @@ class EngineStats:
     by_mode: dict = field(default_factory=dict)  # context_right -> [steps, stream_steps]
 
 
-@dataclass(frozen=True)
-class StreamOptions:
-    """A stream's options, checked (`Engine.check_options`): what admission builds it from."""
-
-    language_index: int
-    context_right: int  # the chunk mode, resolved (a served one)
-    phrases: PhraseRequest
-    diarization: DiarizationRequest | None = None  # speakers asked for (engine/speakers.py)
-
-
-class Engine:
-    """Streams in, results out, on the thread that owns it (module docstring)."""
+class Engine(AdmissionMixin, AccountingMixin, PublishMixin):
+    """Streams in, results out, on the thread that owns it (module docstring). Its methods by job:
+    streams in and their release (engine/admission.py), what it holds and the accounting check
+    (engine/accounting.py), a collected step's updates and finals and the diarizer
+    (engine/publish.py); here start-up and the iteration: plan, launch, collect."""
 
     def __init__(
         self,
@@ -240,207 +232,6 @@ class Engine:
         log.info(line)
         return line
 
-    # ------------------------------------------------------------------ streams in
-    def check_options(
-        self,
-        *,
-        language: str | None = None,
-        language_index: int | None = None,
-        context_right: int | None = None,
-        phrases: list[str] | None = None,
-        boost: float | None = None,
-        diarization: dict | None = None,
-    ) -> StreamOptions:
-        """A stream's options checked, or ValueError: a bad language, a chunk mode `context_right`
-        the engine does not serve (the message lists those it does), bad `phrases` / `boost`
-        (over a limit, or not spelled by the tokenizer), `diarization` asked of a server without a
-        diarizer or malformed (engine/speakers.py). Pure: reads only the model and the
-        limits, so any thread may call it (the harness does, in the caller's thread)."""
-        lang = self.model.language_index(language) if language_index is None else language_index
-        mode = self.model.geometry_for(context_right).context_right
-        return StreamOptions(lang, mode, self.check_phrases(phrases, boost), check_diarization(diarization, self.model_info.num_speakers))
-
-    def check_phrases(self, phrases: list[str] | None, boost: float | None) -> PhraseRequest:
-        """The stream's phrases checked against the limits and the tokenizer (no <unk>)."""
-        request = check_phrases(phrases, boost, self.phrase_limits, self.encodable, self.model.is_bpe)
-        tokenizer = getattr(self.model.nemo, "tokenizer", None)
-        unk = getattr(tokenizer, "unk_id", None)
-        for phrase in request.phrases if tokenizer is not None else ():
-            if unk is not None and unk in tokenizer.text_to_ids(phrase):
-                raise ValueError(f"phrase {phrase!r} has characters the model cannot spell")
-        return request
-
-    def phrase_total_error(self, held: int, request: PhraseRequest) -> str | None:
-        """Why `request` would take the open streams' phrases (`held` of them) over the server's
-        limit, or None."""
-        if request and held + len(request.phrases) > self.phrase_limits.max_phrases_total:
-            return f"the server holds {held} boosted phrases; at most {self.phrase_limits.max_phrases_total} in all"
-        return None
-
-    def admit(
-        self,
-        *,
-        slot: int,
-        stream_id: str | None = None,
-        language: str | None = None,
-        language_index: int | None = None,
-        endpoint: EndpointConfig | None = None,
-        context_right: int | None = None,
-        phrases: list[str] | None = None,
-        boost: float | None = None,
-        diarization: dict | None = None,
-    ) -> Stream:
-        """Open a stream on `slot` (free: the caller allocated it, as a front end does in shared
-        memory): the slot, its cache row and its scheduler row at once. ValueError as
-        `check_options`, for the server's phrase total, a stream id already open or a slot that
-        is not free. Its results come out of `iterate()`."""
-        options = self.check_options(language=language, language_index=language_index, context_right=context_right,
-                                     phrases=phrases, boost=boost, diarization=diarization)  # fmt: skip
-        request = options.phrases
-        error = self.phrase_total_error(self._num_phrases, request)
-        if error is not None:
-            raise ValueError(error)
-        stream = Stream(
-            stream_id=stream_id or uuid.uuid4().hex,
-            language_index=options.language_index,
-            endpoint_config=endpoint or self.endpoint,
-            frame_s=self.geometry.encoder_frame_s,
-            context_right=options.context_right,
-            phrases=request,
-            audio=AudioBuffer(self._audio_capacity(self.model.geometries[options.context_right])),
-        )
-        self.slots.take(stream, slot)
-        if options.diarization is not None:  # its diarizer slot: one per engine slot, so one is free
-            self.diarizer.open(stream.stream_id, options.diarization.max_speakers)
-            self.speakers.open(stream.stream_id, options.diarization.split_on_speaker_change)
-            stream.diarized = True
-        tree_state = 0
-        if request:  # checked above: the tree builds
-            stream.biasing_id, tree_state = self._biasing().acquire(request)
-        self.runner.open_row(slot, language_index=stream.language_index, biasing_id=stream.biasing_id, tree_state=tree_state)
-        self.scheduler.admit(slot, self.model.geometries[stream.context_right])
-        self._num_phrases += len(request.phrases)
-        return stream
-
-    def _audio_capacity(self, g) -> int:
-        """Samples a stream's buffer holds (engine/frontend.py AudioBuffer): two chunks (or a first
-        chunk) and the history a chunk reads, so a stream at real-time pace compacts now and then
-        and never reallocates; at least one second (80 ms chunks compact every ten or so steps)."""
-        history = g.pre_cache_frames * g.hop_samples + 2 * self.features.margin
-        return max(16000, 2 * max(g.chunk_frames, g.first_frames) * g.hop_samples + history)
-
-    def _biasing(self) -> BiasingRegistry:
-        """The registry, made with the first boosted stream (its multi-model holds device memory)."""
-        if self.pool.biasing is None:
-            blank = self.model.blank_id  # nemo_private.blank_index, read at load
-            self.pool.biasing = BiasingRegistry(self.model.nemo.tokenizer, blank, self.model.device)
-        return self.pool.biasing
-
-    def take_audio(self, stream: Stream, parts: tuple[np.ndarray, ...], arrived: float) -> None:
-        """Float32 samples, in one or two pieces (a wrapped ring), into an open stream's buffer
-        (one copy: the caller may reuse `parts` once this returns) and the scheduler. `arrived`:
-        when they reached the server, so latency counts any wait before the engine got them."""
-        audio = stream.audio
-        audio.extend(parts, arrived)
-        self.scheduler.set_audio(stream.slot, audio.num_samples, audio.finished)
-        if stream.diarized:
-            self.diarizer.take_audio(stream.stream_id, parts, arrived)
-
-    def take_audio_many(self, slots: np.ndarray, parts: list[tuple[np.ndarray, ...]], arrivals: list[float]) -> None:
-        """`take_audio` for the open streams on `slots` ([N] int64), one call per iteration: the
-        samples into each stream's buffer, the scheduler's sample counts set in one array store."""
-        by_slot, num_samples = self.slots.by_slot, []
-        for slot, pieces, arrived in zip(slots.tolist(), parts, arrivals):
-            stream = by_slot[slot]
-            audio = stream.audio
-            audio.extend(pieces, arrived)
-            num_samples.append(audio.num_samples)
-            if stream.diarized:
-                self.diarizer.take_audio(stream.stream_id, pieces, arrived)
-        self.scheduler.num_samples[slots] = num_samples  # `finished` unchanged: only finish() sets it
-
-    def finish(self, stream: Stream, at: float | None = None) -> None:
-        """End of input; `at`: when it reached the server (default now). Its final comes out of a
-        later `iterate()`. A stream no longer open is left alone."""
-        if self.slots.holds(stream):
-            audio = stream.audio
-            audio.finish(at)
-            self.scheduler.set_audio(stream.slot, audio.num_samples, audio.finished)
-            if stream.diarized:
-                self.diarizer.finish(stream.stream_id)
-
-    def force_final(self, stream: Stream) -> None:
-        """Close the stream's segment now: a final with what it has, in the next `iterate()`'s
-        output; decoding goes on. A stream no longer open is left alone."""
-        if not self.slots.holds(stream):
-            return
-        if self.in_flight.defer_final(stream.slot):  # after its step's tokens, as the sequential loop has them
-            return
-        self._publish_final(stream, [], [], time.time(), done=False)
-
-    def abort(self, stream: Stream, reason: str = "aborted") -> None:
-        """Release the stream now: nothing more is published for it; its release is in the next
-        `iterate()`'s output. Idempotent. `reason`: for the debug log."""
-        if not self.slots.holds(stream):
-            return
-        if self.in_flight.defer_abort(stream.slot, reason):  # its step owns the row until collected
-            return
-        log.debug("stream %s aborted: %s", stream.stream_id, reason)
-        self._release(stream, aborted=True)
-
-    # ------------------------------------------------------------------ what the engine holds
-    @property
-    def num_free_slots(self) -> int:
-        return self.slots.num_free
-
-    @property
-    def num_open_streams(self) -> int:
-        return self.slots.num_used
-
-    @property
-    def queue_delay_s(self) -> float:
-        """How far behind real time the engine was in the last seconds (queue_delay.py)."""
-        return self.queue_delay.value(time.time())
-
-    def open_by_mode(self) -> dict[int, int]:
-        """Open streams, by chunk mode (right context)."""
-        modes = [s.context_right for s in self.slots.streams()]
-        return {r: modes.count(r) for r in sorted(set(modes))}
-
-    @property
-    def loop_stream_ids(self) -> list[str]:
-        """Ids of the open streams."""
-        return [s.stream_id for s in self.slots.streams()]
-
-    def check_accounting(self) -> int:
-        """Raise AccountingError unless the books that remain agree (engine/invariants.py): the
-        slot table (each open stream under its own slot and id, the held mask the same slots), the
-        scheduler row of each open slot in its stream's chunk mode, the boosted cache rows exactly
-        the open streams' with phrases, the phrase count their phrases, a step in flight only on open
-        streams and calls deferred to a collect only on slots in flight, and (diarizer served) the
-        diarizer's slots and waiting results only for its streams (engine/speakers.py). Returns the open
-        streams (each holds a cache row). Between calls, on the owning thread."""
-        for problem in self.slots.problems():
-            check(False, problem)
-        streams = self.slots.streams()
-        slots = [s.slot for s in streams]
-        modes = self.scheduler.mode[slots].tolist()
-        wrong = [s.stream_id for s, mode in zip(streams, modes) if mode != s.context_right]
-        check(not wrong, f"streams {wrong} have a scheduler row of another chunk mode")
-        boosted = set(np.flatnonzero(self.pool.boosted[: self.num_slots]).tolist())
-        want = {s.slot for s in streams if s.biasing_id != NO_BIASING}
-        check(boosted == want, f"cache rows {sorted(boosted)} boosted, streams with phrases on {sorted(want)}")
-        phrases = sum(len(s.phrases.phrases) for s in streams if s.phrases)
-        check(phrases == self._num_phrases, f"{self._num_phrases} boosted phrases counted, the open streams hold {phrases}")
-        for problem in self.in_flight.problems(self.slots.held):
-            check(False, problem)
-        if self.speakers is not None:  # the diarizer's slots and the results waiting for speakers
-            diarized = {s.stream_id for s in streams if s.diarized}
-            plain = {s.stream_id for s in streams if not s.diarized}
-            for problem in [*self.diarizer.problems(), *self.speakers.problems(diarized, plain)]:
-                check(False, problem)
-        return len(streams)
-
     # ------------------------------------------------------------------ one iteration
     def iterate(self) -> IterationOutput:
         """One pass: plan, launch each group, collect the steps the last call launched (overlap
@@ -579,97 +370,3 @@ class Engine:
         per_mode[0] += 1
         per_mode[1] += num_rows
         self._steps.append(StepStats(num_rows, elapsed, group.context_right))
-
-    def _advance(self, s: Stream, next_frame: int, first_kept: int, needed_end: int, is_last: bool, ids: list[int],
-                 frames: list[int], decoded: int, conf: list[float] | None = None) -> float:  # fmt: skip
-        """Take one stepped chunk's results; returns the arrival time of the last sample it needed.
-        `first_kept`: the first sample the stream's next chunk reads; `needed_end`: the end of
-        the samples this one read (features.first_sample_needed / last_sample_needed)."""
-        s.decoded_frames = decoded
-        audio = s.audio
-        audio.discard_before(first_kept)
-        arrival = audio.arrival_time(min(needed_end, audio.num_samples))
-        if self._has_eou:
-            ids, frames, conf = self._end_at_eou(s, ids, frames, conf, arrival)
-        if not self.token_confidence:
-            conf = None  # computed for the EOU probability only
-        s.add_tokens(frames)
-        if is_last:
-            arrival = max(arrival, audio.finish_time or arrival)
-            self._publish_final(s, ids, frames, arrival, done=True, conf=conf, reason="end_of_input")
-            self._release(s)
-        elif reason := s.endpoint.is_endpoint(decoded):
-            self._publish_final(s, ids, frames, arrival, done=False, conf=conf, reason=reason)
-        else:
-            self._updates.append(s.update(ids, frames, False, arrival, next_frame * self.hop_s, confidences=conf))
-            self._update_slots.append(s.slot)
-        return arrival
-
-    def _end_at_eou(self, s: Stream, ids: list[int], frames: list[int], conf: list[float] | None, arrival: float
-                    ) -> tuple[list[int], list[int], list[float] | None]:  # fmt: skip
-        """An EOU model's tokens: each EOU token closes the segment it ends (a final with its
-        reason and probability; the next segment starts after its frame), unless the stream turned
-        EOU endings off; either way the token is cut out. Returns the tokens after the last one."""
-        if not s.endpoint_config.eou_endings:
-            return self.eou.strip(ids, frames, conf)
-        cuts, rest = self.eou.split(ids, frames, conf)
-        for cut in cuts:
-            s.add_tokens(cut.frames)
-            self._publish_final(s, cut.ids, cut.frames, arrival, done=False,
-                                conf=cut.confidences if self.token_confidence else None, reason=cut.reason,
-                                eou_probability=cut.probability, eou_frame=cut.frame, next_start_frame=cut.frame + 1)  # fmt: skip
-        return rest
-
-    def _publish_final(self, s: Stream, ids: list[int], frames: list[int], arrival: float, done: bool,
-                       conf: list[float] | None = None, reason: str = "force_final", eou_probability: float | None = None,
-                       eou_frame: int = -1, next_start_frame: int | None = None) -> None:  # fmt: skip
-        processed_s = int(self.scheduler.next_frame[s.slot]) * self.hop_s  # the scheduler's: stepped already
-        self._updates.append(s.update(ids, frames, True, arrival, processed_s, done=done, confidences=conf,
-                                      end_reason=reason, eou_probability=eou_probability, eou_frame=eou_frame))  # fmt: skip
-        self._update_slots.append(s.slot)
-        s.close_segment(next_start_frame)
-
-    def _launch_diarizer(self) -> int:
-        """One diarizer step over the diarized streams with a chunk ready, launched behind the ASR
-        steps; collected by `_diarize`, at once with overlap off, in the next iteration with it on
-        (the diarizer's host syncs are all at its collect: diarization/runner.py). Returns its rows."""
-        started = time.perf_counter()
-        plan = self.diarizer.plan()
-        if plan is not None:
-            self.diarizer.launch(plan)
-        self.diarizer.seconds += time.perf_counter() - started
-        return len(plan.stream_ids) if plan is not None else 0
-
-    def _diarize(self, keep_in_flight: int) -> None:
-        """Collect the diarizer steps launched before (all but the newest `keep_in_flight`), then
-        hold this iteration's diarized updates until their speakers are known, and publish what is
-        known (engine/speakers.py)."""
-        started = time.perf_counter()
-        self.diarizer.collect_all_but(keep_in_flight)
-        self.diarizer.seconds += time.perf_counter() - started
-        updates, slots, speakers = [], [], self.speakers
-        for u, slot in zip(self._updates, self._update_slots):
-            if speakers.holds(u.stream_id):
-                speakers.hold(u, slot)
-            else:
-                updates.append(u)
-                slots.append(slot)
-        speakers.publish(updates, slots, self._released)
-        self._updates[:], self._update_slots[:] = updates, slots
-
-    def _release(self, s: Stream, aborted: bool = False) -> None:
-        """Close the stream's cache row and give its slot back (its scheduler row is ignored from
-        now on: the slot is no longer held); the release is in the next output, a diarized
-        stream's once its results have their speakers (engine/speakers.py), an aborted one's at once."""
-        self.runner.close_row(s.slot)
-        if s.biasing_id != NO_BIASING:
-            self.pool.biasing.release(s.biasing_id)
-        self.slots.give_back(s)
-        self._num_phrases -= len(s.phrases.phrases) if s.phrases else 0
-        released = ReleasedStream(s.stream_id, s.slot)
-        if s.diarized and not aborted:
-            self.speakers.hold_release(released)
-            return
-        if s.diarized:
-            self.speakers.drop(s.stream_id)
-        self._released.append(released)

@@ -13,8 +13,6 @@ import logging
 import numpy as np
 import pytest
 
-from nemo_serve.compose import server_context
-from nemo_serve.config import Settings
 from nemo_serve.engine.results import StreamResult
 from nemo_serve.server import realtime
 from nemo_serve.server.realtime import RealtimeFormat, realtime_wire
@@ -23,6 +21,8 @@ from nemo_serve.server.wire import NormalClose
 from nemo_serve.server.ws_socket import WsSocket
 
 from . import helpers
+from .helpers_session import context as _ctx
+from .helpers_session import until_slots_free as _until_free
 from .helpers_server import TEST_MODEL
 from .test_ws_socket import FakeWebSocket
 
@@ -38,9 +38,6 @@ NO_TURN_DETECTION = json.dumps({"type": "session.update", "session": {"type": "t
 def tiny():
     return helpers.model(TEST_MODEL)
 
-
-def _ctx(engine, **settings):
-    return server_context(engine, Settings.from_sources(settings, {}))
 
 
 def _appends(audio: np.ndarray) -> list[str]:
@@ -73,11 +70,6 @@ async def _completed(wire: RealtimeFormat, n: int, watch=None, timeout_s: float 
             done += [e for e in map(json.loads, frames) if e["type"] == COMPLETED]
     return done
 
-
-async def _until_free(engine, timeout_s: float = 10.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while engine.num_free_slots < engine.num_slots or engine.num_open_streams:
-            await asyncio.sleep(0.01)
 
 
 def _alone(tiny, audio: np.ndarray) -> list[int]:

@@ -11,12 +11,12 @@ import logging
 import numpy as np
 import pytest
 
-from nemo_serve.compose import server_context
-from nemo_serve.config import Settings
 from nemo_serve.server import stream_session
 from nemo_serve.server.stream_session import Failure, StreamSession
 
 from . import helpers
+from .helpers_session import context as _ctx
+from .helpers_session import until_slots_free as _until_free
 from .helpers_server import TEST_MODEL
 
 log = logging.getLogger("test")
@@ -27,9 +27,6 @@ PACKET = 1600
 def tiny():
     return helpers.model(TEST_MODEL)
 
-
-def _ctx(engine, **settings):
-    return server_context(engine, Settings.from_sources(settings, {}))
 
 
 async def _events_until_end(session: StreamSession, timeout_s: float = 60.0) -> list:
@@ -46,11 +43,6 @@ async def _events_until_end(session: StreamSession, timeout_s: float = 60.0) -> 
 async def _next(session: StreamSession, timeout_s: float = 10.0):
     return await asyncio.wait_for(session.next_event(), timeout_s)
 
-
-async def _until_free(engine, timeout_s: float = 10.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while engine.num_free_slots < engine.num_slots or engine.num_open_streams:
-            await asyncio.sleep(0.01)
 
 
 def _engine_finals(tiny, audio: np.ndarray) -> list[list[int]]:

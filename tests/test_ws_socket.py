@@ -12,11 +12,11 @@ import time
 import numpy as np
 import pytest
 
-from nemo_serve.compose import server_context
-from nemo_serve.config import Settings
 from nemo_serve.server.ws_socket import WsSocket
 
 from . import helpers
+from .helpers_session import context as _ctx
+from .helpers_session import until_slots_free as _until_free
 from .helpers_server import TEST_MODEL
 
 PACKET = 1600
@@ -55,14 +55,6 @@ def tiny():
     return helpers.model(TEST_MODEL)
 
 
-def _ctx(engine, **settings):
-    return server_context(engine, Settings.from_sources(settings, {}))
-
-
-async def _until_free(engine, timeout_s: float = 10.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while engine.num_free_slots < engine.num_slots or engine.num_open_streams:
-            await asyncio.sleep(0.01)
 
 
 def _run(engine, body):

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import zmq
 
-from benchmarks.ring_bench import SequenceEngine, sequence
+from benchmarks.sequence_engine import SequenceEngine, sequence
 from nemo_serve.core import core_io
 from nemo_serve.core import messages as m
 from nemo_serve.core.addresses import control_address, results_address

@@ -4,7 +4,7 @@ or stored in shared memory with the core's wake-up).
 An engine core process whose Engine checks every sample against its stream's sequence number, and
 a front end (the real EngineClient) that streams sequence-numbered packets of random sizes into
 rings smaller than the largest packet, so that every ring wraps hundreds of times, fills, and is
-reused by later streams (benchmarks/ring_bench.py). On x86-64 stores are seen in order anyway, so
+reused by later streams (benchmarks/ring_stress.py). On x86-64 stores are seen in order anyway, so
 there this checks the protocol (wrap, full ring, reuse, read ends); on aarch64 it checks the
 ordering too. A front end that reuses ring space before the core has read it fails it (every
 stream, at its first sample: tried by hand)."""
@@ -15,7 +15,7 @@ import platform
 
 import pytest
 
-from benchmarks.ring_bench import stress
+from benchmarks.ring_stress import stress
 
 
 @pytest.mark.parametrize("positions_in_shared", [False, True], ids=["messages", "shared"])

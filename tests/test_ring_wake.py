@@ -21,7 +21,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from benchmarks.ring_bench import SequenceEngine, model_info, sequence
+from benchmarks.sequence_engine import SequenceEngine, model_info, sequence
 from nemo_serve.core import messages as m
 from nemo_serve.core.addresses import control_address
 from nemo_serve.core.client import EngineClient

@@ -17,7 +17,7 @@ import pytest
 
 from . import helpers
 from .helpers_server import TEST_MODEL, encode, start_server
-from .test_server_e2e import check_well_formed, oracle_tokens, stream
+from .helpers_e2e import check_well_formed, oracle_tokens, stream
 
 SLOTS_PER_CORE = 2
 

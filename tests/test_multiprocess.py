@@ -25,7 +25,7 @@ from nemo_serve.engine.errors import NoFreeSlotError
 
 from . import helpers
 from .helpers_server import TEST_MODEL, TOKEN, encode, start_server
-from .test_server_e2e import check_well_formed, oracle_tokens, stream
+from .helpers_e2e import check_well_formed, oracle_tokens, stream
 
 # ----------------------------------------------------------------------------- shared memory
 

@@ -16,7 +16,7 @@ from nemo_serve.oracle import oracle_transcribe
 
 from . import helpers
 from .helpers_server import TEST_MODEL, as_model_input, encode, raw_session
-from .test_server_e2e import check_well_formed, stream
+from .helpers_e2e import check_well_formed, stream
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from nemo_serve.server.ws_socket import CLOSE_TIMEOUT_S  # noqa: E402
 from . import helpers  # noqa: E402
 from .helpers_server import TEST_MODEL, TOKEN, encode, free_port, start_server  # noqa: E402
 from .helpers_ws import HOSTILE_ENV, never_reading_client, seconds_until_closed, seconds_until_slot_freed, ws_connect  # noqa: E402
-from .test_server_e2e import check_well_formed, oracle_tokens, stream  # noqa: E402
+from .helpers_e2e import check_well_formed, oracle_tokens, stream  # noqa: E402
 
 PER_IP = 4
 MAX_MESSAGE_BYTES = 65536

@@ -24,7 +24,7 @@ from nemo_serve.client import ServerRefused  # noqa: E402
 
 from . import helpers  # noqa: E402
 from .helpers_server import TOKEN, encode, free_port  # noqa: E402
-from .test_server_e2e import check_well_formed, oracle_tokens, stream  # noqa: E402
+from .helpers_e2e import check_well_formed, oracle_tokens, stream  # noqa: E402
 
 SLOTS = 2
 HOP = 160  # samples per feature frame (10 ms at 16 kHz)

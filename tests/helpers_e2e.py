@@ -1,0 +1,83 @@
+"""The /ws end-to-end tests' client and checks: one streaming client at a chosen pace, the shape
+every transcript must have, and NeMo's own loop on the same wire samples (used by
+test_server_e2e.py, test_server_limits.py and the multi-process, multi-device, Ray, picows and
+phrase-boost server tests)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+
+from nemo_serve.client import StreamingClient, Transcript
+from nemo_serve.oracle import oracle_transcribe
+
+from .helpers_server import TOKEN, as_model_input
+
+
+def oracle_tokens(model, wire: np.ndarray, rate: int) -> list[int]:
+    return oracle_transcribe(model, as_model_input(wire, rate)).token_ids
+
+
+async def stream(
+    url: str,
+    wire: np.ndarray,
+    rate: int,
+    encoding: str,
+    *,
+    packet: int = 1600,
+    speed: float = 0.0,
+    delay_s: float = 0.0,
+    force_final_at: int | None = None,
+    sent: list[tuple[float, int]] | None = None,
+    **options,
+) -> Transcript:
+    """One client: config, packets of `packet` samples at `speed` x real time (0: no pacing), end.
+    `sent`, if given, gets (monotonic time, samples sent so far) after each packet."""
+    await asyncio.sleep(delay_s)
+    options.setdefault("token", TOKEN)
+    async with StreamingClient(url, sample_rate=rate, encoding=encoding, **options) as c:
+        out = Transcript(ready=c.ready)
+
+        async def send() -> None:
+            t0 = time.monotonic()
+            for i in range(0, len(wire), packet):
+                if force_final_at is not None and i <= force_final_at < i + packet:
+                    await c.force_final()
+                await c.send_audio(wire[i : i + packet])
+                if sent is not None:
+                    sent.append((time.monotonic(), min(i + packet, len(wire))))
+                if speed:
+                    await asyncio.sleep(max(0.0, t0 + (i + packet) / rate / speed - time.monotonic()))
+            await c.end()
+
+        sender = asyncio.create_task(send())
+        async for msg in c.messages():
+            out.messages.append(msg)
+            if msg["type"] == "final":
+                out.finals.append(msg)
+            elif msg["type"] == "done":
+                out.done = msg
+            elif msg["type"] == "error":
+                out.error = msg
+        # The server may end input itself (drain, duration cap) while we are still sending.
+        await asyncio.gather(sender, return_exceptions=True)
+        out.close_code = c.close_code
+    return out
+
+
+def check_well_formed(t: Transcript) -> None:
+    assert t.error is None, t.error
+    assert t.done is not None and t.close_code == 1000
+    assert t.messages[-1]["type"] == "done"
+    segments = [f["segment"] for f in t.finals]
+    assert segments == sorted(segments) and len(set(segments)) == len(segments)
+    for m in t.messages:
+        if m["type"] in ("partial", "final"):
+            assert len(m["tokens"]) == len(m["token_ids"]) == len(m["timestamps"])
+            assert m["timestamps"] == sorted(m["timestamps"])
+            assert all(ts >= m["start_time"] - 1e-6 for ts in m["timestamps"])
+            assert m["audio_arrival_time"] <= m["sent_time"] + 1e-3
+    processed = [m["audio_processed"] for m in t.messages if m["type"] in ("partial", "final")]
+    assert processed == sorted(processed)

@@ -126,3 +126,18 @@ def test_encoder_starts_from_the_demo_asr_model():
             assert torch.equal(tensor, asr.encoder.state_dict()[name].float()), name
     ours, theirs = model.encoder.pre_encode.out.weight.detach(), asr.encoder.pre_encode.out.weight.detach().float()
     assert torch.equal(ours.reshape(128, 96, 10), theirs.reshape(128, 96, 11)[:, :, :10])
+
+
+def test_training_continues_from_the_shipped_weights():
+    """--init-from: a run whose last.pt is gone starts from the shipped .nemo (fp16 parameters) in fp32."""
+    from nemo_serve.builtin.sortformer import DEMO_DIARIZER_PATH, build_diarizer
+    from nemo_serve.training.diar_train import build_model, load_trained_weights
+
+    model = build_model(init_encoder=None)
+    shipped = build_diarizer("demo-sortformer").state_dict()
+    assert not torch.equal(model.state_dict()["sortformer_modules.single_hidden_to_spks.weight"],
+                           shipped["sortformer_modules.single_hidden_to_spks.weight"])
+    load_trained_weights(model, DEMO_DIARIZER_PATH)
+    for name, tensor in model.state_dict().items():
+        assert tensor.dtype == shipped[name].dtype and torch.equal(tensor, shipped[name]), name
+    assert all(p.dtype == torch.float32 for p in model.parameters())

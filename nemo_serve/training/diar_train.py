@@ -89,6 +89,21 @@ def copy_asr_encoder(model, asr_path: Path) -> None:
     model.encoder.load_state_dict({**target, **copied})
 
 
+def load_trained_weights(model, nemo_path: Path) -> None:
+    """A trained Sortformer's weights (the shipped .nemo stores parameters as fp16) into the fp32 model.
+
+    How a run continues when its ``last.pt`` is gone: the shipped weights are the checkpoint; the optimiser
+    state is not kept in a .nemo, so AdamW starts afresh (hence a short ``--warmup``).
+    """
+    from nemo.collections.asr.models import SortformerEncLabelModel
+
+    from ..builtin.common import quiet_nemo
+
+    with quiet_nemo():
+        trained = SortformerEncLabelModel.restore_from(str(nemo_path), map_location="cpu")
+    model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in trained.state_dict().items()})
+
+
 def sortformer_loss(model, preds, targets, target_lens):
     """NeMo's training loss: ats_weight * BCE(arrival-sorted targets) + pil_weight * BCE(best permutation)."""
     from nemo.collections.asr.parts.utils.asr_multispeaker_utils import get_ats_targets, get_pil_targets
@@ -177,11 +192,14 @@ def main(argv=None) -> None:
     p.add_argument("--no-init", action="store_true", help="random encoder instead of the demo ASR model's")
     p.add_argument("--train-pre-encode", action="store_true")
     p.add_argument("--resume", action="store_true")
+    p.add_argument("--init-from", type=Path, help="start from this .nemo's weights (no last.pt to resume)")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
     a.out.mkdir(parents=True, exist_ok=True)
     model = build_model(None if a.no_init else DEMO_ASR).train()
+    if a.init_from is not None:
+        load_trained_weights(model, a.init_from)
     if not a.train_pre_encode:
         model.encoder.pre_encode.conv.requires_grad_(False)
     trained = [p for p in model.parameters() if p.requires_grad]
@@ -192,6 +210,9 @@ def main(argv=None) -> None:
         model.load_state_dict(state["model"])
         optim.load_state_dict(state["optim"])
         start, best = state["step"], state["best"]
+    elif a.init_from is not None:  # the weights continued from are the bar a new best.nemo must clear
+        best = dev_der(model, a.data / "dev.jsonl")
+        print(f"step 0 dev DER {best:.4f} ({a.init_from.name})", flush=True)
     bank = Bank(a.data / "bank_train.jsonl")
     rng = random.Random(a.seed * 7919 + start)  # a resumed run draws new conversations
     t0 = time.time()

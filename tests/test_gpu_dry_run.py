@@ -1,26 +1,19 @@
 """The GPU run (benchmarks/gpu/) dry-run on CPU with a tiny model: every phase runs and writes its result
-as it goes; the shell wrapper installs carried wheels, sets the cache and passes the budget."""
+as it goes (the shell wrapper is tests/test_run_gpu_sh.py, the verdicts tests/test_gpu_decision.py)."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 
 from . import helpers
+from .helpers_gpu_run import REPO, _records
 
-REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.gpu.emission import TRAINED  # noqa: E402
-
-
-def _records(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def test_gpu_bench_dry_run_on_cpu_every_phase_validation_eager_against_eager(tmp_path):
@@ -275,115 +268,6 @@ def test_decoder_capture_failure_falls_back_mode_by_mode(monkeypatch):
     assert flaky.cuda_graphs_mode is None
 
 
-def _fake_python(tmp_path, script: str = "") -> tuple[Path, Path]:
-    """A stand-in `python3` that logs each call (arguments, PYTHONPATH, cache, graph settings) and
-    then runs `script` (sh) with the arguments."""
-    log = tmp_path / "calls.txt"
-    fake = tmp_path / "python3"
-    fake.write_text(
-        "#!/bin/sh\n"
-        f'echo "$@ | PYTHONPATH=$PYTHONPATH | CACHE=$NEMO_SERVE_CACHE | ENC=$NEMO_SERVE_ENCODER_GRAPHS" >> {log}\n'
-        + script
-    )
-    fake.chmod(0o755)
-    return fake, log
-
-
-def _archived(out: Path) -> list[str]:
-    import tarfile
-
-    with tarfile.open(out / "extra.tar.gz") as tar:
-        return tar.getnames()
-
-
-def _run_sh(tmp_path, fake, *args, env: dict | None = None):
-    carry = tmp_path / "carry"
-    (carry / "wheels").mkdir(parents=True)
-    (carry / "wheels" / "x-1-py3-none-any.whl").write_bytes(b"")
-    (carry / "cache").mkdir()
-    out = tmp_path / "out"
-    env = {**os.environ, "PY": str(fake), "CARRY": str(carry), "DEVICE": "cpu", "DTYPE": "fp32", "BUDGET_S": "100",
-           **(env or {})}
-    r = subprocess.run(["bash", "benchmarks/gpu/run_gpu.sh", str(out), *args], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=60)
-    return r, carry, out
-
-
-def test_run_gpu_sh_installs_carried_wheels_and_runs_the_bench(tmp_path):
-    """The wrapper: the image's packages are listed before anything is carried in, wheels go to
-    /tmp/site with pip --no-index, the cache and PYTHONPATH are set, gpu_bench.py gets the model,
-    device, dtype, budget and extra options."""
-    fake, log = _fake_python(tmp_path)
-    r, carry, out = _run_sh(tmp_path, fake, "--modes", "3")
-    assert r.returncode == 0, r.stdout + r.stderr
-    calls = log.read_text().splitlines()
-    first_list = next(i for i, c in enumerate(calls) if c.startswith("-m pip list"))
-    install = next(i for i, c in enumerate(calls) if c.startswith("-m pip install -q --no-index --no-deps"))
-    assert first_list < install and "/tmp/site" not in calls[first_list]  # the image alone
-    assert "--target /tmp/site" in calls[install] and str(carry / "wheels" / "x-1-py3-none-any.whl") in calls[install]
-    bench = [c for c in calls if "gpu_bench.py" in c]
-    assert len(bench) == 1
-    args = bench[0].split(" | ")[0].split()
-    assert args[args.index("--model") + 1] == "nemotron-0.6b"
-    assert args[args.index("--device") + 1] == "cpu" and args[args.index("--dtype") + 1] == "fp32"
-    assert 90 <= int(args[args.index("--budget-s") + 1]) <= 100
-    assert args[-2:] == ["--modes", "3"]
-    assert "/tmp/site" in bench[0] and str(REPO) in bench[0] and f"CACHE={carry / 'cache'}" in bench[0]
-    assert (out / "run.log").exists() and "./env.txt" in _archived(out)  # packed: OUT keeps 8 files at most
-    assert not any("diagnose.py" in c for c in calls)  # the bench passed: nothing to diagnose
-
-
-def test_run_gpu_sh_diagnoses_a_failed_preflight_and_measures_with_what_works(tmp_path):
-    """gpu_bench.py exits 4 (preflight failed): diagnose.py runs, and the bench runs again with the
-    environment of the variant it chose, on what is left of the budget."""
-    fake, log = _fake_python(tmp_path, (
-        'case "$*" in\n'
-        '  *gpu_bench.py*) [ -n "$NEMO_SERVE_ENCODER_GRAPHS" ] && exit 0; exit 4;;\n'
-        '  *diagnose.py*) echo "CHOSEN NEMO_SERVE_ENCODER_GRAPHS=0"; exit 0;;\n'
-        "esac\n"
-    ))
-    r, _, out = _run_sh(tmp_path, fake)
-    assert r.returncode == 0, r.stdout + r.stderr
-    calls = [c for c in log.read_text().splitlines() if "gpu_bench.py" in c or "diagnose.py" in c]
-    assert [c.split(".py")[0].rsplit("/", 1)[-1] for c in calls] == ["gpu_bench", "diagnose", "gpu_bench"]
-    assert calls[0].endswith("ENC=") and calls[2].endswith("ENC=0")
-    assert "diagnosis: NEMO_SERVE_ENCODER_GRAPHS=0" in (out / "run.log").read_text()
-
-
-def test_run_gpu_sh_stops_when_no_variant_works(tmp_path):
-    fake, log = _fake_python(tmp_path, (
-        'case "$*" in\n  *gpu_bench.py*) exit 4;;\n  *diagnose.py*) echo "CHOSEN NONE"; exit 5;;\nesac\n'
-    ))
-    r, _, _ = _run_sh(tmp_path, fake)
-    assert r.returncode == 4
-    assert sum("gpu_bench.py" in c for c in log.read_text().splitlines()) == 1
-
-
-def test_run_gpu_sh_profiles_first_on_a_gpu(tmp_path):
-    """DEVICE=cuda: profile_step.py runs before gpu_bench.py, into OUT/profile, bounded by PROFILE_S;
-    the bench gets what is left of BUDGET_S. On CPU (the tests above) no profile runs unless asked."""
-    fake, log = _fake_python(tmp_path, 'case "$*" in *profile_step.py*) sleep 2;; esac\n')
-    r, _, out = _run_sh(tmp_path, fake, env={"DEVICE": "cuda", "PROFILE_S": "60", "BUDGET_S": "100"})
-    assert r.returncode == 0, r.stdout + r.stderr
-    calls = [c.split(" | ")[0].split() for c in log.read_text().splitlines() if ".py" in c]
-    assert [next(a for a in c if a.endswith(".py")).rsplit("/", 1)[-1] for c in calls] == [
-        "profile_step.py", "gpu_bench.py", "server_capacity.py", "decide.py"]  # the last two: on by default on CUDA
-    prof, bench = calls[:2]
-    assert prof[prof.index("--out") + 1] == f"{out}/profile" and prof[prof.index("--budget-s") + 1] == "40"
-    assert prof[prof.index("--device") + 1] == "cuda" and prof[prof.index("--model") + 1] == "nemotron-0.6b"
-    assert 90 <= int(bench[bench.index("--budget-s") + 1]) <= 98  # the profile's seconds came off the budget
-    assert "profile_step.py exit 0" in (out / "run.log").read_text()
-
-
-def test_run_gpu_sh_profile_only(tmp_path):
-    """PROFILE_ONLY=1: the profile runs, its exit status is the wrapper's, the bench does not run."""
-    fake, log = _fake_python(tmp_path, 'case "$*" in *profile_step.py*) exit 1;; esac\n')
-    r, _, _ = _run_sh(tmp_path, fake, env={"DEVICE": "cuda", "PROFILE_ONLY": "1"})
-    assert r.returncode == 1, r.stdout + r.stderr
-    ran = [c for c in log.read_text().splitlines() if ".py" in c]
-    assert len(ran) == 1 and "profile_step.py" in ran[0]
-
-
 def test_a_phase_that_runs_long_is_cut_at_its_end_and_the_next_phases_still_run(tmp_path, monkeypatch):
     """--phase-ends: the checks of the first mode run past the checks' end (a stand-in that waits
     until its budget is spent), so the second mode's checks are skipped, yet capacity, overlap and
@@ -427,115 +311,6 @@ def test_a_phase_that_runs_long_is_cut_at_its_end_and_the_next_phases_still_run(
     assert recs[-1]["kind"] == "done" and recs[-1]["seconds"] < 30
 
 
-def _decision_records(fail_selftest=(), capacity=None, overlap_kept=2000) -> list[dict]:
-    """A finished GPU run's records as gpu_bench.py writes them: every --selftest-configs path for the
-    demo and tiny-prompt models in fp32 and bf16 (passed unless in `fail_selftest` as (epilogues,
-    model, dtype)), validation on the ring pool, capacity per path and mode (kept-up levels)."""
-    base = {"kv_layout": "ring", "attention": "matmul", "decoder": "label_loop", "epilogues": "nemo", "overlap": False}
-    paths = [base, {**base, "kv_layout": "window", "decoder": "nemo"}, {**base, "attention": "sdpa"},
-             {**base, "epilogues": "fused"}, {**base, "epilogues": "fused", "overlap": True}]
-    recs = []
-    for p in paths:
-        for model in ("demo", "builtin:tiny-prompt"):
-            for dtype in ("fp32", "bf16"):
-                bad = (p["attention"] if p["attention"] == "sdpa" else p["epilogues"], model, dtype) in fail_selftest
-                recs.append({"kind": "selftest", "model": model, "dtype": dtype, "passed": not bad, "rc": int(bad),
-                             "summary": f"{3 if bad else 4}/4 token-identical", **p})
-    for ms in (320, 80):
-        recs += [{"kind": "engine", "kv_layout": "ring", "chunk_ms": ms}, {"kind": "validate", "ok": True, "chunk_ms": ms}]
-    ref = {**base, "kv_layout": "window", "decoder": "nemo"}
-    cand = {**base, "epilogues": "fused"}
-    capacity = capacity or {80: (1000, 2000), 320: (2000, 4000)}
-    for ms, (ref_kept, cand_kept) in capacity.items():
-        for path, kept in ((ref, ref_kept), (cand, cand_kept)):
-            recs += [{"kind": "capacity", "chunk_ms": ms, "streams": kept, "keeps_up": True, **path},
-                     {"kind": "capacity", "chunk_ms": ms, "streams": 2 * kept, "keeps_up": False, **path}]
-    if overlap_kept:
-        recs.append({"kind": "capacity", "chunk_ms": 80, "streams": overlap_kept, "keeps_up": True, **cand, "overlap": True})
-    return recs
-
-
-def _verdicts(records) -> dict:
-    from benchmarks.gpu.decide import decide
-
-    return {c["name"]: c["verdict"] for c in decide(records)}
-
-
-def test_decision_switches_what_every_gate_supports_and_sdpa_is_only_an_option():
-    """Every selftest N/N (SDPA's random-weight bf16 run 3/4: agreement, reported), the ring pool
-    validated, the candidate path at or above the reference at 80 and 320 ms, the overlap not below
-    the same path without it: ring, our loop, fused and overlap switch; SDPA becomes an option."""
-    from benchmarks.gpu.decide import decide
-
-    recs = _decision_records(fail_selftest={("sdpa", "builtin:tiny-prompt", "bf16")})
-    assert _verdicts(recs) == {"ring KV layout": "switch", "our label loop": "switch", "fused epilogues": "switch",
-                               "SDPA attention": "option", "overlapped loop": "switch"}  # fmt: skip
-    sdpa = next(c for c in decide(recs) if c["name"] == "SDPA attention")
-    assert sdpa["agreement"]["builtin:tiny-prompt bf16"] == "3/4 token-identical"
-
-
-def test_decision_keeps_a_path_whose_gate_failed_and_leaves_unmeasured_ones_open():
-    """Seen to fail: without decide's _bundles, ring and our loop read `switch` while their capacity
-    was measured only together with the fused epilogues that failed the demo model in bf16; with the
-    capacity gate comparing the reference against itself, the 320 ms shortfall read `switch`."""
-    fused_bad = _verdicts(_decision_records(fail_selftest={("fused", "demo", "bf16")}))
-    assert fused_bad["fused epilogues"] == "keep"
-    assert fused_bad["ring KV layout"] == fused_bad["our label loop"] == "unresolved"
-    # random weights disagreeing under the fused kernels do not block them (agreement only)
-    assert _verdicts(_decision_records(fail_selftest={("fused", "builtin:tiny-prompt", "fp32")}))["fused epilogues"] == "switch"
-    slower = _verdicts(_decision_records(capacity={80: (1000, 2000), 320: (4000, 2000)}))
-    assert slower["ring KV layout"] == slower["our label loop"] == slower["fused epilogues"] == "keep"
-    no_overlap = _verdicts(_decision_records(overlap_kept=None))
-    assert no_overlap["overlapped loop"] == "unresolved" and no_overlap["ring KV layout"] == "switch"
-    late_overlap = _verdicts(_decision_records(overlap_kept=1000))
-    assert late_overlap["overlapped loop"] == "keep"
-
-
-def test_run_gpu_sh_runs_every_phase_in_order_boxed_within_eight_files(tmp_path):
-    """On CUDA: profile, bench, server (picows imports: --fast-ws; its budget cut to what WALL_S leaves),
-    decide, in that order; every phase's files land in OUT, the secondary ones packed, so OUT never
-    holds more than the device tool's 8 files. Seen to fail with the previous run_gpu.sh (no server
-    phase by default, no decide, env.txt and the trace loose in OUT: 10 files)."""
-    fake, log = _fake_python(tmp_path, (
-        'out=$(echo "$*" | sed -n "s/.*--out \\([^ ]*\\).*/\\1/p")\n'
-        'case "$*" in\n'
-        '  *profile_step.py*) mkdir -p $out; touch $out/profile.json $out/summary.txt $out/trace_r0.json.gz;;\n'
-        '  *gpu_bench.py*) touch $out/results.jsonl;;\n'
-        '  *server_capacity.py*) touch $out/server_capacity.json $out/server_capacity.server.log;;\n'
-        '  *decide.py*) touch $2/decision.json;;\n'
-        "esac\n"
-    ))
-    r, _, out = _run_sh(tmp_path, fake, env={"DEVICE": "cuda", "PROFILE_S": "30", "BUDGET_S": "60", "WALL_S": "100",
-                                               "SERVER_LOAD_S": "90"})  # fmt: skip
-    assert r.returncode == 0, r.stdout + r.stderr
-    calls = [c.split(" | ")[0].split() for c in log.read_text().splitlines() if ".py" in c or "import picows" in c]
-    names = [next((a for a in c if a.endswith(".py")), "picows?").rsplit("/", 1)[-1] for c in calls]
-    assert names == ["profile_step.py", "gpu_bench.py", "picows?", "server_capacity.py", "decide.py"], names
-    server = calls[3]
-    assert "--fast-ws" in server and 70 <= int(server[server.index("--budget-s") + 1]) <= 75  # 100 - elapsed - 25
-    files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
-    assert files == ["decision.json", "extra.tar.gz", "profile/profile.json", "profile/summary.txt",
-                     "results.jsonl", "run.log", "server_capacity.json"], files
-    assert sorted(_archived(out)) == [".", "./env.txt", "./server_capacity.server.log", "./trace_r0.json.gz"]
-
-
-def test_run_gpu_sh_skips_picows_and_a_server_phase_that_no_longer_fits(tmp_path):
-    """picows does not import (not carried): the server phase runs uvicorn's /ws only; with under 40 s
-    of WALL_S left it does not start at all, and decide still runs."""
-    fake, log = _fake_python(tmp_path, 'case "$*" in *"import picows"*) exit 1;; esac\n')
-    r, _, out = _run_sh(tmp_path, fake, env={"DEVICE": "cuda", "PROFILE": "0", "WALL_S": "100"})
-    assert r.returncode == 0, r.stdout + r.stderr
-    server = next(c for c in log.read_text().splitlines() if "server_capacity.py" in c)
-    assert "--fast-ws" not in server and "picows does not import" in (out / "run.log").read_text()
-    late = tmp_path / "late"
-    late.mkdir()
-    fake, log = _fake_python(late, "")
-    r, _, out = _run_sh(late, fake, env={"DEVICE": "cuda", "PROFILE": "0", "WALL_S": "50"})
-    names = [c for c in log.read_text().splitlines() if ".py" in c]
-    assert r.returncode == 0 and not any("server_capacity.py" in c for c in names) and "decide.py" in names[-1], names
-    assert "server phase skipped" in (out / "run.log").read_text()
-
-
 def test_server_phase_drives_picows_beside_uvicorn_on_cpu(tmp_path):
     """server_capacity.py --fast-ws: the real server started with --fast-ws-port, the level driven
     through uvicorn's /ws and then through picows's, each level naming its listener, and the two side
@@ -561,19 +336,3 @@ def test_server_phase_drives_picows_beside_uvicorn_on_cpu(tmp_path):
     assert pair["streams"] == 2 and pair["picows_verdict"] == res["levels"][1]["verdict"]
     assert pair["uvicorn_verdict"] == res["levels"][0]["verdict"]
     assert [s["streams"] for s in res["side_by_side"]] == [2]  # the engine-only comparison: uvicorn's levels
-
-
-def test_decision_reads_a_selftest_stopped_at_its_time_box_as_not_measured():
-    """A selftest killed at the end of its box (timed_out) leaves its path unresolved, not kept: the
-    demo model's fused bf16 run and the tiny-prompt's ring bf16 run. Seen to fail (`keep`) before
-    gpu_bench recorded timed_out and decide set such runs aside."""
-    recs = _decision_records()
-    for r in recs:
-        if r["kind"] == "selftest" and r["dtype"] == "bf16" and (
-                r["epilogues"] == "fused" and not r["overlap"] and r["model"] == "demo"
-                or r["epilogues"] == "nemo" and r["kv_layout"] == "ring" and r["attention"] == "matmul"
-                and r["model"] != "demo"):  # fmt: skip
-            r.update(passed=False, rc=-9, summary=None, timed_out=True)
-    v = _verdicts(recs)
-    assert v["fused epilogues"] == v["ring KV layout"] == v["our label loop"] == "unresolved", v
-    assert v["SDPA attention"] == "option" and v["overlapped loop"] == "switch", v  # its own runs all finished

@@ -17,7 +17,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.gpu import server_capacity  # noqa: E402
 
-from .test_gpu_dry_run import _fake_python, _run_sh  # noqa: E402
+from .helpers_gpu_run import _fake_python, _run_sh  # noqa: E402
 
 
 def _scripts(log: Path) -> list[str]:

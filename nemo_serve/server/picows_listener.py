@@ -30,6 +30,9 @@ on picows:
     would read and buffer without bound), so the session's MAX_AHEAD_S reaches the client;
   - abort (`scope["extensions"]["nemo_serve.connection"]["abort"]`) and pings (--ping-interval-s,
     --ping-timeout-s);
+  - a data frame that finds the app's socket idle (its receive task parked, nothing queued) is
+    handed to it in the frame callback (the "take_frames" hook, ws_socket.WsSocket.take_frame):
+    the same handling with no task wake-up per packet; the rest goes through the inbox;
   - drain: sessions are the app's, so ServerContext.drain ends them; close() stops accepting
     and drops what is left after SHUTDOWN_ABORT_S.
 Not here: probes beyond the caps (this port serves only the streaming routes: 404 elsewhere).
@@ -84,7 +87,7 @@ class AppConnection(WSListener):
     def __init__(self, listener: "FastWsListener", scope: dict) -> None:
         super().__init__()
         self.listener, self.scope = listener, scope
-        scope["extensions"] = {"nemo_serve.connection": {"abort": self.abort}}
+        scope["extensions"] = {"nemo_serve.connection": {"abort": self.abort, "take_frames": self.take_frames}}
         self.transport = None
         self.inbox: deque = deque([{"type": "websocket.connect"}])
         self.arrived: asyncio.Future | None = None  # the app's receive, waiting for the inbox
@@ -95,6 +98,8 @@ class AppConnection(WSListener):
         self.fragment_opcode = None
         self.gone = False
         self.task: asyncio.Task | None = None
+        # The app's socket's synchronous frame handler (ws_socket.WsSocket.take_frame), or None.
+        self.take_frame = None
 
     # ------------------------------------------------------------------ picows callbacks
     def on_ws_connected(self, transport) -> None:
@@ -125,11 +130,20 @@ class AppConnection(WSListener):
         self.fragments = []
         if self.fragment_opcode == WSMsgType.TEXT:
             try:
-                self._push({"type": "websocket.receive", "text": data.decode()})
+                text = data.decode()
             except UnicodeDecodeError:
                 self._fail(CLOSE_INVALID_DATA, "invalid UTF-8 in a text frame")
-        else:
+                return
+            if not self._handed_over(text):
+                self._push({"type": "websocket.receive", "text": text})
+        elif not self._handed_over(data):
             self._push({"type": "websocket.receive", "bytes": data})
+
+    def _handed_over(self, data: bytes | str) -> bool:
+        """The frame handled now by the app's socket, in this callback (no task switch): only with
+        nothing queued ahead of it, so frames keep their order; the socket declines while its
+        receive task is busy or waiting for the model (then the frame is queued for the task)."""
+        return self.take_frame is not None and not self.inbox and not self.gone and self.take_frame(data)
 
     def on_ws_disconnected(self, transport) -> None:
         self._push_disconnect(1006)  # the TCP connection's count is UpgradeProtocol's to release
@@ -146,6 +160,11 @@ class AppConnection(WSListener):
 
     def is_user_specific_pong(self, frame) -> bool:
         return frame.msg_type == WSMsgType.PONG
+
+    def take_frames(self, handler) -> None:
+        """The app's hook (scope extension "take_frames"): data frames go to `handler(data) -> bool`
+        first; None: every frame to the inbox again."""
+        self.take_frame = handler
 
     # ------------------------------------------------------------------ ASGI receive / send
     async def receive(self) -> dict:

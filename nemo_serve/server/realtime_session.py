@@ -21,7 +21,7 @@ import time
 from typing import Protocol
 
 from .context import Refused
-from .stream_session import MAX_AHEAD_S, StreamSession
+from .stream_session import StreamSession
 
 
 class Items(Protocol):
@@ -93,7 +93,7 @@ class RealtimeSession(StreamSession):
         return self.items.behind_s()
 
     async def wait_for_model(self) -> None:
-        waited = self.streaming and self.behind_s > MAX_AHEAD_S
+        waited = self.model_behind()
         await super().wait_for_model()
         if waited:
             self.items.reading_resumed()

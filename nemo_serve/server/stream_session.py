@@ -236,10 +236,15 @@ class StreamSession:
         """Audio pushed that the model has not consumed yet."""
         return self.pushed_s - self.processed_s
 
+    def model_behind(self) -> bool:
+        """Streaming, and the model more than MAX_AHEAD_S behind this stream's input: the adapter
+        reads nothing more until it catches up (wait_for_model)."""
+        return self.streaming and self.behind_s > MAX_AHEAD_S
+
     async def wait_for_model(self) -> None:
         """Return once the model is at most MAX_AHEAD_S behind this stream's input (at once
         unless streaming): the adapter stops reading meanwhile."""
-        while self.streaming and self.behind_s > MAX_AHEAD_S:
+        while self.model_behind():
             self._progress.clear()
             await self._progress.wait()
             self.last_input = time.monotonic()  # waiting on us is not the client being idle

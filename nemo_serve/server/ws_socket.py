@@ -4,7 +4,9 @@ session whose engine streams are its items). What is here is the WebSocket's own
 task, the send task, the idle clock's timer, and the close code, chosen from the Failure's label
 at this edge.
 
-  receive task: frames -> wire.on_text / on_bytes -> session.push / end_input (never writes)
+  receive task: frames -> wire.on_text / on_bytes -> session.push / end_input (never writes);
+                on picows (picows_listener.py) a data frame that finds the task parked is handled
+                in the frame callback instead (take_frame), the same code with no task switch
   send task:    session.next_event() (messages, results, the Failure) -> wire's frames -> close
                 (the only writer)
 
@@ -89,6 +91,7 @@ class WsSocket:
         self._clock: asyncio.TimerHandle | None = None
         self._clock_at = 0.0  # when the armed timer fires, in time.monotonic()
         self._waiting_for_model = False  # backpressure: not reading, so the client is not idle
+        self._reading = False  # the receive task is parked in ws.receive() (take_frame may act)
 
     async def run(self) -> None:
         s = self.session
@@ -96,6 +99,9 @@ class WsSocket:
         if self.wire.config_error is not None:  # refused as a bad config message is: error, then 1008
             s.fail(self.wire.config_error, "bad_config")
         self._check_clock()
+        frames_hook = self._connection_hook("take_frames")
+        if frames_hook is not None:  # a transport that hands data frames over in its callback
+            frames_hook(self.take_frame)
         recv = asyncio.create_task(self._receive_loop(), name=f"ws{self.number}-receive")
         send = asyncio.create_task(self._send_loop(), name=f"ws{self.number}-send")
         try:
@@ -107,6 +113,8 @@ class WsSocket:
                 await send  # flush the results still owed, the error if any, then close
         finally:
             self.finished = True
+            if frames_hook is not None:
+                frames_hook(None)
             if self._clock is not None:
                 self._clock.cancel()
             for task in (recv, send):
@@ -141,26 +149,59 @@ class WsSocket:
     async def _receive_loop(self) -> None:
         s = self.session
         while not s.closing:
-            message = await self.ws.receive()
+            self._reading = True  # parked below: the transport may hand a frame to take_frame
+            try:
+                message = await self.ws.receive()
+            finally:
+                self._reading = False
             if self.finished or s.closing:
                 return  # a frame that raced run()'s end or the failure
             if message["type"] == "websocket.disconnect":
                 self._on_disconnect(message.get("code", 1005))
                 return
-            s.last_input = time.monotonic()
-            try:
-                if message.get("bytes") is not None:
-                    self.wire.on_bytes(message["bytes"])
-                else:
-                    self.wire.on_text(message.get("text") or "")
-            except (ProtocolError, AudioError) as e:
-                s.fail(str(e), "bad_audio" if isinstance(e, AudioError) else "protocol")
-            self._rearm_if_sooner()
-            self._waiting_for_model = True
-            try:
-                await s.wait_for_model()
-            finally:
-                self._waiting_for_model = False
+            # A frame the transport queued because the model was behind (take_frame declined it)
+            # waits here: a frame is handled only while the model is within MAX_AHEAD_S.
+            await self._wait_for_model()
+            if self.finished or s.closing:
+                return
+            self._on_frame(message["bytes"] if message.get("bytes") is not None else message.get("text") or "")
+            await self._wait_for_model()
+
+    def take_frame(self, data: bytes | str) -> bool:
+        """A data frame straight from the transport's frame callback (picows_listener.py), with no
+        task switch: what the receive task does with a frame, done now, when the task is parked in
+        receive with nothing ahead of this frame (the transport checks its own queue is empty) and
+        the model is not behind. False: the transport queues the frame for the task instead (it
+        must wait for the model, or the socket is ending). Why: the wake-up and task switch for
+        each lone packet were most of a paced packet's front-end CPU (issue 48's profile)."""
+        s = self.session
+        if not self._reading or self.finished or s.closing or s.model_behind():
+            return False
+        try:
+            self._on_frame(data)
+        except Exception:  # noqa: BLE001 - what run() does when the receive task fails
+            log.exception("ws%d frame handling failed", self.number)
+            s.fail("internal server error", "internal")
+        return True
+
+    def _on_frame(self, data: bytes | str) -> None:
+        s = self.session
+        s.last_input = time.monotonic()
+        try:
+            if isinstance(data, bytes):
+                self.wire.on_bytes(data)
+            else:
+                self.wire.on_text(data)
+        except (ProtocolError, AudioError) as e:
+            s.fail(str(e), "bad_audio" if isinstance(e, AudioError) else "protocol")
+        self._rearm_if_sooner()
+
+    async def _wait_for_model(self) -> None:
+        self._waiting_for_model = True
+        try:
+            await self.session.wait_for_model()
+        finally:
+            self._waiting_for_model = False
 
     def _rearm_if_sooner(self) -> None:
         """A frame moved the deadline sooner (the duration clock started at the open; a realtime
@@ -235,8 +276,12 @@ class WsSocket:
     def _drop_connection(self) -> None:
         """Drop the TCP connection now (a client that could not take its close frame in time).
         Without the hook (a server other than ours, the test client) the close stays pending."""
-        abort = self.ws.scope.get("extensions", {}).get("nemo_serve.connection", {}).get("abort")
+        abort = self._connection_hook("abort")
         if abort is not None:
             log.info("ws%d dropped: the client does not read", self.number)
             self.session.client_gone = True
             abort()
+
+    def _connection_hook(self, name: str):
+        """One of our transports' hooks (scope["extensions"]["nemo_serve.connection"]), or None."""
+        return self.ws.scope.get("extensions", {}).get("nemo_serve.connection", {}).get(name)

@@ -10,12 +10,13 @@ without waiting for the device (diarization/update.py plan_update).
 from __future__ import annotations
 
 import torch
-from nemo.collections.asr.parts.submodules.subsampling import calc_length
+from nemo.collections.asr.parts.submodules.subsampling import MaskedConvSequential, calc_length
 
 from ..versions import require
 
 require("nemo_toolkit", "3.0", "3.1",
-        uses="SortformerModules._compress_spkcache, ConvSubsampling's length rule (streaming diarization)")  # fmt: skip
+        uses="SortformerModules._compress_spkcache, ConvSubsampling's length rule and layers "
+        "(MaskedConvSequential, streaming diarization)")  # fmt: skip
 
 
 def compress_spkcache(modules, embs, preds, mean_sil_emb):
@@ -24,6 +25,14 @@ def compress_spkcache(modules, embs, preds, mean_sil_emb):
         emb_seq=embs, preds=preds, mean_sil_emb=mean_sil_emb, permute_spk=False
     )
     return spkcache, spkcache_preds
+
+
+def masks_every_layer(pre_encode) -> bool:
+    """Whether `pre_encode` is NeMo 3.0's 2-D striding subsampler whose MaskedConvSequential masks
+    each layer's input by the rows' lengths, run unsplit (the layers diarization/pre_encode.py runs
+    itself); anything else goes through NeMo's own forward."""
+    return (isinstance(getattr(pre_encode, "conv", None), MaskedConvSequential) and pre_encode.conv2d_subsampling
+            and pre_encode.subsampling_conv_chunking_factor == 1)  # fmt: skip
 
 
 def pre_encode_lengths(pre_encode, feature_lengths: list[int]) -> list[int]:

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from .nemo_sortformer import pre_encode_lengths
+from .pre_encode import pre_encode
 from .reference import FeatureChunk
 from .slots import SpeakerCacheSlots
 from .update import ChunkRows, UpdatePlan, device_index, model_input, plan_update, update_slots
@@ -105,12 +106,11 @@ def _pre_encode(model, batch: DiarStepBatch, width: int) -> ChunkRows:
 
     Safe to pad: NeMo's striding convolutions (MaskedConvSequential) zero each layer's input past a
     row's length, so a row's frames do not see its neighbours' padding (the step test holds rows at
-    their first, steady and last, shorter chunks in one batch).
+    their first, steady and last, shorter chunks in one batch); diarization/pre_encode.py does that
+    on the padded rows only.
     """
     subsampling = model.encoder.subsampling_factor
-    lengths = device_index(np.array(batch.feature_lengths, np.int64), batch.features.device)
-    embs, emb_lengths = model.encoder.pre_encode(x=batch.features, lengths=lengths)
-    emb_lengths = emb_lengths.to(torch.long)
+    embs, emb_lengths = pre_encode(model.encoder.pre_encode, batch.features, np.array(batch.feature_lengths, np.int64))
     left = torch.round(batch.left_offsets / subsampling).long()  # as NeMo: round() left, ceil() right
     right = torch.div(batch.right_offsets + subsampling - 1, subsampling, rounding_mode="floor")
     return ChunkRows(embs[:, :width], emb_lengths, left, right)

@@ -64,6 +64,16 @@ class Transcript:
     def token_ids(self) -> list[int]:
         return [t for f in self.finals for t in f["token_ids"]]
 
+    def record(self, msg: dict) -> None:
+        """Keep one server message: every message in order, and the finals, `done` and `error` apart."""
+        self.messages.append(msg)
+        if msg["type"] == "final":
+            self.finals.append(msg)
+        elif msg["type"] == "done":
+            self.done = msg
+        elif msg["type"] == "error":
+            self.error = msg
+
 
 class StreamingClient:
     """One stream over one WebSocket: config -> ready -> audio -> end -> results -> done."""
@@ -197,13 +207,7 @@ async def stream_samples(
         sender = asyncio.create_task(_send_paced(client, samples, rate, speed, chunk_ms))
         try:
             async for msg in client.messages():
-                out.messages.append(msg)
-                if msg["type"] == "final":
-                    out.finals.append(msg)
-                elif msg["type"] == "done":
-                    out.done = msg
-                elif msg["type"] == "error":
-                    out.error = msg
+                out.record(msg)
                 if on_message is not None:
                     on_message(msg)
         finally:

@@ -54,13 +54,7 @@ async def stream(
 
         sender = asyncio.create_task(send())
         async for msg in c.messages():
-            out.messages.append(msg)
-            if msg["type"] == "final":
-                out.finals.append(msg)
-            elif msg["type"] == "done":
-                out.done = msg
-            elif msg["type"] == "error":
-                out.error = msg
+            out.record(msg)
         # The server may end input itself (drain, duration cap) while we are still sending.
         await asyncio.gather(sender, return_exceptions=True)
         out.close_code = c.close_code

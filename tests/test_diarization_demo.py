@@ -16,13 +16,13 @@ import pytest
 import torch
 
 from nemo_serve.builtin.sortformer import DEMO_DIARIZER_PATH, build_diarizer
-from nemo_serve.diarization.reference import nemo_chunks, nemo_reference_preds, stream_features
+from nemo_serve.diarization.reference import nemo_chunks, stream_features
 from nemo_serve.diarization.settings import MODEL_CARD_SETTINGS, apply_settings
 from nemo_serve.training.diar_corpus import read_rttm
 from nemo_serve.training.diar_eval import batched_streaming_preds, offline_preds
 from nemo_serve.training.diar_metrics import der_counts, preds_to_segments
 
-from .test_diarization_step import PROB_ATOL, _run_batched
+from .helpers_diarization import assert_matches_nemo_loop, run_batched
 
 CONVERSATION = DEMO_DIARIZER_PATH.parent / "demo_conversation.flac"
 SAMPLE_RATE = 16000
@@ -59,19 +59,9 @@ def test_batched_step_matches_nemo_loop_on_the_demo_diarizer(setting):
     audio = conversation()
     chunks = [nemo_chunks(model, stream_features(model, audio[int(a * SAMPLE_RATE): int(b * SAMPLE_RATE)]))
               for a, b, _ in STREAMS]
-    ours, end_states = _run_batched(model, chunks, [start for _, _, start in STREAMS])
-    for i, stream_chunks in enumerate(chunks):
-        theirs = nemo_reference_preds(model, stream_chunks)
-        assert ours[i].shape == theirs.shape, (i, ours[i].shape, theirs.shape)
-        max_diff = (ours[i] - theirs).abs().max().item()
-        print(f"{setting} stream {i}: max |p - p_nemo| = {max_diff:.2e}")
-        assert max_diff <= PROB_ATOL, (setting, i, max_diff)
-        assert torch.equal(ours[i] > 0.5, theirs > 0.5), (setting, i)
-        assert torch.equal(ours[i].argmax(dim=1), theirs.argmax(dim=1)), (setting, i)
+    ours, end_states = run_batched(model, chunks, [start for _, _, start in STREAMS])
+    for i, theirs in enumerate(assert_matches_nemo_loop(model, chunks, ours, end_states, setting)):
         assert (theirs > 0.5).any(dim=0).sum() >= 2, (setting, i)  # a trained model: several speakers found
-        state = end_states[i]  # the cache filled and was compressed, silence entered its statistics
-        assert int(state.spkcache_lengths) == model.sortformer_modules.spkcache_len, (setting, i)
-        assert int(state.n_sil_frames) > 0, (setting, i)
 
 
 def test_demo_diarizer_tells_the_bundled_conversations_speakers_apart():

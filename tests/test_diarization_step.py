@@ -14,18 +14,17 @@ import pytest
 import torch
 
 from nemo_serve.builtin.sortformer import build_diarizer
-from nemo_serve.diarization.reference import nemo_chunks, nemo_reference_preds, stream_features
+from nemo_serve.diarization.reference import nemo_chunks, stream_features
 from nemo_serve.diarization.settings import MODEL_CARD_SETTINGS, apply_settings
 from nemo_serve.diarization.slots import NoFreeSlot, SpeakerCacheSlots
-from nemo_serve.diarization.step import diarize_step, make_batch
 from nemo_serve.synth import synth_audio
 
-PROB_ATOL = 2e-5  # fp32: padding changes matmul shapes, so the last bits differ (max seen 2.9e-6)
+from .helpers_diarization import assert_matches_nemo_loop, run_batched
+
 # (stream seconds, first step it may start at): more streams than slots, so slots are reused.
 # >= 30 s each: every setting compresses its speaker cache. The third waits for a slot, so it runs
 # beside the others' late chunks (full cache) from its first chunk (empty cache, no left context).
 STREAMS = [(31.5, 0), (30.5, 1), (32.0, 1)]
-NUM_SLOTS = 2
 
 
 @functools.lru_cache(maxsize=None)
@@ -33,57 +32,13 @@ def built():
     return build_diarizer("tiny-sortformer", 0)
 
 
-def _run_batched(model, chunks_per_stream, starts):
-    """Step all ready streams together until every stream is done; returns preds per stream and end states."""
-    pool = SpeakerCacheSlots.for_model(model, NUM_SLOTS)
-    outputs = {i: [] for i in range(len(chunks_per_stream))}
-    next_chunk, end_states, step = {}, {}, 0
-    waiting = list(range(len(chunks_per_stream)))
-    while waiting or next_chunk:
-        for i in [i for i in waiting if starts[i] <= step]:
-            if not pool.num_free:
-                break
-            pool.acquire(f"s{i}")
-            next_chunk[i] = 0
-            waiting.remove(i)
-        ready = sorted(next_chunk)
-        if not ready:  # every started stream is done and the next may not start yet
-            step += 1
-            continue
-        slots = [pool.stream_to_slot[f"s{i}"] for i in ready]
-        batch = make_batch(slots, [chunks_per_stream[i][next_chunk[i]] for i in ready])
-        result = diarize_step(model, pool, batch)
-        assert not pool.problems()  # the host's fill levels (the step's widths and branches) = the device's
-        for row, i in enumerate(ready):
-            outputs[i].append(result.chunk_preds[row, : int(result.chunk_lengths[row])])
-            next_chunk[i] += 1
-            if next_chunk[i] == len(chunks_per_stream[i]):
-                end_states[i] = pool.gather(torch.tensor([slots[row]]))
-                pool.release(f"s{i}")
-                del next_chunk[i]
-        step += 1
-    assert pool.num_used == 0 and pool.num_free == NUM_SLOTS
-    return [torch.cat(outputs[i]) for i in range(len(chunks_per_stream))], end_states
-
-
 @pytest.mark.parametrize("setting", list(MODEL_CARD_SETTINGS))
 def test_batched_step_matches_nemo_loop_per_stream(setting):
     model = built()
     apply_settings(model, MODEL_CARD_SETTINGS[setting])
     chunks = [nemo_chunks(model, stream_features(model, synth_audio(seconds, 10 + i))) for i, (seconds, _) in enumerate(STREAMS)]
-    ours, end_states = _run_batched(model, chunks, [start for _, start in STREAMS])
-    for i, stream_chunks in enumerate(chunks):
-        theirs = nemo_reference_preds(model, stream_chunks)
-        assert ours[i].shape == theirs.shape, (i, ours[i].shape, theirs.shape)
-        max_diff = (ours[i] - theirs).abs().max().item()
-        print(f"{setting} stream {i}: max |p - p_nemo| = {max_diff:.2e}")
-        assert max_diff <= PROB_ATOL, (setting, i, max_diff)
-        assert torch.equal(ours[i] > 0.5, theirs > 0.5), (setting, i)
-        assert torch.equal(ours[i].argmax(dim=1), theirs.argmax(dim=1)), (setting, i)
-        # the test exercises what it claims: the cache filled and was compressed, silence was seen
-        state = end_states[i]
-        assert int(state.spkcache_lengths) == model.sortformer_modules.spkcache_len, (setting, i)
-        assert int(state.n_sil_frames) > 0, (setting, i)
+    ours, end_states = run_batched(model, chunks, [start for _, start in STREAMS])
+    assert_matches_nemo_loop(model, chunks, ours, end_states, setting)
 
 
 def test_slots_refuse_when_full_and_release_is_idempotent():

@@ -12,6 +12,7 @@ SequenceEngine, which checks every sample), on one thread, so each interleaving 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import tempfile
 import threading
 import time
@@ -47,13 +48,26 @@ def _open(proc: EngineCoreProc, client: EngineClient, stream_id: str, on_result=
     raise AssertionError("the core never took the Open")
 
 
+@contextlib.contextmanager
+def _core_and_front_end():
+    """The real EngineCoreProc (its Engine a SequenceEngine over 2 slots) and EngineClient on shared
+    positions, on this thread; closed in the order the tests need: client, core, context, memory."""
+    ipc_dir = tempfile.mkdtemp(prefix="ns-wake-")
+    shared, ctx = _shared(ipc_dir), zmq.Context()
+    proc = EngineCoreProc(SequenceEngine(2), shared, ipc_dir, ctx)
+    client = EngineClient(model_info(), shared, 0, ipc_dir).start()
+    try:
+        yield shared, proc, client
+    finally:
+        client.stop()
+        proc.close()
+        ctx.term()
+        shared.close()
+
+
 def test_audio_published_before_the_core_sleeps_is_found_by_its_second_look():
     async def run():
-        ipc_dir = tempfile.mkdtemp(prefix="ns-wake-")
-        shared, ctx = _shared(ipc_dir), zmq.Context()
-        proc = EngineCoreProc(SequenceEngine(2), shared, ipc_dir, ctx)
-        client = EngineClient(model_info(), shared, 0, ipc_dir).start()
-        try:
+        with _core_and_front_end() as (shared, proc, client):
             h = _open(proc, client, "s-1")
             client.push(h, sequence("s-1", 0, 800))  # the core is awake: no Wake
             assert shared.core_asleep[0] == 0
@@ -64,22 +78,13 @@ def test_audio_published_before_the_core_sleeps_is_found_by_its_second_look():
             assert shared.core_asleep[0] == 0  # awake again: front ends send no Wake now
             proc.iterate_once()
             assert proc.core._read_end[h.slot] == 800 and int(shared.read_end[h.slot]) == 800
-        finally:
-            client.stop()
-            proc.close()
-            ctx.term()
-            shared.close()
 
     asyncio.run(run())
 
 
 def test_a_sleeping_core_gets_one_wake_per_sleep_and_wakes_on_it():
     async def run():
-        ipc_dir = tempfile.mkdtemp(prefix="ns-wake-")
-        shared, ctx = _shared(ipc_dir), zmq.Context()
-        proc = EngineCoreProc(SequenceEngine(2), shared, ipc_dir, ctx)
-        client = EngineClient(model_info(), shared, 0, ipc_dir).start()
-        try:
+        with _core_and_front_end() as (shared, proc, client):
             h = _open(proc, client, "s-2")
             proc.start_io()  # the core's sleep waits on its receiver thread's inbox, as in run()
             slept: list[float] = []
@@ -106,11 +111,6 @@ def test_a_sleeping_core_gets_one_wake_per_sleep_and_wakes_on_it():
             proc._waiting = []
             proc.iterate_once()
             assert proc.core._read_end[h.slot] == 960
-        finally:
-            client.stop()
-            proc.close()
-            ctx.term()
-            shared.close()
 
     asyncio.run(run())
 
@@ -161,12 +161,8 @@ def test_a_finish_right_after_its_audio_gets_all_of_it(tmp_path):
     """No Wrote in shared positions; the Finish still ends the stream after its last packet."""
 
     async def run():
-        ipc_dir = tempfile.mkdtemp(prefix="ns-wake-")
-        shared, ctx = _shared(ipc_dir), zmq.Context()
-        proc = EngineCoreProc(SequenceEngine(2), shared, ipc_dir, ctx)
-        client = EngineClient(model_info(), shared, 0, ipc_dir).start()
         got = []
-        try:
+        with _core_and_front_end() as (shared, proc, client):
             h = _open(proc, client, "s-4", got.append)
             for i in range(10):
                 client.push(h, sequence("s-4", 100 * i, 100))
@@ -177,11 +173,6 @@ def test_a_finish_right_after_its_audio_gets_all_of_it(tmp_path):
                 await asyncio.sleep(0.001)
                 if got:
                     break
-        finally:
-            client.stop()
-            proc.close()
-            ctx.term()
-            shared.close()
         return got
 
     got = asyncio.run(run())

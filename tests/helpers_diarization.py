@@ -1,0 +1,68 @@
+"""Batched streaming Sortformer against NeMo's own loop, shared by test_diarization_step.py (the tiny
+random-weight model on synthetic audio) and test_diarization_demo.py (the shipped demo diarizer on the
+bundled conversation): step streams together through the speaker-cache slots, and compare each
+stream's probabilities and decisions with NeMo's `forward_streaming_step` loop on that stream alone."""
+
+from __future__ import annotations
+
+import torch
+
+from nemo_serve.diarization.reference import nemo_reference_preds
+from nemo_serve.diarization.slots import SpeakerCacheSlots
+from nemo_serve.diarization.step import diarize_step, make_batch
+
+PROB_ATOL = 2e-5  # fp32: padding changes matmul shapes, so the last bits differ (max seen 2.9e-6)
+NUM_SLOTS = 2
+
+
+def run_batched(model, chunks_per_stream, starts):
+    """Step all ready streams together until every stream is done; returns preds per stream and end states."""
+    pool = SpeakerCacheSlots.for_model(model, NUM_SLOTS)
+    outputs = {i: [] for i in range(len(chunks_per_stream))}
+    next_chunk, end_states, step = {}, {}, 0
+    waiting = list(range(len(chunks_per_stream)))
+    while waiting or next_chunk:
+        for i in [i for i in waiting if starts[i] <= step]:
+            if not pool.num_free:
+                break
+            pool.acquire(f"s{i}")
+            next_chunk[i] = 0
+            waiting.remove(i)
+        ready = sorted(next_chunk)
+        if not ready:  # every started stream is done and the next may not start yet
+            step += 1
+            continue
+        slots = [pool.stream_to_slot[f"s{i}"] for i in ready]
+        batch = make_batch(slots, [chunks_per_stream[i][next_chunk[i]] for i in ready])
+        result = diarize_step(model, pool, batch)
+        assert not pool.problems()  # the host's fill levels (the step's widths and branches) = the device's
+        for row, i in enumerate(ready):
+            outputs[i].append(result.chunk_preds[row, : int(result.chunk_lengths[row])])
+            next_chunk[i] += 1
+            if next_chunk[i] == len(chunks_per_stream[i]):
+                end_states[i] = pool.gather(torch.tensor([slots[row]]))
+                pool.release(f"s{i}")
+                del next_chunk[i]
+        step += 1
+    assert pool.num_used == 0 and pool.num_free == NUM_SLOTS
+    return [torch.cat(outputs[i]) for i in range(len(chunks_per_stream))], end_states
+
+
+def assert_matches_nemo_loop(model, chunks_per_stream, ours, end_states, setting: str) -> list[torch.Tensor]:
+    """Each stream's probabilities within PROB_ATOL of NeMo's loop on it alone, identical decisions
+    (p > 0.5, argmax), and the test exercised what it claims: the speaker cache filled and was
+    compressed, silence was seen. Returns NeMo's probabilities per stream."""
+    reference = []
+    for i, stream_chunks in enumerate(chunks_per_stream):
+        theirs = nemo_reference_preds(model, stream_chunks)
+        assert ours[i].shape == theirs.shape, (i, ours[i].shape, theirs.shape)
+        max_diff = (ours[i] - theirs).abs().max().item()
+        print(f"{setting} stream {i}: max |p - p_nemo| = {max_diff:.2e}")
+        assert max_diff <= PROB_ATOL, (setting, i, max_diff)
+        assert torch.equal(ours[i] > 0.5, theirs > 0.5), (setting, i)
+        assert torch.equal(ours[i].argmax(dim=1), theirs.argmax(dim=1)), (setting, i)
+        state = end_states[i]
+        assert int(state.spkcache_lengths) == model.sortformer_modules.spkcache_len, (setting, i)
+        assert int(state.n_sil_frames) > 0, (setting, i)
+        reference.append(theirs)
+    return reference

@@ -223,7 +223,7 @@ WS_LAYER_NAMES = {
     "uvicorn_sansio_asyncio": "uvicorn + websockets sans-I/O, asyncio's loop (uvloop off)",
     "uvicorn_wsproto_uvloop": "uvicorn + wsproto + uvloop", "granian_uvloop": "granian (ASGI), one worker",
     "picows_uvloop": "picows, frames handled in its callback",
-    "picows_queue_uvloop": "picows, frames handed to a task (as --fast-ws-port does)",
+    "picows_queue_uvloop": "picows, frames handed to a task (as --fast-ws-port did before the hand-over)",
     "picows_asyncio": "picows, asyncio's loop",
 }  # fmt: skip
 

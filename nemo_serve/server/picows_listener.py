@@ -3,7 +3,8 @@
 
 Why (benchmarks/ws_layer_bench.py, ws_layer_cpu.json): per paced 20 ms packet, uvicorn + websockets
 sans-I/O cost the server process 34 µs of the same trivial app, picows 16 µs in its frame
-callback and 22 µs with each frame handed to a task, as here. Rejected: granian (68 µs) and
+callback (as here for a data frame that finds its socket idle) and 22 µs with each frame handed
+to a task. Rejected: granian (68 µs) and
 uvicorn + wsproto (44 µs); uvloop off (48 µs). The transport is uvloop's (not aiofastnet):
 its abort and pause_reading are what the hardening tests were written against.
 

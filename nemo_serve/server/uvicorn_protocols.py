@@ -4,8 +4,9 @@ request, a lingering close).
 
 The one module that uses uvicorn's private API: it subclasses `HttpToolsProtocol` and
 `WebSocketsSansIOProtocol` (the latter first shipped in uvicorn 0.35), overrides their hooks and
-reads and writes their internals (`conn`, `queue`, `close_sent`, `close_timer`, `read_paused`,
-`handshake_initiated`, `handshake_complete`, `scope`, `cycle`). So the installed uvicorn is
+reads and writes their internals (`conn`, `queue`, `frames`, `curr_msg_data_type`, `close_sent`,
+`close_timer`, `read_paused`, `handshake_initiated`, `handshake_complete`, `scope`, `cycle`,
+`send_receive_event_to_app`). So the installed uvicorn is
 checked at import against the range these were tested with (UVICORN_VERSIONS; pyproject.toml
 pins the same, and tests/test_private_apis.py checks both): a newer uvicorn fails here with one
 clear message.
@@ -148,6 +149,26 @@ class HttpProtocol(HttpToolsProtocol):
 class WebSocketProtocol(WebSocketsSansIOProtocol):
     limits: ConnectionLimits  # set by protocol_classes()
     _lingering = False
+    take_frame = None  # the app's socket's frame handler (ws_socket.WsSocket.take_frame), or None
+
+    def send_receive_event_to_app(self) -> None:
+        """A whole message: handed to the app's socket in this callback when nothing is queued
+        and it takes it (picows_listener.py's hand-over: no task wake-up, and no pause and resume
+        of reading, which uvicorn does for every queued message); else queued, as uvicorn does."""
+        if self.take_frame is not None and self.queue.empty() and not self.close_sent:
+            data = self.frames[0] if len(self.frames) == 1 else b"".join(self.frames)
+            if self.curr_msg_data_type == "text":
+                try:
+                    data = data.decode()
+                except UnicodeDecodeError:
+                    data = None  # uvicorn's own path closes with 1007
+            if data is not None and self.take_frame(data):
+                self.frames = []
+                return
+        super().send_receive_event_to_app()
+
+    def _take_frames(self, handler) -> None:
+        self.take_frame = handler
 
     def data_received(self, data: bytes) -> None:
         if self._lingering:  # discarded: the close frame is out, the close is timed
@@ -185,7 +206,7 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
         super().handle_connect(event)
         scope = getattr(self, "scope", None)  # absent when the upgrade request itself was refused
         if scope is not None:
-            scope["extensions"]["nemo_serve.connection"] = {"abort": self.abort}
+            scope["extensions"]["nemo_serve.connection"] = {"abort": self.abort, "take_frames": self._take_frames}
 
     def abort(self) -> None:
         """Drop the TCP connection now, whatever is still buffered for it."""

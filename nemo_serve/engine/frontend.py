@@ -60,9 +60,13 @@ class AudioBuffer:
             self.finished = True
             self.finish_time = time.time() if at is None else at
 
-    def extend(self, parts: tuple[np.ndarray, ...], arrived: float) -> None:
+    def extend(self, parts: tuple[np.ndarray, ...], arrived: float, keep_from: int = 0) -> None:
         """Append samples (given as consecutive pieces, e.g. the two halves of a wrapped ring)
-        straight into the buffer, one copy; `arrived`: when they reached the server."""
+        straight into the buffer, one copy; `arrived`: when they reached the server. `keep_from`:
+        as `discard_before(keep_from)` first (the engine's intake knows it as an array over the
+        streams: one call per packet instead of one more per stepped chunk)."""
+        if keep_from > self.kept_from:
+            self.discard_before(keep_from)
         used = self._used
         if len(parts) == 1:  # the usual case, without the loop (this runs per stream per packet)
             samples = parts[0]

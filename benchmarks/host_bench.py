@@ -366,8 +366,10 @@ def measure_core(model, num_streams: int, seconds: float, tokens_per_frame: floa
 # A built-in (numpy, list, dict methods) is charged to its caller's part.
 PARTS = [
     ("audio intake: ring -> stream buffer (EngineCore._take_audio, Engine.take_audio, AudioBuffer.extend)",
-     ("core/engine_core.py", "engine/admission.py", "engine/frontend.py", "core/shared.py", "engine/scheduler.py"),
-     {"_take_audio", "take_audio", "extend", "views", "set_audio", "take_input"}),
+     ("core/engine_core.py", "engine/admission.py", "engine/frontend.py", "core/shared.py", "engine/scheduler.py",
+      "engine/collect.py"),
+     {"_take_audio", "take_audio", "take_audio_many", "extend", "_make_room", "discard_before", "took", "views", "set_audio",
+      "take_input"}),
     ("features: samples -> staging (FeatureExtractor.compute, AudioBuffer.copy_segment; preprocessor stubbed)",
      ("engine/frontend.py", "host_bench.py"), {"compute", "compute_group", "copy_segment", "take", "forward", "_features"}),
     ("plan and launch (Scheduler.plan/advance, Engine._schedule/_launch, StepBatch)",
@@ -375,7 +377,7 @@ PARTS = [
      {"plan", "advance", "frames_available", "_schedule", "_launch", "launch", "launched", "__init__", "take"}),
     ("step stub: the step's host-side result handling (packed tokens -> per-row lists)", ("host_bench.py",), {"step", "<listcomp>"}),
     ("collect per row (Engine._collect/_advance: buffer trim, arrival, endpoint, StreamUpdate)",
-     ("engine/loop.py", "engine/publish.py", "engine/admission.py", "engine/accounting.py", "engine/stream.py",
+     ("engine/loop.py", "engine/collect.py", "engine/publish.py", "engine/admission.py", "engine/accounting.py", "engine/stream.py",
       "engine/endpoint.py", "engine/frontend.py", "engine/in_flight.py", "engine/slot_table.py", "engine/results.py",
       "engine/queue_delay.py", "engine/eou.py", "engine/runner.py"), None),
     ("publish: route, results message (msgpack), ZMQ send (EngineCore.step, core_proc)",

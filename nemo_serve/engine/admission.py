@@ -116,6 +116,8 @@ class AdmissionMixin:
             stream.biasing_id, tree_state = self._biasing().acquire(request)
         self.runner.open_row(slot, language_index=stream.language_index, biasing_id=stream.biasing_id, tree_state=tree_state)
         self.scheduler.admit(slot, self.model.geometries[stream.context_right])
+        self.last_packet.open(slot)
+        self._due[slot] = -np.inf
         self._num_phrases += len(request.phrases)
         return stream
 
@@ -137,24 +139,28 @@ class AdmissionMixin:
         """Float32 samples, in one or two pieces (a wrapped ring), into an open stream's buffer
         (one copy: the caller may reuse `parts` once this returns) and the scheduler. `arrived`:
         when they reached the server, so latency counts any wait before the engine got them."""
-        audio = stream.audio
-        audio.extend(parts, arrived)
-        self.scheduler.set_audio(stream.slot, audio.num_samples, audio.finished)
-        if stream.diarized:
-            self.diarizer.take_audio(stream.stream_id, parts, arrived)
+        self.take_audio_many(np.array([stream.slot], dtype=np.int64), [parts], [arrived])
 
     def take_audio_many(self, slots: np.ndarray, parts: list[tuple[np.ndarray, ...]], arrivals: list[float]) -> None:
         """`take_audio` for the open streams on `slots` ([N] int64), one call per iteration: the
-        samples into each stream's buffer, the scheduler's sample counts set in one array store."""
+        samples into each stream's buffer, the scheduler's sample counts and the last packets
+        (engine/collect.py) set in array stores. Each buffer may drop the samples before the first
+        one its stream's next chunk reads (the scheduler's next frame, with the pre-encode history
+        before it: nothing in flight reads them, its features were computed at launch)."""
         by_slot, num_samples = self.slots.by_slot, []
-        for slot, pieces, arrived in zip(slots.tolist(), parts, arrivals):
+        before = self.scheduler.num_samples[slots]
+        keep_from = self.features.first_sample_needed(self.scheduler.next_frame[slots] - self.geometry.pre_cache_frames)
+        for slot, pieces, arrived, keep in zip(slots.tolist(), parts, arrivals, keep_from.tolist()):
             stream = by_slot[slot]
             audio = stream.audio
-            audio.extend(pieces, arrived)
+            audio.extend(pieces, arrived, keep)
             num_samples.append(audio.num_samples)
             if stream.diarized:
                 self.diarizer.take_audio(stream.stream_id, pieces, arrived)
-        self.scheduler.num_samples[slots] = num_samples  # `finished` unchanged: only finish() sets it
+        after = np.array(num_samples, dtype=np.int64)
+        self.scheduler.num_samples[slots] = after  # `finished` unchanged: only finish() sets it
+        took = after != before  # an empty packet records no arrival (AudioBuffer.extend)
+        self.last_packet.took(slots[took], before[took], np.asarray(arrivals, dtype=np.float64)[took])
 
     def finish(self, stream: Stream, at: float | None = None) -> None:
         """End of input; `at`: when it reached the server (default now). Its final comes out of a

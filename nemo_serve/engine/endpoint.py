@@ -20,7 +20,10 @@ stay as the fallback. `eou` False turns those endings off for a stream (the toke
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+NEVER = 1 << 62  # `fires_at` of a detector whose rules are off or cannot fire
 
 
 @dataclass(frozen=True)
@@ -75,12 +78,18 @@ class EndpointDetector:
         self.rules = config.rules if config.enabled else ()  # built once, read every step
         self._thresholds = tuple((r.must_contain_nonsilence, r.min_trailing_silence_s, r.min_utterance_length_s) for r in self.rules)
         self.frame_s = frame_s
+        self._frames_needed = tuple((needs, frames_needed(t, frame_s), frames_needed(n, frame_s)) for needs, t, n in self._thresholds)
         self.segment_start_frame = 0
         self.last_token_frame = -1  # global frame of the last token in this segment, -1 if none
+        # The decoded frame count from which `is_endpoint` says a rule fires, for the state as it
+        # is: the engine's collect compares one int per row per step and calls `is_endpoint` only
+        # there (engine/collect.py), instead of evaluating three rules for every stepped stream.
+        self.fires_at = self._first_firing_frame()
 
     def on_tokens(self, frames: list[int]) -> None:
         if frames:
             self.last_token_frame = frames[-1]
+            self.fires_at = self._first_firing_frame()
 
     def is_endpoint(self, decoded_frames: int) -> str | None:
         """The reason the segment ends now ("silence": rule 1 or 2, "max_length": rule 3), else None."""
@@ -100,3 +109,27 @@ class EndpointDetector:
     def new_segment(self, decoded_frames: int) -> None:
         self.segment_start_frame = decoded_frames
         self.last_token_frame = -1
+        self.fires_at = self._first_firing_frame()
+
+    def _first_firing_frame(self) -> int:
+        """The least decoded frame count at which `is_endpoint` is not None (NEVER if none): per
+        rule, the later of the frames where its silence and its length first reach their minimum
+        (`_frames_needed`: is_endpoint's float tests turned into whole frames once)."""
+        start, first = self.segment_start_frame, NEVER
+        has_text = self.last_token_frame >= start
+        silent_from = self.last_token_frame + 1 if has_text else start
+        for needs_text, min_trailing_frames, min_length_frames in self._frames_needed:
+            if has_text or not needs_text:
+                first = min(first, max(start + 1, silent_from + min_trailing_frames, start + min_length_frames))
+        return first
+
+
+def frames_needed(min_s: float, frame_s: float) -> int:
+    """The fewest whole frames x >= 0 with `x * frame_s >= min_s`, is_endpoint's float test (it
+    only turns true as x grows): the estimate in whole frames moved to where the test turns."""
+    x = max(0, math.ceil(min_s / frame_s))
+    while x > 0 and (x - 1) * frame_s >= min_s:
+        x -= 1
+    while x * frame_s < min_s:
+        x += 1
+    return x

@@ -60,11 +60,15 @@ class AudioBuffer:
             self.finished = True
             self.finish_time = time.time() if at is None else at
 
-    def extend(self, parts: tuple[np.ndarray, ...], arrived: float) -> None:
+    def extend(self, parts: tuple[np.ndarray, ...], arrived: float, keep_from: int = 0) -> None:
         """Append samples (given as consecutive pieces, e.g. the two halves of a wrapped ring)
-        straight into the buffer, one copy; `arrived`: when they reached the server."""
+        straight into the buffer, one copy; `arrived`: when they reached the server. `keep_from`:
+        as `discard_before(keep_from)` first (the engine's intake knows it as an array over the
+        streams: no call per stepped chunk). Runs per stream per packet: kept lean."""
+        if keep_from > self.kept_from:
+            self.kept_from = min(keep_from, self.num_samples)
         used = self._used
-        if len(parts) == 1:  # the usual case, without the loop (this runs per stream per packet)
+        if len(parts) == 1:  # the usual case, without the loop
             samples = parts[0]
             n = len(samples)
             if n == 0:
@@ -84,8 +88,11 @@ class AudioBuffer:
                 used += len(p)
             self._used = used
         self.num_samples += n
-        self._arrival_ends.append(self.num_samples)
+        ends = self._arrival_ends
+        ends.append(self.num_samples)
         self._arrival_times.append(arrived)
+        if len(ends) > 32:  # trimmed now and then, not at every packet
+            self._trim_arrivals()
 
     def _make_room(self, n: int) -> int:
         """Room for `n` more samples: the samples still needed moved to the front (the only copy of
@@ -130,9 +137,13 @@ class AudioBuffer:
             return
         self.kept_from = min(start, self.num_samples)
         if len(self._arrival_ends) > 32:  # trimmed now and then, not at every step
-            i = bisect_left(self._arrival_ends, start)
-            if i > 1:  # keep one entry before `start` so arrival_time stays defined
-                del self._arrival_ends[: i - 1], self._arrival_times[: i - 1]
+            self._trim_arrivals()
+
+    def _trim_arrivals(self) -> None:
+        """Drop the packets that end before `kept_from`, but one, so arrival_time stays defined."""
+        i = bisect_left(self._arrival_ends, self.kept_from)
+        if i > 1:
+            del self._arrival_ends[: i - 1], self._arrival_times[: i - 1]
 
 
 class FeatureExtractor:
@@ -191,7 +202,11 @@ class FeatureExtractor:
         lengths[:] = seg_len
         starts = self.first_sample_needed(np.asarray(t0s, dtype=np.int64)).tolist()
         for a, start, row in zip(audios, starts, batch):
-            a.copy_segment(start, row)
+            i = start - a.offset
+            if i >= 0 and start + seg_len <= a.num_samples:  # copy_segment's usual case, inlined (every row)
+                row[:] = a._data[i : i + seg_len]
+            else:
+                a.copy_segment(start, row)
         for i in [i for i, a in enumerate(audios) if a.finished]:  # streams at their end: the real sample count
             lengths[i] = min(seg_len, audios[i].num_samples - starts[i])
         # Non-blocking from staging that no later step writes before the device has read it (_Staging).

@@ -41,10 +41,12 @@ import os
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from .accounting import AccountingMixin
 from .admission import AdmissionMixin
+from .collect import CollectMixin, LastPacket
 from .phrases import PhraseLimits, encodable_characters
 from .encoder import make_encoder
 from .ring_cache import make_slot_pool
@@ -86,11 +88,11 @@ class EngineStats:
     by_mode: dict = field(default_factory=dict)  # context_right -> [steps, stream_steps]
 
 
-class Engine(AdmissionMixin, AccountingMixin, PublishMixin):
+class Engine(AdmissionMixin, AccountingMixin, CollectMixin, PublishMixin):
     """Streams in, results out, on the thread that owns it (module docstring). Its methods by job:
     streams in and their release (engine/admission.py), what it holds and the accounting check
-    (engine/accounting.py), a collected step's updates and finals and the diarizer
-    (engine/publish.py); here start-up and the iteration: plan, launch, collect."""
+    (engine/accounting.py), collecting a step (engine/collect.py), a collected step's updates and
+    finals and the diarizer (engine/publish.py); here start-up and the iteration: plan, launch, collect."""
 
     def __init__(
         self,
@@ -155,6 +157,10 @@ class Engine(AdmissionMixin, AccountingMixin, PublishMixin):
         self.scheduler = Scheduler(self.geometry, num_slots, self.max_batch, self.features.margin)
         # Which stream holds each slot, hence which streams are open: the one record of it.
         self.slots = SlotTable(num_slots)
+        # Per slot, for collect (engine/collect.py): the last packet taken in (where it started,
+        # when it arrived) and when the stream's last stepped chunk was due (queue_delay.py).
+        self.last_packet = LastPacket(num_slots)
+        self._due = np.full(num_slots, -np.inf)
         # What was produced since the last iterate() returned (admission errors aside, every call
         # that publishes or releases adds here): the next IterationOutput.
         self._updates: list[StreamUpdate] = []
@@ -315,58 +321,3 @@ class Engine(AdmissionMixin, AccountingMixin, PublishMixin):
             time.sleep(self.test_step_sleep_s)
         self.scheduler.advance(group)  # at launch: the next plan must not take these chunks again
         return InFlightStep(group, streams, launched, t_start, wall_start)
-
-    def _collect(self, step: InFlightStep) -> None:
-        result = self.runner.collect(step.launched)
-        group, streams, wall_start = step.group, step.streams, step.wall_started
-        self.in_flight.landed(step)
-        slots, widths = group.slots.tolist(), group.widths.tolist()
-        elapsed = time.perf_counter() - step.started
-        self._count_step(group, len(slots), widths, elapsed)
-        # Per-row positions as array operations over the group, not per-row calls: the next chunk's
-        # first frame, the first sample it reads (with the pre-encode history before it), the end
-        # of the samples this chunk read, and the chunk's real-time length.
-        next_frames = group.t0 + group.widths
-        keep_from = self.features.first_sample_needed(next_frames - self.geometry.pre_cache_frames).tolist()
-        read_end = self.features.last_sample_needed(next_frames).tolist()
-        periods = (group.widths * self.hop_s).tolist()  # int64 * float64: Python's int * float, value for value
-        confs = result.token_confidences or [None] * len(streams)
-        # Calls deferred to this collect (an abort, a forced final) are rare: looked up per row only if any.
-        deferred = self.in_flight.has_deferred()
-        by_slot = self.slots.by_slot
-        longest_delay = 0.0
-        for s, slot, next_frame, first_kept, needed_end, last, ids, frames, decoded, conf, period in zip(
-            streams, slots, next_frames.tolist(), keep_from, read_end, group.is_last.tolist(), result.token_ids,
-            result.token_frames, result.decoded_frames, confs, periods,
-        ):
-            if by_slot[slot] is not s or (deferred and self._collect_row_aborted(s, slot)):
-                continue  # no longer the slot's stream (slots.holds), or aborted while in flight
-            arrived = self._advance(s, next_frame, first_kept, needed_end, last, ids, frames, decoded, conf)
-            # Due: its last sample in, and at most real-time pace after the stream's previous chunk
-            # (queue_delay.py). A client ahead of real time is not the engine falling behind.
-            s.due = due = max(arrived, s.due + period)
-            longest_delay = max(longest_delay, wall_start - due)
-            if deferred and self.in_flight.pop_final(slot) and self.slots.holds(s):  # not released by its last chunk
-                self._publish_final(s, [], [], time.time(), done=False)
-        self.queue_delay.record(longest_delay, wall_start + elapsed)
-
-    def _collect_row_aborted(self, s: Stream, slot: int) -> bool:
-        """A row whose stream is no longer the slot's or was aborted while in flight: its results
-        are dropped (by identity, the slot may be another stream's), a pending abort released now."""
-        if not self.slots.holds(s):
-            return True
-        reason = self.in_flight.pop_abort(slot)
-        if reason is None:
-            return False
-        log.debug("stream %s aborted: %s", s.stream_id, reason)
-        self._release(s, aborted=True)
-        return True
-
-    def _count_step(self, group: Group, num_rows: int, widths: list[int], elapsed: float) -> None:
-        self.stats.steps += 1
-        self.stats.stream_steps += num_rows
-        self.stats.audio_s += sum(widths) * self.hop_s
-        per_mode = self.stats.by_mode.setdefault(group.context_right, [0, 0])
-        per_mode[0] += 1
-        per_mode[1] += num_rows
-        self._steps.append(StepStats(num_rows, elapsed, group.context_right))

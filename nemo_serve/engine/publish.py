@@ -1,8 +1,8 @@
-"""Publishing a collected step: each row's tokens taken (buffer trimmed, arrival time), EOU tokens
+"""Publishing a collected step: each row's tokens taken, EOU tokens
 cut into finals, endpoint and end-of-input finals, plain updates; and the diarizer's launch and
 collect, which hold a diarized stream's updates until their speakers are known
 (engine/speakers.py). Mixed into `Engine` (engine/loop.py), whose attributes it uses; called by
-its collect (`_collect`), on the thread that owns the engine."""
+its collect (engine/collect.py), on the thread that owns the engine."""
 
 from __future__ import annotations
 
@@ -14,22 +14,19 @@ from .stream import Stream
 class PublishMixin:
     """Engine methods that turn a step's results into updates and finals (module docstring)."""
 
-    def _advance(self, s: Stream, next_frame: int, first_kept: int, needed_end: int, is_last: bool, ids: list[int],
-                 frames: list[int], decoded: int, conf: list[float] | None = None) -> float:  # fmt: skip
-        """Take one stepped chunk's results; returns the arrival time of the last sample it needed.
-        `first_kept`: the first sample the stream's next chunk reads; `needed_end`: the end of
-        the samples this one read (features.first_sample_needed / last_sample_needed)."""
+    def _advance(self, s: Stream, next_frame: int, is_last: bool, ids: list[int], frames: list[int], decoded: int,
+                 conf: list[float] | None, arrival: float) -> float:  # fmt: skip
+        """Take one stepped chunk's results, every case (engine/collect.py inlines the usual one);
+        `arrival`: when the last sample the chunk read arrived. Returns it (a last chunk's: the
+        end of input's, if later)."""
         s.decoded_frames = decoded
-        audio = s.audio
-        audio.discard_before(first_kept)
-        arrival = audio.arrival_time(min(needed_end, audio.num_samples))
         if self._has_eou:
             ids, frames, conf = self._end_at_eou(s, ids, frames, conf, arrival)
         if not self.token_confidence:
             conf = None  # computed for the EOU probability only
         s.add_tokens(frames)
         if is_last:
-            arrival = max(arrival, audio.finish_time or arrival)
+            arrival = max(arrival, s.audio.finish_time or arrival)
             self._publish_final(s, ids, frames, arrival, done=True, conf=conf, reason="end_of_input")
             self._release(s)
         elif reason := s.endpoint.is_endpoint(decoded):

@@ -29,7 +29,6 @@ class Stream:
     diarized: bool = False  # its audio also goes to the diarizer (engine/speakers.py)
     segment: int = 0
     decoded_frames: int = 0
-    due: float = float("-inf")  # when its last stepped chunk was due (engine/queue_delay.py)
     endpoint: EndpointDetector | None = None
 
     def __post_init__(self) -> None:

@@ -73,7 +73,7 @@ def instrument(diarizer, timers: Timers, stack: ExitStack) -> None:
     w(diar_runner, "plan_step", "plan_step", stack)
     w(diar_runner.SortformerRunner, "collect", "collect", stack)
     w(diar_runner.SortformerRunner, "launch", "launch", stack)
-    w(enc.pre_encode, "forward", "pre_encode", stack)
+    w(diar_step, "pre_encode", "pre_encode", stack)  # diarization/pre_encode.py (NeMo's forward inside, or its layers)
     w(diar_step, "model_input", "model_input", stack)
     w(diarizer, "frontend_encoder", "encoder", stack)
     w(enc.pos_enc, "forward", "encoder.pos_enc", stack)

@@ -20,10 +20,13 @@ import torch
 from .nemo_sortformer import masks_every_layer
 from .update import device_index
 
+# False: NeMo's own forward for every batch, all rows masked (benchmarks' before; diarization_cost.py).
+MASK_PADDED_ROWS_ONLY = True
+
 
 def pre_encode(module, features: torch.Tensor, lengths: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     """features [B, T, F] (zero past each row's length), lengths [B] host ints -> ([B, T', D], [B] long)."""
-    if not masks_every_layer(module) or _would_split(module, features):
+    if not MASK_PADDED_ROWS_ONLY or not masks_every_layer(module) or _would_split(module, features):
         embs, out_lengths = module(x=features, lengths=device_index(lengths, features.device))
         return embs, out_lengths.to(torch.long)
     x, lengths = features.unsqueeze(1), np.asarray(lengths, np.int64)  # [B, 1, T, F]

@@ -5,8 +5,9 @@ task, the send task, the idle clock's timer, and the close code, chosen from the
 at this edge.
 
   receive task: frames -> wire.on_text / on_bytes -> session.push / end_input (never writes);
-                on picows (picows_listener.py) a data frame that finds the task parked is handled
-                in the frame callback instead (take_frame), the same code with no task switch
+                through our listeners (picows_listener.py, uvicorn_protocols.py) a data frame
+                that finds the task parked is handled in the transport's callback instead
+                (take_frame), the same code with no task switch
   send task:    session.next_event() (messages, results, the Failure) -> wire's frames -> close
                 (the only writer)
 
@@ -168,7 +169,7 @@ class WsSocket:
             await self._wait_for_model()
 
     def take_frame(self, data: bytes | str) -> bool:
-        """A data frame straight from the transport's frame callback (picows_listener.py), with no
+        """A data frame straight from the transport's frame callback (the "take_frames" hook), with no
         task switch: what the receive task does with a frame, done now, when the task is parked in
         receive with nothing ahead of this frame (the transport checks its own queue is empty) and
         the model is not behind. False: the transport queues the frame for the task instead (it

@@ -14,7 +14,7 @@ from nemo_serve.engine.encoder import KVCacheEncoder
 from nemo_serve.engine.epilogues import TorchEpilogues, TritonEpilogues, fused_layer
 
 from . import helpers
-from .test_epilogues import DTYPES, _attend, _close, _layer_inputs
+from .helpers_epilogues import DTYPES, _attend, _close, _layer_inputs
 
 
 def check_layer(dtype):

@@ -1,15 +1,20 @@
 """Batched streaming Sortformer against NeMo's own loop, shared by test_diarization_step.py (the tiny
 random-weight model on synthetic audio) and test_diarization_demo.py (the shipped demo diarizer on the
 bundled conversation): step streams together through the speaker-cache slots, and compare each
-stream's probabilities and decisions with NeMo's `forward_streaming_step` loop on that stream alone."""
+stream's probabilities and decisions with NeMo's `forward_streaming_step` loop on that stream alone.
+Also the engine-level diarization tests' driver (test_diarization_engine.py, test_diarization_overlap.py)."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from nemo_serve.diarization import runner as diar_runner
 from nemo_serve.diarization.reference import nemo_reference_preds
 from nemo_serve.diarization.slots import SpeakerCacheSlots
 from nemo_serve.diarization.step import diarize_step, make_batch
+
+from . import helpers
 
 PROB_ATOL = 2e-5  # fp32: padding changes matmul shapes, so the last bits differ (max seen 2.9e-6)
 NUM_SLOTS = 2
@@ -66,3 +71,46 @@ def assert_matches_nemo_loop(model, chunks_per_stream, ours, end_states, setting
         assert int(state.n_sil_frames) > 0, (setting, i)
         reference.append(theirs)
     return reference
+
+
+def _kept_probabilities(monkeypatch) -> dict:
+    """stream_id -> all its speaker probabilities, as the runner reported them step by step (it
+    keeps only the frames still needed)."""
+    kept, collect = {}, diar_runner.SortformerRunner.collect
+
+    def keeping(self, launched):
+        stream_ids = collect(self, launched)
+        for stream_id in stream_ids:
+            window, seen = self.streams[stream_id].preds, len(kept.get(stream_id, ()))
+            assert window.first_frame <= seen, "frames forgotten before the test saw them"
+            new = window.kept()[seen - window.first_frame :]
+            kept[stream_id] = np.concatenate([kept.get(stream_id, np.zeros((0, new.shape[1]), np.float32)), new])
+        return stream_ids
+
+    monkeypatch.setattr(diar_runner.SortformerRunner, "collect", keeping)
+    return kept
+
+
+def _drive(engine, audios, diarization, packet=1600, start_tick=None):
+    """helpers.drive with per-stream `diarization` options; returns (results per stream, stream ids)."""
+    results, handles, pos, start_tick = [[] for _ in audios], {}, [0] * len(audios), start_tick or [0] * len(audios)
+    for tick in range(100000):
+        for i, audio in enumerate(audios):
+            if tick == start_tick[i]:
+                handles[i] = engine.open_stream(results[i].append, diarization=diarization[i])
+            if i in handles and pos[i] < len(audio):
+                engine.push(handles[i], audio[pos[i] : pos[i] + packet])
+                pos[i] += packet
+                if pos[i] >= len(audio):
+                    engine.finish(handles[i])
+        engine.iterate()
+        if all(r and r[-1].done for r in results):
+            engine.iterate()
+            return results, [handles[i].stream_id for i in range(len(audios))]
+    raise AssertionError("streams did not finish")
+
+
+def _assert_empty(engine) -> None:
+    helpers.assert_engine_empty(engine)
+    d = engine.engine.diarizer
+    assert not d.streams and d.pool.num_used == 0 and not engine.engine.speakers

@@ -233,7 +233,7 @@ def test_front_ends_share_each_cores_guard(server_args):
     the next stream is refused, and streams taken through both front ends stop at each core's cap.
     (A guard per front end fails this: the front end that did not judge the refused stream has no
     cap, says ready and admits up to the slots.)"""
-    from .test_multiprocess import frontend_pids, streams_per_frontend
+    from .helpers_processes import frontend_pids, streams_per_frontend
 
     with start_server("--num-slots", str(NUM_SLOTS), "--max-queue-delay-s", "0.000001", "--idle-timeout-s", "120",
                       *server_args) as srv:  # fmt: skip

@@ -24,6 +24,8 @@ from nemo_serve.engine.frontend import AudioBuffer
 from nemo_serve.engine.invariants import ENV, AccountingError
 from tests import helpers
 
+from .helpers_diarization import _kept_probabilities, _drive, _assert_empty
+
 PROB_ATOL = 2e-5  # as tests/test_diarization_step.py: padding changes matmul shapes
 
 
@@ -37,49 +39,6 @@ def diarizer():
 def _oracle(audio: np.ndarray) -> np.ndarray:
     model = diarizer()
     return nemo_reference_preds(model, nemo_chunks(model, stream_features(model, torch.from_numpy(audio)))).numpy()
-
-
-def _kept_probabilities(monkeypatch) -> dict:
-    """stream_id -> all its speaker probabilities, as the runner reported them step by step (it
-    keeps only the frames still needed)."""
-    kept, collect = {}, diar_runner.SortformerRunner.collect
-
-    def keeping(self, launched):
-        stream_ids = collect(self, launched)
-        for stream_id in stream_ids:
-            window, seen = self.streams[stream_id].preds, len(kept.get(stream_id, ()))
-            assert window.first_frame <= seen, "frames forgotten before the test saw them"
-            new = window.kept()[seen - window.first_frame :]
-            kept[stream_id] = np.concatenate([kept.get(stream_id, np.zeros((0, new.shape[1]), np.float32)), new])
-        return stream_ids
-
-    monkeypatch.setattr(diar_runner.SortformerRunner, "collect", keeping)
-    return kept
-
-
-def _drive(engine, audios, diarization, packet=1600, start_tick=None):
-    """helpers.drive with per-stream `diarization` options; returns (results per stream, stream ids)."""
-    results, handles, pos, start_tick = [[] for _ in audios], {}, [0] * len(audios), start_tick or [0] * len(audios)
-    for tick in range(100000):
-        for i, audio in enumerate(audios):
-            if tick == start_tick[i]:
-                handles[i] = engine.open_stream(results[i].append, diarization=diarization[i])
-            if i in handles and pos[i] < len(audio):
-                engine.push(handles[i], audio[pos[i] : pos[i] + packet])
-                pos[i] += packet
-                if pos[i] >= len(audio):
-                    engine.finish(handles[i])
-        engine.iterate()
-        if all(r and r[-1].done for r in results):
-            engine.iterate()
-            return results, [handles[i].stream_id for i in range(len(audios))]
-    raise AssertionError("streams did not finish")
-
-
-def _assert_empty(engine) -> None:
-    helpers.assert_engine_empty(engine)
-    d = engine.engine.diarizer
-    assert not d.streams and d.pool.num_used == 0 and not engine.engine.speakers
 
 
 def test_diarized_streams_match_plain_tokens_and_nemo_speaker_probabilities(monkeypatch):

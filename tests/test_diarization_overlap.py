@@ -22,7 +22,7 @@ import torch
 from nemo_serve.builtin.sortformer import build_diarizer
 from nemo_serve.diarization.settings import MODEL_CARD_SETTINGS, apply_settings
 from tests import helpers
-from tests.test_diarization_engine import _assert_empty, _drive, _kept_probabilities
+from tests.helpers_diarization import _assert_empty, _drive, _kept_probabilities
 
 
 @functools.lru_cache(maxsize=None)

@@ -49,7 +49,7 @@ def ws_finals(server, wire: np.ndarray, rate: int, endpointing: dict | None = No
 
 
 def test_ws_finals_end_at_eou_with_reason_and_probability(server):
-    from .test_words import nemo_max_prob
+    from .helpers_words import nemo_max_prob
 
     m = helpers.model(EOU_MODEL, None)
     eou = EouTokens.from_vocabulary(m.vocabulary)
@@ -179,7 +179,7 @@ def test_nvidia_nim_client_shows_each_eou_item_and_the_last_as_its_final(server,
     Transcript` for the last, is /ws's non-empty finals in order, the EOU token never in the text,
     and it saves the last; the events it read carry each item's end_reason."""
     pytest.importorskip("riva.client.realtime")
-    from .test_nim_sessions import nvidia_client_runs, riva_args, run_riva_client
+    from .helpers_nim import nvidia_client_runs, riva_args, run_riva_client
 
     samples, rate = soundfile.read(UTTERANCE, dtype="int16")
     reference = [f for f in ws_finals(server, samples, rate) if f["text"]]

@@ -13,7 +13,7 @@ from nemo.collections.asr.modules.rnnt import RNNTJoint
 from nemo_serve.engine.greedy_joint import greedy_labels, joint_mode
 
 from . import helpers
-from .test_label_loop import SPECS, _chunks, _compare
+from .helpers_label_loop import SPECS, _chunks, _compare
 
 
 def _identity_joint(log_softmax=None):

@@ -8,7 +8,7 @@ from nemo_serve.model import UnsupportedModeError, load_model
 from nemo_serve.oracle import oracle_transcribe
 
 from . import helpers
-from .test_scheduler import SchedulerAlone
+from .helpers_scheduler import SchedulerAlone
 
 
 @pytest.fixture(scope="module")

@@ -100,7 +100,7 @@ def test_realtime_gets_its_subprotocol_and_session(fast):
 def test_realtime_through_picows_matches_ws(fast):
     """/v1/realtime through the fast port: 20 ms appends at 24 kHz, commit; the completed item's
     tokens and text are /ws's (through uvicorn) for the same audio."""
-    from .test_realtime import TRANSCRIPTION, b64, pcm16, tokens_and_text, ws_reference
+    from .helpers_realtime import TRANSCRIPTION, b64, pcm16, tokens_and_text, ws_reference
 
     wire = pcm16(24000)
     session = {"type": "transcription", "audio": {"input": {"format": {"type": "audio/pcm", "rate": 24000},

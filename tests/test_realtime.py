@@ -7,14 +7,11 @@ language mapping in process.
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-import nemo_serve
 from nemo_serve.server.realtime_protocol import (
     Append,
     BufferEvent,
@@ -24,15 +21,14 @@ from nemo_serve.server.realtime_protocol import (
     parse_client_event,
 )
 
-from .helpers_server import TEST_MODEL, TOKEN, finals_tokens_and_text, pcm16_file, ws_pcm16_finals
+from .helpers_realtime import TRANSCRIPTION, b64, pcm16, tokens_and_text, ws_reference
+from .helpers_server import TEST_MODEL, TOKEN
 from .helpers_server import leak_checked_server  # noqa: F401 - this module's `server` fixture
 
 openai = pytest.importorskip("openai")
 from openai.types import realtime as ga  # noqa: E402
 from openai.types.beta import realtime as beta  # noqa: E402
 
-UTTERANCE = Path(nemo_serve.__file__).parent / "assets" / "demo" / "utterances" / "000.wav"
-TRANSCRIPTION = "conversation.item.input_audio_transcription"
 
 GA_TYPES = {
     "session.created": ga.SessionCreatedEvent,
@@ -57,19 +53,6 @@ BETA_TYPES = {
 }
 
 
-def pcm16(rate: int) -> np.ndarray:
-    return pcm16_file(UTTERANCE, rate)
-
-
-def b64(samples: np.ndarray) -> str:
-    return base64.b64encode(samples.tobytes()).decode()
-
-
-async def ws_reference(server, wire: np.ndarray, rate: int) -> tuple[list[int], str]:
-    """/ws's tokens and text for the same PCM16 (packets of 100 ms, end)."""
-    return finals_tokens_and_text(await ws_pcm16_finals(server, wire, rate))
-
-
 def realtime_url(server, query: str = "") -> str:
     return f"ws://127.0.0.1:{server.port}/v1/realtime{query}"
 
@@ -83,12 +66,6 @@ def check_events(raw: list[dict], types: dict) -> None:
     assert [e["previous_item_id"] for e in committed] == [None] + [e["item_id"] for e in committed[:-1]]
     completed = [e["item_id"] for e in raw if e["type"] == f"{TRANSCRIPTION}.completed"]
     assert completed == [e["item_id"] for e in committed]
-
-
-def tokens_and_text(raw: list[dict]) -> tuple[list[int], str]:
-    completed = [e for e in raw if e["type"] == f"{TRANSCRIPTION}.completed"]
-    tokens = [t for e in completed for t in e["nemo_serve"]["token_ids"]]
-    return tokens, " ".join(e["transcript"] for e in completed if e["transcript"])
 
 
 # ----------------------------------------------------------------------------- real clients

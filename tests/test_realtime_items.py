@@ -24,7 +24,7 @@ from . import helpers
 from .helpers_session import context as _ctx
 from .helpers_session import until_slots_free as _until_free
 from .helpers_server import TEST_MODEL
-from .test_ws_socket import FakeWebSocket
+from .helpers_session import FakeWebSocket
 
 log = logging.getLogger("test")
 RATE = 24000  # the realtime API's PCM16 rate

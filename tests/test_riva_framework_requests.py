@@ -15,7 +15,7 @@ import pytest
 import soundfile
 
 from .helpers_server import free_port, start_server
-from .test_riva_grpc import UTTERANCES, ws_text
+from .helpers_riva import UTTERANCES, ws_text
 
 riva = pytest.importorskip("riva.client")
 

@@ -19,15 +19,14 @@ import numpy as np
 import pytest
 import soundfile
 
-import nemo_serve
 from nemo_serve.client import StreamingClient
 
 from .helpers_server import TOKEN, free_port, start_server
+from .helpers_riva import UTTERANCES, ws_finals, ws_finals_of, ws_text
 
 riva = pytest.importorskip("riva.client")
 from riva.client.proto import riva_asr_pb2 as rasr  # noqa: E402
 
-UTTERANCES = sorted((Path(nemo_serve.__file__).parent / "assets" / "demo" / "utterances").glob("*.wav"))
 CHUNK_FRAMES = 1600  # transcribe_file.py's default --file-streaming-chunk
 NUM_SLOTS = 2
 
@@ -70,27 +69,6 @@ def stream(asr, wav: Path, **options) -> list:
     with riva.AudioChunkFileIterator(str(wav), CHUNK_FRAMES) as chunks:
         return [r for response in asr.streaming_response_generator(chunks, streaming_config(wav, **options))
                 for r in response.results]  # fmt: skip
-
-
-def ws_finals(server, wav: Path, context_right: int | None = None, endpointing: dict | None = None,
-              phrases: list[str] | None = None, boost: float | None = None) -> list[dict]:  # fmt: skip
-    """/ws's non-empty finals for the same samples (PCM16 at the file's rate, 100 ms packets)."""
-    samples, rate = soundfile.read(wav, dtype="int16")
-    return ws_finals_of(server, samples, rate, context_right, endpointing, phrases, boost)
-
-
-def ws_finals_of(server, samples: np.ndarray, rate: int, context_right: int | None = None, endpointing: dict | None = None,
-                 phrases: list[str] | None = None, boost: float | None = None) -> list[dict]:  # fmt: skip
-    async def run() -> list[dict]:
-        async with StreamingClient(server.ws_url, sample_rate=rate, encoding="pcm_s16le", token=TOKEN,
-                                   context_right=context_right, endpointing=endpointing, phrases=phrases,
-                                   boost=boost, ssl_context=server.ssl_context) as c:  # fmt: skip
-            for i in range(0, len(samples), rate // 10):
-                await c.send_audio(samples[i : i + rate // 10])
-            await c.end()
-            return [m async for m in c.messages() if m["type"] == "final" and m["text"]]
-
-    return asyncio.run(run())
 
 
 def words_ms(ws_final: dict) -> list[tuple[str, int, int]]:
@@ -204,10 +182,6 @@ def test_endpointing_stop_history_is_rule2(server, asr):
 
 def finals_text(results) -> list[str]:
     return [r.alternatives[0].transcript for r in results if r.is_final]
-
-
-def ws_text(server, wav: Path, **options) -> list[str]:
-    return [f["text"] for f in ws_finals(server, wav, **options)]
 
 
 def test_speech_contexts_boost_as_ws_phrases(server, asr):

@@ -15,12 +15,20 @@ from nemo_serve.server.riva_grpc import InputClock
 from nemo_serve.server.stream_session import Failure, StreamSession
 
 from . import helpers
-from .test_stream_session import PACKET, _ctx, _next, _until_free, tiny  # noqa: F401 - the fixture
+from .helpers_server import TEST_MODEL
+from .helpers_session import PACKET, _next
+from .helpers_session import context as _ctx
+from .helpers_session import until_slots_free as _until_free
 
 log = logging.getLogger("test")
 
 
-def _run(tiny, settings: dict, body):  # noqa: F811 - the fixture's value
+@pytest.fixture(scope="module")
+def tiny():
+    return helpers.model(TEST_MODEL)
+
+
+def _run(tiny, settings: dict, body):
     engine = helpers.new_engine(tiny, num_slots=2).start()
 
     async def run():
@@ -42,7 +50,7 @@ def _run(tiny, settings: dict, body):  # noqa: F811 - the fixture's value
         helpers.assert_engine_empty(engine)
 
 
-def test_the_idle_clock_fails_a_call_whose_client_sends_nothing(tiny):  # noqa: F811
+def test_the_idle_clock_fails_a_call_whose_client_sends_nothing(tiny):
     async def body(session, clock):
         return await clock.read(asyncio.Event().wait), await _next(session)
 
@@ -51,7 +59,7 @@ def test_the_idle_clock_fails_a_call_whose_client_sends_nothing(tiny):  # noqa: 
     assert isinstance(event, Failure) and event.label == "idle_timeout"
 
 
-def test_the_duration_clock_ends_the_input(tiny):  # noqa: F811
+def test_the_duration_clock_ends_the_input(tiny):
     async def body(session, clock):
         return await clock.read(asyncio.Event().wait)
 
@@ -59,7 +67,7 @@ def test_the_duration_clock_ends_the_input(tiny):  # noqa: F811
     assert message is None and session.failure is None and session.end_reason == "max_stream_duration"
 
 
-def test_messages_within_the_idle_time_keep_the_call_open(tiny):  # noqa: F811
+def test_messages_within_the_idle_time_keep_the_call_open(tiny):
     """Eight reads of 0.1 s each against a 0.3 s idle clock armed once: the deadline moves with
     every message (a timer that did not move would cut the fourth read)."""
 
@@ -74,7 +82,7 @@ def test_messages_within_the_idle_time_keep_the_call_open(tiny):  # noqa: F811
     assert messages == [b"audio"] * 8 and session.failure is None
 
 
-def test_a_cancel_from_elsewhere_is_not_taken_for_the_clock(tiny):  # noqa: F811
+def test_a_cancel_from_elsewhere_is_not_taken_for_the_clock(tiny):
     async def body(session, clock):
         reader = asyncio.create_task(clock.read(asyncio.Event().wait))
         await asyncio.sleep(0.05)

@@ -4,8 +4,9 @@ import math
 
 import numpy as np
 
-from nemo_serve.engine.scheduler import Scheduler
 from nemo_serve.model import ChunkGeometry
+
+from .helpers_scheduler import SchedulerAlone
 
 # R = 3 (320 ms): first chunk 1 + 8R = 25 frames, later chunks 8(R+1) = 32; NeMo encodes a final
 # first chunk of at least 1 frame and a final later chunk of at least 8 (sampling_frames).
@@ -18,25 +19,6 @@ MARGIN = 320  # two hops: frame t reads samples up to t * 160 + 320 (n_fft 512)
 def samples_for(frames: int) -> int:
     """Fewest samples after which `frames` frames are complete while input continues."""
     return (frames - 1) * 160 + MARGIN
-
-
-class SchedulerAlone(Scheduler):
-    """A scheduler driven without an engine: which slots are open is its own mask here (in an
-    engine, the slot table's `held`, which the engine passes to plan)."""
-
-    def __init__(self, geometry, num_slots: int, max_batch: int, margin_samples: int) -> None:
-        super().__init__(geometry, num_slots, max_batch, margin_samples)
-        self.held = np.zeros(num_slots, bool)
-
-    def admit(self, slot: int, geometry=None) -> None:
-        super().admit(slot, geometry)
-        self.held[slot] = True
-
-    def release(self, slot: int) -> None:
-        self.held[slot] = False
-
-    def plan(self, now: float):
-        return super().plan(now, self.held)
 
 
 def sched(num_slots=8, max_batch=8) -> SchedulerAlone:

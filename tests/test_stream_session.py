@@ -15,18 +15,17 @@ from nemo_serve.server import stream_session
 from nemo_serve.server.stream_session import Failure, StreamSession
 
 from . import helpers
+from .helpers_session import PACKET, _next
 from .helpers_session import context as _ctx
 from .helpers_session import until_slots_free as _until_free
 from .helpers_server import TEST_MODEL
 
 log = logging.getLogger("test")
-PACKET = 1600
 
 
 @pytest.fixture(scope="module")
 def tiny():
     return helpers.model(TEST_MODEL)
-
 
 
 async def _events_until_end(session: StreamSession, timeout_s: float = 60.0) -> list:
@@ -38,11 +37,6 @@ async def _events_until_end(session: StreamSession, timeout_s: float = 60.0) -> 
             events.append(event)
             if isinstance(event, Failure) or event.done:
                 return events
-
-
-async def _next(session: StreamSession, timeout_s: float = 10.0):
-    return await asyncio.wait_for(session.next_event(), timeout_s)
-
 
 
 def _engine_finals(tiny, audio: np.ndarray) -> list[list[int]]:

@@ -9,7 +9,6 @@ import json
 import math
 
 import pytest
-import torch
 
 from nemo_serve import selftest
 from nemo_serve.engine.endpoint import EndpointConfig
@@ -20,6 +19,7 @@ from nemo_serve.oracle import oracle_transcribe
 
 from . import helpers, test_buckets, test_parity
 from .helpers_server import TEST_MODEL, TOKEN, as_model_input, start_server
+from .helpers_words import nemo_max_prob
 
 FRAME_S = 0.08
 
@@ -120,45 +120,6 @@ def _check_finals(results, with_confidence: bool) -> int:
     return n
 
 
-def nemo_max_prob(model, audio, context_right: int) -> tuple[list[int], list[float]]:
-    """Tokens and confidences computed apart from the engine and from NeMo's confidence code: the
-    encoder frames of NeMo's own loop (caught on their way to its decoder), a plain greedy RNN-T
-    decode over them (at most `max_symbols` labels a frame), and at each emission the softmax of
-    the joint's logits, its largest value p mapped as docs/protocol.md says: (p - 1/N) / (1 - 1/N),
-    N the labels with blank."""
-    nemo = model.nemo
-    encoded: list[torch.Tensor] = []
-    real = nemo.decoding.rnnt_decoder_predictions_tensor
-
-    def spy(*args, encoder_output, encoded_lengths, **kw):
-        encoded.append(encoder_output[0, :, : int(encoded_lengths[0])].T)  # [T, D]
-        return real(*args, encoder_output=encoder_output, encoded_lengths=encoded_lengths, **kw)
-
-    nemo.decoding.rnnt_decoder_predictions_tensor = spy  # an instance attribute over the method
-    try:
-        loop_ids = oracle_transcribe(model, audio, context_right=context_right).token_ids
-    finally:
-        del nemo.decoding.rnnt_decoder_predictions_tensor
-    frames = torch.cat(encoded)[None]  # [1, T, D]
-    blank = nemo.decoder.blank_idx
-    max_symbols = nemo.decoding.decoding.max_symbols or 10
-    ids, confs, label, state = [], [], None, None
-    with torch.no_grad():
-        g, state = nemo.decoder.predict(None, state, add_sos=False, batch_size=1)
-        for t in range(frames.shape[1]):
-            for _ in range(max_symbols):
-                probs = torch.softmax(nemo.joint.joint(frames[:, t : t + 1], g)[0, 0, 0].double(), -1)
-                label = int(probs.argmax())
-                if label == blank:
-                    break
-                n = probs.numel()
-                ids.append(label)
-                confs.append(float((probs[label] - 1 / n) / (1 - 1 / n)))
-                g, state = nemo.decoder.predict(torch.tensor([[label]]), state, add_sos=False, batch_size=1)
-    assert ids == loop_ids, "the plain greedy decode must retrace NeMo's loop for its confidences to be its"
-    return ids, confs
-
-
 def test_token_confidence_is_nemos_max_prob_of_the_emitted_label():
     """The docs define a token's confidence as NeMo's max_prob of the label it emitted: the engine's
     values equal an independent computation (nemo_max_prob) token for token, in two chunk modes."""
@@ -244,7 +205,7 @@ async def _ws_finals(server, wire, rate: int) -> list[dict]:
 async def _realtime_completed(server, wire, rate: int) -> list[dict]:
     from websockets.asyncio.client import connect
 
-    from .test_realtime import b64
+    from .helpers_realtime import b64
 
     url = f"ws://127.0.0.1:{server.port}/v1/realtime?intent=transcription"
     session = {"input_audio_format": "pcm16", "input_audio_params": {"sample_rate_hz": rate}, "turn_detection": None}
@@ -275,7 +236,7 @@ def _check_words(ws: list[dict], text: str, segment_start: float, audio_processe
 def test_server_words_on_ws_and_realtime(shared_server):
     """A server with --word-confidence: /ws finals and /v1/realtime completed events carry words
     with confidences, and the tokens equal those of the shared server (confidence off, same model)."""
-    from .test_realtime import pcm16
+    from .helpers_realtime import pcm16
 
     rate = 16000
     wire = pcm16(rate)

@@ -16,6 +16,7 @@ from nemo_serve.server import stream_session
 from nemo_serve.server.ws_socket import WsSocket
 
 from . import helpers
+from .helpers_session import FakeWebSocket
 from .helpers_session import context as _ctx
 from .helpers_session import until_slots_free as _until_free
 from .helpers_server import TEST_MODEL
@@ -23,39 +24,9 @@ from .helpers_server import TEST_MODEL
 PACKET = 1600
 
 
-class FakeWebSocket:
-    """What WsSocket uses of starlette's WebSocket; the client side is `frames` and `closed`."""
-
-    def __init__(self, query: dict | None = None) -> None:
-        self.query_params = query or {}
-        self.scope: dict = {}
-        self.inbox: asyncio.Queue = asyncio.Queue()
-        self.frames: list[str] = []  # text frames the server wrote
-        self.closed: tuple[int, str | None] | None = None
-        self.closed_at = 0.0
-
-    async def receive(self) -> dict:
-        return await self.inbox.get()
-
-    async def send_text(self, text: str) -> None:
-        self.frames.append(text)
-
-    async def close(self, code: int = 1000, reason: str | None = None) -> None:
-        self.closed, self.closed_at = (code, reason), time.monotonic()
-
-    def client_sends(self, data: bytes | str) -> None:
-        key = "bytes" if isinstance(data, bytes) else "text"
-        self.inbox.put_nowait({"type": "websocket.receive", key: data})
-
-    def messages(self) -> list[dict]:
-        return [json.loads(f) for f in self.frames]
-
-
 @pytest.fixture(scope="module")
 def tiny():
     return helpers.model(TEST_MODEL)
-
-
 
 
 def _run(engine, body):

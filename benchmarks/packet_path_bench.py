@@ -10,6 +10,8 @@ at 24 kHz, base64 in JSON, resampled to 16 kHz, turn_detection null), Riva 16 kH
   ring       EngineClient.push of 320 float32 samples into a shared-memory ring (positions in
              shared memory, as on x86-64 servers)
   take_frame the transport's hand-over of one frame: session, parse, decode, ring, position
+  floor      a sketch, not the server's code: PCM16 scaled straight into the ring slice, what a
+             decode fused with the ring write would cost (decode + ring apart: the gap)
 The engine client is real (SharedSlots, the slot table, publish_write) but has no core: between
 timed batches a stand-in core marks everything read (ring space and the session's backlog), out
 of the timing. Each figure is the median over `--repeats` of the mean of `--packets` calls.
@@ -128,6 +130,35 @@ def part_ring():
     return lambda: engine.push(h, samples), lambda: _catch_up(engine, lambda: ())
 
 
+def part_floor_s16():
+    """Not the server's path: a sketch of a PCM16 packet decoded straight into its ring slice (no
+    float32 array of its own) with the same slot check and position store, for what such a fused
+    path (decoder -> engine client) would save; both trees run the same code."""
+    import numpy as np
+
+    engine = _engine()
+    client = engine.clients[0]
+    h = engine.open_stream(lambda r: None)
+    shared, size, scale = client.shared, client.shared.ring_samples, np.array(1 / 32768, np.float32)
+    data, i16 = _pcm(int(RATE * PACKET_S), "s16"), np.dtype("<i2")
+
+    def call():
+        if not client._holds_slot(h):
+            return
+        pcm = np.frombuffer(data, i16)
+        i, n = h.written % size, len(pcm)
+        view = shared.ring[h.slot][i : i + n]  # the batches never wrap: 16000 of 32000 samples
+        view[...] = pcm
+        np.multiply(view, scale, out=view)
+        h.written += n
+        shared.publish_write(h.slot, h.gen, h.written, time.time())
+
+    def catch_up():
+        h.written = h.read = 0
+
+    return call, catch_up
+
+
 # ----------------------------------------------------------------------------- whole paths
 def path_ws(encoding: str):
     from nemo_serve.server.ws_socket import WsSocket
@@ -179,6 +210,7 @@ CASES = {
     "decode_ws_f32": lambda: part_decode("pcm_f32le", RATE),
     "decode_realtime_24k": lambda: part_decode("pcm_s16le", 24000),
     "ring_write": part_ring,
+    "floor_s16_into_ring": part_floor_s16,
     "take_frame_ws_s16": lambda: path_ws("pcm_s16le"),
     "take_frame_ws_f32": lambda: path_ws("pcm_f32le"),
     "take_frame_realtime_24k": path_realtime,

@@ -57,7 +57,7 @@ def table_step() -> str:
 
 def table_host() -> str:
     """Before and after issue 46's host work, side by side in one run (benchmarks/host_bench_ab.py)."""
-    name = "host_bench_ab_issue46_cpu.json"
+    name = "host_bench_ab_issue46_collect_cpu.json"
     d = read(name)
     by = {(r["chunk_ms"], r["streams"], r["ready_fraction"]): r for r in d["summary"]}
     run = d["run"]

@@ -11,6 +11,7 @@ import json
 import re
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 import soundfile
@@ -148,12 +149,19 @@ def _riva_finals(server, custom: dict | None = None) -> list[str]:
 
 
 def test_riva_final_result_at_each_eou_and_custom_configuration_turns_it_off(server):
+    """docs/protocol.md's custom_configuration row: "eou": "false" turns the EOU endings off, another
+    value of it is INVALID_ARGUMENT, a key the server does not know changes nothing."""
     samples, rate = soundfile.read(UTTERANCE, dtype="int16")
     reference = [f for f in ws_finals(server, samples, rate) if f["text"]]
     assert any(f["end_reason"] in ("eou", "eob") for f in reference) and len(reference) > 1
     assert _riva_finals(server) == [f["text"] for f in reference]
+    assert _riva_finals(server, {"not_an_option_here": "1"}) == [f["text"] for f in reference]
     whole = [f["text"] for f in ws_finals(server, samples, rate, {"eou": False}) if f["text"]]
     assert _riva_finals(server, {"eou": "false"}) == whole and len(whole) < len(reference)
+    with pytest.raises(grpc.RpcError) as refused:
+        _riva_finals(server, {"eou": "maybe"})
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value
+    assert "custom_configuration eou='maybe': use true or false" in refused.value.details()
     server.assert_no_leak()
 
 

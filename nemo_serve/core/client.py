@@ -49,6 +49,7 @@ FLUSH_PERIOD_S = 0.005  # retry for audio that did not fit in a full ring
 # Rejected: one Wrote per core step (the front end does not know when the core plans). Where the
 # ring positions live in shared memory (shared.py) there is no Wrote at all.
 WROTE_PERIOD_S = 0.002
+_F32 = np.dtype(np.float32)
 
 
 class EngineFailed(RuntimeError):
@@ -189,7 +190,8 @@ class EngineClient:
     def push(self, h: StreamHandle, samples: np.ndarray, arrived: float | None = None) -> None:
         if h.ended or len(samples) == 0:
             return
-        samples = np.asarray(samples, dtype=np.float32).reshape(-1)
+        if type(samples) is not np.ndarray or samples.dtype is not _F32 or samples.ndim != 1:
+            samples = np.asarray(samples, dtype=np.float32).reshape(-1)  # what decoders give needs none
         now = time.time() if arrived is None else arrived
         rest = samples if h.pending else self._write(h, samples, now)
         if rest is not None:
@@ -273,18 +275,22 @@ class EngineClient:
         """Write what fits into the slot's ring; the rest, or None when all of it went in."""
         if not self._holds_slot(h):
             return None  # released by the core: its `done` is on the way; the audio is dropped
-        k = min(self.shared.ring_samples - (h.written - h.read), len(samples))
-        if k < len(samples) and self._positions_in_shared:  # the core may have read more since
-            k = min(self.shared.ring_samples - (h.written - self._shared_read_end(h)), len(samples))
-        if k:
-            self.shared.write(h.slot, h.written, samples[:k])
-            h.written += k
-            h.arrival = now
-            if self._positions_in_shared:
-                self._publish_written(h)
-            else:
-                self._announce_later(h)
-        return samples[k:] if k < len(samples) else None
+        n, size = len(samples), self.shared.ring_samples
+        k = size - (h.written - h.read)  # the free space as last heard
+        if k < n and self._positions_in_shared:  # the core may have read more since
+            k = size - (h.written - self._shared_read_end(h))
+        if k <= 0:
+            return samples
+        if k >= n:  # the common case: all of it, with no slice made
+            k = n
+        self.shared.write(h.slot, h.written, samples if k == n else samples[:k])
+        h.written += k
+        h.arrival = now
+        if self._positions_in_shared:
+            self._publish_written(h)
+        else:
+            self._announce_later(h)
+        return samples[k:] if k < n else None
 
     def _announce_later(self, h: StreamHandle) -> None:
         """Positions in messages: the ring in the next Wrote."""

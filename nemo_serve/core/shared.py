@@ -262,13 +262,16 @@ class SharedSlots:
         return np.where(ours, word & _POS_MASK, fallback)
 
     def write(self, slot: int, start: int, samples: np.ndarray) -> None:
-        """Front end: samples [start, start + n) of the slot's stream (the caller knows they fit)."""
-        n = len(samples)
-        i = start % self.ring_samples
-        first = min(n, self.ring_samples - i)
+        """Front end: samples [start, start + n) of the slot's stream (the caller knows they fit).
+        One slice copy, two where the ring wraps; no slice of `samples` in the common case."""
+        n, size = len(samples), self.ring_samples
+        i = start % size
         ring = self.ring[slot]
-        ring[i : i + first] = samples[:first]
-        if first < n:
+        if i + n <= size:
+            ring[i : i + n] = samples
+        else:
+            first = size - i
+            ring[i:] = samples[:first]
             ring[: n - first] = samples[first:]
 
     def views(self, slot: int, start: int, end: int) -> tuple[np.ndarray, ...]:

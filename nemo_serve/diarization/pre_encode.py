@@ -46,16 +46,18 @@ def pre_encode(module, features: torch.Tensor, lengths: np.ndarray) -> tuple[tor
 
 def _mask_padded_rows(x: torch.Tensor, lengths: np.ndarray, owned: bool) -> tuple[torch.Tensor, bool]:
     """NeMo's `apply_channel_mask` ([B, C, T, F] times the 0/1 time mask) on the rows shorter than
-    T; the others are left as they are (their mask is all ones)."""
+    T, in place on their padded frames (times 0.0, as NeMo's multiply, so the same signed zeros);
+    the others are left as they are (their mask is all ones). A loop over the padded rows only,
+    which are few (a stream's first or last chunk): rejected, one index_put over them, which
+    copied the rows twice and was slower than NeMo's one multiply on small batches."""
     width = x.shape[2]
     rows = np.flatnonzero(lengths < width)
     if not len(rows):
         return x, owned
     if not owned:
         x = x.clone()
-    index = device_index(rows, x.device)
-    keep = torch.arange(width, device=x.device) < device_index(lengths[rows], x.device).unsqueeze(1)
-    x[index] = x[index] * keep.to(x.dtype)[:, None, :, None]  # [R, C, T, F] * [R, 1, T, 1]
+    for row in rows.tolist():
+        x[row, :, max(int(lengths[row]), 0) :, :].mul_(0.0)
     return x, True
 
 

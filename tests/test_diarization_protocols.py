@@ -299,6 +299,7 @@ def test_realtime_diarizing_model_gives_segment_events_of_ws_speakers(server, co
     assert [(e.speaker, e.text, e.start, e.end) for e in segments] == expected
     assert all(e.item_id == completed.item_id and e.content_index == 0 for e in segments)
     assert completed.transcript == plain_completed.transcript
+    assert not {"speaker", "speakers"} & set(completed.model_extra), completed.model_extra  # docs: completed gets none
     assert " ".join(e.text for e in segments) == " ".join(completed.transcript.split())  # words: runs of spaces collapsed
     assert completed.model_extra["nemo_serve"]["token_ids"] == plain_completed.model_extra["nemo_serve"]["token_ids"]
     assert not any(e.type.endswith(".segment") for e in plain)
@@ -308,6 +309,7 @@ def test_realtime_diarizing_model_refused_without_a_diarizer(shared_server):
     events = realtime_events(shared_server, np.zeros(2400, "<i2"), "gpt-4o-transcribe-diarize")
     errors = [e for e in events if e.type == "error"]
     assert errors and "no diarizer loaded" in errors[0].error.message and errors[0].error.param == "transcription.model"
+    assert errors[0].error.code == "model_not_found", errors[0]  # docs/protocol.md names the code
     shared_server.assert_no_leak()
 
 
@@ -350,6 +352,8 @@ def test_realtime_split_on_speaker_change_gives_one_speaker_per_item(server, con
     reference = ws_diarized_finals(server, conversation, 2, wire, 24000, endpointing={"enabled": False}, split=True)
     server.assert_no_leak()
     assert not [e for e in split + plain if e.type == "error"]
+    echoed = next(e for e in split if e.type == "session.updated").session.audio.input.transcription.model_extra
+    assert echoed["split_on_speaker_change"] is True and echoed["max_speakers"] == 2, echoed  # docs: echoed
     completed = [e for e in split if e.type == COMPLETED and e.transcript.strip()]
     assert len(completed) == len(reference) > len([e for e in plain if e.type == COMPLETED and e.transcript.strip()])
     for item in completed:

@@ -43,9 +43,10 @@ def test_ws_diarized_stream_beside_a_plain_one(shared_server):
         async def both():
             return await asyncio.gather(raw_session(server.ws_url, [diarized, *_frames(audio), end]),
                                         raw_session(server.ws_url, [*_frames(audio), end]),
-                                        raw_session(server.ws_url, [json.dumps({"type": "config", "diarization": {"max_speakers": 5}})]))  # fmt: skip
+                                        raw_session(server.ws_url, [json.dumps({"type": "config", "diarization": {"max_speakers": 5}})]),
+                                        raw_session(server.ws_url, [diarized, end]))  # fmt: skip
 
-        (with_speakers, code), (plain, plain_code), (bad, _) = asyncio.run(both())
+        (with_speakers, code), (plain, plain_code), (bad, _), (no_audio, _) = asyncio.run(both())
         server.assert_no_leak()
     assert code == plain_code == 1000, (with_speakers[-3:], plain[-3:])
     finals = [m for m in with_speakers if m["type"] == "final"]
@@ -53,13 +54,19 @@ def test_ws_diarized_stream_beside_a_plain_one(shared_server):
     assert [t for m in finals for t in m["token_ids"]] == [t for m in plain_finals for t in m["token_ids"]]
     assert any(m["token_ids"] for m in finals)
     times = [t for m in finals for t in m["timestamps"]]
-    assert [s for m in finals for s in m["speakers"]] == _oracle_speakers(audio, times, 2)
+    expected = _oracle_speakers(audio, times, 2)
+    assert len(set(expected)) > 1, expected  # both speakers on tokens: a server that always says 0 must fail
+    assert [s for m in finals for s in m["speakers"]] == expected
     for m in finals:
         assert len(m["speakers"]) == len(m["token_ids"])
         assert [w["speaker"] for w in m["words"]] == [m["speakers"][m["timestamps"].index(w["start"])] for w in m["words"]]
         if m["token_ids"]:
             assert m["speaker"] == max(set(m["speakers"]), key=lambda k: (m["speakers"].count(k), -k))
     assert all("speaker" not in m and "speakers" not in m for m in plain if m["type"] in ("partial", "final"))
+    # docs/protocol.md: a final's speaker is null for a segment without tokens (here: no audio at all)
+    empty = [m for m in no_audio if m["type"] == "final"]
+    assert len(empty) == 1 and empty[0]["token_ids"] == [] and empty[0]["speakers"] == [], no_audio
+    assert "speaker" in empty[0] and empty[0]["speaker"] is None, empty
     assert bad[-1]["type"] == "error" and "from 1 to 4" in bad[-1]["reason"], bad
     refused, _ = asyncio.run(raw_session(shared_server.ws_url, [diarized]))
     assert refused[-1]["type"] == "error" and "no diarizer loaded" in refused[-1]["reason"], refused

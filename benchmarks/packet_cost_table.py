@@ -2,7 +2,9 @@
 point and this tree side by side (--tree before=... --tree handover=.), every path through both
 listeners, then /ws again in longer windows with Riva (unchanged) as the noise control; where the
 hand-over tree's microseconds go (py-spy components) from the profiled run. Registered in
-performance_page.py's TABLES as "packet-cost-handover"."""
+performance_page.py's TABLES as "packet-cost-handover". And the decode and ring-write table
+("packet-cost-decode"): benchmarks/packet_path_bench.py's in-process parts over packet_cost.py's
+side-by-side run of the same change."""
 
 from __future__ import annotations
 
@@ -19,16 +21,16 @@ def _cell(row: dict) -> str:
     return f"{row['us_per_packet_all_in']:.0f} ({each})"
 
 
-def _rows(d: dict) -> list[str]:
+def _rows(d: dict, labels: tuple[str, str] = TREES) -> list[str]:
     trees = {t["tree"]: t["paths"] for t in d["runs"][0]["trees"]}
-    target, run = d["target_us_per_packet"], f"{d['seconds']:g} s x {len(_any_row(trees)['repeats'])}"
+    target, run = d["target_us_per_packet"], f"{d['seconds']:g} s x {len(_any_row(trees[labels[1]])['repeats'])}"
     rows = []
     for path in PACKET_ROWS:
         for suffix, listener in LISTENERS:
             name = path + suffix
-            if name not in trees[TREES[1]]:
+            if name not in trees[labels[1]]:
                 continue
-            before, after = trees[TREES[0]][name], trees[TREES[1]][name]
+            before, after = trees[labels[0]][name], trees[labels[1]][name]
             parts = list(after.get("profile", {}).get("by_component_us_per_packet", {}).items())[:3]
             us = after["us_per_packet_all_in"]
             verdict = "met" if us <= target else f"**missed** by {us - target:.0f} µs"
@@ -39,7 +41,7 @@ def _rows(d: dict) -> list[str]:
 
 
 def _any_row(trees: dict) -> dict:
-    return next(iter(trees[TREES[1]].values()))
+    return next(iter(trees.values()))
 
 
 def table_packet_cost_handover() -> str:
@@ -50,3 +52,36 @@ def table_packet_cost_handover() -> str:
     for d in runs:
         rows += _rows(d)
     return "\n".join(rows) + source(list(HANDOVER_FILES), [run_info(d) for d in runs])
+
+
+# ----------------------------------------------------------------------------- decode and ring write
+PATH_FILE = "packet_path_cpu.json"  # benchmarks/packet_path_bench.py: in one process, no sockets
+DECODE_RING_FILE = "packet_cost_decode_ring_cpu.json"  # packet_cost.py --tree before=... --tree after=.
+PATH_CASES = {  # packet_path_bench.py case -> what it times
+    "decode_ws_s16": "decode: /ws PCM16, 640 bytes",
+    "decode_ws_f32": "decode: /ws float32, 1,280 bytes (NaN/Inf check)",
+    "decode_realtime_24k": "decode: PCM16 at 24 kHz, resampled (soxr HQ)",
+    "ring_write": "ring write: 320 float32 samples, position stored",
+    "take_frame_ws_s16": "whole hand-over: /ws PCM16 (take_frame)",
+    "take_frame_ws_f32": "whole hand-over: /ws float32 (take_frame)",
+    "take_frame_realtime_24k": "whole hand-over: /v1/realtime append, base64 JSON, 24 kHz (take_frame)",
+    "push_riva_16k": "whole hand-over: Riva 16 kHz bytes (RivaCall.push)",
+    "floor_s16_into_ring": "sketch, not served: PCM16 scaled straight into the ring slice",
+}
+
+
+def table_packet_cost_decode() -> str:
+    """In-process parts (branch point and this tree) over the socket figures of the same change."""
+    d = read(PATH_FILE)
+    base, tree = list(d["us_per_packet"])
+    rows = ["| part (one 20 ms packet) | branch point: µs of CPU | this tree: µs of CPU | this tree / branch point |",
+            "|---|---|---|---|"]  # fmt: skip
+    for case, what in PATH_CASES.items():
+        b, t = d["us_per_packet"][base][case], d["us_per_packet"][tree][case]
+        rows.append(f"| {what} | {b:.2f} | {t:.2f} | {d['ratio'][case]:.2f} |")
+    sockets = read(DECODE_RING_FILE)
+    rows += ["", f"| path ({sockets['streams_per_frontend']} paced streams, 1 front end) | listener | run (window x repeats) "
+             "| before: µs per packet (repeats) | after: µs per packet (repeats) | before / after "
+             "| largest parts, after (µs per packet, py-spy) | target |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    rows += _rows(sockets, ("before", "after"))
+    return "\n".join(rows) + source([PATH_FILE, DECODE_RING_FILE], [run_info(d), run_info(sockets)])

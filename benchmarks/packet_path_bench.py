@@ -25,7 +25,6 @@ import asyncio
 import base64
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -239,6 +238,7 @@ def main(argv=None) -> dict:
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--rounds", type=int, default=2, help="with --tree: alternations of the trees")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--notes", default=None)
     p.add_argument("--out")
     args = p.parse_args(argv)
     names = args.cases.split(",")
@@ -272,9 +272,11 @@ def _side_by_side(args, names) -> dict:
             per_tree[lab].append(json.loads(out.split("RESULT ", 1)[1]))
     table = {lab: {n: round(statistics.median(r[n]["us_per_packet"] for r in rounds), 3) for n in names}
              for lab, rounds in per_tree.items()}  # fmt: skip
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from benchmarks.common import run_record
+
     result = {
-        "command": "python benchmarks/packet_path_bench.py " + " ".join(sys.argv[1:]),
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
+        "run": {**run_record(), "notes": args.notes},
         "unit": "microseconds of the thread's CPU (thread_time) per 20 ms packet, one process, no sockets; median of rounds of medians",
         "trees": dict(zip(labels, args.tree)),
         "us_per_packet": table,

@@ -72,3 +72,12 @@ def strip_eou(text: str) -> str:
     """A transcript of the EOU model without its end-of-utterance pieces (for WER)."""
     return " ".join(text.replace(EOU_PIECE, " ").replace("<EOB>", " ").split())
 
+
+
+def eou_token_ids(tokenizer, text: str, eou_id: int) -> list[int]:
+    """The training target of one example: each turn's tokens followed by `<EOU>`. A multi-turn transcript
+    (eou_corpus.turns_text) marks its turns with `<EOU>`; a plain one is one turn."""
+    turns = [t.strip() for t in text.split(EOU_PIECE)]
+    if len(turns) > 1 and not turns[-1]:  # the marker after the last turn
+        turns.pop()
+    return [i for turn in turns for i in tokenizer.text_to_ids(turn) + [eou_id]]

@@ -84,7 +84,7 @@ import torch
 
 from .batches import chain_dev, collate, join_chain, load_audio, make_batches, make_chains
 from .dev_wer import offline_wer
-from .eou import EOU_PIECE
+from .eou import EOU_PIECE, eou_token_ids
 from .feature_augment import mel_centers_hz, random_eq, random_vtlp
 from .model_setup import (DEFAULT_CONFIG, DEFAULT_TOKENIZER, build_model, center_input_conv, feature_stats, init_depth,
                           init_from, make_tokenizer, seed_all)
@@ -129,9 +129,9 @@ def train(args) -> dict:
     spec_aug = model.spec_augmentation
     centers_hz = mel_centers_hz(model.preprocessor)  # for --vtlp
     tokens = [model.tokenizer.text_to_ids(t) for t in texts]
-    if args.eou:  # the EOU recipe (eou.py): <EOU> after each utterance's last word
+    if args.eou:  # the EOU recipe (eou.py): <EOU> after each turn's last word (one turn unless marked)
         eou_id = model.tokenizer.token_to_id(EOU_PIECE)
-        tokens = [t + [eou_id] for t in tokens]
+        tokens = [eou_token_ids(model.tokenizer, t, eou_id) for t in texts]
     durs = np.array([len(w) / 16000 for w in wavs])
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model params: {n_params / 1e6:.2f}M; vocab {model.tokenizer.vocab_size}", flush=True)

@@ -72,3 +72,18 @@ def test_the_client_writes_what_fits_and_keeps_the_rest_in_order(tmp_path):
         assert h.written == sum(map(len, sent)) and not h.pending
     finally:
         shared.close()
+
+
+def test_the_client_takes_float64_lists_and_columns_as_float32_samples(tmp_path):
+    """Decoders hand float32 1-D arrays (written as they are); anything else is converted first."""
+    shared = _slots(tmp_path)
+    client = EngineClient(_info(), shared, 0, str(tmp_path))
+    try:
+        h = client.open_stream(lambda r: None)
+        x = np.random.default_rng(9).standard_normal(30)
+        client.push(h, x[:10])  # float64
+        client.push(h, x[10:20].reshape(-1, 1))  # a column
+        client.push(h, x[20:].tolist())  # a list
+        assert np.array_equal(shared.read(h.slot, 0, 30), x.astype(np.float32))
+    finally:
+        shared.close()

@@ -11,7 +11,7 @@ import sys
 import time
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -74,30 +74,70 @@ class StreamRecord:
 async def stream_item(
     url: str, worker: int, item: LoadItem, endpointing: bool, timeout_s: float, context_right: int | None = None
 ) -> StreamRecord:
-    """One item at real-time pace; `context_right`: the chunk mode to ask for (None: the server's default)."""
+    """One item at real-time pace through websockets' asyncio client (`--client websockets`: each
+    packet encoded when sent); `context_right`: the chunk mode to ask for (None: the server's default)."""
     from websockets.asyncio.client import connect
 
     rec = StreamRecord(worker, item.item_id, len(item.audio) / SAMPLE_RATE, opened=time.time())
+    with failures_recorded(rec):
+        async with asyncio.timeout(timeout_s):
+            async with connect(url, max_size=None, compression=None, open_timeout=30) as ws:
+                if not await open_ws_stream(ws, rec, stream_config(worker, item, endpointing, context_right)):
+                    return rec
+                reader = asyncio.create_task(_read(ws, rec))
+                chunk = int(round(rec.chunk_ms * SAMPLE_RATE / 1000))  # packet k is one server chunk
+                packets = encoded_packets(item.audio, chunk, lambda p: p.astype(np.float32).tobytes())
+                await send_paced(ws.send, packets, rec, lambda: ws.send(END_MESSAGE))
+                await reader
+    return rec
+
+
+END_MESSAGE = json.dumps({"type": "end"})
+
+
+def stream_config(worker: int, item: LoadItem, endpointing: bool, context_right: int | None) -> dict:
     config = {"type": "config", "id": f"w{worker}-{item.item_id}", "encoding": "pcm_f32le", "sample_rate": SAMPLE_RATE}
     if not endpointing:
         config["endpointing"] = {"enabled": False}
     if context_right is not None:
         config["context_right"] = context_right
-    with failures_recorded(rec):
-        async with asyncio.timeout(timeout_s):
-            async with connect(url, max_size=None, compression=None, open_timeout=30) as ws:
-                await ws.send(json.dumps(config))
-                ready = json.loads(await ws.recv())
-                if ready.get("type") != "ready":
-                    rec.error = f"refused: {ready.get('reason', ready.get('type'))}"
-                    return rec
-                rec.chunk_ms = float(ready["chunk_ms"])
-                reader = asyncio.create_task(_read(ws, rec))
-                chunk = int(round(rec.chunk_ms * SAMPLE_RATE / 1000))  # packet k is one server chunk
-                await send_paced(ws, item.audio, chunk, rec, lambda p: p.astype(np.float32).tobytes(),
-                                 json.dumps({"type": "end"}))  # fmt: skip
-                await reader
-    return rec
+    return config
+
+
+async def open_ws_stream(ws, rec: StreamRecord, config: dict) -> bool:
+    """/ws: config out, `ready` in (its chunk_ms kept); False with `rec.error` on a refusal.
+    `ws`: anything with async send(str) and recv() (either client)."""
+    await ws.send(json.dumps(config))
+    ready = json.loads(await ws.recv())
+    if ready.get("type") != "ready":
+        rec.error = f"refused: {ready.get('reason', ready.get('type'))}"
+        return False
+    rec.chunk_ms = float(ready["chunk_ms"])
+    return True
+
+
+def encoded_packets(audio: np.ndarray, packet: int, message: Callable[[np.ndarray], object]) -> Iterator[tuple[int, object]]:
+    """(samples sent after it, payload) per packet, each encoded only when the pacer reaches it."""
+    for start in range(0, len(audio), packet):
+        samples = audio[start : start + packet]
+        yield start + len(samples), message(samples)
+
+
+class HandshakeRefused(Exception):
+    """The picows client's (load_picows.py) HTTP refusal of the upgrade, as websockets' InvalidStatus."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status = status
+
+
+class StreamClosed(Exception):
+    """The picows client's connection closed with `code` (None: no close frame) while a stream
+    still needed it, as websockets' ConnectionClosedError."""
+
+    def __init__(self, code: int | None) -> None:
+        super().__init__(f"closed {code}")
+        self.code = code
 
 
 @contextlib.contextmanager
@@ -110,8 +150,12 @@ def failures_recorded(rec: StreamRecord):
         yield
     except InvalidStatus as e:
         rec.error = f"refused: HTTP {e.response.status_code}"
+    except HandshakeRefused as e:
+        rec.error = f"refused: HTTP {e.status}"
     except ConnectionClosed as e:
         rec.error = rec.error or f"closed {e.rcvd.code if e.rcvd else 'abnormally'}"
+    except StreamClosed as e:
+        rec.error = rec.error or f"closed {e.code or 'abnormally'}"
     except TimeoutError:
         rec.error = "timeout"
     except OSError as e:
@@ -120,14 +164,13 @@ def failures_recorded(rec: StreamRecord):
         rec.error = "no done message"
 
 
-async def send_paced(ws, audio: np.ndarray, packet: int, rec: StreamRecord, message: Callable[[np.ndarray], object],
-                     end_message: str) -> None:  # fmt: skip
-    """Packet k (`packet` samples, sent as `message(samples)`) goes out when its audio would have
-    been recorded; then `end_message`."""
+async def send_paced(send: Callable[[object], Awaitable], packets: Iterable[tuple[int, object]], rec: StreamRecord,
+                     send_end: Callable[[], Awaitable]) -> None:  # fmt: skip
+    """Each packet, (samples sent after it, payload), goes out through `send(payload)` when its
+    audio would have been recorded; then `send_end()`."""
     t0 = previous_sent = time.monotonic()  # not loop.time(): uvloop's clock ticks in whole milliseconds
-    for start in range(0, len(audio), packet):
-        samples = audio[start : start + packet]
-        due = t0 + (start + len(samples)) / SAMPLE_RATE
+    for end, payload in packets:
+        due = t0 + end / SAMPLE_RATE
         while due - time.monotonic() > 0.0005:  # a uvloop timer may fire up to a millisecond early
             await asyncio.sleep(due - time.monotonic())
         # The generator's lateness: how long after the later of its due time and the previous
@@ -135,28 +178,33 @@ async def send_paced(ws, audio: np.ndarray, packet: int, rec: StreamRecord, mess
         # server that does not read) is the server's delay, so it is not counted here; a busy
         # or starved generator loop is.
         rec.send_lateness.append(max(0.0, time.monotonic() - max(due, previous_sent)))
-        await ws.send(message(samples))
+        await send(payload)
         previous_sent = time.monotonic()
-        rec.send_ends.append(start + len(samples))
+        rec.send_ends.append(end)
         rec.send_times.append(time.time())
-    await ws.send(end_message)
+    await send_end()
     rec.end_sent = time.time()
 
 
 async def _read(ws, rec: StreamRecord) -> None:
     async for raw in ws:
-        now = time.time()
-        msg = json.loads(raw)
-        kind = msg.get("type")
-        if kind == "partial":
-            rec.partials.append((now, msg["audio_processed"], msg["audio_arrival_time"], msg["sent_time"]))
-        elif kind == "final":
-            rec.finals.append({"token_ids": msg["token_ids"], "text": msg["text"], "recv": now})
-            rec.final_recv = now
-        elif kind == "done":
-            rec.done = True
-        elif kind == "error":
-            rec.error = f"error: {msg.get('reason', '')[:80]}"
+        read_ws_message(rec, time.time(), raw)
+
+
+def read_ws_message(rec: StreamRecord, now: float, raw: str | bytes) -> bool:
+    """One /ws server message into `rec` (either client); True once it was `done`."""
+    msg = json.loads(raw)
+    kind = msg.get("type")
+    if kind == "partial":
+        rec.partials.append((now, msg["audio_processed"], msg["audio_arrival_time"], msg["sent_time"]))
+    elif kind == "final":
+        rec.finals.append({"token_ids": msg["token_ids"], "text": msg["text"], "recv": now})
+        rec.final_recv = now
+    elif kind == "done":
+        rec.done = True
+    elif kind == "error":
+        rec.error = f"error: {msg.get('reason', '')[:80]}"
+    return rec.done
 
 
 async def run_level(
@@ -170,11 +218,14 @@ async def run_level(
     workers: list[int] | None = None,
     context_right: int | None = None,
     protocol: str = "ws",
+    client: str = "websockets",
 ) -> list[StreamRecord]:
     """N workers for duration_s (plus the streams still in flight at the end). `workers`: the
     subset of worker numbers this process runs (load_workers.py); `context_right`: the
     chunk mode every stream asks for (None: the server's default); `protocol`: "ws", or
-    "realtime" (`url` is then a /v1/realtime URL; load_realtime.py)."""
+    "realtime" (`url` is then a /v1/realtime URL; load_realtime.py); `client`: "websockets"
+    or "picows" (load_picows.py)."""
+    stream = stream_function(protocol, client)
     loop = asyncio.get_running_loop()
     t_end = loop.time() + duration_s
     records: list[StreamRecord] = []
@@ -186,12 +237,7 @@ async def run_level(
         while loop.time() < t_end:
             item = items[k % len(items)]
             timeout = 3 * len(item.audio) / SAMPLE_RATE + 60
-            if protocol == "realtime":
-                from benchmarks.load_realtime import stream_item_realtime
-
-                records.append(await stream_item_realtime(url, w, item, timeout, context_right))
-            else:
-                records.append(await stream_item(url, w, item, endpointing, timeout, context_right))
+            records.append(await stream(url, w, item, endpointing, timeout, context_right))
             k += 1
             if records[-1].error and records[-1].error.startswith(("refused", "connect")):
                 await asyncio.sleep(1.0)  # do not spin on a refusing server
@@ -213,6 +259,35 @@ async def run_level(
     if bar is not None:
         bar.close()
     return records
+
+
+CLIENTS = ("websockets", "picows")
+
+
+def default_client() -> str:
+    """picows where it is installed (the `fastws` extra): it costs the generator less CPU per packet."""
+    try:
+        import picows  # noqa: F401
+    except ImportError:
+        return "websockets"
+    return "picows"
+
+
+def stream_function(protocol: str, client: str) -> Callable[..., Awaitable[StreamRecord]]:
+    """(url, worker, item, endpointing, timeout_s, context_right) -> one stream's record."""
+    if client not in CLIENTS:
+        raise ValueError(f"unknown client {client!r}: one of {CLIENTS}")
+    if client == "picows":
+        from benchmarks import load_picows
+
+        if protocol == "realtime":
+            return lambda url, w, item, _, timeout, cr: load_picows.stream_item_realtime_picows(url, w, item, timeout, cr)
+        return load_picows.stream_item_picows
+    if protocol == "realtime":
+        from benchmarks.load_realtime import stream_item_realtime
+
+        return lambda url, w, item, _, timeout, cr: stream_item_realtime(url, w, item, timeout, cr)
+    return stream_item
 
 
 def _bar(total: float, desc: str):

@@ -23,7 +23,7 @@ import numpy as np
 
 from benchmarks.common import SAMPLE_RATE
 from benchmarks.load_items import LoadItem
-from benchmarks.load_level import StreamRecord, failures_recorded, send_paced
+from benchmarks.load_level import StreamRecord, encoded_packets, failures_recorded, send_paced
 
 APPEND_SAMPLES = SAMPLE_RATE // 50  # 20 ms
 TRANSCRIPTION = "conversation.item.input_audio_transcription"
@@ -43,24 +43,30 @@ async def stream_item_realtime(url: str, worker: int, item: LoadItem, timeout_s:
     from websockets.asyncio.client import connect
 
     rec = StreamRecord(worker, item.item_id, len(item.audio) / SAMPLE_RATE, opened=time.time())
-    query = "?intent=transcription" + (f"&context_right={context_right}" if context_right is not None else "")
     with failures_recorded(rec):
         async with asyncio.timeout(timeout_s):
-            async with connect(url + query, max_size=None, compression=None, open_timeout=30) as ws:
-                if not await _configure(ws, rec):
+            async with connect(url + realtime_query(context_right), max_size=None, compression=None, open_timeout=30) as ws:
+                if not await configure(ws, rec):
                     return rec
                 reader = asyncio.create_task(_read(ws, rec))
-                await send_paced(ws, as_pcm16(item.audio), APPEND_SAMPLES, rec, _append,
-                                 json.dumps({"type": "input_audio_buffer.commit"}))  # one commit: the whole item
+                packets = encoded_packets(as_pcm16(item.audio), APPEND_SAMPLES, append_message)
+                await send_paced(ws.send, packets, rec, lambda: ws.send(COMMIT_MESSAGE))  # one commit: the whole item
                 await reader
     return rec
 
 
-def _append(pcm: np.ndarray) -> str:
+def realtime_query(context_right: int | None) -> str:
+    return "?intent=transcription" + (f"&context_right={context_right}" if context_right is not None else "")
+
+
+COMMIT_MESSAGE = json.dumps({"type": "input_audio_buffer.commit"})
+
+
+def append_message(pcm: np.ndarray) -> str:
     return json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm.tobytes()).decode()})
 
 
-async def _configure(ws, rec: StreamRecord) -> bool:
+async def configure(ws, rec: StreamRecord) -> bool:
     created = json.loads(await ws.recv())
     session = {"type": "transcription", "audio": {"input": {"format": {"type": "audio/pcm", "rate": SAMPLE_RATE},
                                                             "turn_detection": None}}}  # fmt: skip
@@ -76,15 +82,22 @@ async def _configure(ws, rec: StreamRecord) -> bool:
 
 async def _read(ws, rec: StreamRecord) -> None:
     async for raw in ws:
-        now = time.time()
-        msg = json.loads(raw)
-        kind = msg.get("type")
-        if kind == f"{TRANSCRIPTION}.completed":
-            extra = msg.get("nemo_serve") or {}
-            rec.finals.append({"token_ids": extra.get("token_ids", []), "text": msg.get("transcript", ""), "recv": now})
-            rec.final_recv = now
-            rec.done = True
+        if read_realtime_message(rec, time.time(), raw):
             return  # one item per stream: its completed ends it (the client closes, as the guide does)
-        if kind == "error":
-            rec.error = f"error: {str(msg.get('error', {}).get('message', ''))[:80]}"
-            return
+
+
+def read_realtime_message(rec: StreamRecord, now: float, raw: str | bytes) -> bool:
+    """One /v1/realtime server message into `rec` (either client); True once the stream is over
+    (its `completed`, or an error)."""
+    msg = json.loads(raw)
+    kind = msg.get("type")
+    if kind == f"{TRANSCRIPTION}.completed":
+        extra = msg.get("nemo_serve") or {}
+        rec.finals.append({"token_ids": extra.get("token_ids", []), "text": msg.get("transcript", ""), "recv": now})
+        rec.final_recv = now
+        rec.done = True
+        return True
+    if kind == "error":
+        rec.error = f"error: {str(msg.get('error', {}).get('message', ''))[:80]}"
+        return True
+    return False

@@ -51,6 +51,7 @@ class WorkerReport:
     cpu_s: float
     loop: str  # "uvloop" or "asyncio"
     pid: int
+    sys_s: float = 0.0  # the kernel's part of cpu_s: on loopback, a send also runs the peer's TCP receive
 
     def summary(self) -> dict:
         late = [x for r in self.records for x in r.send_lateness]
@@ -62,6 +63,7 @@ class WorkerReport:
             "packets": len(late),
             "send_lateness_ms": lateness_ms(late),
             "cpu_s": round(self.cpu_s, 2),
+            "sys_s": round(self.sys_s, 2),
             "loop": self.loop,
             "pid": self.pid,
         }
@@ -118,13 +120,14 @@ def run_level_workers(
     context_right: int | None = None,
     stall: Stall | None = None,
     protocol: str = "ws",
+    client: str = "websockets",
 ) -> LevelRun:
     """N lanes over `num_workers` processes (lane w runs in process w mod num_workers)."""
     num_workers = max(1, min(num_workers, num_streams))
     ensure_fd_limit(math.ceil(num_streams / num_workers))
     specs = [
         (url, num_streams, duration_s, ramp_s, endpointing, list(range(p, num_streams, num_workers)), p, context_right, stall,
-         protocol)
+         protocol, client)
         for p in range(num_workers)
     ]  # fmt: skip
     global _SHARED_ITEMS
@@ -143,14 +146,14 @@ _SHARED_ITEMS: list[LoadItem] = []
 
 
 def _worker(spec) -> WorkerReport:
-    url, n, duration_s, ramp_s, endpointing, lanes, index, context_right, stall, protocol = spec
-    cpu0 = _cpu_s()
+    url, n, duration_s, ramp_s, endpointing, lanes, index, context_right, stall, protocol, client = spec
+    cpu0, sys0 = _cpu_s(), _sys_s()
 
     async def main() -> list[StreamRecord]:
         hog = asyncio.create_task(_stall(stall)) if stall is not None and stall.worker == index else None
         try:
             return await run_level(url, _SHARED_ITEMS, n, duration_s, ramp_s, endpointing, progress=False,
-                                   workers=lanes, context_right=context_right, protocol=protocol)  # fmt: skip
+                                   workers=lanes, context_right=context_right, protocol=protocol, client=client)  # fmt: skip
         finally:
             if hog is not None:
                 hog.cancel()
@@ -158,7 +161,7 @@ def _worker(spec) -> WorkerReport:
     loop_factory, loop_name = _loop_factory()
     with asyncio.Runner(loop_factory=loop_factory) as runner:
         records = runner.run(main())
-    return WorkerReport(index, lanes, records, _cpu_s() - cpu0, loop_name, os.getpid())
+    return WorkerReport(index, lanes, records, _cpu_s() - cpu0, loop_name, os.getpid(), _sys_s() - sys0)
 
 
 def _loop_factory():
@@ -175,6 +178,10 @@ async def _stall(stall: Stall) -> None:
         time.sleep(stall.block_ms / 1000)  # blocking on purpose: the whole loop stands still
 
 
+def _sys_s() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_stime
+
+
 def _cpu_s() -> float:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_utime + ru.ru_stime
@@ -189,6 +196,7 @@ def summarise_run(run: LevelRun, items: list[LoadItem], num_streams: int, durati
     level["workers"] = [w.summary() for w in run.workers]
     level["send_lateness_ms"] = lateness_ms([x for r in run.records for x in r.send_lateness])
     level["loadgen_cpu_s"] = round(sum(w.cpu_s for w in run.workers), 2)
+    level["loadgen_sys_s"] = round(sum(w.sys_s for w in run.workers), 2)
     return level
 
 
@@ -225,11 +233,13 @@ def _server_keeps_up(level: dict, chunk_ms: float, max_drift: float) -> bool:
 def measure_level(url: str, items: list[LoadItem], num_streams: int, duration_s: float, *, ramp_s: float = 2.0,
                   endpointing: bool = False, num_workers: int = 1, context_right: int | None = None,
                   max_drift: float = 20.0, max_send_lateness_ms: float = DEFAULT_MAX_SEND_LATENESS_MS,
-                  stall: Stall | None = None, protocol: str = "ws") -> tuple[dict, LevelRun]:  # fmt: skip
+                  stall: Stall | None = None, protocol: str = "ws",
+                  client: str = "websockets") -> tuple[dict, LevelRun]:  # fmt: skip
     """One level run, summarised and judged (loadgen.py and sweep.py)."""
     run = run_level_workers(url, items, num_streams, duration_s, ramp_s, endpointing, num_workers, context_right, stall,
-                            protocol)  # fmt: skip
+                            protocol, client)  # fmt: skip
     level = summarise_run(run, items, num_streams, duration_s, protocol)
+    level["client"] = client
     judge(level, run.chunk_ms, max_drift, max_send_lateness_ms)
     return level, run
 

@@ -26,6 +26,8 @@ Every packet's send time and every message's receive time are recorded. Per leve
   --protocol realtime  the same over /v1/realtime (benchmarks/load_realtime.py): 20 ms PCM16
                    appends, one commit per item; final latency and tokens, no partial latency
                    (deltas carry no audio position), so its keep-up rule uses the finals;
+  client           --client picows (default where installed; load_picows.py) or websockets: the
+                   same protocol steps and checks, picows at less CPU per packet;
   send lateness    per worker process, how long after its due time each packet got the loop
                    (load_level.send_paced); a level where a worker's p99 passed
                    --max-send-lateness-ms is `generator_late`: invalid, neither kept up nor behind.
@@ -43,7 +45,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import run_record, write_json  # noqa: E402
 from benchmarks.load_items import attach_oracle, make_items  # noqa: E402
-from benchmarks.load_level import StreamRecord, format_level  # noqa: E402
+from benchmarks.load_level import CLIENTS, StreamRecord, default_client, format_level  # noqa: E402
 from benchmarks.load_realtime import on_pcm16_grid  # noqa: E402
 from benchmarks.load_workers import DEFAULT_MAX_SEND_LATENESS_MS, default_workers, lateness_line, measure_level  # noqa: E402
 
@@ -53,6 +55,9 @@ def main() -> None:
     ap.add_argument("--url", default="ws://127.0.0.1:8000/ws", help="/ws, or /v1/realtime with --protocol realtime")
     ap.add_argument("--protocol", default="ws", choices=["ws", "realtime"],
                     help="realtime: OpenAI's guide flow, 20 ms PCM16 appends and a commit per item (load_realtime.py)")
+    ap.add_argument("--client", default=default_client(), choices=CLIENTS,
+                    help="picows (default where installed): prebuilt payloads, messages read in picows's frame callback "
+                         "(load_picows.py); websockets: its asyncio client, the generator's first client")
     ap.add_argument("--streams", default="4,8,16", help="comma-separated concurrency levels")
     ap.add_argument("--duration", type=float, default=60.0, help="seconds per level (new streams start until then)")
     ap.add_argument("--ramp-s", type=float, default=2.0, help="worker start times are spread over this")
@@ -82,7 +87,8 @@ def main() -> None:
     for n in [int(x) for x in args.streams.split(",")]:
         level, run = measure_level(args.url, items, n, args.duration, ramp_s=args.ramp_s, endpointing=args.endpointing,
                                    num_workers=args.workers, context_right=args.context_right, max_drift=args.max_drift,
-                                   max_send_lateness_ms=args.max_send_lateness_ms, protocol=args.protocol)  # fmt: skip
+                                   max_send_lateness_ms=args.max_send_lateness_ms, protocol=args.protocol,
+                                   client=args.client)  # fmt: skip
         levels.append(level)
         print(format_level(level), file=sys.stderr)
         print(lateness_line(level), file=sys.stderr)
@@ -90,7 +96,7 @@ def main() -> None:
             write_raw(args.raw, n, run.records)
         if args.stop_when_behind and not level["keeps_up"]:
             break
-    write_json(args.out, {"benchmark": "loadgen", **record, "url": args.url, "protocol": args.protocol, "audio": args.audio,
+    write_json(args.out, {"benchmark": "loadgen", **record, "url": args.url, "protocol": args.protocol, "client": args.client, "audio": args.audio,
                           "workers": args.workers, "levels": levels})  # fmt: skip
 
 

@@ -1,7 +1,7 @@
 """The load generator's own capacity: CPU per paced packet and send lateness, against a stub server.
 
     python benchmarks/loadgen_capacity.py --levels 100,200,400 --workers 1 --chunk-ms 80 \
-        --out benchmarks/results/loadgen_capacity_cpu.json
+        --clients websockets,picows --out benchmarks/results/loadgen_capacity_clients_w1_cpu.json
 
 Issue 48 wants a generator that drives 5,000 real-time streams at 80 ms from one 16-core host with
 p99 send lateness under 10 ms. This measures the generator alone: a stub /ws server (one process,
@@ -11,7 +11,9 @@ sockets. Per level: the generator's CPU seconds per packet sent (its workers' us
 the packets, results received included), its send lateness (load_workers), and the cores that
 5,000 streams would need at that cost (5,000 x 1000 / chunk_ms packets per second x CPU per packet).
 On a small shared machine the stub and the generator share the cores: the per-packet CPU is the
-figure to scale, the lateness says where this machine ran out.
+figure to scale, the lateness says where this machine ran out. --clients runs each level once per
+client (load_level.CLIENTS), one after the other against the same stub, so the clients' figures
+come from one run on one machine state.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--levels", default="100,200,400")
     ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--clients", default="websockets,picows", help="each level runs once per client, in this order")
     ap.add_argument("--chunk-ms", type=float, default=80.0)
     ap.add_argument("--duration", type=float, default=10.0)
     ap.add_argument("--item-seconds", default="6,8")
@@ -80,22 +83,28 @@ def main() -> None:
     levels = []
     try:
         for n in [int(x) for x in args.levels.split(",")]:
-            level, _ = measure_level(f"ws://127.0.0.1:{port}/ws", items, n, args.duration, ramp_s=1.0,
-                                     num_workers=args.workers, max_send_lateness_ms=args.max_send_lateness_ms)  # fmt: skip
-            packets = sum(w["packets"] for w in level["workers"])
-            us = 1e6 * level["loadgen_cpu_s"] / max(packets, 1)
-            row = {"streams": n, "packets": packets, "loadgen_cpu_s": level["loadgen_cpu_s"],
-                   "cpu_us_per_packet": round(us, 1), "send_lateness_ms": level["send_lateness_ms"],
-                   "generator_late": level["verdict"] == "generator_late", "errors": level["errors"],
-                   "items_completed": level["items_completed"], "workers": level["workers"],
-                   "cores_for_5000_streams": round(TARGET_STREAMS * 1000 / args.chunk_ms * us / 1e6, 2)}  # fmt: skip
-            levels.append(row)
-            print(f"N={n}: {us:.0f} us CPU per packet -> {row['cores_for_5000_streams']} cores for 5,000 streams; "
-                  + lateness_line(level), flush=True)
+            for client in args.clients.split(","):
+                levels.append(_measure(port, items, n, client, args))
     finally:
         stub.terminate()
     write_json(args.out, {"benchmark": "loadgen_capacity", **record, "chunk_ms": args.chunk_ms,
-                          "workers": args.workers, "duration_s": args.duration, "levels": levels})  # fmt: skip
+                          "workers": args.workers, "clients": args.clients.split(","), "duration_s": args.duration, "levels": levels})  # fmt: skip
+
+
+def _measure(port: int, items, n: int, client: str, args) -> dict:
+    level, _ = measure_level(f"ws://127.0.0.1:{port}/ws", items, n, args.duration, ramp_s=1.0, num_workers=args.workers,
+                             max_send_lateness_ms=args.max_send_lateness_ms, client=client)  # fmt: skip
+    packets = sum(w["packets"] for w in level["workers"])
+    us = 1e6 * level["loadgen_cpu_s"] / max(packets, 1)
+    row = {"streams": n, "client": client, "packets": packets, "loadgen_cpu_s": level["loadgen_cpu_s"],
+           "cpu_us_per_packet": round(us, 1),
+           "sys_us_per_packet": round(1e6 * level["loadgen_sys_s"] / max(packets, 1), 1), "send_lateness_ms": level["send_lateness_ms"],
+           "generator_late": level["verdict"] == "generator_late", "errors": level["errors"],
+           "items_completed": level["items_completed"], "workers": level["workers"],
+           "cores_for_5000_streams": round(TARGET_STREAMS * 1000 / args.chunk_ms * us / 1e6, 2)}  # fmt: skip
+    print(f"N={n} {client}: {us:.0f} us CPU per packet ({row['sys_us_per_packet']:.0f} in the kernel) -> {row['cores_for_5000_streams']} cores for 5,000 streams; "
+          + lateness_line(level), flush=True)
+    return row
 
 
 if __name__ == "__main__":

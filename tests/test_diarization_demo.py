@@ -65,8 +65,9 @@ def test_batched_step_matches_nemo_loop_on_the_demo_diarizer(setting):
 
 
 def test_demo_diarizer_tells_the_bundled_conversations_speakers_apart():
-    """A guard on the shipped weights: an untrained model finds no speech here (DER 1.0); the shipped one
-    scored 0.55 offline and 0.61 streamed at 1.04 s on this four-speaker conversation."""
+    """A guard on the shipped weights: an untrained model finds no speech here (DER 1.0), the first shipped
+    one (step 715) scored 0.55 offline and 0.61 streamed at 1.04 s on this four-speaker conversation, the
+    continued one 0.38 and 0.40."""
     model = demo()
     audio = conversation()
     reference = read_rttm(Path(CONVERSATION).with_suffix(".rttm"))
@@ -79,4 +80,4 @@ def test_demo_diarizer_tells_the_bundled_conversations_speakers_apart():
     assert offline.der < MAX_BUNDLED_DER and streaming.der < MAX_BUNDLED_DER
 
 
-MAX_BUNDLED_DER = 0.75
+MAX_BUNDLED_DER = 0.5

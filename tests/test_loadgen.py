@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import load_workers  # noqa: E402
 from benchmarks.load_items import attach_oracle, make_items  # noqa: E402
+from benchmarks.load_level import CLIENTS  # noqa: E402
 from benchmarks.load_realtime import APPEND_SAMPLES, on_pcm16_grid  # noqa: E402
 from benchmarks.load_workers import Stall, judge, measure_level  # noqa: E402
 
@@ -44,10 +45,17 @@ def pcm16_items():
     return items
 
 
-def test_two_workers_merge_to_their_sum_and_match_nemo(served):
+@pytest.fixture(params=CLIENTS)
+def client(request):
+    """Every load test runs with each client (load_level.CLIENTS): the same checks hold for both."""
+    return request.param
+
+
+def test_two_workers_merge_to_their_sum_and_match_nemo(served, client):
     server, items = served
     level, run = measure_level(server.ws_url, items, 4, 3.0, ramp_s=0.5, num_workers=2, context_right=MODE,
-                               max_send_lateness_ms=HONEST_BOUND_MS)  # fmt: skip
+                               max_send_lateness_ms=HONEST_BOUND_MS, client=client)  # fmt: skip
+    assert level["client"] == client
     workers = level["workers"]
     assert [w["worker"] for w in workers] == [0, 1] and [w["lanes"] for w in workers] == [2, 2]
     assert len({w["pid"] for w in workers} | {os.getpid()}) == 3, workers  # two processes, neither this one
@@ -61,13 +69,13 @@ def test_two_workers_merge_to_their_sum_and_match_nemo(served):
     server.assert_no_leak()
 
 
-def test_realtime_20ms_appends_through_two_workers_match_nemo(served, pcm16_items):
+def test_realtime_20ms_appends_through_two_workers_match_nemo(served, pcm16_items, client):
     """/v1/realtime, OpenAI's guide flow: every 20 ms append paced and timed, one commit per item,
     each `completed` token-identical to NeMo's loop (= /ws) on the item's PCM16 audio."""
     server, _ = served
     url = server.ws_url.replace("/ws", "/v1/realtime")
     level, run = measure_level(url, pcm16_items, 4, 3.0, ramp_s=0.5, num_workers=2, context_right=MODE,
-                               max_send_lateness_ms=HONEST_BOUND_MS, protocol="realtime")  # fmt: skip
+                               max_send_lateness_ms=HONEST_BOUND_MS, protocol="realtime", client=client)  # fmt: skip
     assert level["errors"] == {}, level["error_examples"]
     assert level["protocol"] == "realtime" and level["items_completed"] == sum(w["items_completed"] for w in level["workers"]) > 0
     appends = sum(-(-len(next(i for i in pcm16_items if i.item_id == r.item_id).audio) // APPEND_SAMPLES) for r in run.records)
@@ -80,12 +88,12 @@ def test_realtime_20ms_appends_through_two_workers_match_nemo(served, pcm16_item
     server.assert_no_leak()
 
 
-def test_a_starved_worker_makes_the_level_invalid_not_a_server_verdict(served):
+def test_a_starved_worker_makes_the_level_invalid_not_a_server_verdict(served, client):
     """Worker 1's loop blocks 1.5 s of every 1.6: its packets leave up to 1.5 s late. The level
     must say the generator fell behind (worker 1), whatever its latencies say about the server."""
     server, items = served
     level, _ = measure_level(server.ws_url, items, 4, 3.0, ramp_s=0.5, num_workers=2, context_right=MODE,
-                             max_send_lateness_ms=HONEST_BOUND_MS, stall=Stall(worker=1, block_ms=1500, every_ms=100))  # fmt: skip
+                             max_send_lateness_ms=HONEST_BOUND_MS, stall=Stall(worker=1, block_ms=1500, every_ms=100), client=client)  # fmt: skip
     w0, w1 = level["workers"]
     assert w1["send_lateness_ms"]["p99"] > HONEST_BOUND_MS, level["workers"]
     assert w0["send_lateness_ms"]["p99"] <= HONEST_BOUND_MS, level["workers"]
@@ -132,3 +140,22 @@ def test_fd_limit_is_raised_to_the_hard_limit_and_refused_beyond_it(monkeypatch)
     with pytest.raises(SystemExit, match="open-file limit too low: 5000 streams per worker need 5064"):
         load_workers.ensure_fd_limit(5000)
     assert len(calls) == 1  # refused before anything changed
+
+
+def test_both_clients_read_the_same_finals_packets_and_refusals(served):
+    """The picows client (load_picows.py) against the same server as websockets' client: each
+    item's packets end at the same samples and its final tokens are the same (NeMo's loop); a
+    refused upgrade is the same error word and the same verdict."""
+    server, items = served
+    runs = {c: measure_level(server.ws_url, items, 4, 2.0, ramp_s=0.5, num_workers=1, context_right=MODE,
+                             max_send_lateness_ms=HONEST_BOUND_MS, client=c) for c in CLIENTS}  # fmt: skip
+    by_item = {c: {r.item_id: (r.send_ends, r.token_ids) for r in run.records if r.error is None} for c, (_, run) in runs.items()}
+    assert set(by_item["picows"]) == set(by_item["websockets"]) == {it.item_id for it in items}
+    assert by_item["picows"] == by_item["websockets"]
+    assert all(tokens == next(it.oracle for it in items if it.item_id == k) for k, (_, tokens) in by_item["picows"].items())
+    refused = {c: measure_level(server.ws_url.replace("/ws", "/no-such-route"), items, 2, 0.5, ramp_s=0.1, num_workers=1,
+                                max_send_lateness_ms=HONEST_BOUND_MS, client=c)[0] for c in CLIENTS}  # fmt: skip
+    ws, pw = refused["websockets"], refused["picows"]
+    assert ws["error_examples"] == pw["error_examples"] and ws["error_examples"][0].startswith("refused: HTTP 4"), refused
+    assert ws["verdict"] == pw["verdict"] == "server_behind" and ws["errors"].keys() == pw["errors"].keys() == {"refused"}
+    server.assert_no_leak()

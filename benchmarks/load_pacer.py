@@ -5,7 +5,7 @@ Why: with send_paced (load_level.py) each packet costs its stream's task a timer
 wake-up; at thousands of streams per process those, not the sends, were the generator's CPU
 (py-spy on loadgen_capacity.py: most samples in the event loop itself). Here one task wakes every
 TICK_S, pops from a heap (by due time) each stream whose next packet is due within EARLY_S, and
-sends it with a synchronous frame write.
+sends it with a synchronous frame write; between ticks it sleeps until the next packet is due.
 
 The lateness is send_paced's definition, unchanged: per packet, how long after the later of its
 due time and the previous send's return it went out; a stream held by TCP backpressure (its
@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import math
 import time
 from collections.abc import Callable, Sequence
 
@@ -51,13 +52,14 @@ class Pacer:
         self.heap: list[tuple[float, int, PacedStream]] = []
         self.order = itertools.count()  # ties broken by arrival, never by comparing streams
         self.parked: set[PacedStream] = set()  # held by backpressure, out of the heap
-        self.wake = asyncio.Event()
-        self.task = asyncio.get_running_loop().create_task(self._run())
+        loop = asyncio.get_running_loop()
+        self.wakeup: asyncio.Future = loop.create_future()  # resolved by the timer, or by an earlier packet
+        self.wake_at = math.inf  # monotonic time the pacer's task sleeps until
+        self.task = loop.create_task(self._run())
 
     async def send_all(self, stream: PacedStream) -> None:
         """Schedule `stream`'s packets and wait until the last (and its end message) went out."""
         self._push(stream)
-        self.wake.set()
         try:
             await stream.sent
         finally:
@@ -71,15 +73,28 @@ class Pacer:
             self._push(stream)
 
     def _push(self, stream: PacedStream) -> None:
-        heapq.heappush(self.heap, (stream.due(), next(self.order), stream))
+        due = stream.due()
+        heapq.heappush(self.heap, (due, next(self.order), stream))
+        if due < self.wake_at - TICK_S and not self.wakeup.done():  # due before the task wakes: wake it
+            self.wakeup.set_result(None)
 
     async def _run(self) -> None:
+        # It sleeps until the heap's first due time, at least TICK_S: with few streams it does not
+        # spin every millisecond; with many, each wake-up sends the packets of a whole tick.
+        loop = asyncio.get_running_loop()
         while True:
-            if not self.heap:
-                self.wake.clear()
-                await self.wake.wait()
             self._send_due(time.monotonic())
-            await asyncio.sleep(TICK_S)
+            self.wakeup = loop.create_future()
+            timer = None
+            if self.heap:
+                delay = max(TICK_S, self.heap[0][0] - EARLY_S - time.monotonic())
+                self.wake_at = time.monotonic() + delay
+                timer = loop.call_later(delay, _resolve, self.wakeup)
+            else:
+                self.wake_at = math.inf
+            await self.wakeup
+            if timer is not None:
+                timer.cancel()
 
     def _send_due(self, now: float) -> None:
         heap = self.heap
@@ -104,13 +119,18 @@ class Pacer:
             rec.send_times.append(time.time())
             stream.next += 1
             if stream.next < len(stream.packets):
-                self._push(stream)
+                heapq.heappush(self.heap, (stream.due(), next(self.order), stream))  # the task is awake
                 return
             stream.send_end()
             rec.end_sent = time.time()
             stream.sent.set_result(None)
         except Exception as e:  # the stream's failure (a closed connection) is its own, not the pacer's
             stream.sent.set_exception(e)
+
+
+def _resolve(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 _PACERS: dict[asyncio.AbstractEventLoop, Pacer] = {}

@@ -10,8 +10,9 @@ a timer and a task wake-up per packet). Here:
   - payloads are built once per item and packet size in each worker process (float32 slices for
     /ws, the JSON append with its base64 for /v1/realtime: the bytes the websockets client
     encodes per packet), not per send.
-The transport is uvloop's: picows's aiofastnet measured the same here (52-53 against 54-59 µs
-per packet at 300 streams) and the server's listener runs on uvloop's too.
+The transport is uvloop's: picows's aiofastnet measured no different in a few uncommitted runs
+of loadgen_capacity.py at 300 streams (within this machine's noise), and the server's listener
+runs on uvloop's too.
 Rejected: websockets with pre-encoded frames written to its transport (its reader stays a task
 per message) and benchmarks/raw_ws.py's bare client (no close handshake, no handshake errors).
 

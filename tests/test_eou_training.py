@@ -95,3 +95,27 @@ def test_multi_turn_examples_put_one_eou_after_each_turn_and_silence_between(tmp
     rms = lambda x: float(np.sqrt(np.mean(x**2)))  # noqa: E731
     for (a, end), (start, b) in zip(spans, spans[1:]):  # the gaps hold only noise (SNR >= 15 dB)
         assert rms(placed[end + 160: start - 160]) < 0.3 * min(rms(placed[a:end]), rms(placed[start:b]))
+
+
+def test_train_turns_split_leaves_the_other_splits_and_shares_no_sentence(tmp_path, monkeypatch):
+    """eou_corpus --n-train-turns draws its sentences after every other split: those stay as drawn
+    without it, and no turn is a held-out or training sentence. Synthesis stubbed."""
+    from nemo_serve.training import eou_corpus
+
+    def recorder(calls: dict):
+        def build(name, sentences, *args, **kwargs):
+            calls[name] = list(sentences)
+            return []
+
+        return build
+
+    plain, with_turns = {}, {}
+    monkeypatch.setattr(eou_corpus, "build_split", recorder(plain))
+    eou_corpus.main(["--out", str(tmp_path / "a"), "--n-train", "30", "--n-eval", "6", "--workers", "1"])
+    monkeypatch.setattr(eou_corpus, "build_split", recorder(with_turns))
+    monkeypatch.setattr(eou_corpus, "build_turns_split", recorder(with_turns))
+    eou_corpus.main(["--out", str(tmp_path / "b"), "--n-train", "30", "--n-eval", "6", "--n-train-turns", "20",
+                     "--workers", "1"])
+    turns = with_turns.pop("train_turns")
+    assert with_turns == plain and len(turns) == 20
+    assert not set(turns) & set(sum(plain.values(), []))

@@ -2,7 +2,9 @@
 
 NVIDIA trains parakeet_realtime_eou_120m-v1 with `<EOU>` appended after each utterance's last word and
 trailing silence in the audio; the corpus here already ends every utterance with 0.1-0.5 s of silence
-(corpus.augment), so the recipe only appends the token to each transcript (`train --eou`).
+(corpus.augment), so the recipe only appends the token to each transcript (`train --eou`). Trained so,
+on one utterance per example, the model emitted nothing after its first `<EOU>` in a stream (issue 49):
+`eou_corpus --n-train-turns` adds examples of 2-3 turns, each turn's words followed by its `<EOU>`.
 
 Growing the vocabulary (`grow_tokenizer`, `grow_state`): `<EOU>` becomes a user-defined SentencePiece
 piece appended after the 128 pieces (id 128; never produced by encoding text, whole when it is), so

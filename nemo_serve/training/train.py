@@ -299,7 +299,9 @@ def parser() -> argparse.ArgumentParser:
                    help="vocal tract length perturbation: features of 80%% of the items warped in frequency by a "
                         "factor in 1 +- W (random_vtlp); 0: off (every run before the fifth flite fine-tune)")
     p.add_argument("--eou", action="store_true",
-                   help="append <EOU> to every transcript (--tokenizer-dir: a tokenizer grown by eou.grow_tokenizer)")
+                   help="<EOU> after each turn's words: after the transcript, or after each turn a multi-turn "
+                        "transcript marks (eou_corpus --n-train-turns) (--tokenizer-dir: a tokenizer grown by "
+                        "eou.grow_tokenizer)")
     p.add_argument("--train-manifest", default="train.jsonl")
     p.add_argument("--dev-manifest", default="dev.jsonl")
     p.add_argument("--limit", type=int, default=None, help="use only the first N training utterances")

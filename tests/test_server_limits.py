@@ -198,7 +198,9 @@ def test_overloaded_server_refuses_new_streams_and_keeps_serving():
         assert limit_s < gauge < 30, gauge  # the delay only grows while the stream plays
         assert refused.status == 503 and f"(limit {limit_s:g} s)" in refused.reason, refused
         said = float(re.search(r"the model is ([0-9.]+) s behind", refused.reason).group(1))
-        assert said > limit_s, refused.reason  # refused for being behind, not only for a cap
+        # Refused for being behind, not only for a cap. The reason prints the delay to 2 decimals
+        # (a CI run refused at 0.30x s said "0.30 s (limit 0.3 s)"), so compare within that rounding.
+        assert said >= limit_s - 0.005, refused.reason
         assert srv.metric(overloaded) == 1
         check_well_formed(served)
         model = helpers.model(TEST_MODEL, 0)

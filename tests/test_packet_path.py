@@ -13,15 +13,10 @@ from nemo_serve.core import messages as m
 from nemo_serve.core.addresses import control_address
 from nemo_serve.core.client import WROTE_PERIOD_S, EngineClient
 from nemo_serve.core.shared import FileLock, SharedLayout, SharedSlots
-from nemo_serve.engine.geometry import ChunkGeometry, ModelInfo
+from tests.helpers_ring import ring_model_info
 
 
-def _info() -> ModelInfo:
-    g = ChunkGeometry(context_left=56, context_right=3, first_frames=25, chunk_frames=32, pre_cache_frames=9,
-                      drop_frames=2, min_first_frames=1, min_later_frames=8, hop_samples=160, sample_rate=16000,
-                      subsampling=8)  # fmt: skip
-    return ModelInfo(name="m", geometry=g, vocabulary=[], is_bpe=True, prompt_dictionary=None,
-                     default_language=None, feature_margin=240, summary="")  # fmt: skip
+_info = ring_model_info
 
 
 async def _control_messages(tmp_path, script) -> list:

@@ -8,7 +8,7 @@ import numpy as np
 
 from nemo_serve.core.client import EngineClient
 from nemo_serve.core.shared import FileLock, SharedLayout, SharedSlots
-from nemo_serve.engine.geometry import ChunkGeometry, ModelInfo
+from tests.helpers_ring import ring_model_info
 
 RING = 1000
 
@@ -17,12 +17,7 @@ def _slots(tmp_path, positions_in_shared: bool = True) -> SharedSlots:
     return SharedSlots.create(SharedLayout(3, RING, positions_in_shared), FileLock(str(tmp_path / "lock")))
 
 
-def _info() -> ModelInfo:
-    g = ChunkGeometry(context_left=56, context_right=3, first_frames=25, chunk_frames=32, pre_cache_frames=9,
-                      drop_frames=2, min_first_frames=1, min_later_frames=8, hop_samples=160, sample_rate=16000,
-                      subsampling=8)  # fmt: skip
-    return ModelInfo(name="m", geometry=g, vocabulary=[], is_bpe=True, prompt_dictionary=None,
-                     default_language=None, feature_margin=240, summary="")  # fmt: skip
+_info = ring_model_info
 
 
 def test_writes_land_sample_by_sample_across_wraps(tmp_path):

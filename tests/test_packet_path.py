@@ -13,7 +13,7 @@ from nemo_serve.core import messages as m
 from nemo_serve.core.addresses import control_address
 from nemo_serve.core.client import WROTE_PERIOD_S, EngineClient
 from nemo_serve.core.shared import FileLock, SharedLayout, SharedSlots
-from tests.helpers_ring import ring_model_info
+from .helpers_ring import ring_model_info
 
 
 _info = ring_model_info

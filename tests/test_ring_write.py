@@ -8,7 +8,7 @@ import numpy as np
 
 from nemo_serve.core.client import EngineClient
 from nemo_serve.core.shared import FileLock, SharedLayout, SharedSlots
-from tests.helpers_ring import ring_model_info
+from .helpers_ring import ring_model_info
 
 RING = 1000
 

@@ -10,7 +10,7 @@ workers were late beyond `max_send_lateness_ms` (99th percentile, any worker) ge
 `generator_late` and is not counted as kept up or as behind: the generator, not the server,
 fell behind.
 
-The per-level summary is load_level.summarise_level over every worker's records (one set of
+The per-level summary is load_summary.summarise_level over every worker's records (one set of
 definitions), plus `workers` (each process's streams, packets, lateness and CPU seconds) and
 `send_lateness_ms` over all packets.
 """
@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 
 from benchmarks.common import percentiles
 from benchmarks.load_items import LoadItem
-from benchmarks.load_level import StreamRecord, keeps_up, run_level, summarise_level
+from benchmarks.load_level import StreamRecord, run_level
+from benchmarks.load_summary import keeps_up, summarise_level
 
 FD_MARGIN = 64  # per process beyond one socket per lane: pipes, the log, the event loop's own
 DEFAULT_MAX_SEND_LATENESS_MS = 10.0  # issue 48: p99 send lateness under 10 ms
@@ -221,7 +222,7 @@ def judge(level: dict, chunk_ms: float | None, max_drift: float, max_send_latene
 
 
 def _server_keeps_up(level: dict, chunk_ms: float, max_drift: float) -> bool:
-    """/ws: the DESIGN's rule (load_level.keeps_up). /v1/realtime deltas carry no audio position,
+    """/ws: the DESIGN's rule (load_summary.keeps_up). /v1/realtime deltas carry no audio position,
     so there is no partial latency or drift: its stand-in is every item completed with no error
     and the p95 of `completed` after the commit (the tail decoded) within two chunk periods."""
     if level.get("protocol") != "realtime":

@@ -45,7 +45,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import run_record, write_json  # noqa: E402
 from benchmarks.load_items import attach_oracle, make_items  # noqa: E402
-from benchmarks.load_level import CLIENTS, StreamRecord, default_client, format_level  # noqa: E402
+from benchmarks.load_level import CLIENTS, StreamRecord, default_client  # noqa: E402
+from benchmarks.load_summary import format_level  # noqa: E402
 from benchmarks.load_realtime import on_pcm16_grid  # noqa: E402
 from benchmarks.load_workers import DEFAULT_MAX_SEND_LATENESS_MS, default_workers, lateness_line, measure_level  # noqa: E402
 

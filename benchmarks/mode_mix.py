@@ -11,7 +11,7 @@ chunks at 0) and the rest for the second (1120 ms at 13), two ways, one after th
          started side by side on the same cores (what an operator does today: load the model twice).
 Per mode it reports what benchmarks/sweep.py reports per level (partial and final latency
 percentiles, drift, token identity with NeMo's loop at that mode) and whether that mode keeps up
-(load_level.keeps_up, against its own chunk period); per way, the server processes' CPU and
+(load_summary.keeps_up, against its own chunk period); per way, the server processes' CPU and
 resident memory (summed over each process tree). A way keeps up at N when both modes do. Both ways
 run with the same --frontends and --threads; the load generator runs in this process.
 """
@@ -29,7 +29,8 @@ from types import SimpleNamespace
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import model_file, run_record, write_json  # noqa: E402
 from benchmarks.load_items import attach_oracle, make_items  # noqa: E402
-from benchmarks.load_level import format_level, keeps_up, run_level, summarise_level  # noqa: E402
+from benchmarks.load_level import run_level  # noqa: E402
+from benchmarks.load_summary import format_level, keeps_up, summarise_level  # noqa: E402
 from benchmarks.process_sampler import Sampler  # noqa: E402
 from benchmarks.sweep import Server  # noqa: E402
 

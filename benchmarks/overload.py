@@ -31,7 +31,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import model_file, run_record, write_json  # noqa: E402
 from benchmarks.load_items import attach_oracle, make_items  # noqa: E402
-from benchmarks.load_level import run_level, summarise_level  # noqa: E402
+from benchmarks.load_level import run_level  # noqa: E402
+from benchmarks.load_summary import summarise_level  # noqa: E402
 from benchmarks.sweep import Server  # noqa: E402
 
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.load_level import keeps_up  # noqa: E402
+from benchmarks.load_summary import keeps_up  # noqa: E402
 from benchmarks.step_metrics import mean_step_ms_by_bin  # noqa: E402
 
 SYSTEMS = ("engine", "engine-nemo", "pipeline", "loop", "sherpa")
@@ -33,7 +33,7 @@ def _f(x, nd=0, unit=""):
 
 def judge(sweep: dict) -> tuple[dict | None, dict | None]:
     """(highest level kept up with every lower level kept up too, first level not kept up), by
-    today's rule (load_level.keeps_up), whatever rule the sweep was run with."""
+    today's rule (load_summary.keeps_up), whatever rule the sweep was run with."""
     best = None
     for lv in sweep["levels"]:
         if not keeps_up(lv, sweep["chunk_ms"], sweep.get("max_drift_ms_per_s", 20.0)):

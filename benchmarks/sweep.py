@@ -11,7 +11,7 @@ Per level it runs benchmarks/loadgen.py's level (N real-time streams for --durat
 samples the server process's CPU time and resident memory (and GPU memory through nvidia-smi
 where there is one) every 0.5 s, and reads the server's /metrics before and after, so the step
 time by batch size is the server's own histogram over that level. It stops after the first
-level that does not keep up (load_level.keeps_up: p95 partial latency over two chunk periods,
+level that does not keep up (load_summary.keeps_up: p95 partial latency over two chunk periods,
 the 90th percentile of per-stream drift over --max-drift ms/s, or any stream refused or failed);
 that level's drift is the "next level" figure of the capacity table.
 """
@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import file_digest, model_file, run_record, write_json  # noqa: E402
 from benchmarks.load_items import attach_oracle, make_items  # noqa: E402
-from benchmarks.load_level import format_level  # noqa: E402
+from benchmarks.load_summary import format_level  # noqa: E402
 from benchmarks.load_workers import DEFAULT_MAX_SEND_LATENESS_MS, lateness_line, measure_level  # noqa: E402
 from benchmarks.process_sampler import Sampler  # noqa: E402
 from benchmarks.server_process import ServerProcess, free_port, process_tree  # noqa: E402

@@ -2,7 +2,7 @@
 
 import pytest
 
-from benchmarks.load_level import keeps_up
+from benchmarks.load_summary import keeps_up
 
 
 def level(p95_ms: float, drift_median: float, drift_p90: float, errors: dict | None = None) -> dict:

@@ -33,7 +33,8 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.common import run_record, write_json  # noqa: E402
 from benchmarks.load_items import make_items  # noqa: E402
-from benchmarks.load_level import default_client, format_level  # noqa: E402
+from benchmarks.load_level import default_client  # noqa: E402
+from benchmarks.load_summary import format_level  # noqa: E402
 from benchmarks.load_workers import DEFAULT_MAX_SEND_LATENESS_MS, lateness_line, measure_level  # noqa: E402
 
 T0 = time.time()

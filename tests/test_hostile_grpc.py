@@ -9,36 +9,32 @@ INTERNAL or UNKNOWN.
 
 One server of its own (`--max-stream-s 8`, so the duration cap is reachable; no token, so every
 request reaches its parsing: test_riva_grpc.py checks the token before it), NVIDIA's
-`riva.client` where a client sends well-formed requests, a bare grpc channel where it must not.
+`riva.client` where a client sends well-formed requests, a bare grpc channel where it must not
+(the clients and request builders: helpers_hostile_grpc.py).
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
 import random
-import socket
-import struct
 import threading
 import time
-from pathlib import Path
 
 import grpc
 import pytest
 
-import nemo_serve
-
-from .helpers_server import TOKEN, free_port, start_server
+from .helpers_server import free_port, start_server
 
 riva = pytest.importorskip("riva.client")
 from riva.client.proto import riva_asr_pb2 as rasr  # noqa: E402
 from riva.client.proto import riva_asr_pb2_grpc as rasr_grpc  # noqa: E402
 
-UTTERANCES = sorted((Path(nemo_serve.__file__).parent / "assets" / "demo" / "utterances").glob("*.wav"))
+from .helpers_hostile_grpc import (METADATA, SERVICE, SHORT, UTTERANCES, config, grpc_churn, memory_mb,  # noqa: E402
+                                   neighbour, outcome, raw_churn, raw_request, random_audio, random_config,
+                                   rpc_error, streaming, wav_header)
+
 NUM_SLOTS = 3
 MAX_STREAM_S = 8
-SERVICE = "/nvidia.riva.asr.RivaSpeechRecognition/"
-METADATA = (("authorization", f"Bearer {TOKEN}"),)
 
 
 @pytest.fixture(scope="module")
@@ -63,65 +59,6 @@ def channel(server):
 @pytest.fixture
 def stub(channel):
     return rasr_grpc.RivaSpeechRecognitionStub(channel)
-
-
-# ----------------------------------------------------------------------------- helpers
-
-
-def wav_header(rate: int, channels: int = 1, bits: int = 16, tag: int = 1, data_bytes: int = 0) -> bytes:
-    """A canonical 44-byte RIFF/WAVE header."""
-    block = channels * bits // 8
-    fmt = struct.pack("<HHIIHH", tag, channels, rate, rate * block & 0xFFFFFFFF, block & 0xFFFF, bits)
-    return (b"RIFF" + struct.pack("<I", 36 + data_bytes) + b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt
-            + b"data" + struct.pack("<I", data_bytes))  # fmt: skip
-
-
-def config(**fields) -> rasr.RecognitionConfig:
-    fields.setdefault("encoding", riva.AudioEncoding.LINEAR_PCM)
-    return rasr.RecognitionConfig(**fields)
-
-
-def streaming(audio: list[bytes], interim: bool = False, **fields) -> list:
-    first = rasr.StreamingRecognizeRequest(streaming_config=rasr.StreamingRecognitionConfig(
-        config=config(**fields), interim_results=interim))  # fmt: skip
-    return [first, *(rasr.StreamingRecognizeRequest(audio_content=a) for a in audio)]
-
-
-def rpc_error(fn, *args, **kwargs) -> grpc.RpcError | None:
-    try:
-        out = fn(*args, **kwargs)
-        if not isinstance(out, rasr.RecognizeResponse):
-            list(out)
-    except grpc.RpcError as e:
-        return e
-    return None
-
-
-def tree_pids(pid: int) -> list[int]:
-    """The server's processes: the supervisor and every descendant (front end, engine core)."""
-    pids, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        pids.append(p)
-        try:
-            for task in Path(f"/proc/{p}/task").iterdir():
-                todo += [int(x) for x in (task / "children").read_text().split()]
-        except FileNotFoundError:
-            pass
-    return pids
-
-
-def memory_mb(server, field: str = "VmRSS") -> float:
-    """Summed over the server's processes; VmHWM is each process's peak resident size."""
-    total_kb = 0
-    for pid in tree_pids(server.proc.pid):
-        try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith(field + ":"):
-                    total_kb += int(line.split()[1])
-        except FileNotFoundError:
-            pass
-    return total_kb / 1024
 
 
 # ----------------------------------------------------------------------------- defect 2: declared rates
@@ -230,7 +167,6 @@ def test_client_values_are_cut_in_errors_and_unknown_model_lists_served(server, 
 
 # ----------------------------------------------------------------------------- scripted bad inputs
 
-SHORT = b"\x01\x00" * 1600  # 0.1 s of PCM16 at 16 kHz
 HEADER_CASES = {  # a WAV header at the start of the audio (sample_rate_hertz 0) -> what the reason says
     "3 Hz": (wav_header(3), "WAV header says 3 Hz"),
     "0 Hz": (wav_header(0), "WAV header says 0 Hz"),
@@ -306,42 +242,6 @@ def test_empty_chunks_and_oversized_messages(server, stub):
 ALLOWED = {"OK", "INVALID_ARGUMENT", "BUSY"}
 
 
-def _mutate(rng: random.Random, data: bytes) -> bytes:
-    """Bit flips, cuts, inserted and duplicated spans of a valid serialized request."""
-    data = bytearray(data)
-    for _ in range(rng.randint(1, 4)):
-        kind, at = rng.randrange(4), rng.randrange(len(data) + 1)
-        if kind == 0 and data:
-            data[min(at, len(data) - 1)] ^= 1 << rng.randrange(8)
-        elif kind == 1:
-            del data[at:]
-        elif kind == 2:
-            data[at:at] = rng.randbytes(rng.randint(1, 12))
-        else:
-            data[at:at] = data[at : at + rng.randint(1, 20)]
-    return bytes(data)
-
-
-def raw_request(rng: random.Random) -> bytes:
-    if rng.random() < 0.3:
-        return rng.randbytes(rng.randint(0, 64))
-    valid = rng.choice([streaming([])[0], rasr.StreamingRecognizeRequest(audio_content=SHORT[:64]),
-                        rasr.RecognizeRequest(config=config(sample_rate_hertz=8000), audio=SHORT[:64])])  # fmt: skip
-    return _mutate(rng, valid.SerializeToString())
-
-
-def _code(call) -> grpc.StatusCode:
-    e = rpc_error(call)
-    return grpc.StatusCode.OK if e is None else e.code()
-
-
-def _outcome(call) -> str:
-    e = rpc_error(call)
-    if e is not None and e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "no free slot" in e.details():
-        return "BUSY"
-    return "OK" if e is None else e.code().name
-
-
 def test_fuzzed_request_bytes(server, channel):
     """Raw bytes as serialized requests, through grpc's generic calls: random, and mutations of
     valid requests (seeded). Every call ends OK or INVALID_ARGUMENT (or BUSY), none hangs."""
@@ -352,44 +252,14 @@ def test_fuzzed_request_bytes(server, channel):
     codes = collections.Counter()
     for _ in range(400):
         if rng.random() < 0.4:
-            codes[_outcome(lambda: unary(raw_request(rng), metadata=METADATA, timeout=10))] += 1
+            codes[outcome(lambda: unary(raw_request(rng), metadata=METADATA, timeout=10))] += 1
         else:
             requests = [raw_request(rng) for _ in range(rng.randint(1, 4))]
             if rng.random() < 0.5:
                 requests.insert(0, config_bytes)  # past admission: a slot is held while the garbage arrives
-            codes[_outcome(lambda: stream(iter(requests), metadata=METADATA, timeout=10))] += 1
+            codes[outcome(lambda: stream(iter(requests), metadata=METADATA, timeout=10))] += 1
     assert set(codes) <= ALLOWED and codes["INVALID_ARGUMENT"] > 300 and codes["BUSY"] < 40, codes
     server.assert_no_leak()
-
-
-def _random_config(rng: random.Random, served: list[str]) -> rasr.RecognitionConfig:
-    def pick(good: list, bad: list):  # each field bad one time in eight, so some calls pass
-        return rng.choice(bad if rng.random() < 0.125 else good)
-
-    fields = {
-        "encoding": pick([0, 1], [2, 3, 4, 5, 6, -1, 2**31 - 1]),
-        "sample_rate_hertz": pick([0, 16000, 8000, 44100, 192000], [1, 7999, 192001, -1, 2**31 - 1]),
-        "audio_channel_count": pick([0, 1, -1], [2, 2**31 - 1]),
-        "language_code": pick(["", "en-US", "xx", "\x1b[31m", "9" * 5000], [""]),  # no prompts: ignored
-        "model": pick(["", *served], ["no-such-model", "\0" * 100, "m" * 5000]),
-        "max_alternatives": rng.choice([0, 1, 5, -1]),
-        "enable_word_time_offsets": rng.random() < 0.5,
-    }
-    if rng.random() < 0.3:
-        fields["endpointing_config"] = rasr.EndpointingConfig(stop_history=pick([0, 160], [-1, 2**31 - 1, 3_600_001]))
-    if rng.random() < 0.3:
-        phrases = [pick(["hello", "ok go"], ["", " ", "a" * 80, "\u4e2d"]) for _ in range(rng.randint(0, 4))]
-        boost = pick([0.0, 2.0], [-4.0, 20.0, float("nan"), float("inf")])
-        fields["speech_contexts"] = [rasr.SpeechContext(phrases=phrases, boost=boost)]
-    return rasr.RecognitionConfig(**fields)
-
-
-def _random_audio(rng: random.Random) -> list[bytes]:
-    chunks = [rng.choice([SHORT, SHORT, b"", SHORT[:3], rng.randbytes(rng.randint(0, 700))]) for _ in range(rng.randint(0, 3))]
-    if rng.random() < 0.3:
-        header = wav_header(rng.choice([16000, 16000, 1, 3, 0, 2**32 - 1]), rng.choice([1, 1, 2]), rng.choice([16, 16, 8]))
-        chunks.insert(0, header)
-    return chunks
 
 
 def test_fuzzed_field_values(server, stub):
@@ -400,7 +270,7 @@ def test_fuzzed_field_values(server, stub):
         rasr.RivaSpeechRecognitionConfigRequest(), metadata=METADATA).model_config]  # fmt: skip
     codes = collections.Counter()
     for _ in range(300):
-        cfg, audio = _random_config(rng, served), _random_audio(rng)
+        cfg, audio = random_config(rng, served), random_audio(rng)
         if rng.random() < 0.3:
             call = lambda: stub.Recognize(rasr.RecognizeRequest(config=cfg, audio=b"".join(audio)),  # noqa: E731
                                           metadata=METADATA, timeout=20)  # fmt: skip
@@ -419,112 +289,6 @@ def test_fuzzed_field_values(server, stub):
 
 
 # ----------------------------------------------------------------------------- churn beside a neighbour
-
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-
-
-def h2_frame(kind: int, flags: int, stream_id: int, payload: bytes) -> bytes:
-    return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream_id.to_bytes(4, "big") + payload
-
-
-def h2_open_stream() -> bytes:
-    """Preface, empty SETTINGS, and HEADERS opening StreamingRecognize on stream 1, hand-made
-    (HPACK literals without indexing), so the bytes after them can be cut anywhere."""
-    headers = [(":method", "POST"), (":scheme", "http"), (":path", SERVICE + "StreamingRecognize"),
-               (":authority", "127.0.0.1"), ("content-type", "application/grpc"), ("te", "trailers"),
-               ("authorization", f"Bearer {TOKEN}")]  # fmt: skip
-    block = b"".join(b"\x00" + bytes([len(n)]) + n.encode() + bytes([len(v)]) + v.encode() for n, v in headers)
-    return PREFACE + h2_frame(4, 0, 0, b"") + h2_frame(1, 0x4, 1, block)
-
-
-def grpc_message(request) -> bytes:
-    data = request.SerializeToString()
-    return b"\x00" + len(data).to_bytes(4, "big") + data
-
-
-def pcm_of(wav: Path) -> bytes:
-    return wav.read_bytes()[44:]
-
-
-def raw_churn(server, cut: str, rst: bool) -> None:
-    """A client that opens a stream by hand, sends 2 s of audio, reads what the server sends,
-    then leaves mid-message (`cut`) with a FIN or an RST."""
-    pcm = pcm_of(UTTERANCES[5])[:64000]
-    body = grpc_message(streaming([], interim=True)[0]) + b"".join(
-        grpc_message(rasr.StreamingRecognizeRequest(audio_content=pcm[i : i + 6400])) for i in range(0, len(pcm), 6400))
-    sock = socket.create_connection(("127.0.0.1", server.grpc_port), timeout=5)
-    try:
-        if cut == "preface":
-            sock.sendall(PREFACE[:11])
-        else:
-            sock.sendall(h2_open_stream())
-            if cut != "headers":
-                for i in range(0, len(body), 16384):
-                    sock.sendall(h2_frame(0, 0, 1, body[i : i + 16384]))
-                sock.settimeout(2)
-                with contextlib.suppress(OSError):
-                    sock.recv(65536)  # the server's SETTINGS, then its responses: it is sending
-                half = {"message": h2_frame(0, 0, 1, b"\x00\x00\x00\x0c\x80" + b"\x1a"),  # says 3200 bytes, sends 1
-                        "frame": h2_frame(0, 0, 1, b"\x00" * 16384)[:60]}[cut]  # fmt: skip
-                sock.sendall(half)
-        time.sleep(0.2)
-    finally:
-        if rst:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        sock.close()
-
-
-def _endless(stop: threading.Event, pace_s: float):
-    """A streaming call with partials on that never ends its input by itself (the server's
-    --max-stream-s does, after 8 s of audio)."""
-    yield from streaming([], interim=True)
-    pcm = pcm_of(UTTERANCES[7]) * 4
-    for i in range(0, len(pcm), 3200):
-        if stop.is_set():
-            return
-        yield rasr.StreamingRecognizeRequest(audio_content=pcm[i : i + 3200])
-        time.sleep(pace_s)
-
-
-def grpc_churn(server, how: str) -> grpc.StatusCode:
-    """Leave a streaming call while the server is sending partials: cancel it, close its channel
-    under it, or let its deadline expire. The code the client saw."""
-    channel = grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}")
-    stop = threading.Event()
-    try:
-        stub = rasr_grpc.RivaSpeechRecognitionStub(channel)
-        call = stub.StreamingRecognize(_endless(stop, 0.05), metadata=METADATA, timeout=1.5 if how == "deadline" else 30)
-        try:
-            next(call)  # a response arrived: the server is sending
-        except grpc.RpcError as e:  # the deadline came first (a slow machine): still a deadline expiry
-            return e.code()
-        if how == "cancel":
-            call.cancel()
-        elif how == "close":
-            channel.close()
-        return _code(lambda: list(call))
-    finally:
-        stop.set()
-        channel.close()
-
-
-def finals_with_words(responses) -> list[tuple]:
-    return [(r.alternatives[0].transcript, [(w.word, w.start_time, w.end_time) for w in r.alternatives[0].words])
-            for response in responses for r in response.results if r.is_final]  # fmt: skip
-
-
-def neighbour(server, wav: Path, paced: bool) -> list[tuple]:
-    """A well-behaved client, riva.client unchanged: the file at real-time pace (or at once)."""
-    service = riva.ASRService(riva.Auth(uri=f"127.0.0.1:{server.grpc_port}", metadata_args=[list(METADATA[0])]))
-    try:
-        cfg = riva.StreamingRecognitionConfig(config=riva.RecognitionConfig(
-            encoding=riva.AudioEncoding.LINEAR_PCM, language_code="en-US", enable_word_time_offsets=True),
-            interim_results=True)  # fmt: skip
-        riva.add_audio_file_specs_to_config(cfg, wav)
-        with riva.AudioChunkFileIterator(str(wav), 1600, riva.sleep_audio_length if paced else None) as chunks:
-            return finals_with_words(service.streaming_response_generator(chunks, cfg))
-    finally:
-        service.auth.channel.close()
 
 
 def test_churn_beside_a_neighbour_leaks_nothing(server):

@@ -124,6 +124,16 @@ async def _page_socket(devtools_port: int) -> str:
     return next(t["webSocketDebuggerUrl"] for t in targets if t["type"] == "page")
 
 
+async def open_page(ws, server) -> DevTools:
+    """The served page loaded in the tab behind `ws`, its script ready; browsers send the token in
+    the query."""
+    page = DevTools(ws)
+    await page.call("Page.enable")
+    await page.call("Page.navigate", url=f"{server.http_url}/?token={TOKEN}")
+    await page.wait_for("document.readyState === 'complete' && !!window.nemoServe", 30)
+    return page
+
+
 def test_page_streams_microphone_and_shows_final(server, tmp_path):
     audio = helpers.utterances(1, seed=2)[0]
     seconds = len(audio) / 16000
@@ -134,10 +144,7 @@ def test_page_streams_microphone_and_shows_final(server, tmp_path):
         from websockets.asyncio.client import connect
 
         async with connect(await _page_socket(devtools_port), max_size=None) as ws:
-            page = DevTools(ws)
-            await page.call("Page.enable")
-            await page.call("Page.navigate", url=f"{server.http_url}/?token={TOKEN}")  # browsers: token in the query
-            await page.wait_for("document.readyState === 'complete' && !!window.nemoServe", 30)
+            page = await open_page(ws, server)
             await page.wait_for("document.getElementById('slots').textContent.includes('slots free')", 30)
             await page.eval("document.getElementById('start').click()", user_gesture=True)
             await page.wait_for("nemoServe.state === 'streaming'", 30)
@@ -192,10 +199,7 @@ def test_page_streams_a_sample_and_shows_finals_with_latency(server):
         from websockets.asyncio.client import connect
 
         async with connect(await _page_socket(devtools_port), max_size=None) as ws:
-            page = DevTools(ws)
-            await page.call("Page.enable")
-            await page.call("Page.navigate", url=f"{server.http_url}/?token={TOKEN}")
-            await page.wait_for("document.readyState === 'complete' && !!window.nemoServe", 30)
+            page = await open_page(ws, server)
             await page.wait_for(f"slots.dataset.free === '{SHARED_NUM_SLOTS}' && !sample.hidden", 30)
             await page.eval(f"mode.value = '{fastest['context_right']}'")
             started = time.monotonic()
@@ -252,10 +256,7 @@ def test_page_transcribes_a_picked_file(server, tmp_path):
         from websockets.asyncio.client import connect
 
         async with connect(await _page_socket(devtools_port), max_size=None) as ws:
-            page = DevTools(ws)
-            await page.call("Page.enable")
-            await page.call("Page.navigate", url=f"{server.http_url}/?token={TOKEN}")
-            await page.wait_for("document.readyState === 'complete' && !!window.nemoServe", 30)
+            page = await open_page(ws, server)
             await page.wait_for("mode.options.length > 0", 30)
             root = (await page.call("DOM.getDocument"))["root"]["nodeId"]
             node = (await page.call("DOM.querySelector", nodeId=root, selector="#file"))["nodeId"]

@@ -60,15 +60,17 @@ def load_set(data: Path, split: str, limit: int) -> list[dict]:
     return rows
 
 
-def run_engine(spec: str, audios: list[np.ndarray], context_right: int, num_slots: int) -> list[list]:
-    """Every final of each stream (all audio pushed at once, streams num_slots at a time)."""
+def run_engine(spec: str, audios: list[np.ndarray], context_right: int, num_slots: int, endpoint=None) -> list[list]:
+    """Every final of each stream (all audio pushed at once, streams num_slots at a time); `endpoint`:
+    the silence rules (None: the defaults)."""
     from nemo_serve.engine.endpoint import EndpointConfig
     from nemo_serve.core.inproc import LocalEngine
     from nemo_serve.engine.loop import Engine
     from nemo_serve.model import load_model
 
     model = load_model(spec, context_right=context_right)
-    eng = LocalEngine(Engine(model, num_slots=num_slots, endpoint=EndpointConfig()), max_queue_delay_s=0.0)
+    eng = LocalEngine(Engine(model, num_slots=num_slots, endpoint=endpoint or EndpointConfig()),
+                      max_queue_delay_s=0.0)  # fmt: skip
     finals: list[list] = [[] for _ in audios]
     for start in range(0, len(audios), num_slots):
         batch = range(start, min(start + num_slots, len(audios)))

@@ -1,6 +1,7 @@
 """WebSocket clients for the hostile-client tests (test_hardening.py against the uvicorn port,
 test_picows_listener.py against the picows one): the same connection options, and the client
-that never reads, written once so the two ports are held to the same scenario."""
+that never reads, written once so the two ports are held to the same scenario; every message until
+the close (the realtime tests' too)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,21 @@ def ws_connect(url: str, **kw):
 
     kw.setdefault("additional_headers", {"Authorization": f"Bearer {TOKEN}"})
     return connect(url, proxy=None, compression=None, max_size=None, ping_interval=None, **kw)
+
+
+async def messages_until_close(ws, timeout_s: float | None = None) -> list[dict]:
+    """Every JSON message the server sends until it closes the connection, whatever the close code
+    (the caller reads ws.close_code), within `timeout_s` (None: no limit; TimeoutError past it)."""
+    from websockets.exceptions import ConnectionClosed
+
+    messages = []
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for m in ws:
+                messages.append(json.loads(m))
+    except ConnectionClosed:  # a close other than 1000 ends the iteration by raising
+        pass
+    return messages
 
 
 def speech(n: int, seed: int = 1) -> np.ndarray:

@@ -119,3 +119,19 @@ def test_eou_bench_turn_end_counts_a_missed_eou_at_its_silence_rule_fallback():
     assert turn_end_latency(early_then_silence, end_s) == pytest.approx(1.28)
     never = [F(end_reason="end_of_input", eou_time_s=None, audio_processed_s=5.0, text="hello there")]
     assert turn_end_latency(never, end_s) is None
+
+
+def test_eou_turns_bench_counts_each_turns_eou_finals_in_its_own_span():
+    """benchmarks/eou_turns_bench.py: an `eou` final belongs to the turn whose span (its audio and the
+    gap after it) holds its eou_time; a turn with two is split, one with none was not ended by the
+    model, and other endings do not count."""
+    from types import SimpleNamespace as F
+
+    from benchmarks.eou_turns_bench import eou_per_turn
+
+    turns = [2.0, 3.0, 1.5]  # spans with a 1 s gap: [0, 3), [3, 7), [7, end)
+    finals = [F(end_reason="eou", eou_time_s=2.4), F(end_reason="eou", eou_time_s=3.0),  # turn 0's gap; turn 1's start
+              F(end_reason="eou", eou_time_s=6.9), F(end_reason="silence", eou_time_s=None),
+              F(end_reason="eou", eou_time_s=10.0)]  # past the last turn's gap (9.5 s): still the last turn's
+    assert eou_per_turn(turns, 1.0, finals) == [1, 2, 1]
+    assert eou_per_turn(turns, 1.0, finals[:1]) == [1, 0, 0]

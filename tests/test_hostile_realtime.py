@@ -25,6 +25,7 @@ from nemo_serve.server.auth import mint_client_secret
 
 from . import helpers
 from .helpers_server import TOKEN, start_server
+from .helpers_ws import messages_until_close
 
 NUM_SLOTS = 3
 ENV = {"NEMO_SERVE_PING_INTERVAL_S": "0", "NEMO_SERVE_SEND_TIMEOUT_S": "2"}
@@ -328,16 +329,8 @@ def test_bad_context_right_in_the_url_is_refused_with_the_served_modes(rt, value
     a 4,000-digit value int()'s digit-limit error. Now: error, close 1008, the served modes."""
 
     async def run() -> tuple[list[dict], int, str]:
-        from websockets.exceptions import ConnectionClosed
-
-        events = []
         async with _connect(rt, uri_suffix=f"?context_right={value}") as ws:
-            try:
-                async for m in ws:
-                    events.append(json.loads(m))
-            except ConnectionClosed:
-                pass
-            return events, ws.close_code, ws.close_reason
+            return await messages_until_close(ws), ws.close_code, ws.close_reason
 
     events, code, reason = asyncio.run(run())
     errors = [e for e in events if e["type"] == "error"]

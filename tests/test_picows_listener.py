@@ -23,7 +23,8 @@ from nemo_serve.server.ws_socket import CLOSE_TIMEOUT_S  # noqa: E402
 
 from . import helpers  # noqa: E402
 from .helpers_server import TEST_MODEL, TOKEN, encode, free_port, start_server  # noqa: E402
-from .helpers_ws import HOSTILE_ENV, never_reading_client, seconds_until_closed, seconds_until_slot_freed, ws_connect  # noqa: E402
+from .helpers_ws import (HOSTILE_ENV, messages_until_close, never_reading_client, seconds_until_closed,  # noqa: E402
+                         seconds_until_slot_freed, ws_connect)
 from .helpers_e2e import check_well_formed, oracle_tokens, stream  # noqa: E402
 
 PER_IP = 4
@@ -53,16 +54,7 @@ def oracle_model():
 
 async def _close_code(ws, timeout_s: float = 10.0) -> tuple[list, int | None]:
     """Every message until the close, and the close code."""
-    from websockets.exceptions import ConnectionClosed
-
-    messages = []
-    try:
-        async with asyncio.timeout(timeout_s):
-            async for m in ws:
-                messages.append(json.loads(m))
-    except ConnectionClosed:
-        pass
-    return messages, ws.close_code
+    return await messages_until_close(ws, timeout_s), ws.close_code
 
 
 def test_streams_through_picows_match_oracle(fast, oracle_model):

@@ -24,6 +24,7 @@ from nemo_serve.server.realtime_parse import parse_client_event
 from .helpers_realtime import TRANSCRIPTION, b64, pcm16, tokens_and_text, ws_reference
 from .helpers_server import TEST_MODEL, TOKEN
 from .helpers_server import leak_checked_server  # noqa: F401 - this module's `server` fixture
+from .helpers_ws import messages_until_close
 
 openai = pytest.importorskip("openai")
 from openai.types import realtime as ga  # noqa: E402
@@ -210,7 +211,6 @@ def test_malformed_events_get_openai_errors_and_other_streams_go_on(server):
     input_audio_buffer.done is fatal: error, then close 1008 with the reason. A /ws stream
     running meanwhile gets its tokens."""
     from websockets.asyncio.client import connect
-    from websockets.exceptions import ConnectionClosed
 
     wire = pcm16(24000)
 
@@ -229,13 +229,7 @@ def test_malformed_events_get_openai_errors_and_other_streams_go_on(server):
             await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": b64(wire[:2400])}))
             await ws.send(json.dumps({"type": "input_audio_buffer.done"}))
             await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": b64(wire[:2400])}))
-            rest: list[dict] = []
-            try:
-                async for m in ws:
-                    rest.append(json.loads(m))
-            except ConnectionClosed:  # a close other than 1000
-                pass
-            return errors + rest, ws.close_code, ws.close_reason
+            return errors + await messages_until_close(ws), ws.close_code, ws.close_reason
 
     async def both():
         return await asyncio.gather(bad_client(), ws_reference(server, wire, 24000))

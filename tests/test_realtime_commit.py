@@ -20,6 +20,7 @@ from nemo_serve.oracle import oracle_transcribe
 
 from . import helpers
 from .helpers_server import TOKEN, as_model_input, start_server
+from .helpers_ws import messages_until_close
 
 openai = pytest.importorskip("openai")
 from openai.types import realtime as ga  # noqa: E402
@@ -200,18 +201,11 @@ def test_beta_interface_needs_websocket_base_url(demo_server, demo_model):
 
 def test_unserved_mode_is_refused_before_audio(demo_server):
     from websockets.asyncio.client import connect
-    from websockets.exceptions import ConnectionClosed
 
     async def run():
         url = f"ws://127.0.0.1:{demo_server.port}/v1/realtime?context_right=7"
         async with connect(url, additional_headers={"Authorization": f"Bearer {TOKEN}"}) as ws:
-            msgs = []
-            try:
-                async for m in ws:
-                    msgs.append(json.loads(m))
-            except ConnectionClosed:
-                pass
-            return msgs, ws.close_code, ws.close_reason
+            return await messages_until_close(ws), ws.close_code, ws.close_reason
 
     msgs, code, reason = asyncio.run(run())
     assert code == 1008 and "context_right" in reason
@@ -223,7 +217,6 @@ def test_next_item_with_no_slot_and_nothing_to_wait_for_is_refused(demo_server):
     back), a /ws stream takes the slot, then the session appends again: it has no item decoding
     whose slot it could wait for, so it gets an `error` and close 1013; the /ws stream goes on."""
     from websockets.asyncio.client import connect
-    from websockets.exceptions import ConnectionClosed
 
     from nemo_serve.client import StreamingClient
 
@@ -243,12 +236,7 @@ def test_next_item_with_no_slot_and_nothing_to_wait_for_is_refused(demo_server):
             await asyncio.to_thread(demo_server.wait_open_streams, 0)
             async with StreamingClient(demo_server.ws_url, sample_rate=RATE, token=TOKEN) as ws:
                 await rt.send(json.dumps({"type": "input_audio_buffer.append", "audio": b64(wire[:4800])}))
-                events = []
-                try:
-                    async for m in rt:
-                        events.append(json.loads(m))
-                except ConnectionClosed:
-                    pass
+                events = await messages_until_close(rt)
                 await ws.send_audio(wire)
                 await ws.end()
                 finals = [m async for m in ws.messages() if m["type"] == "final"]

@@ -147,9 +147,10 @@ def measure_core(model, num_streams: int, seconds: float, tokens_per_frame: floa
     before_tids = _tids()
     core_ctx = zmq.Context()
     core = EngineCoreProc(engine, shared, ipc_dir, core_ctx)
-    freeze = getattr(core_proc, "freeze_startup_heap", None)  # as run_core_process, where the tree has it
-    if freeze is not None:
-        freeze()
+    tune_collector = getattr(core_proc, "tune_collector_for_serving", None)  # as run_core_process, where the tree has it
+    thresholds = gc.get_threshold()
+    if tune_collector is not None:
+        tune_collector()
     if io_threads:
         core.start_io()
     io_tids = sorted(_tids() - before_tids)  # the core context's I/O (and reaper) threads, and core_io's
@@ -234,7 +235,8 @@ def measure_core(model, num_streams: int, seconds: float, tokens_per_frame: floa
         fe_ctx.term()
         core_ctx.term()
         shared.close()
-        gc.unfreeze()  # the next level starts from the same heap (a no-op where nothing froze it)
+        gc.unfreeze()  # the next level starts from the same collector (no-ops where nothing was tuned)
+        gc.set_threshold(*thresholds)
     total = cpu + io_cpu
     return {
         "core_io": "threads" if io_threads else "inline",

@@ -196,17 +196,25 @@ class EngineCoreProc:
             self._zmq.term()
 
 
-def freeze_startup_heap() -> None:
+# Container allocations between young-generation passes while serving (Python's default: 700).
+# A step allocates a few lists per stepped stream, so the default ran a pass every few hundred
+# rows and, every hundred passes, one over the streams' long-lived objects (16,000 streams: the
+# collector was about a third of the core's host time per stream-step, host_bench.py). The
+# garbage that waits longer is at most this many young objects.
+GC_YOUNG_THRESHOLD = 20_000
+
+
+def tune_collector_for_serving() -> None:
     """Leave the heap built before serving (torch, NeMo, the model: hundreds of thousands of
     objects that live as long as the process) out of the cyclic collector's passes, as vLLM's
-    engine core does after start-up. Without it every oldest-generation pass walks that heap
-    again, and the passes come from the per-step lists each step allocates: on the CPU bench
-    (host_bench.py, 4,000 streams at 80 ms, ready 1.0) they were 40% of the core's time per
-    stream-step, as much as turning the collector off. Objects made later (streams, updates)
-    are collected as before; only cyclic garbage already there at the freeze would stay, and
-    gc.collect() runs first so there is none."""
+    engine core does after start-up, and run the young-generation pass less often
+    (GC_YOUNG_THRESHOLD). Without them the passes that the per-step lists trigger walked that
+    heap and the streams' objects again and again (host_bench_ab_issue46_gc_cpu.json). Objects
+    made later (streams, updates) are still collected; only cyclic garbage already there at the
+    freeze would stay, and gc.collect() runs first so there is none."""
     gc.collect()
     gc.freeze()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
 
 
 def run_core_process(settings, ipc_dir: str, lock, conn, parent_pid: int) -> None:
@@ -234,7 +242,7 @@ def run_core_process(settings, ipc_dir: str, lock, conn, parent_pid: int) -> Non
     shared = SharedSlots.attach(shm_name, layout, lock)
     proc = EngineCoreProc(engine, shared, ipc_dir)
     proc.on_step = StepMetrics().on_step  # into PROMETHEUS_MULTIPROC_DIR, read by the front ends
-    freeze_startup_heap()
+    tune_collector_for_serving()
     conn.send(("serving", os.getpid()))
     try:
         proc.run(parent_pid)

@@ -128,6 +128,7 @@ def measure_core(model, num_streams: int, seconds: float, tokens_per_frame: floa
 
     from nemo_serve.core import messages as m
     from nemo_serve.core.addresses import control_address, results_address
+    from nemo_serve.core import core_proc
     from nemo_serve.core.core_proc import EngineCoreProc
     from nemo_serve.core.shared import FileLock, SharedLayout, SharedSlots
     from nemo_serve.engine import loop, runner
@@ -146,6 +147,10 @@ def measure_core(model, num_streams: int, seconds: float, tokens_per_frame: floa
     before_tids = _tids()
     core_ctx = zmq.Context()
     core = EngineCoreProc(engine, shared, ipc_dir, core_ctx)
+    tune_collector = getattr(core_proc, "tune_collector_for_serving", None)  # as run_core_process, where the tree has it
+    thresholds = gc.get_threshold()
+    if tune_collector is not None:
+        tune_collector()
     if io_threads:
         core.start_io()
     io_tids = sorted(_tids() - before_tids)  # the core context's I/O (and reaper) threads, and core_io's
@@ -230,6 +235,8 @@ def measure_core(model, num_streams: int, seconds: float, tokens_per_frame: floa
         fe_ctx.term()
         core_ctx.term()
         shared.close()
+        gc.unfreeze()  # the next level starts from the same collector (no-ops where nothing was tuned)
+        gc.set_threshold(*thresholds)
     total = cpu + io_cpu
     return {
         "core_io": "threads" if io_threads else "inline",

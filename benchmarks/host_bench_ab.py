@@ -5,7 +5,7 @@ on two source trees, alternated level by level on one machine, merged into one r
     python benchmarks/host_bench_ab.py --old /tmp/old --old-commit <before> --new /tmp/new \
         --new-commit <after> --streams 1000,4000,16000 --out benchmarks/results/host_bench_ab_cpu.json
 
-Both trees run this tree's host_bench.py (copied into each), so only the engine differs. Per
+Both trees run this tree's host_bench*.py (copied into each), so only the engine differs. Per
 level (streams, chunk mode): the old tree, then the new one, `--reps` times. 1120 ms levels get
 `--seconds-1120` of audio per stream (a few measured chunks), 80 ms levels `--seconds`.
 """
@@ -24,11 +24,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import run_record, write_json  # noqa: E402
 
-BENCH = Path(__file__).resolve().parent / "host_bench.py"
+BENCH = sorted(Path(__file__).resolve().parent.glob("host_bench*.py"))  # host_bench.py and the modules it imports
 
 
 def run_level(tree: Path, streams: int, context_right: int, seconds: float, args) -> list[dict]:
-    shutil.copy(BENCH, tree / "benchmarks" / "host_bench.py")
+    for path in BENCH:
+        shutil.copy(path, tree / "benchmarks" / path.name)
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         cmd = [sys.executable, "benchmarks/host_bench.py", "--streams", str(streams), "--context-right", str(context_right),
                "--ready-fraction", args.ready_fraction, "--seconds", str(seconds), "--out", out.name]

@@ -44,6 +44,9 @@ MAX_FRAME_BYTES = 64 * 1024 * 1024  # the websockets client runs with max_size=N
 # Per worker process: (item_id, protocol, packet samples) -> [(samples sent after it, payload)].
 # Forked workers start empty; an item's first stream fills its entry (under a millisecond at /ws).
 _PACKETS: dict[tuple[str, str, int], list[tuple[int, bytes]]] = {}
+# /ws packet length: None sends one server chunk per packet (the capacity sweeps); packet_cost_streams.py
+# sets 20 ms, the voice agents' packet, before it forks the workers (they inherit it).
+WS_PACKET_MS: float | None = None
 
 
 class _Listener(WSListener):
@@ -196,7 +199,7 @@ async def stream_item_picows(url: str, worker: int, item: LoadItem, endpointing:
                 if not await open_ws_stream(sock, rec, stream_config(worker, item, endpointing, context_right)):
                     return rec
                 sock.hand_messages_to(lambda now, raw: read_ws_message(rec, now, raw))
-                chunk = int(round(rec.chunk_ms * SAMPLE_RATE / 1000))  # packet k is one server chunk
+                chunk = int(round((WS_PACKET_MS or rec.chunk_ms) * SAMPLE_RATE / 1000))  # default: one server chunk
                 await sock.send_paced(prebuilt_packets(item, "ws", chunk), WSMsgType.BINARY, rec, END_MESSAGE)
                 await sock.finish(rec)
             finally:

@@ -240,7 +240,7 @@ def decode_costs(number: int = 20000) -> dict:
 
     pcm = np.random.default_rng(0).integers(-3000, 3000, 480, np.int16).tobytes()
     text = json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm).decode()})
-    from nemo_serve.server.realtime_protocol import parse_client_event
+    from nemo_serve.server.realtime_parse import parse_client_event
 
     ways = {"stdlib json + base64": lambda: base64.b64decode(json.loads(text)["audio"], validate=True),
             "msgspec (server today: parse_client_event)": lambda: parse_client_event(text)}  # fmt: skip

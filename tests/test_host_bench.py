@@ -1,4 +1,4 @@
-"""benchmarks/host_bench.py's stub step carries a trained model's decoder load (issue 46): the
+"""benchmarks/host_bench.py's stub step (host_bench_stub.py) carries a trained model's decoder load (issue 46): the
 tokens per encoder frame the demo model emitted, with their spread, not a made-up rate."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from benchmarks import host_bench
+from benchmarks import host_bench_stub
 
 
 def _run_stub(emission, num_slots: int = 64, steps: int = 40, frames_per_chunk: int = 14) -> tuple[int, int, list[int]]:
     emitted = {"tokens": 0, "frames": 0}
-    step = host_bench._stub_step(emission, num_slots, emitted)
+    step = host_bench_stub._stub_step(emission, num_slots, emitted)
     model = SimpleNamespace(geometry=SimpleNamespace(subsampling=8))
     per_row = []
     for _ in range(steps):
@@ -25,9 +25,9 @@ def _run_stub(emission, num_slots: int = 64, steps: int = 40, frames_per_chunk: 
 
 
 def test_the_stub_emits_the_measured_rate_of_the_trained_model_at_each_mode():
-    modes = {m["context_right"]: m for m in json.loads(host_bench.EMISSION.read_text())["modes"]}
+    modes = {m["context_right"]: m for m in json.loads(host_bench_stub.EMISSION.read_text())["modes"]}
     for r in (0, 13):
-        tokens, frames, per_row = _run_stub(host_bench.trained_emission(r))
+        tokens, frames, per_row = _run_stub(host_bench_stub.trained_emission(r))
         assert frames == 64 * 40 * 14
         assert abs(tokens / frames - modes[r]["tokens_per_frame"]) < 0.02, (r, tokens / frames)
         # The spread, not an even rate: rows of one step differ (the old stub gave every row of a step the same count).

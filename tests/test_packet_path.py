@@ -113,7 +113,7 @@ def test_append_fast_path_parses_as_the_general_path():
     import json
     import random
 
-    from nemo_serve.server.realtime_protocol import parse_client_event, parse_client_event_generally
+    from nemo_serve.server.realtime_parse import parse_client_event, parse_client_event_generally
 
     rng = random.Random(48)
     alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/="

@@ -18,8 +18,8 @@ from nemo_serve.server.realtime_protocol import (
     RealtimeError,
     SessionUpdate,
     model_language,
-    parse_client_event,
 )
+from nemo_serve.server.realtime_parse import parse_client_event
 
 from .helpers_realtime import TRANSCRIPTION, b64, pcm16, tokens_and_text, ws_reference
 from .helpers_server import TEST_MODEL, TOKEN

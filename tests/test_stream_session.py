@@ -194,6 +194,30 @@ def test_send_deadline_fails_a_client_that_takes_nothing(tiny):
     helpers.assert_engine_empty(engine)
 
 
+def test_a_write_runs_in_the_senders_task(tiny):
+    """session.send puts no task of its own around a write (one per result message, issue 48)."""
+    engine = helpers.new_engine(tiny, num_slots=2).start()
+
+    async def run():
+        session = StreamSession(_ctx(engine), "t1", log)
+        ran_in = []
+
+        async def write():
+            ran_in.append(asyncio.current_task())
+
+        sent = await session.send(write())
+        session.close()
+        await _until_free(engine)
+        return sent, ran_in, asyncio.current_task()
+
+    try:
+        sent, ran_in, sender = asyncio.run(run())
+    finally:
+        engine.stop()
+    assert sent is True and ran_in == [sender]
+    helpers.assert_engine_empty(engine)
+
+
 def test_a_client_that_stops_reading_fails_when_the_outbox_is_full(tiny):
     engine = helpers.new_engine(tiny, num_slots=2).start()
 

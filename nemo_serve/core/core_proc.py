@@ -20,6 +20,7 @@ This module holds everything the core does over the wire; the core holds none of
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -195,6 +196,27 @@ class EngineCoreProc:
             self._zmq.term()
 
 
+# Container allocations between young-generation passes while serving (Python's default: 700).
+# A step allocates a few lists per stepped stream, so the default ran a pass every few hundred
+# rows and, every hundred passes, one over the streams' long-lived objects (16,000 streams: the
+# collector was about a third of the core's host time per stream-step, host_bench.py). The
+# garbage that waits longer is at most this many young objects.
+GC_YOUNG_THRESHOLD = 20_000
+
+
+def tune_collector_for_serving() -> None:
+    """Leave the heap built before serving (torch, NeMo, the model: hundreds of thousands of
+    objects that live as long as the process) out of the cyclic collector's passes, as vLLM's
+    engine core does after start-up, and run the young-generation pass less often
+    (GC_YOUNG_THRESHOLD). Without them the passes that the per-step lists trigger walked that
+    heap and the streams' objects again and again (host_bench_ab_issue46_gc_cpu.json). Objects
+    made later (streams, updates) are still collected; only cyclic garbage already there at the
+    freeze would stay, and gc.collect() runs first so there is none."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
+
+
 def run_core_process(settings, ipc_dir: str, lock, conn, parent_pid: int) -> None:
     """Process entry (spawned by the supervisor): load the model, report, attach, serve."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when the core stops
@@ -220,6 +242,7 @@ def run_core_process(settings, ipc_dir: str, lock, conn, parent_pid: int) -> Non
     shared = SharedSlots.attach(shm_name, layout, lock)
     proc = EngineCoreProc(engine, shared, ipc_dir)
     proc.on_step = StepMetrics().on_step  # into PROMETHEUS_MULTIPROC_DIR, read by the front ends
+    tune_collector_for_serving()
     conn.send(("serving", os.getpid()))
     try:
         proc.run(parent_pid)

@@ -72,9 +72,9 @@ from .realtime_protocol import (
     error_event,
     event,
     model_language,
-    parse_client_event,
     transcription_phrases,
 )
+from .realtime_parse import parse_client_event
 from .realtime_render import TRANSCRIPTION, NimRenderer, OpenAIRenderer, end_reason_text
 from .realtime_session import RealtimeSession
 from .realtime_speakers import check_diarizing, transcription_diarization

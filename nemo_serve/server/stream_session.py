@@ -253,9 +253,12 @@ class StreamSession:
         """One write to the client within --send-timeout-s; False (and the session failed
         "slow_client") when the client took nothing in that time."""
         timeout_s = self.ctx.settings.send_timeout_s
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for runs the write in a task of its
+        # own, a task and an extra event-loop pass for every result message sent.
         try:
-            await asyncio.wait_for(write, timeout_s)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(timeout_s):
+                await write
+        except TimeoutError:
             self.fail(f"client is not reading results (none written for {timeout_s:g} s)", "slow_client")
             return False
         return True

@@ -1,6 +1,7 @@
 """In-process session tests' shared pieces: a ServerContext over an in-process engine, and the
-wait for every slot to come back, a stand-in Starlette WebSocket, the next session event
-(test_stream_session.py, test_ws_socket.py, test_realtime_items.py, test_riva_input_clock.py)."""
+wait for every slot to come back, a scenario run beside a started engine, a stand-in Starlette
+WebSocket, the next session event (test_stream_session.py, test_ws_socket.py, test_realtime_items.py,
+test_riva_input_clock.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,14 @@ from nemo_serve.server.stream_session import StreamSession
 def context(engine, **settings):
     """The ServerContext the front end would build, with `settings` over the defaults."""
     return server_context(engine, Settings.from_sources(settings, {}))
+
+
+def run_then_stop(engine, scenario):
+    """asyncio.run(scenario()) beside a started engine, stopped whatever the scenario raised; its result."""
+    try:
+        return asyncio.run(scenario())
+    finally:
+        engine.stop()
 
 
 async def until_slots_free(engine, timeout_s: float = 10.0) -> None:

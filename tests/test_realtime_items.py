@@ -24,7 +24,7 @@ from . import helpers
 from .helpers_session import context as _ctx
 from .helpers_session import until_slots_free as _until_free
 from .helpers_server import TEST_MODEL
-from .helpers_session import FakeWebSocket
+from .helpers_session import FakeWebSocket, run_then_stop
 
 log = logging.getLogger("test")
 RATE = 24000  # the realtime API's PCM16 rate
@@ -85,10 +85,7 @@ def _alone(tiny, audio: np.ndarray) -> list[int]:
         wire.session.close()
         return event["nemo_serve"]["token_ids"]
 
-    try:
-        return asyncio.run(run())
-    finally:
-        engine.stop()
+    return run_then_stop(engine, run)
 
 
 def test_two_items_in_flight_at_once_each_equal_to_its_audio_alone(tiny):
@@ -108,10 +105,7 @@ def test_two_items_in_flight_at_once_each_equal_to_its_audio_alone(tiny):
         await _until_free(engine)
         return events
 
-    try:
-        events = asyncio.run(run())
-    finally:
-        engine.stop()
+    events = run_then_stop(engine, run)
     assert [e["nemo_serve"]["token_ids"] for e in events] == expected
     assert max(held) == 2  # both decoding at once, each in its own engine stream
     assert events[0]["item_id"] != events[1]["item_id"]
@@ -139,10 +133,7 @@ def test_slot_cap_two_a_third_item_waits_then_completes(tiny):
         await _until_free(engine)
         return events
 
-    try:
-        events = asyncio.run(run())
-    finally:
-        engine.stop()
+    events = run_then_stop(engine, run)
     assert len(events) == 3 and all(e["transcript"] for e in events)
     assert max(held) == realtime.MAX_SLOTS_PER_SESSION == 2
     assert max(engine_used) <= 2
@@ -198,10 +189,7 @@ def test_close_right_after_appends_frees_every_slot(tiny):
         await _until_free(engine)
         return socket, ctx
 
-    try:
-        socket, ctx = asyncio.run(run())
-    finally:
-        engine.stop()
+    socket, ctx = run_then_stop(engine, run)
     assert socket.wire.num_items == 2 and socket.wire._num_opened == 2  # both took a slot
     assert engine.num_free_slots == engine.num_slots and not engine.num_open_streams
     assert not ctx.sessions  # the socket's session recorded once, and gone

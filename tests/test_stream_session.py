@@ -15,7 +15,7 @@ from nemo_serve.server import stream_session
 from nemo_serve.server.stream_session import Failure, StreamSession
 
 from . import helpers
-from .helpers_session import PACKET, _next
+from .helpers_session import PACKET, _next, run_then_stop
 from .helpers_session import context as _ctx
 from .helpers_session import until_slots_free as _until_free
 from .helpers_server import TEST_MODEL
@@ -62,10 +62,7 @@ def test_finals_equal_the_engines_and_the_slot_comes_back(tiny):
         await _until_free(engine)
         return session, events
 
-    try:
-        session, events = asyncio.run(run())
-    finally:
-        engine.stop()
+    session, events = run_then_stop(engine, run)
     assert session.failure is None and session.end_reason == "end"
     assert all(not isinstance(e, Failure) for e in events)
     assert [list(e.token_ids) for e in events if e.is_final] == expected
@@ -89,10 +86,7 @@ def test_refused_when_no_slot_is_free_and_the_first_keeps_its_slot(tiny):
         await _until_free(engine)
         return failure
 
-    try:
-        failure = asyncio.run(run())
-    finally:
-        engine.stop()
+    failure = run_then_stop(engine, run)
     assert (failure.label, failure.refusal) == ("refused", "no_free_slot")
     helpers.assert_engine_empty(engine)
 
@@ -120,10 +114,7 @@ def test_backpressure_waits_for_the_model(tiny, monkeypatch):
         await _until_free(engine)
         return blocked, behind
 
-    try:
-        blocked, behind = asyncio.run(run())
-    finally:
-        engine.stop()
+    blocked, behind = run_then_stop(engine, run)
     assert blocked
     assert behind <= 2.0
     helpers.assert_engine_empty(engine)
@@ -142,10 +133,7 @@ def test_idle_timeout_fails_and_frees_the_slot(tiny):
         await _until_free(engine)
         return message, event
 
-    try:
-        message, event = asyncio.run(run())
-    finally:
-        engine.stop()
+    message, event = run_then_stop(engine, run)
     assert message is None
     assert isinstance(event, Failure) and event.label == "idle_timeout"
     helpers.assert_engine_empty(engine)
@@ -164,10 +152,7 @@ def test_duration_cap_ends_input_and_the_stream_still_gets_its_done(tiny):
         await _until_free(engine)
         return session, events
 
-    try:
-        session, events = asyncio.run(run())
-    finally:
-        engine.stop()
+    session, events = run_then_stop(engine, run)
     assert session.failure is None and session.end_reason == "max_stream_duration"
     assert events[-1].done
     helpers.assert_engine_empty(engine)
@@ -185,10 +170,7 @@ def test_send_deadline_fails_a_client_that_takes_nothing(tiny):
         await _until_free(engine)
         return sent, event
 
-    try:
-        sent, event = asyncio.run(run())
-    finally:
-        engine.stop()
+    sent, event = run_then_stop(engine, run)
     assert sent is False
     assert isinstance(event, Failure) and event.label == "slow_client"
     helpers.assert_engine_empty(engine)
@@ -210,10 +192,7 @@ def test_a_write_runs_in_the_senders_task(tiny):
         await _until_free(engine)
         return sent, ran_in, asyncio.current_task()
 
-    try:
-        sent, ran_in, sender = asyncio.run(run())
-    finally:
-        engine.stop()
+    sent, ran_in, sender = run_then_stop(engine, run)
     assert sent is True and ran_in == [sender]
     helpers.assert_engine_empty(engine)
 
@@ -231,10 +210,7 @@ def test_a_client_that_stops_reading_fails_when_the_outbox_is_full(tiny):
         await _until_free(engine)
         return event
 
-    try:
-        event = asyncio.run(run())
-    finally:
-        engine.stop()
+    event = run_then_stop(engine, run)
     assert isinstance(event, Failure) and event.label == "slow_client"
     helpers.assert_engine_empty(engine)
 
@@ -253,10 +229,7 @@ def test_client_gone_aborts_the_stream_mid_utterance(tiny):
         session.close()
         return session
 
-    try:
-        session = asyncio.run(run())
-    finally:
-        engine.stop()
+    session = run_then_stop(engine, run)
     assert session.failure is None and session.client_gone
     assert len(session.outbox) == 0 or not any(getattr(e, "done", False) for e in session.outbox._items)
     helpers.assert_engine_empty(engine)
@@ -279,10 +252,7 @@ def test_drain_ends_input_of_an_open_stream_and_refuses_one_not_yet_admitted(tin
         await _until_free(engine)
         return admitted, events, failure
 
-    try:
-        admitted, events, failure = asyncio.run(run())
-    finally:
-        engine.stop()
+    admitted, events, failure = run_then_stop(engine, run)
     assert admitted.end_reason == "draining" and events[-1].done
     assert isinstance(failure, Failure) and failure.label == "draining"
     helpers.assert_engine_empty(engine)

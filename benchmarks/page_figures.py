@@ -42,7 +42,7 @@ import math
 import re
 from pathlib import Path
 
-UNITS = r"µs|us|ms|s|%|points?|x|times|MB|MiB|GB|GiB|kB|KB|KiB|bytes|streams|tokens|min|minutes|seconds|hours|cores?|waits?"
+UNITS = r"µs|us|ms|s|%|points?|x|times|MB|MiB|GB|GiB|kB|KB|KiB|bytes|streams|tokens|min|minutes|seconds|hours|cores?|waits?|ticks"
 NUMBER = r"[-+]?\d[\d,]*(?:\.\d+)?"
 FIGURE = re.compile(rf"(?<![\w./-])({NUMBER}(?:\s?(?:-|to|/)\s?{NUMBER})*)\s?({UNITS})(?!\w)")
 INTEGER = r"(?:\d{1,3}(?:,\d{3})+|\d+)"
@@ -76,7 +76,8 @@ SCALES = {  # unit -> the factors from a result file's number to the unit writte
 UNIT_KIND = {"µs": "time", "us": "time", "ms": "time", "s": "time", "min": "time", "minutes": "time",
              "seconds": "time", "hours": "time", "%": "%", "point": "count", "points": "count", "x": "x", "MB": "bytes", "MiB": "bytes",
              "GB": "bytes", "GiB": "bytes", "kB": "bytes", "KB": "bytes", "KiB": "bytes", "bytes": "bytes", "times": "x",
-             "streams": "count", "tokens": "count", "core": "count", "cores": "count", "wait": "count", "waits": "count"}
+             "streams": "count", "tokens": "count", "core": "count", "cores": "count", "wait": "count", "waits": "count",
+             "ticks": "count"}
 
 
 def _blank(m: re.Match) -> str:

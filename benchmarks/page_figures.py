@@ -31,8 +31,12 @@ them (under a `figures: FILE` mark, or naming a result file, such a line is chec
 measurement quoted beside a flag is still a measurement). NOT_MEASURED below is the short,
 explicit list of the rest.
 
-The match against a file's numbers is loose on purpose (any number of the file, any scale): it
-catches a figure no file holds, or one copied wrong, not one copied from the wrong key.
+The match against a file's numbers is loose (any number of the file, any scale): it catches a
+figure no file holds, or one copied wrong, not one copied from the wrong key. Where looseness let
+wrong figures through, it is tighter (performance_page_records.py): a count's two numbers must come
+from one record of the file, a small whole number with a unit (10 or less) from a record that holds
+another figure of its sentence (or the run's own flags, or a field naming its unit), and a
+percentage from a fraction (x 100, rounded as written) or a field named as a percentage.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ import json
 import math
 import re
 from pathlib import Path
+
+from benchmarks.performance_page_records import is_small, pair_backed, percent_numbers, records as records_of, small_backed
 
 UNITS = r"µs|us|ms|s|%|points?|x|times|MB|MiB|GB|GiB|kB|KB|KiB|bytes|streams|tokens|min|minutes|seconds|hours|cores?|waits?|ticks"
 NUMBER = r"[-+]?\d[\d,]*(?:\.\d+)?"
@@ -64,11 +70,13 @@ NOT_MEASURED = {
     ("docs/how_it_works.md", "1.2 s"), ("docs/how_it_works.md", "20 s"),  # endpoint rules' defaults
     ("docs/how_it_works.md", "8 streams"),  # the device-wait test's batch (a test setting)
     ("docs/demo_model.md", "2 points"),  # the WER target's bound for chained decoding (a target)
+    ("docs/performance.md", "4 GiB"),  # the step cache's default cap (engine/buckets.py)
+    ("docs/performance.md", "3 tokens"),  # the GPU benchmark's decoder cap per frame (benchmarks/gpu/)
 }
 
 SCALES = {  # unit -> the factors from a result file's number to the unit written
     "time": (1, 1e3, 1e-3, 1e6, 1e-6, 1 / 60, 1 / 3600),
-    "%": (1, 100),
+    "%": (100,),  # a fraction; a field named as a percentage is passed in already divided by 100
     "x": (1,),
     "bytes": (1, 1e-3, 1e-6, 1e-9, 2**-10, 2**-20, 2**-30, 1e3, 1e6),
     "count": (1,),
@@ -112,12 +120,18 @@ def is_config(figure: str, unit: str) -> bool:
 
 
 def figures(page: str, text: str, root: Path | None = None,
-            results: Path | None = None) -> list[tuple[int, str, str, list[str]]]:
-    """(line, figure, unit, result files of its paragraph, or []) of every figure on a page; a count
-    (unit "") on a line naming tests under `root` carries those tests instead of result files."""
-    out, files, config_table, tests = [], [], False, []
+            results: Path | None = None) -> list[tuple[int, str, str, list[str], int]]:
+    """(line, figure, unit, result files of its paragraph, or [], sentence number) of every figure
+    on a page; a count (unit "") on a line naming tests under `root` carries those tests instead of
+    result files. A table row is a sentence of its own."""
+    out, files, config_table, tests, sentence = [], [], False, [], 0
     raw = text.split("\n")
+
+    def sentence_at(line: str, pos: int) -> int:
+        return sentence + len(SENTENCE_END.findall(line[:pos]))
+
     for i, line in enumerate(_prose(text).split("\n")):
+        sentence += 1 if line.startswith("|") or not raw[i].strip() else 0
         mark = FIGURES_MARK.match(line.strip())
         if mark:
             files = mark.group(1).split()
@@ -125,12 +139,13 @@ def figures(page: str, text: str, root: Path | None = None,
         if not raw[i].strip():  # the page's blank line (a wrapped code span leaves blank prose lines)
             files, tests = [], []
         if files == ["settings"]:
+            sentence += len(SENTENCE_END.findall(line))
             continue
         # a count of cases is a result even on a line that names a flag: checked before that rule
         named = [t for t in TEST_FILE.findall(raw[i]) if root is not None and (root / t).is_file()]
         in_scope = named if line.startswith("|") else tests + named  # a table row names its own test
         for m in COUNT.finditer(line):
-            out.append((i + 1, m.group(1), "", in_scope or files))
+            out.append((i + 1, m.group(1), "", in_scope or files, sentence_at(line, m.start())))
         # a test named in a sentence backs the counts of that sentence only
         ends = list(SENTENCE_END.finditer(raw[i]))
         rest = raw[i][ends[-1].end() :] if ends else None
@@ -143,11 +158,14 @@ def figures(page: str, text: str, root: Path | None = None,
         named_files = [f for f in RESULT_FILE.findall(raw[i]) if results is not None and (results / f).is_file()]
         backing = files + [f for f in named_files if f not in files]
         if not backing and (CONFIG_LINE.search(raw[i]) or (config_table and line.startswith("|"))):
+            sentence += len(SENTENCE_END.findall(line))
             continue
         for m in FIGURE.finditer(line):
             fig, unit = m.group(1), m.group(2)
-            if not is_config(fig, unit) and (page, m.group(0)) not in NOT_MEASURED:
-                out.append((i + 1, fig, unit, backing))
+            checked = not is_config(fig, unit) and (page, m.group(0)) not in NOT_MEASURED
+            # a setting is not checked, yet it is a figure of its sentence (small_backed's company)
+            out.append((i + 1, fig, unit, backing if checked else None, sentence_at(line, m.start())))
+        sentence += len(SENTENCE_END.findall(line))
     return out
 
 
@@ -217,8 +235,11 @@ def unbacked(root: Path, results: Path, pages: list[str]) -> list[str]:
     """'page:line: figure (why)' for every figure on the pages that no generated table or named file backs."""
     problems, cache = [], {}
     for page in pages:
-        for line, fig, unit, files in figures(page, (root / page).read_text(), root, results):
+        found = figures(page, (root / page).read_text(), root, results)
+        for line, fig, unit, files, sentence in found:
             where = f"{page}:{line}: {fig} {unit}".rstrip()
+            if files is None:
+                continue  # a chunk mode or a NOT_MEASURED setting
             if not files:
                 problems.append(f"{where} (no result file backs it)")
                 continue
@@ -228,11 +249,32 @@ def unbacked(root: Path, results: Path, pages: list[str]) -> list[str]:
             if missing:
                 problems.append(f"{where} (no such result file: {', '.join(missing)})")
                 continue
-            if unit.startswith("point"):  # "missed by 0.4 points": a difference of two rates side by side
-                nums = [n for f in files for n in cache.setdefault(("points", f), _sibling_differences(results / f))]
-            else:
-                nums = [n for f in files for n in cache.setdefault(f, _numbers(results / f))]
-            bad = [v for v, d in _values(fig) if not held(v, d, unit, nums) and not math.isnan(v)]
-            if bad:
-                problems.append(f"{where} (not in {', '.join(files)})")
+            recs = [r for f in files for r in cache.setdefault(("records", f), records_of(results / f))]
+            others = [(v, d, u) for at, g, u, _, s in found if s == sentence and (at, g) != (line, fig) for v, d in _values(g)]
+            why = _why_unbacked(fig, unit, files, recs, others, cache, results)
+            if why:
+                problems.append(f"{where} ({why})")
     return problems
+
+
+def _why_unbacked(fig: str, unit: str, files: list[str], recs: list, others: list, cache: dict,
+                  results: Path) -> str | None:
+    """Why a figure under result files is not backed by them, or None (performance_page_records.py
+    says what must be held together)."""
+    values = [(v, d) for v, d in _values(fig) if not math.isnan(v)]
+    if unit == "" and len(values) == 2:  # a count of cases: its two numbers together
+        return None if pair_backed(values[0][0], values[1][0], recs) else f"not a pair of one record of {', '.join(files)}"
+    if unit.startswith("point"):  # "missed by 0.4 points": a difference of two rates side by side
+        nums = [n for f in files for n in cache.setdefault(("points", f), _sibling_differences(results / f))]
+    elif unit == "%":
+        every, named = percent_numbers(recs)
+        nums = every + [n / 100 for n in named]  # a field named as a percentage holds it as written
+    else:
+        nums = [n for f in files for n in cache.setdefault(f, _numbers(results / f))]
+    if any(not held(v, d, unit, nums) for v, d in values):
+        return f"not in {', '.join(files)}"
+    small = [v for v, d in values if is_small(v, d) and unit != "%"]
+    company = others + [(v, d, unit) for v, d in values]  # "8-30 s": its other end is company too
+    if small and not all(small_backed(v, unit, [c for c in company if c[0] != v], recs, held) for v in small):
+        return f"a small number alone: no record of {', '.join(files)} holds it with another figure of its sentence"
+    return None

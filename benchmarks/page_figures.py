@@ -24,7 +24,10 @@ A line that names a result file (`packet_cost_cpu.json`, in benchmarks/results/)
 against it as well as against its paragraph's files; the numbers of a file include those of the
 `command` that made it (a run's settings, `--streams 32`, are backed by the run).
 
-Not figures: code (fenced blocks and `inline`), chunk durations (a mode is configured, not
+A `#` comment in a fenced block is prose (`# 862 examples, 75 s wall`), each comment a sentence of
+its own; a fenced block is one paragraph, so a `figures: settings` mark above it covers its comments.
+
+Not figures: code (fenced blocks but their comments, and `inline`), chunk durations (a mode is configured, not
 measured), and lines (or tables, by their header) that state a configured limit or a flag's
 default: they name a `--flag`, or say "default", "limit" or "cap", and no result file backs
 them (under a `figures: FILE` mark, or naming a result file, such a line is checked: a
@@ -74,6 +77,13 @@ NOT_MEASURED = {
     ("docs/performance.md", "3 tokens"),  # the GPU benchmark's decoder cap per frame (benchmarks/gpu/)
 }
 
+# Measured figures known to be unbacked on a page this branch may not edit (another branch owns it):
+# --check prints each and does not fail on it, until its owner backs or removes it. Never a new one.
+PENDING = {
+    ("docs/diarization.md", "74 s"): "the diarization corpus build's wall time, in a code comment (issue 51); "
+                                     "diarization.md is being edited on the diarization branches",
+}
+
 SCALES = {  # unit -> the factors from a result file's number to the unit written
     "time": (1, 1e3, 1e-3, 1e6, 1e-6, 1 / 60, 1 / 3600),
     "%": (100,),  # a fraction; a field named as a percentage is passed in already divided by 100
@@ -96,9 +106,37 @@ def _blank_code(m: re.Match) -> str:
     return "``" + "\n" * m.group(0).count("\n")
 
 
+CODE_COMMENT = re.compile(r"(?:^|\s)#(?![!#])\s?(.*)$")  # `# 862 examples` after a command; not `#!` or `##`
+
+
+def _comments_only(m: re.Match) -> str:
+    """A fenced block with its code blanked and its `#` comments kept: a figure in a comment is a claim."""
+    lines = m.group(0).split("\n")
+    kept = [(c.group(1) if (c := CODE_COMMENT.search(line)) else "") for line in lines[1:-1]]
+    return "\n".join(["", *kept, ""])
+
+
+def fenced_lines(text: str) -> set[int]:
+    """The 0-based numbers of the lines inside fenced blocks (not the fences)."""
+    out, fenced = set(), False
+    for i, line in enumerate(text.split("\n")):
+        if line.startswith("```"):
+            fenced = not fenced
+        elif fenced:
+            out.add(i)
+    return out
+
+
+def code_comment_lines(text: str) -> set[int]:
+    """The 0-based numbers of the lines of fenced blocks that hold a `#` comment (each a sentence)."""
+    lines = text.split("\n")
+    return {i for i in fenced_lines(text) if CODE_COMMENT.search(lines[i])}
+
+
 def _prose(text: str) -> str:
-    """The page with code, generated tables, comments and link targets blanked; lines keep their numbers."""
-    text = re.sub(r"^```.*?^```", _blank, text, flags=re.S | re.M)
+    """The page with code (but its `#` comments), generated tables, HTML comments and link targets
+    blanked; lines keep their numbers."""
+    text = re.sub(r"^```.*?^```", _comments_only, text, flags=re.S | re.M)
     text = re.sub(r"<!-- table: [\w-]+ -->.*?<!-- /table -->", _blank, text, flags=re.S)
     text = re.sub(r"<!--(?! figures:).*?-->", _blank, text, flags=re.S)
     # inline code may wrap a line, not cross a blank line or a figures mark
@@ -125,18 +163,19 @@ def figures(page: str, text: str, root: Path | None = None,
     on a page; a count (unit "") on a line naming tests under `root` carries those tests instead of
     result files. A table row is a sentence of its own."""
     out, files, config_table, tests, sentence = [], [], False, [], 0
-    raw = text.split("\n")
+    raw, comments, fence_lines = text.split("\n"), code_comment_lines(text), fenced_lines(text)
 
     def sentence_at(line: str, pos: int) -> int:
         return sentence + len(SENTENCE_END.findall(line[:pos]))
 
     for i, line in enumerate(_prose(text).split("\n")):
-        sentence += 1 if line.startswith("|") or not raw[i].strip() else 0
+        sentence += 1 if line.startswith("|") or i in comments or not raw[i].strip() else 0
         mark = FIGURES_MARK.match(line.strip())
         if mark:
             files = mark.group(1).split()
             continue
-        if not raw[i].strip():  # the page's blank line (a wrapped code span leaves blank prose lines)
+        if not raw[i].strip() and i not in fence_lines:  # the page's blank line (a wrapped code span
+            # leaves blank prose lines; a fenced block is one paragraph: a settings mark above it covers it)
             files, tests = [], []
         if files == ["settings"]:
             sentence += len(SENTENCE_END.findall(line))
@@ -157,7 +196,8 @@ def figures(page: str, text: str, root: Path | None = None,
         # is still a measurement).
         named_files = [f for f in RESULT_FILE.findall(raw[i]) if results is not None and (results / f).is_file()]
         backing = files + [f for f in named_files if f not in files]
-        if not backing and (CONFIG_LINE.search(raw[i]) or (config_table and line.startswith("|"))):
+        said = line if i in comments else raw[i]  # a comment's flag words, not its command's (`--dev-limit`)
+        if not backing and (CONFIG_LINE.search(said) or (config_table and line.startswith("|"))):
             sentence += len(SENTENCE_END.findall(line))
             continue
         for m in FIGURE.finditer(line):
@@ -238,8 +278,8 @@ def unbacked(root: Path, results: Path, pages: list[str]) -> list[str]:
         found = figures(page, (root / page).read_text(), root, results)
         for line, fig, unit, files, sentence in found:
             where = f"{page}:{line}: {fig} {unit}".rstrip()
-            if files is None:
-                continue  # a chunk mode or a NOT_MEASURED setting
+            if files is None or (page, f"{fig} {unit}") in PENDING:
+                continue  # a chunk mode, a NOT_MEASURED setting, or a figure PENDING its page's owner
             if not files:
                 problems.append(f"{where} (no result file backs it)")
                 continue

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent  # the pages' root (tests point it
 sys.path.insert(0, str(ROOT))
 from benchmarks import page_cpu, page_gpu, page_quality, page_results  # noqa: E402
 from benchmarks.packet_cost_table import table_packet_cost_decode, table_packet_cost_handover  # noqa: E402
-from benchmarks.page_figures import unbacked  # noqa: E402
+from benchmarks.page_figures import PENDING, unbacked  # noqa: E402
 from benchmarks.performance_page_outs import unsaid_copies  # noqa: E402
 
 PAGES = ("README.md", "docs/performance.md", "docs/demo_model.md")  # the pages with generated tables
@@ -86,6 +86,8 @@ def main(argv=None) -> int:
     loose = unbacked(ROOT, page_results.RESULTS, checked_pages())
     for problem in loose:
         print(f"unbacked figure: {problem}")
+    for (page, figure), why in PENDING.items():
+        print(f"pending, not failing: {page}: {figure} ({why})")
     moved = unsaid_copies(ROOT, page_results.RESULTS, [*checked_pages(), "benchmarks/README.md"])
     for problem in moved:
         print(f"result file written elsewhere: {problem}")

@@ -89,3 +89,22 @@ def test_records_keep_a_files_numbers_apart():
     recs = records(RESULTS / "eou_turns_cpu.json")
     assert pair_backed(22, 24, recs) and pair_backed(16, 24, recs)
     assert not pair_backed(22, 20, recs) and not pair_backed(23, 24, recs)
+
+
+def test_figures_in_code_comments_are_checked(tmp_path):
+    """A `#` comment in a fenced block is a claim (demo_model.md said '10.8 min wall' there, backed by
+    nothing); the code around it is not, nor `#!` or a comment under a settings mark; a flag word of
+    the command (`--dev-limit`) does not exempt its comment's figure."""
+    page = "```bash\n{}\n```\n"
+    assert _unbacked(tmp_path, page.format("train --steps 600   # 10.8 min wall")) == [
+        "x.md:2: 10.8 min (no result file backs it)"]
+    assert _unbacked(tmp_path, page.format("train --dev-limit 50   # stopped after 34 min")) == [
+        "x.md:2: 34 min (no result file backs it)"]
+    assert _unbacked(tmp_path, page.format("#!/bin/sh\nsleep 5 s; run --timeout 30 s")) == []
+    assert _unbacked(tmp_path, page.format("x = 1\n\n# 5 ms after the first\ny = 2")) == [
+        "x.md:4: 5 ms (no result file backs it)"]
+    settings = "<!-- figures: settings -->\n```python\nimport a\n\nfor i in r:   # 100 ms frames\n```\n"
+    assert _unbacked(tmp_path, settings) == []  # the mark covers the whole block, blank lines included
+    marked = "```\nrun --out benchmarks/results/eou_demo_cpu.json   # median {}\n```\n"
+    assert _unbacked(tmp_path, marked.format("0.201 s")) == []  # the line names its result file
+    assert _unbacked(tmp_path, marked.format("0.202 s")) == ["x.md:2: 0.202 s (not in eou_demo_cpu.json)"]

@@ -49,7 +49,7 @@ import math
 import re
 from pathlib import Path
 
-from benchmarks.performance_page_records import is_small, pair_backed, percent_numbers, records as records_of, small_backed
+from benchmarks.performance_page_records import is_count, is_small, pair_backed, percent_numbers, records as records_of, small_backed
 
 UNITS = r"µs|us|ms|s|%|points?|x|times|MB|MiB|GB|GiB|kB|KB|KiB|bytes|streams|tokens|min|minutes|seconds|hours|cores?|waits?|ticks"
 NUMBER = r"[-+]?\d[\d,]*(?:\.\d+)?"
@@ -302,7 +302,7 @@ def _why_unbacked(fig: str, unit: str, files: list[str], recs: list, others: lis
     """Why a figure under result files is not backed by them, or None (performance_page_records.py
     says what must be held together)."""
     values = [(v, d) for v, d in _values(fig) if not math.isnan(v)]
-    if unit == "" and len(values) == 2:  # a count of cases: its two numbers together
+    if unit == "" and len(values) == 2 and is_count(values[0][0], values[1][0]):  # its two numbers together
         return None if pair_backed(values[0][0], values[1][0], recs) else f"not a pair of one record of {', '.join(files)}"
     if unit.startswith("point"):  # "missed by 0.4 points": a difference of two rates side by side
         nums = [n for f in files for n in cache.setdefault(("points", f), _sibling_differences(results / f))]

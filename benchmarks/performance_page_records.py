@@ -3,7 +3,7 @@
 page_figures.py matches a figure against any number of its files, which lets a wrong "3 / 8" pass
 when a 3 and an 8 sit anywhere in the file. Here a file is cut into records, and
 
-- a count `a / b` or `a of b` is backed only when one record holds both numbers (two entries when
+- a count `a / b` or `a of b` (a <= b, b > 0) is backed only when one record holds both numbers (two entries when
   a equals b), or a text of one record reads `a/b` or `a of b`, or a number of the files is a/b
   to three or more decimals (a rate the docs quote as a count);
 - a small whole number with a unit (10 or less: "2 waits", "3 s", "8 streams") is backed only when
@@ -89,6 +89,12 @@ def _count(rec: Record, value: float) -> int:
     return sum(1 for _, n in rec.numbers if n == value)
 
 
+def is_count(a: float, b: float) -> bool:
+    """Whether `a / b` can be a count of cases (k of n): k <= n, n > 0. '189 / 0' (ms before / after)
+    is two figures side by side, each checked as a number."""
+    return 0 <= a <= b and b > 0
+
+
 def pair_backed(a: float, b: float, recs: list[Record]) -> bool:
     """Whether `a / b` (a count of cases) is held as a pair by one record, or as their ratio."""
     said = re.compile(rf"(?<![\d.]){a:g}\s?(?:/|of)\s?{b:g}(?![\d.])")
@@ -140,7 +146,8 @@ def _key_names_unit(key: str, unit: str) -> bool:
             "GiB": "bytes", "kB": "bytes", "KB": "bytes", "KiB": "bytes", "bytes": "bytes"}.get(unit)
     if kind:
         return bool(words & KEY_WORDS[kind])
-    return bool(words & {unit.lower(), unit.lower().rstrip("s"), unit.lower().rstrip("s") + "s"})
+    singular = unit.lower().rstrip("s")
+    return bool(words & ({singular, singular + "s"} | ({"cpu", "cpus"} if singular == "core" else set())))
 
 
 def percent_numbers(recs: list[Record]) -> tuple[list[float], list[float]]:

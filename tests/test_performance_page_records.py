@@ -44,7 +44,7 @@ def test_a_count_is_a_pair_of_one_record_a_text_or_a_rate(tmp_path):
     marked = "<!-- figures: r.json -->\nIt ended {} turns.\n"
     for backed in ("22 / 24", "19 of 20", "4/4", "11 of 12"):  # a row; a row; a text; the rate 0.9167
         assert _unbacked(tmp_path, marked.format(backed), results) == [], backed
-    for wrong in ("22 / 20", "19 / 24", "24/24", "10 of 12"):  # both numbers in the file, not together
+    for wrong in ("20 / 24", "19 / 24", "24/24", "10 of 12"):  # both numbers in the file, not together
         assert _unbacked(tmp_path, marked.format(wrong), results) == [
             f"x.md:2: {wrong} (not a pair of one record of r.json)"], wrong
 
@@ -108,3 +108,16 @@ def test_figures_in_code_comments_are_checked(tmp_path):
     marked = "```\nrun --out benchmarks/results/eou_demo_cpu.json   # median {}\n```\n"
     assert _unbacked(tmp_path, marked.format("0.201 s")) == []  # the line names its result file
     assert _unbacked(tmp_path, marked.format("0.202 s")) == ["x.md:2: 0.202 s (not in eou_demo_cpu.json)"]
+
+
+def test_two_figures_side_by_side_are_no_count_and_cores_are_cpus(tmp_path):
+    """'189 / 0' (ms before / after, diarization.md) cannot be k of n: each number is checked alone;
+    '2 cores' is backed by the run's cpu_count beside nothing else of its sentence."""
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "r.json").write_text(json.dumps({"run": {"cpu_count": 2}, "rows": [{"before_ms": 189, "after_ms": 0}]}))
+    marked = "<!-- figures: r.json -->\n| high | {} |\n"
+    assert _unbacked(tmp_path, marked.format("189 / 0"), results) == []
+    assert _unbacked(tmp_path, marked.format("188 / 0"), results) == ["x.md:2: 188 / 0 (not in r.json)"]
+    assert _unbacked(tmp_path, "<!-- figures: r.json -->\nOn 2 cores shared with others.\n", results) == []
+    assert _unbacked(tmp_path, "<!-- figures: r.json -->\nOn 2 streams shared with others.\n", results) != []

@@ -15,7 +15,9 @@ A ratio holds for that pair of sizes only: a 4-speaker Sortformer at NVIDIA's wi
 ASR model costs relatively more.
 Where the two preprocessors are the same (builtin:demo-sortformer beside the demo model), the
 diarizer takes its feature frames from the ASR side (diarization/shared_features.py);
---before-shared adds diarized runs on its own features, interleaved.
+--before-shared adds diarized runs on its own features, interleaved. `--diarizer tiny-sortformer-80`:
+tiny-sortformer with the demo model's 80 mels (benchmark only: the toy-width diarizer of the
+earlier cost tables, now sharing the demo model's preprocessor).
 """
 
 from __future__ import annotations
@@ -39,6 +41,26 @@ from nemo_serve.engine.endpoint import EndpointConfig  # noqa: E402
 from nemo_serve.engine.loop import Engine  # noqa: E402
 from nemo_serve.model import load_model  # noqa: E402
 from nemo_serve.synth import synth_audio  # noqa: E402
+
+
+def load_benchmark_diarizer(spec: str):
+    """load_diarizer's, or `tiny-sortformer-80` (module docstring), set up as load_diarizer sets one up."""
+    if spec != "tiny-sortformer-80":
+        return load_diarizer(spec)
+    from nemo.collections.asr.models import SortformerEncLabelModel
+    from omegaconf import OmegaConf
+
+    from nemo_serve.builtin.sortformer import HeadRecipe, _calibrate_speaker_head, diarizer_spec
+
+    cfg = diarizer_spec("tiny-sortformer")
+    cfg.model.preprocessor.features = cfg.model.encoder.feat_in = 80
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = SortformerEncLabelModel(cfg=cfg.model.copy()).float().eval()
+    _calibrate_speaker_head(model, HeadRecipe(**OmegaConf.to_container(cfg.get("random_init", {}))))
+    model.streaming_mode = model.async_streaming = True
+    apply_settings(model, MODEL_CARD_SETTINGS[DEFAULT_SETTING])
+    return model
 
 
 def timed_run(model, diarizer, batch: int, audio, diarized: bool, reuse_features: bool = True,
@@ -154,7 +176,7 @@ def main() -> None:
     torch.set_num_threads(1)
     torch.set_grad_enabled(False)
     model = load_model(args.model)
-    diarizer = load_diarizer(args.diarizer)
+    diarizer = load_benchmark_diarizer(args.diarizer)
     audio = synth_audio(args.seconds, 50).numpy()
     settings = args.settings.split(",") if args.settings else [args.setting]
     per_setting = [measure_setting(model, diarizer, setting, audio, args) for setting in settings]

@@ -212,6 +212,7 @@ class SortformerRunner:
         docstring); returns what differs (empty: shared)."""
         differences = feature_differences(asr_preprocessor, self.model.preprocessor)
         self.shares_asr_features = not differences
+        log.info("diarizer features: %s", "the ASR model's" if not differences else "its own (" + "; ".join(differences) + ")")
         return differences
 
     def take_asr_features(self, stream_id: str, t0: int, frames: torch.Tensor, last: bool) -> None:

@@ -215,11 +215,18 @@ class SortformerRunner:
         log.info("diarizer features: %s", "the ASR model's" if not differences else "its own (" + "; ".join(differences) + ")")
         return differences
 
-    def take_asr_features(self, stream_id: str, t0: int, frames: torch.Tensor, last: bool) -> None:
-        """Frames [t0, t0 + k) ([F, k]) the ASR side computed for the stream; `last`: its last."""
-        s = self.streams[stream_id]
-        s.features.add(t0, frames)  # a gap (never seen: the ASR's frames are consecutive) is computed here
-        s.asr_stopped |= last
+    def take_asr_features(self, stream_ids: list[str | None], t0s: np.ndarray, widths: np.ndarray,
+                          last: np.ndarray, feats: torch.Tensor) -> None:  # fmt: skip
+        """One ASR step's frames: row i's [t0s[i], t0s[i] + widths[i]) of `feats` [B, F, W] for the
+        diarized stream `stream_ids[i]` (None: a plain row); `last[i]`: the stream's last ASR chunk."""
+        whole = None not in stream_ids  # every row diarized: views of the step's frames keep nothing extra alive
+        for row, stream_id in enumerate(stream_ids):
+            if stream_id is None:
+                continue
+            s, frames = self.streams[stream_id], feats[row, :, : int(widths[row])]
+            # A gap (never seen: the ASR's frames are consecutive) is refused; the runner computes it.
+            s.features.add(int(t0s[row]), frames if whole else frames.clone())
+            s.asr_stopped |= bool(last[row])
 
     def asr_stopped(self, stream_id: str) -> None:
         """The ASR side will compute no more frames for the stream: the rest are computed here."""

@@ -308,10 +308,8 @@ class Engine(AdmissionMixin, AccountingMixin, CollectMixin, PublishMixin):
         A diarizer with the same preprocessor gets its streams' frames from here (diarization/runner.py)."""
         feats = self.features.compute_group([s.audio for s in streams], group.t0.tolist(), group.widths)
         if self.diarizer is not None and self.diarizer.shares_asr_features:
-            for row in [i for i, s in enumerate(streams) if s.diarized]:
-                width = int(group.widths[row])
-                self.diarizer.take_asr_features(streams[row].stream_id, int(group.t0[row]), feats[row, :, :width],
-                                                bool(group.is_last[row]))  # fmt: skip
+            stream_ids = [s.stream_id if s.diarized else None for s in streams]
+            self.diarizer.take_asr_features(stream_ids, group.t0, group.widths, group.is_last, feats)
         return feats
 
     def _launch(self, group: Group) -> InFlightStep:

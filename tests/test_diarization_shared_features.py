@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from nemo_serve.builtin.sortformer import DEMO_DIARIZER_PATH, build_diarizer
+from nemo_serve.diarization.runner import SortformerRunner
 from nemo_serve.diarization.reference import nemo_chunks, nemo_reference_preds, stream_features
 from nemo_serve.diarization.settings import MODEL_CARD_SETTINGS, apply_settings
 from nemo_serve.diarization.shared_features import feature_differences
@@ -64,6 +65,7 @@ def test_shared_features_give_nemo_speakers_and_the_own_features_speakers(monkey
     shared, shared_probs, shared_computed, engine = _run(monkeypatch, setting, True, audios)
     own, own_probs, own_computed, _ = _run(monkeypatch, setting, False, audios)
     num_frames = sum(engine.engine.diarizer._final_frames(_ended(a)) for a in audios[:2])
+    print(f"{setting}: frames computed by the diarizer: shared {shared_computed}, own {own_computed} of {num_frames}")
     assert own_computed == num_frames  # the own path: every frame once, by the diarizer
     assert shared_computed < num_frames / 10, (shared_computed, num_frames)  # at most the tails the ASR skips
     for i in (0, 1):
@@ -101,3 +103,21 @@ def test_the_configs_that_share_and_those_that_do_not():
     assert any(d.startswith("preemph") for d in found) and "buffer fb differs" in found, found
     changed.train()
     assert any("training" in d for d in feature_differences(asr, changed))
+
+
+def test_frames_the_asr_side_never_computes_are_computed_by_the_diarizer(monkeypatch):
+    """The ASR side's last chunk withheld from the diarizer, as a tail the ASR does not encode: the
+    stream's release tells the diarizer, which computes those frames itself; speakers still NeMo's."""
+    take = SortformerRunner.take_asr_features
+
+    def withholding_last(self, stream_ids, t0s, widths, last, feats):
+        take(self, [None if is_last else i for i, is_last in zip(stream_ids, last)], t0s, widths, np.zeros_like(last), feats)
+
+    monkeypatch.setattr(SortformerRunner, "take_asr_features", withholding_last)
+    audios = helpers.utterances(3, seed=7)
+    _, probs, computed, engine = _run(monkeypatch, "ultra_low", True, audios)
+    num_frames = sum(engine.engine.diarizer._final_frames(_ended(a)) for a in audios[:2])
+    assert 0 < computed < num_frames / 2, (computed, num_frames)
+    for i in (0, 1):
+        theirs = _oracle(demo_diarizer("ultra_low"), audios[i])
+        assert probs[i].shape == theirs.shape and np.abs(probs[i] - theirs).max() <= PROB_ATOL

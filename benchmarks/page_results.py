@@ -8,6 +8,8 @@ import json
 import re
 from pathlib import Path
 
+from benchmarks.performance_page_outs import copied_note
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"  # the one place the tables read from (tests point it at a copy)
 SHIPPED_DEMO = ROOT / "nemo_serve" / "assets" / "demo" / "demo.nemo"
@@ -31,7 +33,8 @@ def run_info(d: dict) -> dict:
 
 
 def source(names: list[str], infos: list[dict]) -> str:
-    lines = [f"- `{n}`: `{_short(i['command'])}` at {i['commit']}, {i['date']}" for n, i in zip(names, infos)]
+    lines = [f"- `{n}`: `{_short(i['command'])}`{copied_note(n, i['command'])} at {i['commit']}, {i['date']}"
+             for n, i in zip(names, infos)]
     return "\n\nFrom " + ("these files:\n\n" if len(lines) > 1 else "") + ("\n".join(lines) if len(lines) > 1 else lines[0][2:])
 
 

@@ -307,6 +307,18 @@ def test_device_waits_and_cores_are_units(tmp_path):
         "x.md:1: 7 waits (no result file backs it)", "x.md:3: 0.7 core (no result file backs it)"]
 
 
+def test_late_ticks_of_the_load_client_are_figures(tmp_path):
+    """'up to 139 ticks' (performance.md's front-end tables: the pacer's late bursts) is checked
+    against its files: packet_cost_decode_ring_cpu.json holds 139, not 138."""
+    page = tmp_path / "x.md"
+    marked = "<!-- figures: packet_cost_decode_ring_cpu.json -->\nThe client was late on up to {} of a repeat.\n"
+    page.write_text(marked.format("139 ticks"))
+    assert page_figures.unbacked(tmp_path, page_results.RESULTS, ["x.md"]) == []
+    page.write_text(marked.format("138 ticks"))
+    assert page_figures.unbacked(tmp_path, page_results.RESULTS, ["x.md"]) == [
+        "x.md:2: 138 ticks (not in packet_cost_decode_ring_cpu.json)"]
+
+
 def test_a_measurement_beside_a_flag_is_checked_when_a_result_file_backs_its_line(tmp_path):
     """A flag on a line exempts its numbers (limits, defaults) only where no result file is named for
     them: under a figures mark, or in a row naming its result file, a figure copied wrong is named.

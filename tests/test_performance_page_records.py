@@ -1,0 +1,110 @@
+"""performance_page.py --check's stricter matches (issue 51, audit item 1): a count's two numbers
+from one record, a small number with company, a percentage as a fraction. Each planted figure
+below passed the looser check (any number of the file, any scale)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from benchmarks import page_figures, page_results
+from benchmarks.performance_page_records import pair_backed, records
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = page_results.RESULTS
+
+
+def _unbacked(tmp_path: Path, text: str, results: Path = RESULTS) -> list[str]:
+    (tmp_path / "x.md").write_text(text)
+    return page_figures.unbacked(tmp_path, results, ["x.md"])
+
+
+def test_a_wrong_count_in_a_copy_of_the_performance_page_is_named(tmp_path):
+    """performance.md: Silero missed 2 / 100 turns (one record of eou_demo_cpu.json holds missed 2,
+    n 100); 2 / 97 has a 2 and a 97 in the file, never in one record."""
+    (tmp_path / "docs").mkdir()
+    page = tmp_path / "docs" / "performance.md"
+    shutil.copy(ROOT / "docs" / "performance.md", page)
+    assert page_figures.unbacked(tmp_path, RESULTS, ["docs/performance.md"]) == []
+    text = page.read_text()
+    assert text.count("Silero missed 2 / 100 turns") == 1
+    page.write_text(text.replace("Silero missed 2 / 100 turns", "Silero missed 2 / 97 turns"))
+    line = text[: text.index("Silero missed 2 / 100")].count("\n") + 1
+    assert page_figures.unbacked(tmp_path, RESULTS, ["docs/performance.md"]) == [
+        f"docs/performance.md:{line}: 2 / 97 (not a pair of one record of eou_demo_cpu.json)"]
+
+
+def test_a_count_is_a_pair_of_one_record_a_text_or_a_rate(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "r.json").write_text(json.dumps({
+        "rows": [{"ended": 22, "turns": 24}, {"ended": 19, "turns": 20}],
+        "summary": "4/4 token-identical", "n": 4, "share_kept": 0.9167}))
+    marked = "<!-- figures: r.json -->\nIt ended {} turns.\n"
+    for backed in ("22 / 24", "19 of 20", "4/4", "11 of 12"):  # a row; a row; a text; the rate 0.9167
+        assert _unbacked(tmp_path, marked.format(backed), results) == [], backed
+    for wrong in ("22 / 20", "19 / 24", "24/24", "10 of 12"):  # both numbers in the file, not together
+        assert _unbacked(tmp_path, marked.format(wrong), results) == [
+            f"x.md:2: {wrong} (not a pair of one record of r.json)"], wrong
+
+
+def test_a_small_number_needs_company_from_its_record(tmp_path):
+    """eou_demo_cpu.json holds a 2 (Silero missed 2 of 98 detected, p50 0.588 s): 2 s alone is no
+    measurement of it; beside 0.588 s, from the same record, it is backed."""
+    marked = "<!-- figures: eou_demo_cpu.json -->\n{}\n"
+    assert _unbacked(tmp_path, marked.format("Each turn took 2 s.")) == [
+        "x.md:2: 2 s (a small number alone: no record of eou_demo_cpu.json holds it with another figure of its sentence)"]
+    assert _unbacked(tmp_path, marked.format("It missed after 2 s, the median 0.588 s.")) == []
+    assert _unbacked(tmp_path, marked.format("It missed after 2 s. The median was 0.588 s.")) != []  # another sentence
+
+
+def test_a_small_number_is_backed_by_its_runs_flags_or_a_field_naming_its_unit(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "r.json").write_text(json.dumps({"command": "python b.py --seconds 8", "audio_s_per_stream": 6.0,
+                                                "repeats": 7}))
+    marked = "<!-- figures: r.json -->\nStreams of {} each.\n"
+    assert _unbacked(tmp_path, marked.format("8 s"), results) == []  # --seconds 8
+    assert _unbacked(tmp_path, marked.format("6 s"), results) == []  # audio_s_per_stream
+    assert _unbacked(tmp_path, marked.format("7 s"), results) != []  # repeats: no time
+
+
+def test_a_percentage_is_a_fraction_rounded_as_written(tmp_path):
+    """eou_demo_cpu.json: wer_demo 0.0932 is 9.32% and 9.3%, not 9.4%; its 97 (turns detected) is
+    no 97%; a field named as a percentage is read as written."""
+    marked = "<!-- figures: eou_demo_cpu.json -->\nThe WER was {}.\n"
+    for backed in ("9.32%", "9.3%"):
+        assert _unbacked(tmp_path, marked.format(backed)) == [], backed
+    for wrong in ("9.4%", "97%"):
+        assert _unbacked(tmp_path, marked.format(wrong)) == [f"x.md:2: {wrong[:-1]} % (not in eou_demo_cpu.json)"], wrong
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "r.json").write_text(json.dumps({"busy_pct": 88.0, "count": 93}))
+    assert _unbacked(tmp_path, "<!-- figures: r.json -->\nBusy 88% of the time.\n", results) == []
+    assert _unbacked(tmp_path, "<!-- figures: r.json -->\nBusy 93% of the time.\n", results) != []
+
+
+def test_records_keep_a_files_numbers_apart():
+    recs = records(RESULTS / "eou_turns_cpu.json")
+    assert pair_backed(22, 24, recs) and pair_backed(16, 24, recs)
+    assert not pair_backed(22, 20, recs) and not pair_backed(23, 24, recs)
+
+
+def test_figures_in_code_comments_are_checked(tmp_path):
+    """A `#` comment in a fenced block is a claim (demo_model.md said '10.8 min wall' there, backed by
+    nothing); the code around it is not, nor `#!` or a comment under a settings mark; a flag word of
+    the command (`--dev-limit`) does not exempt its comment's figure."""
+    page = "```bash\n{}\n```\n"
+    assert _unbacked(tmp_path, page.format("train --steps 600   # 10.8 min wall")) == [
+        "x.md:2: 10.8 min (no result file backs it)"]
+    assert _unbacked(tmp_path, page.format("train --dev-limit 50   # stopped after 34 min")) == [
+        "x.md:2: 34 min (no result file backs it)"]
+    assert _unbacked(tmp_path, page.format("#!/bin/sh\nsleep 5 s; run --timeout 30 s")) == []
+    assert _unbacked(tmp_path, page.format("x = 1\n\n# 5 ms after the first\ny = 2")) == [
+        "x.md:4: 5 ms (no result file backs it)"]
+    settings = "<!-- figures: settings -->\n```python\nimport a\n\nfor i in r:   # 100 ms frames\n```\n"
+    assert _unbacked(tmp_path, settings) == []  # the mark covers the whole block, blank lines included
+    marked = "```\nrun --out benchmarks/results/eou_demo_cpu.json   # median {}\n```\n"
+    assert _unbacked(tmp_path, marked.format("0.201 s")) == []  # the line names its result file
+    assert _unbacked(tmp_path, marked.format("0.202 s")) == ["x.md:2: 0.202 s (not in eou_demo_cpu.json)"]

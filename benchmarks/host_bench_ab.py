@@ -34,6 +34,7 @@ def run_level(tree: Path, streams: int, context_right: int, seconds: float, args
         cmd = [sys.executable, "benchmarks/host_bench.py", "--streams", str(streams), "--context-right", str(context_right),
                "--ready-fraction", args.ready_fraction, "--seconds", str(seconds), "--out", out.name]
         cmd += ["--overlap"] if args.overlap else []
+        cmd += ["--profile"] if args.profile else []
         subprocess.run(cmd, cwd=tree, env=dict(os.environ, PYTHONPATH=str(tree)), check=True, capture_output=True)
         return json.loads(Path(out.name).read_text())["core"]
 
@@ -47,11 +48,13 @@ def summary(runs: list[dict]) -> list[dict]:
         row[r["kind"]].append(r)
     out = []
     for row in rows.values():
-        for name in ("core_cpu_us_per_stream_step", "inprocess_cpu_us_per_stream_step"):
+        for name in ("core_cpu_us_per_stream_step", "inprocess_cpu_us_per_stream_step", "core_gc_us_per_stream_step"):
+            if name not in row["new"][0]:  # the collector's passes: measured since issue 46's third pass
+                continue
             old = sorted(r[name] for r in row["old"])
             new = sorted(r[name] for r in row["new"])
             row[f"{name}_old"], row[f"{name}_new"] = old[len(old) // 2], new[len(new) // 2]
-            row[f"{name}_new_over_old"] = round(new[len(new) // 2] / old[len(old) // 2], 3)
+            row[f"{name}_new_over_old"] = round(new[len(new) // 2] / old[len(old) // 2], 3) if old[len(old) // 2] else None
         row["stub_tokens_per_frame"] = row["new"][0].get("core_stub_tokens_per_frame")
         row["budget_us_per_stream_step"] = row["new"][0]["budget_us_per_stream_step"]
         del row["old"], row["new"]
@@ -72,6 +75,7 @@ def main() -> None:
     p.add_argument("--seconds-1120", type=float, default=6.0)
     p.add_argument("--reps", type=int, default=1)
     p.add_argument("--overlap", action="store_true")
+    p.add_argument("--profile", action="store_true", help="host_bench.py --profile in both trees: each run's profile is in `runs`")
     p.add_argument("--notes", default=None)
     p.add_argument("--out", required=True)
     args = p.parse_args()

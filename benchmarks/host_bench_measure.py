@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.host_bench_profile import _timed, _timed_off
+from benchmarks.host_bench_profile import GC_SECONDS, _timed, _timed_off
 from benchmarks.host_bench_stub import _collect_stub, _StubPreprocessor, _stub_step
 
 OVERLAP = [False]  # --overlap: the engine launches step N+1 before collecting step N (engine/loop.py)
@@ -58,6 +58,7 @@ def measure(model, num_streams: int, seconds: float, tokens_per_frame: float, re
         warm, steps = _iterations(g, num_streams, per_turn, seconds)
         cpu, stream_steps, iterations = 0.0, 0, 0
         gc.collect()
+        GC_SECONDS[0] = 0.0
         flying = engine.engine.in_flight.flying
         emitted.update(tokens=0, frames=0)
         for i in range(steps):
@@ -85,6 +86,7 @@ def measure(model, num_streams: int, seconds: float, tokens_per_frame: float, re
         "stream_steps": stream_steps,
         "inprocess_cpu_us_per_stream_step": round(1e6 * cpu / max(stream_steps, 1), 2),
         "inprocess_cpu_ms_per_iteration": round(1e3 * cpu / max(iterations, 1), 2),
+        "inprocess_gc_us_per_stream_step": round(1e6 * GC_SECONDS[0] / max(stream_steps, 1), 2),
         "stub_tokens_per_frame": round(emitted["tokens"] / max(emitted["frames"], 1), 4),
         "budget_us_per_stream_step": round(1e3 * g.chunk_ms / num_streams, 2),
     }
@@ -207,6 +209,7 @@ def measure_core(model, num_streams: int, seconds: float, tokens_per_frame: floa
         warm, steps = _iterations(g, num_streams, per_turn, seconds)
         cpu, io_cpu, stream_steps, iterations = 0.0, 0.0, 0, 0
         gc.collect()
+        GC_SECONDS[0] = 0.0
         emitted.update(tokens=0, frames=0)
         for i in range(steps):
             now = time.time()
@@ -245,6 +248,7 @@ def measure_core(model, num_streams: int, seconds: float, tokens_per_frame: floa
         "core_cpu_us_per_stream_step": round(1e6 * total / max(stream_steps, 1), 2),
         "core_loop_thread_us_per_stream_step": round(1e6 * cpu / max(stream_steps, 1), 2),
         "core_zmq_io_us_per_stream_step": round(1e6 * io_cpu / max(stream_steps, 1), 2),
+        "core_gc_us_per_stream_step": round(1e6 * GC_SECONDS[0] / max(stream_steps, 1), 2),  # the loop thread's collector passes, in its figure
         "core_cpu_ms_per_iteration": round(1e3 * total / max(iterations, 1), 2),
         "core_results_messages": received["messages"],
         "core_results_updates": received["updates"],

@@ -152,6 +152,8 @@ async def _connect(url: str) -> PicowsStream:
                                                max_frame_size=MAX_FRAME_BYTES)  # fmt: skip
     except WSInvalidStatusError as e:
         raise HandshakeRefused(_status_of(e)) from e
+    if listener is None:  # seen at 512 streams on 2 cores: the connection went before the listener was made
+        raise StreamClosed(None)
     return PicowsStream(transport, listener)
 
 

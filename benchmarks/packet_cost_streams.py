@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -129,11 +130,11 @@ def main() -> None:
     p.add_argument("--out", default=None)
     args = p.parse_args()
     load_picows.WS_PACKET_MS = PACKET_MS  # before the workers fork
+    record = run_record() | {"notes": args.notes}  # at the start: the code that runs, not what is there at the end
     levels = [int(n) for n in args.streams.split(",")]
-    out_dir = Path(args.out).parent if args.out else Path("/tmp")
-    out_dir.mkdir(parents=True, exist_ok=True)
     fast_port = free_port()
-    server = Server(args.model, args.context_right, 1, max(levels) + 16, out_dir.resolve() / "packet_cost_streams.server.log",
+    log_path = Path(tempfile.gettempdir()) / "packet_cost_streams.server.log"  # not a result: not beside --out
+    server = Server(args.model, args.context_right, 1, max(levels) + 16, log_path,
                     extra_args=("--fast-ws-port", str(fast_port)))  # fmt: skip
     server.fast_port = fast_port
     rows = []
@@ -144,15 +145,24 @@ def main() -> None:
         idle = idle_rate(fe_pids, 3.0)
         for n in levels:
             for path in args.paths.split(","):
-                rows.append(measure(server, fe_pids, idle, path, n, args))
+                rows.append(measure_or_error(server, fe_pids, idle, path, n, args))
+                if args.out:  # after every row: a later level that breaks the run loses nothing before it
+                    write_json(args.out, {"run": record, "model": args.model, "context_right": args.context_right,
+                                          "packet_ms": PACKET_MS, "target_us_per_packet": 25,
+                                          "idle_frontend_cores": round(idle, 4), "rows": rows,
+                                          "settings": {k: v for k, v in vars(args).items() if k not in ("notes", "out")}})  # fmt: skip
                 wait_streams_closed(server)
     finally:
         server.stop()
-    result = {"run": run_record() | {"notes": args.notes}, "model": args.model, "context_right": args.context_right,
-              "packet_ms": PACKET_MS, "target_us_per_packet": 25, "idle_frontend_cores": round(idle, 4),
-              "settings": {k: v for k, v in vars(args).items() if k not in ("notes", "out")}, "rows": rows}  # fmt: skip
-    if args.out:
-        write_json(args.out, result)
+
+
+def measure_or_error(server: Server, fe_pids: list[int], idle_cores: float, path: str, n: int, args) -> dict:
+    """A level whose load generator broke is kept as an invalid row with the error, not a crash."""
+    try:
+        return measure(server, fe_pids, idle_cores, path, n, args)
+    except Exception as e:  # noqa: BLE001 - any failure of the generator's processes
+        print(f"{path:16s} N={n:5d} failed: {e!r}", flush=True)
+        return {"path": path, "streams": n, "verdict": "error", "valid": False, "error": repr(e)[:300]}
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ side-by-side run of the same change."""
 from __future__ import annotations
 
 from benchmarks.page_cpu import FAST_SUFFIX, PACKET_PATHS, PACKET_ROWS
+from benchmarks import page_results
 from benchmarks.page_results import read, run_info, source
 
 HANDOVER_FILES = ("packet_cost_handover_cpu.json", "packet_cost_handover_confirm_cpu.json")  # (profiled, longer)
@@ -85,3 +86,51 @@ def table_packet_cost_decode() -> str:
              "| largest parts, after (µs per packet, py-spy) | target |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     rows += _rows(sockets, ("before", "after"))
     return "\n".join(rows) + source([PATH_FILE, DECODE_RING_FILE], [run_info(d), run_info(sockets)])
+
+
+# ----------------------------------------------------------------------------- cost against streams
+# benchmarks/packet_cost_streams.py: a sweep of levels, then the middle levels again (repeats)
+STREAMS_FILES = ("packet_cost_streams_cpu.json", "packet_cost_streams_repeat_cpu.json")
+STREAM_PATHS = {  # packet_cost_streams.py path -> the row's name
+    "ws_uvicorn": "/ws, 20 ms float32 frames, uvicorn (--port)",
+    "ws_picows": "/ws, 20 ms float32 frames, picows (--fast-ws-port)",
+    "realtime_picows": "/v1/realtime append, 20 ms base64 PCM16 at 16 kHz, picows (--fast-ws-port)",
+}
+VERDICT_WORDS = {"keeps_up": "", "generator_late": " (invalid: generator late)", "server_behind": " (invalid: server behind)"}
+
+
+def _streams_cell(row: dict) -> str:
+    if row["verdict"] == "error":
+        return "the load generator failed (invalid)"
+    return f"{row['us_per_packet_all_in']:.1f} µs, p99 {row['send_lateness_ms']['p99']:.1f} ms{VERDICT_WORDS[row['verdict']]}"
+
+
+def _first_met(rows: list[dict], target: float) -> str:
+    """The target's verdict from valid levels only; what invalid runs showed is said apart."""
+    valid = [r for r in rows if r["valid"]]
+    met = [r for r in valid if r["us_per_packet_all_in"] <= target]
+    if met:
+        return f"met at {met[0]['streams']} streams"
+    largest = max((r["streams"] for r in valid), default=None)
+    valid_words = f"valid levels up to {largest} streams" if largest else "no valid level"
+    seen = [r for r in rows if r.get("us_per_packet_all_in", target + 1) <= target]
+    if seen:
+        return f"**not shown** ({valid_words}; under it from {seen[0]['streams']} streams in invalid runs)"
+    return f"**missed** ({valid_words})"
+
+
+def table_packet_cost_streams() -> str:
+    """Front-end µs per paced 20 ms packet at each streams-per-front-end level (every run of it,
+    `;` apart), with the load generator's p99 lateness and each run's verdict."""
+    runs = [read(name) for name in STREAMS_FILES if (page_results.RESULTS / name).exists()]
+    all_rows = sorted((r for d in runs for r in d["rows"]), key=lambda r: r["streams"])
+    levels = sorted({r["streams"] for r in all_rows})
+    target = runs[0]["target_us_per_packet"]
+    rows = ["| path (1 front end, paced 20 ms packets) | " + " | ".join(f"{n} streams" for n in levels)
+            + " | target |", "|---|" + "---|" * len(levels) + "---|"]  # fmt: skip
+    for path, name in STREAM_PATHS.items():
+        mine = [r for r in all_rows if r["path"] == path]
+        cells = ["; ".join(_streams_cell(r) for r in mine if r["streams"] == n) or "-" for n in levels]
+        rows.append(f"| {name} | " + " | ".join(cells) + f" | {target} µs: {_first_met(mine, target)} |")
+    names = [n for n in STREAMS_FILES if (page_results.RESULTS / n).exists()]
+    return "\n".join(rows) + source(names, [run_info(d) for d in runs])

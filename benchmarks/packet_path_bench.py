@@ -10,6 +10,7 @@ at 24 kHz, base64 in JSON, resampled to 16 kHz, turn_detection null), Riva 16 kH
   ring       EngineClient.push of 320 float32 samples into a shared-memory ring (positions in
              shared memory, as on x86-64 servers)
   take_frame the transport's hand-over of one frame: session, parse, decode, ring, position
+  render     one /v1/realtime partial rendered (OpenAIRenderer.render: item id, delta, JSON)
   floor      a sketch, not the server's code: PCM16 scaled straight into the ring slice, what a
              decode fused with the ring write would cost (decode + ring apart: the gap)
 The engine client is real (SharedSlots, the slot table, publish_write) but has no core: between
@@ -204,6 +205,33 @@ def path_riva():
     return lambda: call.push(data), lambda: _catch_up(engine, lambda: (call.session,))
 
 
+def part_render_realtime_delta():
+    """One partial through /v1/realtime's renderer (OpenAIRenderer.render: the item's id, the
+    delta event, its JSON), the text growing by a word per result as a partial's does; the
+    renderer's memory of sent text is reset between batches (the catch-up)."""
+    from types import SimpleNamespace as NS
+
+    from nemo_serve.engine.results import StreamResult
+    from nemo_serve.server.realtime_render import OpenAIRenderer
+
+    item = NS(start_s=0.0)
+    items = NS(keys=NS(key_to_stream={0: item}), vad=None, rt=NS(turn_detection=None))
+    renderer = OpenAIRenderer(items)
+    texts = [" ".join(["word"] * k) for k in range(1, BATCH + 1)]
+    results = [StreamResult("s", t, 0, False, [1], [1] * k, [0.1] * k, 0.0, 1.0, 0.0) for k, t in enumerate(texts, 1)]
+    state = {"k": 0}
+
+    def call():
+        renderer.render(results[state["k"]])
+        state["k"] += 1
+
+    def catch_up():
+        state["k"] = 0
+        renderer.sent_text.clear()
+
+    return call, catch_up
+
+
 CASES = {
     "decode_ws_s16": lambda: part_decode("pcm_s16le", RATE),
     "decode_ws_f32": lambda: part_decode("pcm_f32le", RATE),
@@ -214,6 +242,7 @@ CASES = {
     "take_frame_ws_f32": lambda: path_ws("pcm_f32le"),
     "take_frame_realtime_24k": path_realtime,
     "push_riva_16k": path_riva,
+    "render_realtime_delta": part_render_realtime_delta,
 }
 
 

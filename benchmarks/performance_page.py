@@ -29,7 +29,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent  # the pages' root (tests point it at a copy)
 sys.path.insert(0, str(ROOT))
 from benchmarks import page_cpu, page_gpu, page_quality, page_results  # noqa: E402
-from benchmarks.packet_cost_table import table_packet_cost_decode, table_packet_cost_handover  # noqa: E402
+from benchmarks.packet_cost_table import (  # noqa: E402
+    table_packet_cost_decode,
+    table_packet_cost_handover,
+    table_packet_cost_streams,
+)
 from benchmarks.page_figures import PENDING, unbacked  # noqa: E402
 from benchmarks.performance_page_outs import unsaid_copies  # noqa: E402
 
@@ -48,7 +52,7 @@ TABLES = {  # marker name -> the function that renders it
     "sweeps": page_cpu.table_sweeps, "mode-mix": page_cpu.table_mode_mix, "ring": page_cpu.table_ring,
     "packet-cost": page_cpu.table_packet_cost, "ws-layer": page_cpu.table_ws_layer,
     "packet-cost-ring": page_cpu.table_packet_cost_ring, "packet-cost-handover": table_packet_cost_handover,
-    "packet-cost-decode": table_packet_cost_decode,
+    "packet-cost-decode": table_packet_cost_decode, "packet-cost-streams": table_packet_cost_streams,
     "demo-wer": page_quality.table_demo_wer, "boost-benefit": page_quality.table_boost_benefit,
     "boost-cost": page_quality.table_boost_cost, "overload": page_quality.table_overload, "fuzz": page_quality.table_fuzz,
 }

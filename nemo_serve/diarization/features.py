@@ -19,28 +19,44 @@ import torch
 
 
 class KeptFeatures:
-    """One stream's feature frames [first_frame, end_frame), as [F, frames] on the device."""
+    """One stream's feature frames [first_frame, end_frame), consecutive, on the device: pieces
+    [F, k] joined only when a chunk reads them (the ASR side adds one piece per ASR step, so joining
+    at every add would copy the kept frames once per ASR step)."""
 
     def __init__(self) -> None:
-        self.frames: torch.Tensor | None = None  # [F, end_frame - first_frame]
+        self.pieces: list[torch.Tensor] = []  # [F, k] each, consecutive from first_frame
         self.first_frame = 0
+        self.num_kept = 0
 
     @property
     def end_frame(self) -> int:
-        return self.first_frame + (0 if self.frames is None else self.frames.shape[1])
+        return self.first_frame + self.num_kept
 
     def missing_from(self, t0: int) -> int:
         """The first frame at or after t0 not computed yet."""
-        return max(t0, self.end_frame) if self.frames is not None else t0
+        return max(t0, self.end_frame) if self.num_kept else t0
+
+    def add(self, t0: int, frames: torch.Tensor) -> bool:
+        """Frames [t0, t0 + k) ([F, k], final: they never change) kept; those already kept are
+        skipped. False, and nothing kept, where they would leave a gap after end_frame (the
+        caller computes the gap's frames itself when a chunk needs them)."""
+        if t0 > self.end_frame:
+            return False
+        fresh = frames[:, self.end_frame - t0 :]
+        if fresh.shape[1]:
+            self.pieces.append(fresh)
+            self.num_kept += fresh.shape[1]
+        return True
 
     def window(self, t0: int, n: int, new: torch.Tensor | None) -> torch.Tensor:
         """Frames [t0, t0 + n) as [n, F], `new` ([F, k], the frames from missing_from(t0) on)
         appended first; frames before t0 are forgotten (the next chunk starts after it)."""
-        if self.frames is None or t0 >= self.end_frame:
-            self.frames, self.first_frame = new, t0
-        else:
-            kept = self.frames[:, t0 - self.first_frame :]
-            self.frames = kept if new is None else torch.cat([kept, new], dim=1)
-            self.first_frame = t0
+        if not self.num_kept or t0 >= self.end_frame:
+            self.pieces, self.first_frame, self.num_kept = [], t0, 0
+        if new is not None:
+            self.add(self.missing_from(t0), new)
+        frames = self.pieces[0] if len(self.pieces) == 1 else torch.cat(self.pieces, dim=1)
+        frames = frames[:, t0 - self.first_frame :]
+        self.pieces, self.first_frame, self.num_kept = [frames], t0, frames.shape[1]
         assert self.end_frame >= t0 + n, (self.first_frame, self.end_frame, t0, n)
-        return self.frames[:, :n].T
+        return frames[:, :n].T

@@ -15,7 +15,14 @@ loop gets on the whole file, and its speaker probabilities equal NeMo's loop on 
 differs from the ASR model's, and the ASR side drops samples it no longer needs.
 
 Features are computed per step for the rows' chunks only (engine/frontend.py FeatureExtractor on the
-diarizer's own preprocessor): equal to the whole-file features, as for the ASR model.
+diarizer's own preprocessor): equal to the whole-file features, as for the ASR model. Where the
+diarizer's preprocessor is the ASR model's (diarization/shared_features.py), the engine hands each
+diarized stream's ASR frames over as it computes them (`take_asr_features`) and a chunk waits until
+the ASR side has computed its frames, so the preprocessor runs once per frame, not twice; once the
+ASR side has stopped for the stream (`asr_stopped`: its last chunk launched, or the stream released
+on a tail it does not encode) the diarizer computes what is still missing itself, from its copy of
+the audio. The wait delays a chunk by at most one ASR chunk; the speakers are for the ASR's tokens,
+which come no earlier than the ASR step that computed the frames.
 
 Launch, then collect, as the ASR steps (engine/loop.py): `launch` decides the step on the host
 (diarization/step.py plan_step: no device read) and enqueues it; a stream's chunk position moves on
@@ -38,6 +45,7 @@ import torch
 
 from ..engine.frontend import AudioBuffer, FeatureExtractor
 from .features import KeptFeatures
+from .shared_features import feature_differences
 from .reference import FeatureChunk
 from .slots import SpeakerCacheSlots
 from .step import DiarStepBatch, make_batch, plan_step, run_step
@@ -112,6 +120,7 @@ class DiarStream:
     features: KeptFeatures = field(default_factory=KeptFeatures)  # frames computed and still needed
     next_start: int = 0  # feature frame where its next chunk to launch starts (moved on at launch)
     collected_end: int = 0  # feature frame its collected chunks reach
+    asr_stopped: bool = False  # the ASR side computes no more of its frames (shared features only)
     done: bool = False  # every chunk of its (ended) input stepped and collected
 
     @property
@@ -178,6 +187,7 @@ class SortformerRunner:
         self.num_steps = 0  # steps run (tests: a server with only plain streams runs none)
         self.seconds = 0.0  # time in plan, step and collect (the loop adds it up; benchmarks read it)
         self.feature_seconds = 0.0  # of which in the preprocessor (benchmarks: the reuse's before/after)
+        self.shares_asr_features = False  # frames from the ASR side (share_features_with)
 
     # ------------------------------------------------------------------ streams
     def open(self, stream_id: str, max_speakers: int) -> None:
@@ -196,6 +206,32 @@ class SortformerRunner:
         if (s := self.streams.get(stream_id)) is not None:
             s.audio.finish()
             self._mark_done(s)
+
+    def share_features_with(self, asr_preprocessor: torch.nn.Module) -> list[str]:
+        """Take feature frames from the ASR side if its preprocessor is the diarizer's (module
+        docstring); returns what differs (empty: shared)."""
+        differences = feature_differences(asr_preprocessor, self.model.preprocessor)
+        self.shares_asr_features = not differences
+        log.info("diarizer features: %s", "the ASR model's" if not differences else "its own (" + "; ".join(differences) + ")")
+        return differences
+
+    def take_asr_features(self, stream_ids: list[str | None], t0s: np.ndarray, widths: np.ndarray,
+                          last: np.ndarray, feats: torch.Tensor) -> None:  # fmt: skip
+        """One ASR step's frames: row i's [t0s[i], t0s[i] + widths[i]) of `feats` [B, F, W] for the
+        diarized stream `stream_ids[i]` (None: a plain row); `last[i]`: the stream's last ASR chunk."""
+        whole = None not in stream_ids  # every row diarized: views of the step's frames keep nothing extra alive
+        for row, stream_id in enumerate(stream_ids):
+            if stream_id is None:
+                continue
+            s, frames = self.streams[stream_id], feats[row, :, : int(widths[row])]
+            # A gap (never seen: the ASR's frames are consecutive) is refused; the runner computes it.
+            s.features.add(int(t0s[row]), frames if whole else frames.clone())
+            s.asr_stopped |= bool(last[row])
+
+    def asr_stopped(self, stream_id: str) -> None:
+        """The ASR side will compute no more frames for the stream: the rest are computed here."""
+        if (s := self.streams.get(stream_id)) is not None:
+            s.asr_stopped = True
 
     def problems(self) -> list[str]:
         """What disagrees in the diarizer's books (Engine.check_accounting): its slot pool holds
@@ -286,6 +322,8 @@ class SortformerRunner:
         else:
             return None
         left = min(self.left_frames, stt)
+        if self.shares_asr_features and not s.asr_stopped and s.features.end_frame < end + right:
+            return None  # its frames come from the ASR side's next steps
         return stt - left, end + right - stt + left, left, right, end
 
     def _mark_done(self, s: DiarStream) -> None:

@@ -202,6 +202,7 @@ class AdmissionMixin:
         self._num_phrases -= len(s.phrases.phrases) if s.phrases else 0
         released = ReleasedStream(s.stream_id, s.slot)
         if s.diarized and not aborted:
+            self.diarizer.asr_stopped(s.stream_id)  # its last frames, if the ASR side never computed them
             self.speakers.hold_release(released)
             return
         if s.diarized:

@@ -126,6 +126,7 @@ class Engine(AdmissionMixin, AccountingMixin, CollectMixin, PublishMixin):
             from ..diarization.runner import SortformerRunner  # NeMo's Sortformer only where one is served
 
             self.diarizer = SortformerRunner(diarizer, num_slots)
+            self.diarizer.share_features_with(model.preprocessor)  # its own preprocessor run where they differ
             self.speakers = SpeakerAttacher(self.diarizer, model.geometry.encoder_frame_s)
         self.token_confidence = token_confidence
         self.eou = EouTokens.from_vocabulary(model.vocabulary)  # empty unless the model has <EOU>/<EOB>
@@ -303,8 +304,13 @@ class Engine(AdmissionMixin, AccountingMixin, CollectMixin, PublishMixin):
         return groups
 
     def _features(self, streams: list[Stream], group: Group) -> torch.Tensor:
-        """[B, F, W] new frames for the group; final short chunks are computed apart and padded."""
-        return self.features.compute_group([s.audio for s in streams], group.t0.tolist(), group.widths)
+        """[B, F, W] new frames for the group; final short chunks are computed apart and padded.
+        A diarizer with the same preprocessor gets its streams' frames from here (diarization/runner.py)."""
+        feats = self.features.compute_group([s.audio for s in streams], group.t0.tolist(), group.widths)
+        if self.diarizer is not None and self.diarizer.shares_asr_features:
+            stream_ids = [s.stream_id if s.diarized else None for s in streams]
+            self.diarizer.take_asr_features(stream_ids, group.t0, group.widths, group.is_last, feats)
+        return feats
 
     def _launch(self, group: Group) -> InFlightStep:
         t_start = time.perf_counter()

@@ -21,6 +21,8 @@ realtime_parse.py turns a text frame into one of these events.
 
 from __future__ import annotations
 
+import itertools
+import os
 import uuid
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
@@ -39,6 +41,26 @@ DIARIZING_MODEL = "gpt-4o-transcribe-diarize"  # OpenAI's diarizing transcriber:
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:20]}"
+
+
+class _EventIds:
+    """event_ids: a random per-process prefix and a counter, as new_id's shape (20 hex digits).
+    Why not new_id: uuid4 cost 2.6 µs of every event of every result (a delta per partial), and an
+    event id only labels the event (no client sends one back to find anything). Reset in a forked
+    child, so two front ends never share a prefix."""
+
+    def __init__(self) -> None:
+        self.reset()
+        os.register_at_fork(after_in_child=self.reset)
+
+    def reset(self) -> None:
+        self.prefix, self.numbers = os.urandom(6).hex(), itertools.count()
+
+    def next(self) -> str:
+        return f"event_{self.prefix}{next(self.numbers) & 0xFFFFFFFF:08x}"
+
+
+new_event_id = _EventIds().next
 
 
 class RealtimeError(ValueError):
@@ -269,11 +291,34 @@ class RealtimeConfig:
 class ServerEvent(BaseModel):
     model_config = ConfigDict(extra="allow")  # the few events with dialect-dependent fields
     type: str
-    event_id: str = Field(default_factory=lambda: new_id("event"))
+    event_id: str = Field(default_factory=new_event_id)
 
 
 def event(type_: str, **fields) -> ServerEvent:
     return ServerEvent(type=type_, **fields)
+
+
+class DeltaEvent(msgspec.Struct):
+    """conversation.item.input_audio_transcription.delta, the one event of nearly every result,
+    rendered without pydantic: the same JSON as `event(...)`'s, field for field and in the same
+    order (tests/test_realtime_events.py), for a fraction of its CPU (with the cheaper event id and
+    the item id made once: a partial rendered took 9.36 µs, now 2.06; packet_path_render_cpu.json)."""
+
+    type: str
+    event_id: str
+    item_id: str
+    content_index: int
+    delta: str
+
+    def model_dump_json(self) -> str:
+        return _encode_event(self).decode()
+
+
+_encode_event = msgspec.json.Encoder().encode
+
+
+def delta_event(type_: str, item_id: str, delta: str) -> DeltaEvent:
+    return DeltaEvent(type_, new_event_id(), item_id, 0, delta)
 
 
 def error_event(message: str, *, type_: str = "invalid_request_error", code: str | None = None,

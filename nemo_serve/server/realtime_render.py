@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from ..engine.results import StreamResult
 from .nim_items import LastUtterance
 from .realtime_items import ItemStream
-from .realtime_protocol import ServerEvent, completed_event, event, new_id
+from .realtime_protocol import DeltaEvent, ServerEvent, completed_event, delta_event, event, new_id
 from .realtime_speakers import segment_events
 from .wire import Rendered
 
@@ -38,6 +38,7 @@ class ItemManager(Protocol):
     ctx: Any  # context.ServerContext
 
 TRANSCRIPTION = "conversation.item.input_audio_transcription"
+DELTA = f"{TRANSCRIPTION}.delta"
 
 
 class OpenAIRenderer:
@@ -51,7 +52,10 @@ class OpenAIRenderer:
         self.cleared: set[int] = set()  # segments whose completion is not sent
 
     def item_id(self, segment: int) -> str:
-        return self.segment_to_item.setdefault(segment, new_id("item"))
+        item_id = self.segment_to_item.get(segment)  # not setdefault: a new id (uuid4) per call
+        if item_id is None:
+            item_id = self.segment_to_item[segment] = new_id("item")
+        return item_id
 
     def committed_event(self, segment: int) -> ServerEvent:
         """input_audio_buffer.committed for `segment`'s item, chained to the item before it."""
@@ -77,7 +81,7 @@ class OpenAIRenderer:
             return Rendered(frames)
         return Rendered(frames, close=end_reason_text(session.end_reason or "end"))
 
-    def _text_events(self, r: StreamResult, item: ItemStream) -> list[ServerEvent]:
+    def _text_events(self, r: StreamResult, item: ItemStream) -> list[ServerEvent | DeltaEvent]:
         """The delta, and before the item's first one speech_started (turn detection on, no detector)."""
         sent = self.sent_text.get(r.segment, "")
         if r.segment in self.cleared or not r.text.startswith(sent) or len(r.text) <= len(sent):
@@ -87,7 +91,7 @@ class OpenAIRenderer:
             self.speaking.add(r.segment)
             events.append(event("input_audio_buffer.speech_started", item_id=item_id,
                                 audio_start_ms=self._speech_start_ms(item, r)))  # fmt: skip
-        events.append(event(f"{TRANSCRIPTION}.delta", item_id=item_id, content_index=0, delta=r.text[len(sent):]))
+        events.append(delta_event(DELTA, item_id, r.text[len(sent):]))
         self.sent_text[r.segment] = r.text
         return events
 

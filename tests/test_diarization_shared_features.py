@@ -1,0 +1,123 @@
+"""A diarizer whose preprocessor is the ASR model's takes its feature frames from the ASR side
+(diarization/shared_features.py, diarization/runner.py): no second preprocessor run, the speakers
+still NeMo's loop's and the same as with the diarizer's own frames; where the configs differ the
+diarizer computes its own (test_diarization_engine.py runs that path: tiny-sortformer's 128 mels
+beside the demo ASR model's 80)."""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import numpy as np
+import pytest
+import torch
+
+from nemo_serve.builtin.sortformer import DEMO_DIARIZER_PATH, build_diarizer
+from nemo_serve.diarization.runner import SortformerRunner
+from nemo_serve.diarization.reference import nemo_chunks, nemo_reference_preds, stream_features
+from nemo_serve.diarization.settings import MODEL_CARD_SETTINGS, apply_settings
+from nemo_serve.diarization.shared_features import feature_differences
+from tests import helpers
+
+from .helpers_diarization import _assert_empty, _drive, _kept_probabilities
+
+pytestmark = pytest.mark.skipif(not DEMO_DIARIZER_PATH.exists(), reason="no demo_sortformer.nemo shipped")
+PROB_ATOL = 2e-5  # as tests/test_diarization_step.py
+
+
+@functools.lru_cache(maxsize=None)
+def demo_diarizer(setting: str):
+    model = build_diarizer("demo-sortformer")  # 80 mels, as the demo ASR model
+    model.streaming_mode = model.async_streaming = True
+    apply_settings(model, MODEL_CARD_SETTINGS[setting])
+    return model
+
+
+def _oracle(model, audio: np.ndarray) -> np.ndarray:
+    return nemo_reference_preds(model, nemo_chunks(model, stream_features(model, torch.from_numpy(audio)))).numpy()
+
+
+def _run(monkeypatch, setting: str, share: bool, audios):
+    """Two diarized streams and a plain one, opened at different ticks; (results, probabilities
+    per diarized stream, frames the diarizer's own preprocessor computed, engine)."""
+    kept = _kept_probabilities(monkeypatch)
+    engine = helpers.new_engine(helpers.model(None), 3, diarizer=demo_diarizer(setting))
+    runner, computed = engine.engine.diarizer, []
+    assert runner.shares_asr_features, "the demo ASR model's and demo-sortformer's preprocessors differ"
+    runner.shares_asr_features = share
+    compute = runner.features.compute
+
+    def counting(audios, t0s, n, **kw):
+        computed.append(n * len(audios))
+        return compute(audios, t0s, n, **kw)
+
+    monkeypatch.setattr(runner.features, "compute", counting)
+    options = [{"max_speakers": 4}, {"max_speakers": 2}, None]
+    results, ids = _drive(engine, audios, options, packet=1234, start_tick=[0, 3, 1])
+    _assert_empty(engine)
+    return results, [kept[ids[0]], kept[ids[1]]], sum(computed), engine
+
+
+@pytest.mark.parametrize("setting", ["ultra_low", "low"])
+def test_shared_features_give_nemo_speakers_and_the_own_features_speakers(monkeypatch, setting):
+    audios = helpers.utterances(3, seed=7)
+    shared, shared_probs, shared_computed, engine = _run(monkeypatch, setting, True, audios)
+    own, own_probs, own_computed, _ = _run(monkeypatch, setting, False, audios)
+    num_frames = sum(engine.engine.diarizer._final_frames(_ended(a)) for a in audios[:2])
+    print(f"{setting}: frames computed by the diarizer: shared {shared_computed}, own {own_computed} of {num_frames}")
+    assert own_computed == num_frames  # the own path: every frame once, by the diarizer
+    assert shared_computed < num_frames / 10, (shared_computed, num_frames)  # at most the tails the ASR skips
+    for i in (0, 1):
+        theirs = _oracle(demo_diarizer(setting), audios[i])
+        assert shared_probs[i].shape == theirs.shape
+        diff = np.abs(shared_probs[i] - theirs).max()
+        print(f"{setting} stream {i}: shared max |p - p_nemo| = {diff:.2e}, own {np.abs(own_probs[i] - theirs).max():.2e}")
+        assert diff <= PROB_ATOL, (i, diff)
+        assert np.array_equal(shared_probs[i] > 0.5, theirs > 0.5) and np.array_equal(shared_probs[i].argmax(1), theirs.argmax(1))
+        assert np.abs(shared_probs[i] - own_probs[i]).max() <= PROB_ATOL
+    speakers = [[(r.token_speakers, r.speaker) for r in rs if r.is_final] for rs in shared]
+    assert speakers == [[(r.token_speakers, r.speaker) for r in rs if r.is_final] for rs in own]
+    assert any(s for s, _ in speakers[0]), "no token got a speaker"
+    assert all(r.token_speakers is None for r in shared[2])  # the plain stream
+
+
+def _ended(audio: np.ndarray):
+    from nemo_serve.engine.frontend import AudioBuffer
+
+    buffer = AudioBuffer()
+    buffer.extend((audio,), 0.0)
+    buffer.finish()
+    return buffer
+
+
+def test_the_configs_that_share_and_those_that_do_not():
+    asr = helpers.model(None).preprocessor
+    assert feature_differences(asr, demo_diarizer("low").preprocessor) == []  # pad_to 0 / 16: ignored
+    tiny = build_diarizer("tiny-sortformer").preprocessor
+    assert any(d.startswith("nfilt") for d in feature_differences(asr, tiny))
+    changed = copy.deepcopy(demo_diarizer("low").preprocessor)
+    changed.featurizer.preemph = 0.96
+    changed.featurizer.fb[0, 0, 1] += 1e-7  # one filterbank weight
+    found = feature_differences(asr, changed)
+    assert any(d.startswith("preemph") for d in found) and "buffer fb differs" in found, found
+    changed.train()
+    assert any("training" in d for d in feature_differences(asr, changed))
+
+
+def test_frames_the_asr_side_never_computes_are_computed_by_the_diarizer(monkeypatch):
+    """The ASR side's last chunk withheld from the diarizer, as a tail the ASR does not encode: the
+    stream's release tells the diarizer, which computes those frames itself; speakers still NeMo's."""
+    take = SortformerRunner.take_asr_features
+
+    def withholding_last(self, stream_ids, t0s, widths, last, feats):
+        take(self, [None if is_last else i for i, is_last in zip(stream_ids, last)], t0s, widths, np.zeros_like(last), feats)
+
+    monkeypatch.setattr(SortformerRunner, "take_asr_features", withholding_last)
+    audios = helpers.utterances(3, seed=7)
+    _, probs, computed, engine = _run(monkeypatch, "ultra_low", True, audios)
+    num_frames = sum(engine.engine.diarizer._final_frames(_ended(a)) for a in audios[:2])
+    assert 0 < computed < num_frames / 2, (computed, num_frames)
+    for i in (0, 1):
+        theirs = _oracle(demo_diarizer("ultra_low"), audios[i])
+        assert probs[i].shape == theirs.shape and np.abs(probs[i] - theirs).max() <= PROB_ATOL

@@ -221,9 +221,9 @@ class SortformerRunner:
         diarized stream `stream_ids[i]` (None: a plain row); `last[i]`: the stream's last ASR chunk."""
         whole = None not in stream_ids  # every row diarized: views of the step's frames keep nothing extra alive
         for row, stream_id in enumerate(stream_ids):
-            if stream_id is None:
-                continue
-            s, frames = self.streams[stream_id], feats[row, :, : int(widths[row])]
+            if (s := self.streams.get(stream_id)) is None:  # a plain row (an open diarized stream is always here:
+                continue  # Engine.check_accounting), skipped rather than failing the core's loop
+            frames = feats[row, :, : int(widths[row])]
             # A gap (never seen: the ASR's frames are consecutive) is refused; the runner computes it.
             s.features.add(int(t0s[row]), frames if whole else frames.clone())
             s.asr_stopped |= bool(last[row])

@@ -9,6 +9,7 @@ import math
 import random
 import shutil
 
+import numpy as np
 import pytest
 import torch
 
@@ -111,3 +112,55 @@ def test_training_with_ema_evaluates_and_saves_the_average(small_corpus, tmp_pat
     key = "sortformer_modules.single_hidden_to_spks.weight"
     assert torch.equal(saved[key], last["ema"][key])
     assert not torch.equal(saved[key], last["model"][key])
+
+
+def test_a_logit_offset_in_the_head_decides_at_half_as_the_model_did_at_the_lower_threshold():
+    """diar_calibrate's premise: bias + b at p > 0.5 equals the unshifted model at p > sigmoid(-b)."""
+    from nemo_serve.training.diar_calibrate import shift_speaker_logits, threshold_for
+    from nemo_serve.training.diar_eval import offline_preds
+    from nemo_serve.training.diar_train import build_model
+
+    torch.manual_seed(0)
+    model = build_model(init_encoder=None).eval()
+    audio = 0.1 * torch.randn(4 * 16000)
+    before = offline_preds(model, audio)
+    shift_speaker_logits(model, 0.3)
+    after = offline_preds(model, audio)
+    assert torch.equal(after > 0.5, before > threshold_for(0.3))
+    assert int((after > 0.5).sum()) > int((before > 0.5).sum())  # the shift did move decisions
+
+
+def _one_speaker(p_speech: float, p_silence: float):
+    """Speaker 0 speaks 0-4 s of 6 s; preds [75 frames of 80 ms, 4]: p_speech there, p_silence elsewhere."""
+    preds = np.full((75, 4), 0.05, np.float32)
+    preds[:, 0] = p_silence
+    preds[:50, 0] = p_speech
+    return [preds], [(None, [(0, 0.0, 4.0)], 6.0)]
+
+
+def test_the_offset_is_the_smallest_one_with_the_lowest_dev_der():
+    from nemo_serve.training.diar_calibrate import best_offset, der_at_offsets
+
+    cautious = der_at_offsets(*_one_speaker(0.45, 0.05))  # all speech missed at 0.5
+    assert cautious[0.0].der == 1.0 and best_offset(cautious) == 0.25  # 0.2 -> 0.4502, still above 0.45
+    confident = der_at_offsets(*_one_speaker(0.6, 0.45))  # right at 0.5; a shift of 0.25 adds false alarm
+    assert confident[0.0].der == 0.0 and confident[0.25].false_alarm_s > 0 and best_offset(confident) == 0.0
+
+
+@needs_espeak
+def test_calibration_saves_the_chosen_offset_in_the_head(small_corpus, tmp_path, capsys):
+    from nemo_serve.training.diar_calibrate import main
+    from nemo_serve.training.diar_eval import load_model
+    from nemo_serve.training.diar_train import build_model
+
+    data, _ = small_corpus
+    torch.manual_seed(0)
+    build_model(init_encoder=None).save_to(str(tmp_path / "in.nemo"))
+    main(["--model", str(tmp_path / "in.nemo"), "--data", str(data), "--out", str(tmp_path / "out.nemo"),
+          "--offsets", "0.3"])  # one candidate: a random model's dev DER may well choose no shift
+    bias_in = load_model(str(tmp_path / "in.nemo")).sortformer_modules.single_hidden_to_spks.bias
+    bias_out = load_model(str(tmp_path / "out.nemo")).sortformer_modules.single_hidden_to_spks.bias
+    chosen = float(capsys.readouterr().out.split("logit offset ")[1].split()[0])
+    shift = (bias_out - bias_in).detach()
+    assert chosen == 0.3
+    assert torch.allclose(shift, torch.full_like(shift, chosen), atol=1e-6)  # one offset for all speakers

@@ -14,10 +14,11 @@ import pytest
 import torch
 
 from nemo_serve.builtin.sortformer import DEMO_DIARIZER_PATH, build_diarizer
-from nemo_serve.diarization.runner import SortformerRunner
 from nemo_serve.diarization.reference import nemo_chunks, nemo_reference_preds, stream_features
+from nemo_serve.diarization.runner import SortformerRunner
 from nemo_serve.diarization.settings import MODEL_CARD_SETTINGS, apply_settings
 from nemo_serve.diarization.shared_features import feature_differences
+from nemo_serve.engine.frontend import AudioBuffer
 from tests import helpers
 
 from .helpers_diarization import _assert_empty, _drive, _kept_probabilities
@@ -82,9 +83,7 @@ def test_shared_features_give_nemo_speakers_and_the_own_features_speakers(monkey
     assert all(r.token_speakers is None for r in shared[2])  # the plain stream
 
 
-def _ended(audio: np.ndarray):
-    from nemo_serve.engine.frontend import AudioBuffer
-
+def _ended(audio: np.ndarray) -> AudioBuffer:
     buffer = AudioBuffer()
     buffer.extend((audio,), 0.0)
     buffer.finish()

@@ -45,8 +45,8 @@ import torch
 
 from ..engine.frontend import AudioBuffer, FeatureExtractor
 from .features import KeptFeatures
-from .shared_features import feature_differences
 from .reference import FeatureChunk
+from .shared_features import feature_differences
 from .slots import SpeakerCacheSlots
 from .step import DiarStepBatch, make_batch, plan_step, run_step
 

@@ -199,8 +199,9 @@ class EngineCoreProc:
 # Container allocations between young-generation passes while serving (Python's default: 700).
 # A step allocates a few lists per stepped stream, so the default ran a pass every few hundred
 # rows and, every hundred passes, one over the streams' long-lived objects (16,000 streams: the
-# collector was about a third of the core's host time per stream-step, host_bench.py). The
-# garbage that waits longer is at most this many young objects.
+# collector was a third of the core's host time per stream-step,
+# host_profile_ab_issue46_gc_cpu.json). The garbage that waits longer is at most this many young
+# objects.
 GC_YOUNG_THRESHOLD = 20_000
 
 

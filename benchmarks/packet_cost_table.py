@@ -89,8 +89,8 @@ def table_packet_cost_decode() -> str:
 
 
 # ----------------------------------------------------------------------------- cost against streams
-# benchmarks/packet_cost_streams.py: a sweep of levels, then the middle levels again (repeats)
-STREAMS_FILES = ("packet_cost_streams_cpu.json", "packet_cost_streams_repeat_cpu.json")
+# benchmarks/packet_cost_streams.py (a sweep of levels, the middle ones run twice)
+STREAMS_FILES = ("packet_cost_streams_cpu.json",)
 STREAM_PATHS = {  # packet_cost_streams.py path -> the row's name
     "ws_uvicorn": "/ws, 20 ms float32 frames, uvicorn (--port)",
     "ws_picows": "/ws, 20 ms float32 frames, picows (--fast-ws-port)",
@@ -112,11 +112,11 @@ def _first_met(rows: list[dict], target: float) -> str:
     if met:
         return f"met at {met[0]['streams']} streams"
     largest = max((r["streams"] for r in valid), default=None)
-    valid_words = f"valid levels up to {largest} streams" if largest else "no valid level"
+    words = f"**missed** at every valid level (the largest: {largest} streams)" if largest else "no valid level"
     seen = [r for r in rows if r.get("us_per_packet_all_in", target + 1) <= target]
     if seen:
-        return f"**not shown** ({valid_words}; under it from {seen[0]['streams']} streams in invalid runs)"
-    return f"**missed** ({valid_words})"
+        words += f"; under it from {seen[0]['streams']} streams in invalid runs (not shown)"
+    return words
 
 
 def table_packet_cost_streams() -> str:

@@ -22,6 +22,7 @@ from nemo_serve.engine.frontend import AudioBuffer
 from tests import helpers
 
 from .helpers_diarization import _assert_empty, _drive, _kept_probabilities
+from .test_diarization_overlap import ThreadDiarDevice
 
 pytestmark = pytest.mark.skipif(not DEMO_DIARIZER_PATH.exists(), reason="no demo_sortformer.nemo shipped")
 PROB_ATOL = 2e-5  # as tests/test_diarization_step.py
@@ -39,12 +40,15 @@ def _oracle(model, audio: np.ndarray) -> np.ndarray:
     return nemo_reference_preds(model, nemo_chunks(model, stream_features(model, torch.from_numpy(audio)))).numpy()
 
 
-def _run(monkeypatch, setting: str, share: bool, audios):
+def _run(monkeypatch, setting: str, share: bool, audios, overlap: bool = False):
     """Two diarized streams and a plain one, opened at different ticks; (results, probabilities
-    per diarized stream, frames the diarizer's own preprocessor computed, engine)."""
+    per diarized stream, frames the diarizer's own preprocessor computed, engine). `overlap`: the
+    overlapped loop, the diarizer's steps on a stand-in device thread (test_diarization_overlap.py)."""
     kept = _kept_probabilities(monkeypatch)
-    engine = helpers.new_engine(helpers.model(None), 3, diarizer=demo_diarizer(setting))
+    engine = helpers.new_engine(helpers.model(None), 3, diarizer=demo_diarizer(setting), overlap=overlap)
     runner, computed = engine.engine.diarizer, []
+    if overlap:
+        runner.device = ThreadDiarDevice(0.004)
     assert runner.shares_asr_features, "the demo ASR model's and demo-sortformer's preprocessors differ"
     runner.shares_asr_features = share
     compute = runner.features.compute
@@ -81,6 +85,19 @@ def test_shared_features_give_nemo_speakers_and_the_own_features_speakers(monkey
     assert speakers == [[(r.token_speakers, r.speaker) for r in rs if r.is_final] for rs in own]
     assert any(s for s, _ in speakers[0]), "no token got a speaker"
     assert all(r.token_speakers is None for r in shared[2])  # the plain stream
+
+
+def test_shared_features_with_the_overlapped_loop_give_nemo_speakers(monkeypatch):
+    """Overlap on (NEMO_SERVE_OVERLAP=1): the ASR step's frames are handed over at its launch and
+    the diarizer's steps run on another thread; its probabilities are still NeMo's loop's."""
+    audios = helpers.utterances(3, seed=7)
+    results, probs, computed, engine = _run(monkeypatch, "ultra_low", True, audios, overlap=True)
+    num_frames = sum(engine.engine.diarizer._final_frames(_ended(a)) for a in audios[:2])
+    assert computed < num_frames / 10, (computed, num_frames)
+    for i in (0, 1):
+        theirs = _oracle(demo_diarizer("ultra_low"), audios[i])
+        assert probs[i].shape == theirs.shape and np.abs(probs[i] - theirs).max() <= PROB_ATOL, i
+    assert all(r.token_speakers is not None for rs in results[:2] for r in rs if r.is_final)
 
 
 def _ended(audio: np.ndarray) -> AudioBuffer:

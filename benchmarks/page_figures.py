@@ -79,10 +79,7 @@ NOT_MEASURED = {
 
 # Measured figures known to be unbacked on a page this branch may not edit (another branch owns it):
 # --check prints each and does not fail on it, until its owner backs or removes it. Never a new one.
-PENDING = {
-    ("docs/diarization.md", "74 s"): "the diarization corpus build's wall time, in a code comment (issue 51); "
-                                     "diarization.md is being edited on the diarization branches",
-}
+PENDING: dict[tuple[str, str], str] = {}  # (page, "figure unit") -> why it waits for its page's owner
 
 SCALES = {  # unit -> the factors from a result file's number to the unit written
     "time": (1, 1e3, 1e-3, 1e6, 1e-6, 1 / 60, 1 / 3600),

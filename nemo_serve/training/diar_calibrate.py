@@ -78,7 +78,8 @@ def main(argv=None) -> None:
     shift_speaker_logits(model, chosen)
     model.save_to(str(a.out))
     if a.report:
-        command = " ".join(["python -m nemo_serve.training.diar_calibrate", *(argv if argv is not None else sys.argv[1:])])
+        args = argv if argv is not None else sys.argv[1:]
+        command = " ".join(["python -m nemo_serve.training.diar_calibrate", *args])
         a.report.write_text(json.dumps({"command": command, "model": a.model, "split": "dev",
                                         "num_conversations": len(dev), "chosen_logit_offset": chosen,
                                         "dev_der_no_collar": {str(o): c.as_dict() for o, c in scores.items()}},

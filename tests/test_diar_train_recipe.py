@@ -5,6 +5,7 @@ A bank of a few espeak-ng utterances (seconds of CPU) and a two-layer stand-in m
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import shutil
@@ -157,10 +158,14 @@ def test_calibration_saves_the_chosen_offset_in_the_head(small_corpus, tmp_path,
     torch.manual_seed(0)
     build_model(init_encoder=None).save_to(str(tmp_path / "in.nemo"))
     main(["--model", str(tmp_path / "in.nemo"), "--data", str(data), "--out", str(tmp_path / "out.nemo"),
-          "--offsets", "0.3"])  # one candidate: a random model's dev DER may well choose no shift
+          "--offsets", "0.3", "--report", str(tmp_path / "report.json")])  # one candidate: a random model's
+    # dev DER may well choose no shift
     bias_in = load_model(str(tmp_path / "in.nemo")).sortformer_modules.single_hidden_to_spks.bias
     bias_out = load_model(str(tmp_path / "out.nemo")).sortformer_modules.single_hidden_to_spks.bias
     chosen = float(capsys.readouterr().out.split("logit offset ")[1].split()[0])
     shift = (bias_out - bias_in).detach()
     assert chosen == 0.3
     assert torch.allclose(shift, torch.full_like(shift, chosen), atol=1e-6)  # one offset for all speakers
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["chosen_logit_offset"] == 0.3 and list(report["dev_der_no_collar"]) == ["0.3"]
+    assert "--offsets 0.3" in report["command"]

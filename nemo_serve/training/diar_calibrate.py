@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -63,6 +64,7 @@ def main(argv=None) -> None:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--offsets", default=",".join(map(str, OFFSETS)), help="candidate logit offsets")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--report", type=Path, help="also write the dev DER per offset and the choice here (JSON)")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     model = load_model(a.model)
@@ -75,6 +77,13 @@ def main(argv=None) -> None:
     chosen = best_offset(scores)
     shift_speaker_logits(model, chosen)
     model.save_to(str(a.out))
+    if a.report:
+        args = argv if argv is not None else sys.argv[1:]
+        command = " ".join(["python -m nemo_serve.training.diar_calibrate", *args])
+        a.report.write_text(json.dumps({"command": command, "model": a.model, "split": "dev",
+                                        "num_conversations": len(dev), "chosen_logit_offset": chosen,
+                                        "dev_der_no_collar": {str(o): c.as_dict() for o, c in scores.items()}},
+                                       indent=1) + "\n")
     print(f"logit offset {chosen} (dev DER {scores[chosen].der:.4f}) -> {a.out}")
 
 

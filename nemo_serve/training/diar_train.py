@@ -242,7 +242,7 @@ def main(argv=None) -> None:
     p.add_argument("--resume", action="store_true")
     p.add_argument("--init-from", type=Path, help="start from this .nemo's weights (no last.pt to resume)")
     p.add_argument("--ema", type=float, default=0.0, help="EMA decay per step of the evaluated/shipped weights")
-    p.add_argument("--speaker-counts", default=None, help="speakers per conversation drawn from this list, e.g. 2,3,4,4")
+    p.add_argument("--speaker-counts", default=None, help="speakers per conversation, drawn from e.g. 2,3,4,4")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)

@@ -41,6 +41,8 @@ def recorded_command(path: Path) -> str | None:
 def written_elsewhere(name: str, command: str) -> str | None:
     """The path the command wrote to, when that is not benchmarks/results/NAME; else None."""
     command = NOTES.sub("", command)  # free text may hold a '>' or an '--out' of its own
+    if re.search(rf"(?:^|[\s=])(?:\S*/)?benchmarks/results/{re.escape(name)}(?:\s|$)", command):
+        return None  # written by another flag of its own (`--report FILE` beside a model's `--out`)
     outs = [m.group("path") for m in OUT.finditer(command) if m.group("path") not in PLACEHOLDERS]
     if not outs or any(o == name or o.endswith(f"benchmarks/results/{name}") for o in outs):
         return None

@@ -26,6 +26,9 @@ def test_where_a_command_wrote():
     assert written_elsewhere(name, "python b.py --out /tmp/a/x_cpu.json") == "/tmp/a/x_cpu.json"
     assert written_elsewhere(name, "python b.py > /tmp/x_cpu.json") == "/tmp/x_cpu.json"
     assert written_elsewhere(name, "python b.py --out benchmarks/results/y_cpu.json") == "benchmarks/results/y_cpu.json"
+    # a model's --out beside the result file's own flag: the file is the command's own
+    assert written_elsewhere(name, "python c.py --out work_data/m.nemo --report benchmarks/results/x_cpu.json") is None
+    assert written_elsewhere(name, "python c.py --out work_data/m.nemo --report benchmarks/results/xx_cpu.json") == "work_data/m.nemo"
 
 
 def test_a_planted_copy_is_named_until_a_line_says_so(tmp_path):

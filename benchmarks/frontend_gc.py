@@ -5,7 +5,7 @@
 
 packet_cost.py's servers and paced paths (real sockets, --frontends 1), with every server process
 started with benchmarks/gc_probe/ on PYTHONPATH: its sitecustomize times each collector pass
-(gc.callbacks) per generation. For each path the front end's passes and their time over the paced
+(gc.callbacks) per generation, in CPU of the collecting thread and in wall time. For each path the front end's passes and their time over the paced
 window, divided by the packets sent, beside packet_cost's CPU per packet; and the heap the
 collector tracks in the front end once it serves (objects tracked, objects frozen). --tree
 LABEL=PATH twice compares two trees side by side, as packet_cost.py does.
@@ -41,9 +41,11 @@ def probe(probe_dir: Path, pid: int) -> dict:
 def collector_per_packet(before: dict, after: dict, packets: int) -> dict:
     passes = [a - b for a, b in zip(after["passes"], before["passes"])]
     seconds = [a - b for a, b in zip(after["seconds"], before["seconds"])]
+    wall = [a - b for a, b in zip(after["wall_seconds"], before["wall_seconds"])]
     return {
         "passes_by_generation": passes,
-        "collector_ms_by_generation": [round(1e3 * s, 2) for s in seconds],
+        "collector_cpu_ms_by_generation": [round(1e3 * s, 2) for s in seconds],
+        "collector_wall_ms_by_generation": [round(1e3 * s, 2) for s in wall],  # preemption included
         "passes_per_1000_packets": round(1e3 * sum(passes) / max(packets, 1), 2),
         "collector_us_per_packet": round(1e6 * sum(seconds) / max(packets, 1), 2),
     }
@@ -65,7 +67,8 @@ def run_tree(targets: list[Target], probe_dir: Path, args, x_by_rate: dict) -> d
                 time.sleep(0.6)
                 r.update(collector_per_packet(before, probe(probe_dir, t.fe_pids[0]), r["packets"]))
                 print(f"{t.label:8s} {path:30s} collector {r['collector_us_per_packet']:6.2f} us/packet "
-                      f"({r['passes_by_generation']} passes, {r['collector_ms_by_generation']} ms)", flush=True)
+                      f"({r['passes_by_generation']} passes, {r['collector_cpu_ms_by_generation']} ms CPU, "
+                      f"{r['collector_wall_ms_by_generation']} ms wall)", flush=True)
                 rows[t.label]["paths"].setdefault(path, []).append(r)
     return rows
 

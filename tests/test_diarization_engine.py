@@ -357,3 +357,34 @@ def _ended_buffer(audio: np.ndarray) -> AudioBuffer:
     buffer.extend((audio,), time.time())
     buffer.finish()
     return buffer
+
+
+def test_an_id_the_diarizer_still_holds_is_refused_before_any_slot_is_taken():
+    """A stream whose ASR side has ended keeps its diarizer slot until its speakers are out; a
+    second stream opened meanwhile with its id (the bare engine's API allows it) is refused before
+    the engine takes its slot, so the refusal loses nothing: the slot stays free, the books agree,
+    and the id opens again once the first stream's release is out."""
+    engine = helpers.bare_engine(helpers.model(None), 2, diarizer=diarizer())
+    first = engine.admit(slot=0, stream_id="x", diarization={"max_speakers": 2})
+    engine.take_audio(first, (helpers.utterances(1, seed=2)[0][:40000],), time.time())
+    engine.finish(first)
+    released = []
+    for _ in range(200):
+        released += [r.stream_id for r in engine.iterate().released]
+        if not engine.slots.holds(first):
+            break
+    assert "x" in engine.diarizer.streams and not released, "the ASR side ended with the diarizer done: no window"
+    with pytest.raises(ValueError, match="'x'"):
+        engine.admit(slot=1, stream_id="x", diarization={"max_speakers": 2})
+    assert not engine.slots.held[1]
+    assert engine.check_accounting() == 0
+    for _ in range(200):
+        released += [r.stream_id for r in engine.iterate().released]
+        if released:
+            break
+    assert released == ["x"]
+    again = engine.admit(slot=1, stream_id="x", diarization={"max_speakers": 2})
+    engine.abort(again)
+    engine.iterate()
+    assert engine.check_accounting() == 0
+    assert not engine.diarizer.streams and not engine.slots.held.any()

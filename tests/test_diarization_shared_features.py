@@ -175,7 +175,8 @@ def test_every_way_the_asr_side_stops_the_diarizer_ends_or_releases(monkeypatch,
     monkeypatch.setattr(runner, "asr_stopped", stopping)
     audios = helpers.utterances(4, seed=3)
     g = engine.engine.geometry  # frames at the end of input: samples // hop + 1 (engine/geometry.py)
-    tail_frames = g.first_frames + (len(audios[1]) // g.hop_samples - g.first_frames) // g.chunk_frames * g.chunk_frames - g.chunk_frames + 4
+    later_chunks = (len(audios[1]) // g.hop_samples - g.first_frames) // g.chunk_frames - 1  # all within its audio
+    tail_frames = g.first_frames + later_chunks * g.chunk_frames + 4
     audios[1] = audios[1][: (tail_frames - 1) * g.hop_samples + 50]
     assert 0 < 4 < g.min_later_frames
     results = [[] for _ in audios]

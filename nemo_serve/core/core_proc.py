@@ -20,7 +20,6 @@ This module holds everything the core does over the wire; the core holds none of
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import signal
@@ -29,6 +28,7 @@ import time
 
 import zmq
 
+from ..collector import tune_collector_for_serving
 from ..console import configure_logging
 from ..engine.invariants import from_env as invariant_log
 from . import messages as m
@@ -194,28 +194,6 @@ class EngineCoreProc:
         self.control.close(0)
         if self._own_context and stopped:  # waits for the results sockets' linger (core_io.STOP_LINGER_MS): the last finals go out
             self._zmq.term()
-
-
-# Container allocations between young-generation passes while serving (Python's default: 700).
-# A step allocates a few lists per stepped stream, so the default ran a pass every few hundred
-# rows and, every hundred passes, one over the streams' long-lived objects (16,000 streams: the
-# collector was a third of the core's host time per stream-step,
-# host_profile_ab_issue46_gc_cpu.json). The garbage that waits longer is at most this many young
-# objects.
-GC_YOUNG_THRESHOLD = 20_000
-
-
-def tune_collector_for_serving() -> None:
-    """Leave the heap built before serving (torch, NeMo, the model: hundreds of thousands of
-    objects that live as long as the process) out of the cyclic collector's passes, as vLLM's
-    engine core does after start-up, and run the young-generation pass less often
-    (GC_YOUNG_THRESHOLD). Without them the passes that the per-step lists trigger walked that
-    heap and the streams' objects again and again (host_bench_ab_issue46_gc_cpu.json). Objects
-    made later (streams, updates) are still collected; only cyclic garbage already there at the
-    freeze would stay, and gc.collect() runs first so there is none."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
 
 
 def run_core_process(settings, ipc_dir: str, lock, conn, parent_pid: int) -> None:

@@ -47,7 +47,7 @@ from ..engine.frontend import AudioBuffer, FeatureExtractor
 from .features import KeptFeatures
 from .reference import FeatureChunk
 from .shared_features import feature_differences
-from .slots import SpeakerCacheSlots
+from .slots import NoFreeSlot, SpeakerCacheSlots
 from .step import DiarStepBatch, make_batch, plan_step, run_step
 
 log = logging.getLogger("nemo_serve.diarization")
@@ -193,6 +193,15 @@ class SortformerRunner:
     def open(self, stream_id: str, max_speakers: int) -> None:
         self.pool.acquire(stream_id)  # NoFreeSlot, ValueError for an id already open
         self.streams[stream_id] = DiarStream(stream_id, max_speakers, SpeakerWindow(self.num_speakers))
+
+    def check_open(self, stream_id: str) -> None:
+        """ValueError / NoFreeSlot where `open` would refuse the stream, before the engine takes any
+        of its slots: an id still held here (a stream whose ASR side ended, waiting for its
+        speakers: the engine's slot table no longer has it), or no free diarizer slot."""
+        if stream_id in self.pool.stream_to_slot:
+            raise ValueError(f"stream id {stream_id!r} is still open on the diarizer (its speakers are not out yet)")
+        if not self.pool.num_free:
+            raise NoFreeSlot(f"all {self.pool.num_slots} diarization slots are in use")
 
     def close(self, stream_id: str) -> None:
         """Idempotent."""

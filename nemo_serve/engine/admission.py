@@ -106,6 +106,8 @@ class AdmissionMixin:
             phrases=request,
             audio=AudioBuffer(self._audio_capacity(self.model.geometries[options.context_right])),
         )
+        if options.diarization is not None:  # before the slot is taken: a refusal must leave nothing held
+            self.diarizer.check_open(stream.stream_id)
         self.slots.take(stream, slot)
         if options.diarization is not None:  # its diarizer slot: one per engine slot, so one is free
             self.diarizer.open(stream.stream_id, options.diarization.max_speakers)

@@ -22,6 +22,7 @@ import sys
 import uvicorn
 from uvicorn.config import STARTUP_FAILURE
 
+from ..collector import tune_collector_for_serving
 from ..config import Settings
 from . import logsafe
 from .connections import ConnectionLimits
@@ -62,6 +63,9 @@ class DrainingServer(uvicorn.Server):
                 sys.exit(STARTUP_FAILURE)
         if self.fast_ws is not None and not self.should_exit:
             await self.fast_ws.start()  # a port in use fails the start-up, as --port's would
+        # Every listener up, the lifespan run: what exists now lives as long as the process. Ours
+        # alone: the Ray replica (build_frontend too) runs in Ray's worker, whose heap is Ray's.
+        tune_collector_for_serving()
 
     async def shutdown(self, sockets=None) -> None:
         if self._grpc is not None:

@@ -155,9 +155,9 @@ def test_every_way_the_asr_side_stops_the_diarizer_ends_or_releases(monkeypatch,
     stops for a stream, the stream still gets its diarizer tail (its `done` final, every token
     with a speaker) or its release: its last chunk at the end of input (0); an input that ends 4
     frames past a chunk, a tail the ASR side does not encode, so the core releases the stream on it
-    (1); an abort mid-stream while its diarizer waits for frames (2); a forced final, then the end (3).
-    Bounded: a stream that waited forever would fail the tick limit, a leaked slot the last check."""
-    engine = helpers.new_engine(helpers.model(None), 4, diarizer=demo_diarizer("ultra_low"), overlap=overlap)
+    (1); an abort mid-stream while its diarizer waits for frames (2); a forced final, then the end
+    (3); an input that ends at once, with no audio (4); one shorter than the first chunk (5). Bounded: a stream that waited forever would fail the tick limit, a leaked slot the last check."""
+    engine = helpers.new_engine(helpers.model(None), 6, diarizer=demo_diarizer("ultra_low"), overlap=overlap)
     runner = engine.engine.diarizer
     assert runner.shares_asr_features
     handed_last, stopped, waited = set(), set(), set()
@@ -173,22 +173,23 @@ def test_every_way_the_asr_side_stops_the_diarizer_ends_or_releases(monkeypatch,
 
     monkeypatch.setattr(runner, "take_asr_features", taking)
     monkeypatch.setattr(runner, "asr_stopped", stopping)
-    audios = helpers.utterances(4, seed=3)
+    audios = helpers.utterances(4, seed=3) + [np.zeros(0, np.float32), helpers.utterances(1, seed=4)[0][:4800]]
     g = engine.engine.geometry  # frames at the end of input: samples // hop + 1 (engine/geometry.py)
     later_chunks = (len(audios[1]) // g.hop_samples - g.first_frames) // g.chunk_frames - 1  # all within its audio
     tail_frames = g.first_frames + later_chunks * g.chunk_frames + 4
     audios[1] = audios[1][: (tail_frames - 1) * g.hop_samples + 50]
     assert 0 < 4 < g.min_later_frames
     results = [[] for _ in audios]
-    hs = [engine.open_stream(results[i].append, diarization={"max_speakers": 4}) for i in range(4)]
+    hs = [engine.open_stream(results[i].append, diarization={"max_speakers": 4}) for i in range(len(audios))]
     ids = [h.stream_id for h in hs]
-    pos, half = [0] * 4, [len(a) // 2 for a in audios]
+    pos, half = [0] * len(audios), [len(a) // 2 for a in audios]
+    engine.finish(hs[4])
     aborted = forced = False
     for tick in range(3000):
-        for i in (0, 1, 3):
+        for i in (0, 1, 3, 5):
             _feed(engine, hs[i], audios[i], len(audios[i]) if i != 3 or forced else half[i], pos, i)
         _feed(engine, hs[2], audios[2], half[2], pos, 2)
-        for i in (0, 1):
+        for i in (0, 1, 5):
             if pos[i] == len(audios[i]) and not hs[i].finished:
                 engine.finish(hs[i])  # with its last packet
         s2 = runner.streams.get(ids[2])
@@ -202,7 +203,7 @@ def test_every_way_the_asr_side_stops_the_diarizer_ends_or_releases(monkeypatch,
         if pos[3] == len(audios[3]) and not hs[3].finished:
             engine.finish(hs[3])
         engine.iterate()
-        if aborted and all(results[i] and results[i][-1].done for i in (0, 1, 3)) and not runner.streams:
+        if aborted and all(results[i] and results[i][-1].done for i in (0, 1, 3, 4, 5)) and not runner.streams:
             break
     else:
         raise AssertionError(f"streams waited: {sorted(runner.streams)}, results {[len(r) for r in results]}")
@@ -211,7 +212,8 @@ def test_every_way_the_asr_side_stops_the_diarizer_ends_or_releases(monkeypatch,
     assert ids[0] in handed_last and ids[1] not in handed_last and ids[1] in stopped, (handed_last, stopped)
     assert ids[2] in waited and not any(r.done for r in results[2])
     assert [r.end_reason for r in results[3] if r.is_final][0] == "force_final"
-    for i in (0, 1, 3):
+    assert ids[5] in handed_last and [r.token_ids for r in results[4]] == [[]], (handed_last, results[4])
+    for i in (0, 1, 3, 4, 5):
         finals = [r for r in results[i] if r.is_final]
-        assert finals[-1].done and any(r.token_ids for r in finals), i
+        assert finals[-1].done and (i >= 4 or any(r.token_ids for r in finals)), i  # 0.3 s: no word yet
         assert all(r.token_speakers is not None and len(r.token_speakers) == len(r.token_ids) for r in finals), i

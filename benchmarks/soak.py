@@ -267,6 +267,38 @@ def plot(report: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def build_report(args, protocols: list[str], roles: dict[str, int], sampler: Sampler, churn: Churn, after: dict,
+                 exit_code: int, log_path: Path) -> dict:  # fmt: skip
+    from benchmarks.common import run_record
+
+    log_text = log_path.read_text(errors="replace")
+    streams_total = Counter()
+    for counts in churn.outcomes.values():
+        streams_total.update(counts)
+    return {
+        "run": run_record(),
+        "minutes": args.minutes,
+        "frontends": args.frontends,
+        "num_slots": args.num_slots,
+        "speed": args.speed,
+        "protocols": protocols,
+        "processes": roles,
+        "rss_mib": sampler.rss,
+        "rss_summary": {role: summarize_series(series) for role, series in sampler.rss.items()},
+        "free_slots": sampler.free_slots,
+        "streams": {proto: dict(sorted(c.items())) for proto, c in churn.outcomes.items()},
+        "streams_total": dict(sorted(streams_total.items())),
+        "num_streams": sum(streams_total.values()),
+        "mismatches": churn.mismatches[:5],
+        "num_mismatches": len(churn.mismatches),
+        "errors": churn.errors[:10],
+        "slots_free_at_end": after["free_slots"] == after["total_slots"] and after["open_streams"] == 0,
+        "readyz_at_end": {k: after[k] for k in ("free_slots", "total_slots", "open_streams")},
+        "server_exit_code": exit_code,
+        "log_tracebacks": log_text.count("Traceback"),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=6.0)
@@ -281,7 +313,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="write the JSON here (and a PNG beside it when matplotlib is installed)")
     args = p.parse_args(argv)
 
-    from benchmarks.common import run_record
     from nemo_serve.client import read_file
 
     wav = UTTERANCE_DIR / "000.wav"
@@ -307,31 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if server.proc.poll() is None:
             os.killpg(server.proc.pid, signal.SIGKILL)
-    log_text = server.log_path.read_text(errors="replace")
-    streams_total = Counter()
-    for counts in churn.outcomes.values():
-        streams_total.update(counts)
-    report = {
-        "run": run_record(),
-        "minutes": args.minutes,
-        "frontends": args.frontends,
-        "num_slots": args.num_slots,
-        "speed": args.speed,
-        "protocols": protocols,
-        "processes": roles,
-        "rss_mib": sampler.rss,
-        "rss_summary": {role: summarize_series(series) for role, series in sampler.rss.items()},
-        "free_slots": sampler.free_slots,
-        "streams": {proto: dict(sorted(c.items())) for proto, c in churn.outcomes.items()},
-        "streams_total": dict(sorted(streams_total.items())),
-        "mismatches": churn.mismatches[:5],
-        "num_mismatches": len(churn.mismatches),
-        "errors": churn.errors[:10],
-        "slots_free_at_end": after["free_slots"] == after["total_slots"] and after["open_streams"] == 0,
-        "readyz_at_end": {k: after[k] for k in ("free_slots", "total_slots", "open_streams")},
-        "server_exit_code": exit_code,
-        "log_tracebacks": log_text.count("Traceback"),
-    }
+    report = build_report(args, protocols, roles, sampler, churn, after, exit_code, server.log_path)
     for role, s in report["rss_summary"].items():
         print(f"{role:10s} RSS first half max {s.get('first_half_max_mib')} MiB, second half max "
               f"{s.get('second_half_max_mib')} MiB, slope {s.get('second_half_slope_mib_per_min')} MiB/min")  # fmt: skip

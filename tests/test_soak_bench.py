@@ -1,0 +1,61 @@
+"""benchmarks/soak.py on CPU for a few seconds: the real server (demo model, two front ends), the
+churn on every protocol, RSS sampled per process, and a planted token mismatch that must fail it.
+
+One run serves every check: starting the server is most of its ~35 s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.soak_clients import DROP_KINDS, riva_available
+
+ROOT = Path(__file__).resolve().parent.parent
+KNOWN_OUTCOMES = {"ended", "mismatch", "refused_busy", "closed_after_append", "error", *DROP_KINDS}
+
+
+@pytest.fixture(scope="module")
+def planted_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("soak") / "soak.json"
+    cmd = [sys.executable, "-m", "benchmarks.soak", "--minutes", "0.2", "--sample-s", "1", "--plant-mismatch", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    return done, json.loads(out.read_text())
+
+
+def test_a_planted_mismatch_fails_the_run_and_nothing_else_does(planted_run):
+    done, report = planted_run
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert report["num_mismatches"] == 1, report["mismatches"]
+    assert report["mismatches"][0]["protocol"] == "ws" and report["mismatches"][0]["got"][-1] == -1
+    assert report["errors"] == [] and report["log_tracebacks"] == 0
+    assert report["slots_free_at_end"], report["readyz_at_end"]
+
+
+def test_every_process_has_an_rss_series_and_a_summary(planted_run):
+    _, report = planted_run
+    assert set(report["processes"]) == {"core0", "frontend0", "frontend1"}
+    assert len(set(report["processes"].values())) == 3  # three distinct pids
+    for role in report["processes"]:
+        series = report["rss_mib"][role]
+        assert len(series) >= 4 and all(mib > 10 for _, mib in series), (role, series)
+        assert report["rss_summary"][role]["second_half_max_mib"] >= report["rss_summary"][role]["first_mib"] - 50
+    assert report["rss_mib"]["core0"][0][1] > report["rss_mib"]["frontend0"][0][1]  # the core holds the model
+    assert report["free_slots"] and report["run"]["command"].startswith("python")
+
+
+def test_every_stream_has_an_outcome_on_every_protocol(planted_run):
+    _, report = planted_run
+    protocols = {"ws", "realtime", "file", *(["riva"] if riva_available() else [])}
+    assert set(report["streams"]) == protocols
+    for proto, outcomes in report["streams"].items():
+        assert set(outcomes) <= KNOWN_OUTCOMES, outcomes
+        assert outcomes.get("ended", 0) >= 1, (proto, outcomes)
+    assert set(DROP_KINDS) & set(report["streams"]["ws"]), report["streams"]["ws"]
+    assert sum(report["streams_total"].values()) == sum(sum(o.values()) for o in report["streams"].values())

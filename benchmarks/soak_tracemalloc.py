@@ -29,10 +29,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=4.0)
     p.add_argument("--baseline-s", type=float, default=90.0, help="after a front end is up (start-up and references ~30 s)")
+    p.add_argument("--frames", type=int, default=12, help="traceback depth; 0: no tracemalloc (RSS as in the soak)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     probe_dir = tempfile.mkdtemp(prefix="tracemalloc-probe-")
-    os.environ.update(TRACEMALLOC_PROBE_DIR=probe_dir, TRACEMALLOC_PROBE_BASELINE_S=str(args.baseline_s))
+    os.environ.update(TRACEMALLOC_PROBE_DIR=probe_dir, TRACEMALLOC_PROBE_BASELINE_S=str(args.baseline_s),
+                      TRACEMALLOC_PROBE_FRAMES=str(args.frames))
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(PROBE)]))
     soak_out = Path(probe_dir) / "soak.json"
     code = soak.main(["--minutes", str(args.minutes), "--out", str(soak_out)])
@@ -45,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
     for pid, r in frontends.items():
         print(f"front end {pid}: traced {r['traced_kib']} KiB at {r['baseline_at_s']} s / {r['now_at_s']} s, "
-              f"gc objects {r['gc_objects']}, asyncio tasks {r['asyncio_tasks']}")  # fmt: skip
+              f"gc objects {r['gc_objects']}, asyncio tasks {r['asyncio_tasks']}, RSS {r['rss_mib']} MiB, "
+              f"malloc {r['malloc_kib']} KiB")  # fmt: skip
     return code
 
 

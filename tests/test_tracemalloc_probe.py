@@ -45,6 +45,7 @@ def test_kept_objects_show_as_growth(tmp_path):
     r = records[0]
     assert r["gc_objects_growth_by_type"].get("__main__.KeptPerStream", 0) >= 1000
     assert r["traced_kib"]["now"] > r["traced_kib"]["baseline"]
+    assert r["malloc_kib"]["now"]["in_use"] > 0  # glibc's heap read (mallinfo2)
     top = r["top_growth_by_traceback"][0]
     keeping_line = LEAKY.splitlines().index("    kept.extend(KeptPerStream() for _ in range(200))") + 1
     assert f'File "<string>", line {keeping_line}' in top["traceback"][-1], top

@@ -3,10 +3,11 @@
 With this folder on PYTHONPATH and TRACEMALLOC_PROBE_DIR set, every Python process started runs a
 daemon thread that waits until it is a front end (nemo_serve.server.runner imported, as in
 benchmarks/gc_probe), then starts tracemalloc (TRACEMALLOC_PROBE_FRAMES frames), takes a baseline
-snapshot TRACEMALLOC_PROBE_BASELINE_S seconds later and, every TRACEMALLOC_PROBE_EVERY_S after
+snapshot TRACEMALLOC_PROBE_BASELINE_S seconds later (TRACEMALLOC_PROBE_FRAMES=0: no tracing,
+only what follows) and, every TRACEMALLOC_PROBE_EVERY_S after
 that, writes TRACEMALLOC_PROBE_DIR/<pid>.json: tracemalloc's traced total at the baseline and
 now, the top growth by traceback, the gc-tracked objects by type at both (asyncio tasks among
-them) and the RSS. A front end ends with os._exit (no atexit), so the last file written is the
+them), glibc's heap in use and held free, and the RSS. A front end ends with os._exit (no atexit), so the last file written is the
 end. Nothing here runs when the variable is unset."""
 
 import os
@@ -28,6 +29,23 @@ if os.environ.get("TRACEMALLOC_PROBE_DIR"):
 
     def _objects_by_type() -> Counter:
         return Counter(f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.get_objects())
+
+    def _malloc_kib() -> dict:
+        """glibc's heap (mallinfo2): in use by malloc callers, native libraries included, against
+        held free: the second growing alone is the allocator keeping freed memory, not a leak."""
+        import ctypes
+
+        class _Info(ctypes.Structure):
+            _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                       "fsmblks", "uordblks", "fordblks", "keepcost")]  # fmt: skip
+
+        try:
+            mallinfo2 = ctypes.CDLL(None).mallinfo2
+        except AttributeError:  # not glibc >= 2.33
+            return {}
+        mallinfo2.restype = _Info
+        i = mallinfo2()
+        return {"heap": i.arena // 1024, "in_use": (i.uordblks + i.hblkhd) // 1024, "free_held": i.fordblks // 1024}
 
     def _rss_mib() -> float:
         with open("/proc/self/status") as f:
@@ -51,23 +69,26 @@ if os.environ.get("TRACEMALLOC_PROBE_DIR"):
     def _probe() -> None:
         while "nemo_serve.server.runner" not in sys.modules:
             time.sleep(0.5)
-        tracemalloc.start(_FRAMES)
+        if _FRAMES:  # 0: object counts and the allocator only, RSS as in the soak
+            tracemalloc.start(_FRAMES)
         started = time.monotonic()
         time.sleep(_BASELINE_S)
         gc.collect()
         # counted while no snapshot is alive (a snapshot holds one tuple per trace), and the
         # baseline kept on disk between comparisons for the same reason
-        base_types, base_rss = _objects_by_type(), _rss_mib()
+        base_types, base_rss, base_malloc = _objects_by_type(), _rss_mib(), _malloc_kib()
         base_traced = tracemalloc.get_traced_memory()[0]
         base_path = os.path.join(_DIR, f"{os.getpid()}.baseline")
-        tracemalloc.take_snapshot().dump(base_path)
+        if _FRAMES:
+            tracemalloc.take_snapshot().dump(base_path)
         while True:
             time.sleep(_EVERY_S)
             gc.collect()  # cycles the collector would free anyway are not growth
             types = _objects_by_type()
-            traced = tracemalloc.get_traced_memory()[0]
-            now = tracemalloc.take_snapshot()  # before the baseline is loaded: its traces are not the process's
-            growth = _growth(tracemalloc.Snapshot.load(base_path), now)
+            traced, growth = tracemalloc.get_traced_memory()[0], []
+            if _FRAMES:
+                now = tracemalloc.take_snapshot()  # before the baseline is loaded: its traces are not the process's
+                growth = _growth(tracemalloc.Snapshot.load(base_path), now)
             diff = Counter(types)
             diff.subtract(base_types)
             _write({
@@ -76,6 +97,7 @@ if os.environ.get("TRACEMALLOC_PROBE_DIR"):
                 "now_at_s": round(time.monotonic() - started, 1),
                 "traced_kib": {"baseline": round(base_traced / 1024, 1), "now": round(traced / 1024, 1)},
                 "rss_mib": {"baseline": base_rss, "now": _rss_mib()},
+                "malloc_kib": {"baseline": base_malloc, "now": _malloc_kib()},
                 "gc_objects": {"baseline": sum(base_types.values()), "now": sum(types.values())},
                 "asyncio_tasks": {"baseline": sum(n for t, n in base_types.items() if t.endswith(".Task")),
                                   "now": sum(n for t, n in types.items() if t.endswith(".Task"))},

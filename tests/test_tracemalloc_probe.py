@@ -52,3 +52,31 @@ def test_kept_objects_show_as_growth(tmp_path):
     # the probe's own snapshots are not counted as the process's objects
     assert r["gc_objects_growth_by_type"].get("builtins.tuple", 0) < 1000
 
+
+
+QUIET = """
+import sys, time, types
+sys.modules["nemo_serve.server.runner"] = types.ModuleType("runner")
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_a_quiet_process_shows_no_growth_pass_after_pass(tmp_path):
+    """The second and later records too: no snapshot of the probe's own is alive when it counts."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PROBE), os.environ.get("PYTHONPATH", "")]),
+           "TRACEMALLOC_PROBE_DIR": str(tmp_path), "TRACEMALLOC_PROBE_BASELINE_S": "0.3",
+           "TRACEMALLOC_PROBE_EVERY_S": "0.5"}  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", QUIET], env=env)
+    try:
+        deadline, r = time.monotonic() + 20, None
+        while time.monotonic() < deadline and (r is None or r["now_at_s"] < 2.0):
+            time.sleep(0.3)
+            files = list(tmp_path.glob("*.json"))
+            r = json.loads(files[0].read_text()) if files else None
+    finally:
+        proc.kill()
+        proc.wait()
+    assert r is not None and r["now_at_s"] >= 2.0
+    assert r["gc_objects_growth_by_type"].get("builtins.tuple", 0) < 100
+    assert r["traced_kib"]["now"] - r["traced_kib"]["baseline"] < 50

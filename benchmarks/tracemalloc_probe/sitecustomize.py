@@ -52,13 +52,17 @@ if os.environ.get("TRACEMALLOC_PROBE_DIR"):
             kib = next(int(line.split()[1]) for line in f if line.startswith("VmRSS"))
         return round(kib / 1024, 2)
 
-    def _growth(base: tracemalloc.Snapshot, now: tracemalloc.Snapshot) -> list[dict]:
-        mine = [tracemalloc.Filter(False, __file__, all_frames=True)]  # the probe's own counting
-        stats = now.filter_traces(mine).compare_to(base.filter_traces(mine), "traceback")
+    def _growth(base: tracemalloc.Snapshot, now: tracemalloc.Snapshot) -> tuple[int, int, list[dict]]:
+        """Traced bytes at the baseline and now, and the top growth by traceback, all without what
+        the probe allocated itself (its counts, records, linecache lines for the tracebacks)."""
+        mine = [tracemalloc.Filter(False, __file__, all_frames=True)]
+        base, now = base.filter_traces(mine), now.filter_traces(mine)
+        stats = now.compare_to(base, "traceback")
         stats.sort(key=lambda s: s.size_diff, reverse=True)
-        return [{"size_diff_kib": round(s.size_diff / 1024, 1), "count_diff": s.count_diff,
-                 "size_kib": round(s.size / 1024, 1), "traceback": [str(fr) for fr in s.traceback.format()][-2 * _FRAMES:]}
-                for s in stats[:_TOP]]  # fmt: skip
+        top = [{"size_diff_kib": round(s.size_diff / 1024, 1), "count_diff": s.count_diff,
+                "size_kib": round(s.size / 1024, 1), "traceback": [str(fr) for fr in s.traceback.format()][-2 * _FRAMES:]}
+               for s in stats[:_TOP]]  # fmt: skip
+        return sum(s.size for s in base.statistics("filename")), sum(s.size for s in now.statistics("filename")), top
 
     def _write(record: dict) -> None:
         path = os.path.join(_DIR, f"{os.getpid()}.json")
@@ -77,7 +81,6 @@ if os.environ.get("TRACEMALLOC_PROBE_DIR"):
         # counted while no snapshot is alive (a snapshot holds one tuple per trace), and the
         # baseline kept on disk between comparisons for the same reason
         base_types, base_rss, base_malloc = _objects_by_type(), _rss_mib(), _malloc_kib()
-        base_traced = tracemalloc.get_traced_memory()[0]
         base_path = os.path.join(_DIR, f"{os.getpid()}.baseline")
         if _FRAMES:
             tracemalloc.take_snapshot().dump(base_path)
@@ -85,10 +88,11 @@ if os.environ.get("TRACEMALLOC_PROBE_DIR"):
             time.sleep(_EVERY_S)
             gc.collect()  # cycles the collector would free anyway are not growth
             types = _objects_by_type()
-            traced, growth = tracemalloc.get_traced_memory()[0], []
+            base_traced, traced, growth = 0, 0, []
             if _FRAMES:
                 now = tracemalloc.take_snapshot()  # before the baseline is loaded: its traces are not the process's
-                growth = _growth(tracemalloc.Snapshot.load(base_path), now)
+                base_traced, traced, growth = _growth(tracemalloc.Snapshot.load(base_path), now)
+                del now  # alive into the next pass, its traces would count as the process's objects
             diff = Counter(types)
             diff.subtract(base_types)
             _write({
@@ -104,5 +108,6 @@ if os.environ.get("TRACEMALLOC_PROBE_DIR"):
                 "gc_objects_growth_by_type": dict(diff.most_common(_TOP)),
                 "top_growth_by_traceback": growth,
             })  # fmt: skip
+            del types, diff, growth  # nor these
 
     threading.Thread(target=_probe, daemon=True, name="tracemalloc-probe").start()

@@ -136,17 +136,21 @@ async def _until(srv, predicate, timeout_s: float = 30.0) -> dict:
         await asyncio.sleep(0.05)
 
 
-async def _real_time_streams(srv) -> tuple[list, list]:
-    """EPISODE_STREAMS streams opened, each sending 3 s of audio at real-time pace (its task)."""
+async def _real_time_streams(srv, until: asyncio.Event | None = None) -> tuple[list, list]:
+    """EPISODE_STREAMS streams opened, each sending 3 s of audio at real-time pace (its task), and
+    with `until`, more of it until that is set: an episode's checks of a server that is behind must
+    not outlast the audio that keeps it behind (a loaded CI run read 200 after the streams ended)."""
     clients = [await _open(srv) for _ in range(EPISODE_STREAMS)]
     assert all(isinstance(c, StreamingClient) for c in clients), clients
     wire = _audio(3.0)
 
     async def send(c: StreamingClient) -> None:
-        t0 = time.monotonic()
-        for i in range(0, len(wire), 1600):
+        t0, sent = time.monotonic(), 0
+        while sent < len(wire) or (until is not None and not until.is_set()):
+            i = sent % len(wire)
             await c.send_audio(wire[i : i + 1600])
-            await asyncio.sleep(max(0.0, t0 + (i + 1600) / 16000 - time.monotonic()))
+            sent += len(wire[i : i + 1600])
+            await asyncio.sleep(max(0.0, t0 + sent / 16000 - time.monotonic()))
 
     return clients, [asyncio.create_task(send(c)) for c in clients]
 
@@ -155,7 +159,8 @@ async def _overload_episode(srv, refuse_one: bool) -> None:
     """EPISODE_STREAMS real-time streams until the engine is behind, /readyz polled all along;
     with `refuse_one` a stream arrives then (and is refused); then every stream ends and the server
     goes idle (the delay window passes)."""
-    clients, senders = await _real_time_streams(srv)
+    checked = asyncio.Event()
+    clients, senders = await _real_time_streams(srv, until=checked)
     await _until(srv, lambda b: b["overloaded"])
     for _ in range(5):  # a load balancer's health check
         status, body = await _readyz(srv)
@@ -163,6 +168,7 @@ async def _overload_episode(srv, refuse_one: bool) -> None:
     if refuse_one:
         refused = await _open(srv)
         assert isinstance(refused, ServerRefused) and "behind real time" in str(refused), refused
+    checked.set()
     await asyncio.gather(*senders)
     await _close(clients)
     await _until(srv, lambda b: b["open_streams"] == 0 and b["ready"])  # the delay window has passed

@@ -87,8 +87,11 @@ OPTIONS = [{"max_speakers": 4}, {"max_speakers": 2, "split_on_speaker_change": T
 
 def test_overlapped_diarizer_gives_the_sequential_speakers(monkeypatch):
     """Two diarized streams and a plain one, started at different ticks: with overlap on (diarizer
-    steps on a stand-in device thread) every result, its token, word and final speakers, and every
-    speaker probability equal the sequential loop's."""
+    steps on a stand-in device thread) every result, its token, word and final speakers equal the
+    sequential loop's, every speaker decision too, and every speaker probability within the parity
+    tolerance (2e-5): where the diarizer takes its frames from the ASR step (shared features), the
+    two loops batch the ASR rows differently, and the mel product's summation order with them (a CI
+    run differed there)."""
     kept = _kept_probabilities(monkeypatch)
     audios = AUDIOS()
     seq_results, seq_ids = _drive(_engine(3, overlap=False), audios, OPTIONS, packet=1234, start_tick=[0, 3, 1])
@@ -98,7 +101,10 @@ def test_overlapped_diarizer_gives_the_sequential_speakers(monkeypatch):
     for i in range(3):
         assert _speakers(results[i]) == _speakers(seq_results[i]), i
     for i in (0, 1):
-        assert len(seq_kept[i]) > 20 and np.array_equal(kept[ids[i]], seq_kept[i]), i
+        got, want = kept[ids[i]], seq_kept[i]
+        assert len(want) > 20 and got.shape == want.shape, i
+        assert np.array_equal(got > 0.5, want > 0.5), i
+        assert np.abs(got - want).max() <= 2e-5, (i, np.abs(got - want).max())
     assert any(len(set(r.token_speakers or ())) > 1 for r in seq_results[0]), "one speaker only: a weak check"
     _assert_empty(engine)
 

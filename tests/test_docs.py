@@ -310,13 +310,17 @@ def test_device_waits_and_cores_are_units(tmp_path):
 def test_late_ticks_of_the_load_client_are_figures(tmp_path):
     """'up to 139 ticks' (performance.md's front-end tables: the pacer's late bursts) is checked
     against its files: packet_cost_decode_ring_cpu.json holds 139, not 138."""
-    page = tmp_path / "x.md"
-    marked = "<!-- figures: packet_cost_decode_ring_cpu.json -->\nThe client was late on up to {} of a repeat.\n"
-    page.write_text(marked.format("139 ticks"))
-    assert page_figures.unbacked(tmp_path, page_results.RESULTS, ["x.md"]) == []
-    page.write_text(marked.format("138 ticks"))
-    assert page_figures.unbacked(tmp_path, page_results.RESULTS, ["x.md"]) == [
+    sentence = "The client was late on up to {} of a repeat."
+    assert _unbacked_in_marked_line(tmp_path, "packet_cost_decode_ring_cpu.json", sentence, "139 ticks") == []
+    assert _unbacked_in_marked_line(tmp_path, "packet_cost_decode_ring_cpu.json", sentence, "138 ticks") == [
         "x.md:2: 138 ticks (not in packet_cost_decode_ring_cpu.json)"]
+
+
+def _unbacked_in_marked_line(tmp_path, result_file: str, sentence: str, figure: str) -> list[str]:
+    """The checker's complaints about `sentence` with `figure` in it, under a mark naming `result_file`."""
+    page = tmp_path / "x.md"
+    page.write_text(f"<!-- figures: {result_file} -->\n{sentence.format(figure)}\n")
+    return page_figures.unbacked(tmp_path, page_results.RESULTS, ["x.md"])
 
 
 def test_a_measurement_beside_a_flag_is_checked_when_a_result_file_backs_its_line(tmp_path):
@@ -366,10 +370,7 @@ def test_the_client_versions_in_the_readme_are_the_locks():
 def test_a_difference_in_points_must_be_a_difference_of_the_files_rates(tmp_path):
     """eou_demo_cpu.json: the EOU model's WER 0.0859 against the demo model's 0.0932 is 0.7 points
     (0.73); 0.4 points is no difference of its numbers."""
-    page = tmp_path / "x.md"
-    marked = "<!-- figures: eou_demo_cpu.json -->\nThe WER target is beaten by {} at 80 ms.\n"
-    page.write_text(marked.format("0.7 points"))
-    assert page_figures.unbacked(tmp_path, page_results.RESULTS, ["x.md"]) == []
-    page.write_text(marked.format("0.4 points"))
-    assert page_figures.unbacked(tmp_path, page_results.RESULTS, ["x.md"]) == [
+    sentence = "The WER target is beaten by {} at 80 ms."
+    assert _unbacked_in_marked_line(tmp_path, "eou_demo_cpu.json", sentence, "0.7 points") == []
+    assert _unbacked_in_marked_line(tmp_path, "eou_demo_cpu.json", sentence, "0.4 points") == [
         "x.md:2: 0.4 points (not in eou_demo_cpu.json)"]

@@ -224,12 +224,20 @@ def application(
     autoscale: tuple[int, int] | None = None,
     target_fill: float = 0.75,
     graceful_shutdown_timeout_s: float = 60.0,
+    health_check_period_s: float = 2.0,
+    code_version: str | None = None,
 ):
     """The bound Serve application. `env`: NEMO_SERVE_* settings of every replica (model, context
     right, dtype, ...); `autoscale`: (min, max) replicas, scaling at `target_fill` x slots open per
     replica, instead of a fixed `replicas`. `graceful_shutdown_timeout_s`: how long a replica being
     stopped lets its open streams end on their own before it drains them; Ray's own timeout is that
-    plus --drain-timeout-s (so the drain finishes before Ray kills the replica)."""
+    plus --drain-timeout-s (so the drain finishes before Ray kills the replica).
+    `health_check_period_s`: between Ray's calls of check_health (three failures in a row take a
+    replica out of routing). `code_version`: Ray's version of the replicas' code. Without one
+    (Ray's default for serve.run) each serve.run draws a new version and replaces every replica,
+    one at a time, each building its model again; with the same one given again, a serve.run that
+    changes only the replica count or graceful_shutdown_timeout_s scales and reconfigures the
+    running replicas in place."""
     from .config import Settings
 
     env_vars = {"NEMO_SERVE_NUM_SLOTS": str(num_slots), **(env or {})}
@@ -240,8 +248,10 @@ def application(
         request_router_config={"request_router_class": MostFreeSlotsRouter},
         graceful_shutdown_timeout_s=graceful_shutdown_timeout_s + drain_timeout_s + SHUTDOWN_MARGIN_S,
         graceful_shutdown_wait_loop_s=0.5,
-        health_check_period_s=2.0,
+        health_check_period_s=health_check_period_s,
     )
+    if code_version is not None:  # Ray 2.60 took `version` out of its public options; _internal still takes it
+        options.update(version=code_version, _internal=True)
     if autoscale is not None:
         options["autoscaling_config"] = {
             "min_replicas": autoscale[0], "max_replicas": autoscale[1],

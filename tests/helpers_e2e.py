@@ -31,10 +31,12 @@ async def stream(
     delay_s: float = 0.0,
     force_final_at: int | None = None,
     sent: list[tuple[float, int]] | None = None,
+    until: asyncio.Event | None = None,
     **options,
 ) -> Transcript:
     """One client: config, packets of `packet` samples at `speed` x real time (0: no pacing), end.
-    `sent`, if given, gets (monotonic time, samples sent so far) after each packet."""
+    `sent`, if given, gets (monotonic time, samples sent so far) after each packet. `until`, if
+    given, ends the input early once set (a stream that holds a server only as long as a test needs)."""
     await asyncio.sleep(delay_s)
     options.setdefault("token", TOKEN)
     async with StreamingClient(url, sample_rate=rate, encoding=encoding, **options) as c:
@@ -43,6 +45,8 @@ async def stream(
         async def send() -> None:
             t0 = time.monotonic()
             for i in range(0, len(wire), packet):
+                if until is not None and until.is_set():
+                    break
                 if force_final_at is not None and i <= force_final_at < i + packet:
                     await c.force_final()
                 await c.send_audio(wire[i : i + packet])

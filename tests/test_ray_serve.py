@@ -5,8 +5,10 @@ Checks: streams spread over both replicas, every stream token-identical to NeMo'
 cluster refuses a new stream at once (503 at the handshake) while a stream that fits is never
 refused, a replica scaled down loses no final (and drains streams that outlast Ray's wait), a
 replica runs the engine-core process (the same as `nemo-serve`), the replicas honour every setting
-(--word-confidence: once dropped there), a replica's connection caps refuse past the cap, and a
-replica whose engine core died leaves routing (check_health) while new streams are served.
+(--word-confidence: once dropped there), a replica's connection caps refuse past the cap, a
+replica whose engine core died leaves routing (check_health) while new streams are served, and a
+redeploy of the same code version scales the running replicas instead of replacing them (so that
+this file's scale-downs take about a second and a scale-up builds one replica, not all of them).
 """
 
 from __future__ import annotations
@@ -30,16 +32,32 @@ SLOTS = 2
 HOP = 160  # samples per feature frame (10 ms at 16 kHz)
 
 
-@pytest.fixture(scope="module")
-def cluster():
+def deploy(env: dict, replicas: int, **options) -> None:
+    """serve.run of the app at `replicas`, with one code version throughout: a redeploy then scales
+    and reconfigures the running replicas (about 1 s) instead of replacing every one of them, one
+    after the other, each building its model again (about 13 s each on CI). Health checked every
+    0.5 s (production: 2 s), so a dead engine core leaves routing in about 1.5 s."""
     from nemo_serve.ray_serve import application
 
+    app = application(num_slots=SLOTS, replicas=replicas, env=env, cpus=0.5, health_check_period_s=0.5,
+                      code_version="test", **options)  # fmt: skip
+    serve.run(app, name="nemo-serve", route_prefix="/")
+
+
+def replica_pid(url: str) -> int:
+    import httpx
+
+    return httpx.get(url.replace("ws://", "http://").replace("/ws", "/readyz"), timeout=10, trust_env=False).json()["pid"]
+
+
+@pytest.fixture(scope="module")
+def cluster():
     port = free_port()
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     env = {"NEMO_SERVE_AUTH_TOKEN": TOKEN, "NEMO_SERVE_IDLE_TIMEOUT_S": "20", "NEMO_SERVE_LOG_LEVEL": "warning",
            "NEMO_SERVE_WORD_CONFIDENCE": "true"}  # fmt: skip
-    serve.run(application(num_slots=SLOTS, replicas=2, env=env, cpus=0.5), name="nemo-serve", route_prefix="/")
+    deploy(env, replicas=2)
     yield f"ws://127.0.0.1:{port}/ws", env
     serve.shutdown()
     ray.shutdown()
@@ -93,12 +111,60 @@ def test_a_replica_runs_the_engine_core_process(cluster):
     assert body["cores"][0]["pid"] != body["pid"]  # the core's process is not the replica's
 
 
+def test_replica_whose_engine_core_died_leaves_routing_new_streams_go_to_a_healthy_one(cluster, oracle_model):
+    """Issue 47: a long stream holds one replica; /readyz then answers from the other (fewest ongoing
+    requests), whose engine core is killed. That replica refuses at once, so it keeps the fewest
+    ongoing requests, which MostFreeSlotsRouter prefers: without check_health every new request
+    went to it. Its check_health raises, so Ray stops routing to it (and replaces it): within 60 s,
+    ten /readyz in a row answer from replicas whose core serves, and new streams are served
+    token-identical to NeMo's loop; the long stream is unharmed (it ends its input once they are
+    served: it holds its replica as long as the check needs, no longer)."""
+    import os
+    import signal
+
+    import httpx
+
+    url, env = cluster
+    deploy(env, replicas=2)
+    readyz = url.replace("ws://", "http://").replace("/ws", "/readyz")
+    long_wire = encode(np.concatenate(helpers.utterances(8, seed=41)), "pcm_f32le")  # ~25 s at most
+    wires = [encode(u, "pcm_f32le") for u in helpers.utterances(2, seed=37)]
+
+    def get():
+        return httpx.get(readyz, timeout=10, trust_env=False)
+
+    async def scenario():
+        released = asyncio.Event()
+        holder = asyncio.create_task(stream(url, long_wire, 16000, "pcm_f32le", speed=1.0, until=released))
+        await asyncio.sleep(1.5)
+        other = (await asyncio.to_thread(get)).json()
+        assert other["open_streams"] == 0, other  # the replica without the long stream answered
+        os.kill(other["cores"][0]["pid"], signal.SIGKILL)
+        deadline, in_a_row, answers = time.monotonic() + 60, 0, []
+        while in_a_row < 10:
+            assert time.monotonic() < deadline, answers[-12:]
+            r = await asyncio.to_thread(get)
+            serving = r.status_code == 200 and all(c["serving"] for c in r.json()["cores"])
+            answers.append((r.status_code, r.json().get("pid")))
+            in_a_row = in_a_row + 1 if serving else 0
+            await asyncio.sleep(0.2)
+        served = [await stream(url, w, 16000, "pcm_f32le", speed=0.0) for w in wires]
+        assert not holder.done()  # the long stream held its replica throughout
+        released.set()
+        return served, await holder
+
+    served, held = asyncio.run(scenario())
+    check_well_formed(held)
+    for t, w in zip(served, wires):
+        check_well_formed(t)
+        assert t.token_ids == oracle_tokens(oracle_model, w, 16000)
+
+
 def test_scaled_down_replica_loses_no_final(cluster, oracle_model):
     """Streams shorter than Ray's graceful_shutdown_timeout_s (60 s here): Ray waits for them, so a
     scale-down loses no final. It shows no replica leaving mid-stream: the test below does."""
-    from nemo_serve.ray_serve import application
-
     url, env = cluster
+    deploy(env, replicas=2)  # (the replica replaced in the test above: this waits for it)
     utts = helpers.utterances(2, seed=23)
     wires = [encode(u, "pcm_f32le") for u in utts]
 
@@ -106,15 +172,24 @@ def test_scaled_down_replica_loses_no_final(cluster, oracle_model):
         tasks = [asyncio.create_task(stream(url, w, 16000, "pcm_f32le", speed=1.0, packet=1600)) for w in wires]
         await asyncio.sleep(1.0)  # both open, one per replica (the most free slots)
         # scale to one replica while both streams run: one replica is drained and stopped
-        await asyncio.to_thread(
-            serve.run, application(num_slots=SLOTS, replicas=1, env=env, cpus=0.5), name="nemo-serve",
-            route_prefix="/", blocking=False,
-        )
+        await asyncio.to_thread(deploy, env, replicas=1)
         return await asyncio.gather(*tasks)
 
     for t, w in zip(asyncio.run(scenario()), wires):
         check_well_formed(t)
         assert t.token_ids == oracle_tokens(oracle_model, w, 16000)
+
+
+def test_a_redeploy_of_the_same_code_version_keeps_the_running_replica(cluster):
+    """application(code_version=...): a serve.run that changes only Ray's wait for open streams
+    reconfigures the one running replica in place (the same process answers /readyz after it);
+    Ray's default, a new version per serve.run, replaced it (seen to fail with code_version=None:
+    another pid, after a new replica had built its model)."""
+    url, env = cluster
+    deploy(env, replicas=1)
+    before = replica_pid(url)
+    deploy(env, replicas=1, graceful_shutdown_timeout_s=30.0)
+    assert replica_pid(url) == before
 
 
 def test_replica_scaled_down_mid_stream_drains_its_streams(cluster, oracle_model):
@@ -123,10 +198,8 @@ def test_replica_scaled_down_mid_stream_drains_its_streams(cluster, oracle_model
     `nemo-serve` does on SIGTERM: `draining`, with NeMo's loop on the prefix it took in. (Before the
     fix, Ray ran the app's drain only after every open stream had ended, and killed the replica
     first: both streams ended 1006 with no `done`.)"""
-    from nemo_serve.ray_serve import application
-
     url, env = cluster
-    serve.run(application(num_slots=SLOTS, replicas=2, env=env, cpus=0.5), name="nemo-serve", route_prefix="/")
+    deploy(env, replicas=2)
     # Each stream three utterances long (~8 s): Ray takes a second or two to start removing the
     # replica, and a ~3 s stream could be all in by then (a CI run: 45,440 of 45,541 samples).
     parts = helpers.utterances(6, seed=29)
@@ -138,8 +211,7 @@ def test_replica_scaled_down_mid_stream_drains_its_streams(cluster, oracle_model
             tasks.append(asyncio.create_task(stream(url, w, 16000, "pcm_f32le", speed=1.0, packet=1600)))
             await asyncio.sleep(0.4)
         await asyncio.sleep(0.6)
-        app = application(num_slots=SLOTS, replicas=1, env=env, cpus=0.5, graceful_shutdown_timeout_s=0.5)
-        await asyncio.to_thread(serve.run, app, name="nemo-serve", route_prefix="/", blocking=False)
+        await asyncio.to_thread(deploy, env, replicas=1, graceful_shutdown_timeout_s=0.5)
         return await asyncio.gather(*tasks)
 
     transcripts = asyncio.run(scenario())
@@ -201,51 +273,3 @@ def test_replica_connection_caps_refuse_past_the_per_address_cap():
     assert seen == [("10.0.0.1", "/ws"), ("10.0.0.2", "/ws"), ("10.0.0.1", "/readyz"), ("10.0.0.1", "/ws")], seen
     assert [m["type"] for m in sent] == ["websocket.close"] and sent[0]["code"] == 1013, sent
     assert "too many connections from your address" in sent[0]["reason"]
-
-
-def test_replica_whose_engine_core_died_leaves_routing_new_streams_go_to_a_healthy_one(cluster, oracle_model):
-    """Issue 47: a long stream holds one replica; /readyz then answers from the other (fewest ongoing
-    requests), whose engine core is killed. That replica refuses at once, so it keeps the fewest
-    ongoing requests, which MostFreeSlotsRouter prefers: without check_health every new request
-    went to it. Its check_health raises, so Ray stops routing to it (and replaces it): within 60 s,
-    ten /readyz in a row answer from replicas whose core serves, and new streams are served
-    token-identical to NeMo's loop; the long stream is unharmed."""
-    import os
-    import signal
-
-    import httpx
-    import numpy as np
-
-    from nemo_serve.ray_serve import application
-
-    url, env = cluster
-    serve.run(application(num_slots=SLOTS, replicas=2, env=env, cpus=0.5), name="nemo-serve", route_prefix="/")
-    readyz = url.replace("ws://", "http://").replace("/ws", "/readyz")
-    long_wire = encode(np.concatenate(helpers.utterances(8, seed=41)), "pcm_f32le")  # ~25 s at real time
-    wires = [encode(u, "pcm_f32le") for u in helpers.utterances(2, seed=37)]
-
-    def get():
-        return httpx.get(readyz, timeout=10, trust_env=False)
-
-    async def scenario():
-        holder = asyncio.create_task(stream(url, long_wire, 16000, "pcm_f32le", speed=1.0, packet=1600))
-        await asyncio.sleep(1.5)
-        other = (await asyncio.to_thread(get)).json()
-        assert other["open_streams"] == 0, other  # the replica without the long stream answered
-        os.kill(other["cores"][0]["pid"], signal.SIGKILL)
-        deadline, in_a_row, answers = time.monotonic() + 60, 0, []
-        while in_a_row < 10:
-            assert time.monotonic() < deadline, answers[-12:]
-            r = await asyncio.to_thread(get)
-            serving = r.status_code == 200 and all(c["serving"] for c in r.json()["cores"])
-            answers.append((r.status_code, r.json().get("pid")))
-            in_a_row = in_a_row + 1 if serving else 0
-            await asyncio.sleep(0.2)
-        served = [await stream(url, w, 16000, "pcm_f32le", speed=0.0) for w in wires]
-        return served, await holder
-
-    served, held = asyncio.run(scenario())
-    check_well_formed(held)
-    for t, w in zip(served, wires):
-        check_well_formed(t)
-        assert t.token_ids == oracle_tokens(oracle_model, w, 16000)

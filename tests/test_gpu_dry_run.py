@@ -273,7 +273,8 @@ def test_a_phase_that_runs_long_is_cut_at_its_end_and_the_next_phases_still_run(
     until its budget is spent), so the second mode's checks are skipped, yet capacity, overlap and
     diarization each start inside their own box, each seeing its own end as the budget. Seen to
     fail with every phase given the whole budget (--phase-ends all 1): capacity was skipped too.
-    (14 s of slack before the checks start: the full file's run, under load, took over 1.5 s there.)"""
+    (8.5 s of slack before the checks start: the full file's run, under load, took over 1.5 s there;
+    the checks' stand-in waits out that slack, so it is the test's length: 14.5 s with a 40 s budget.)"""
     import time
 
     import benchmarks.architecture
@@ -299,40 +300,13 @@ def test_a_phase_that_runs_long_is_cut_at_its_end_and_the_next_phases_still_run(
     monkeypatch.setattr(gpu_bench, "capacity", phase("capacity"))
     monkeypatch.setattr(gpu_bench, "overlap", phase("overlap"))
     monkeypatch.setattr(diar_phase, "diarization", phase("diarization"))
-    rc = gpu_bench.main(["--out", str(tmp_path), "--device", "cpu", "--modes", "3,0", "--budget-s", "40",
+    rc = gpu_bench.main(["--out", str(tmp_path), "--device", "cpu", "--modes", "3,0", "--budget-s", "28",
                          "--reserve-s", "0.5", "--levels", "3:4,8;0:2", "--diar-levels", "0:1", "--overlap-modes", "0,3",
                          "--phase-ends", "selftest:0.1,checks:0.5,capacity:0.75,overlap:0.85"])  # fmt: skip
     assert rc == 0
-    assert ran == [("selftest", None, 4.0), ("checks", 3, 20.0), ("capacity", 3, 30.0, [4, 8]),
-                   ("capacity", 0, 30.0, [2]), ("overlap", 0, 34.0, [2]), ("overlap", 3, 34.0, [4, 8]),
-                   ("diarization", 0, 40.0, [1])], ran
+    assert ran == [("selftest", None, 2.8), ("checks", 3, 14.0), ("capacity", 3, 21.0, [4, 8]),
+                   ("capacity", 0, 21.0, [2]), ("overlap", 0, 23.8, [2]), ("overlap", 3, 23.8, [4, 8]),
+                   ("diarization", 0, 28.0, [1])], ran
     recs = _records(tmp_path / "results.jsonl")
     assert [r["what"] for r in recs if r["kind"] == "skipped"] == ["checks r=0"]
-    assert recs[-1]["kind"] == "done" and recs[-1]["seconds"] < 30
-
-
-def test_server_phase_drives_picows_beside_uvicorn_on_cpu(tmp_path):
-    """server_capacity.py --fast-ws: the real server started with --fast-ws-port, the level driven
-    through uvicorn's /ws and then through picows's, each level naming its listener, and the two side
-    by side. Seen to fail with the previous server_capacity.py (--fast-ws: unrecognized argument)."""
-    from benchmarks.gpu import server_capacity
-
-    out = tmp_path / "out"
-    out.mkdir()
-    records = [{"kind": "model", "max_symbols": 3}, {"kind": "calibration", "context_right": 3, "blank_bias_added": 0.5},
-               {"kind": "capacity", "context_right": 3, "streams": 2, "keeps_up": True, "lateness_p95_ms": 50.0}]
-    (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    rc = server_capacity.main(["--out", str(out), "--model", "tiny-prompt", "--device", "cpu", "--dtype", "fp32",
-                               "--mode", "3", "--level-seconds", "3", "--items", "4", "--item-seconds", "3.5,4",
-                               "--workers", "1", "--frontends", "1", "--threads", "1", "--max-send-lateness-ms", "250",
-                               "--work-dir", str(tmp_path / "work"), "--budget-s", "400", "--fast-ws"])  # fmt: skip
-    assert rc == 0
-    res = json.loads((out / "server_capacity.json").read_text())
-    assert "--fast-ws-port" in res["server_command"]
-    assert [(lv["listener"], lv["streams"]) for lv in res["levels"]] == [("uvicorn", 2), ("picows", 2)], res["levels"]
-    for lv in res["levels"]:  # every item through either listener came back without an error
-        assert lv["errors"] == {} and lv["items_started"] > 0, lv
-    (pair,) = res["listeners_side_by_side"]
-    assert pair["streams"] == 2 and pair["picows_verdict"] == res["levels"][1]["verdict"]
-    assert pair["uvicorn_verdict"] == res["levels"][0]["verdict"]
-    assert [s["streams"] for s in res["side_by_side"]] == [2]  # the engine-only comparison: uvicorn's levels
+    assert recs[-1]["kind"] == "done" and recs[-1]["seconds"] < 21  # inside the capacity box, as before

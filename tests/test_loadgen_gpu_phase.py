@@ -67,33 +67,43 @@ BENCH_RECORDS = [
 ]
 
 
-def test_server_phase_dry_run_on_cpu(tmp_path):
+def test_server_phase_dry_run_on_cpu_through_uvicorn_and_picows(tmp_path):
     """The mode's calibration (not another mode's) and the capped max_symbols are in the served
     .nemo; the level the engine kept up is driven through the server by two worker processes;
-    the JSON puts the server's verdict beside the engine-only record."""
+    the JSON puts the server's verdict beside the engine-only record. --fast-ws: the real server
+    started with --fast-ws-port, the level driven through uvicorn's /ws and then through picows's,
+    each level naming its listener, and the two side by side (seen to fail with the previous
+    server_capacity.py: --fast-ws an unrecognized argument). One run for both (each started its
+    own server before, the picows one in test_gpu_dry_run.py)."""
     out = tmp_path / "out"
     out.mkdir()
     (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in BENCH_RECORDS))
     rc = server_capacity.main(["--out", str(out), "--model", "tiny-prompt", "--device", "cpu", "--dtype", "fp32",
                                "--mode", "3", "--level-seconds", "3", "--items", "4", "--item-seconds", "3.5,4",
                                "--workers", "2", "--frontends", "1", "--threads", "1", "--max-send-lateness-ms", "250",
-                               "--work-dir", str(tmp_path / "work"), "--budget-s", "400"])  # fmt: skip
+                               "--work-dir", str(tmp_path / "work"), "--budget-s", "400", "--fast-ws"])  # fmt: skip
     assert rc == 0
     res = json.loads((out / "server_capacity.json").read_text())
     assert res["calibrated"] and res["calibration"]["blank_bias_added"] == 0.5 and res["max_symbols"] == 3
     assert res["planned_levels"] == [2] and res["skipped"] == [] and res["chunk_ms"] == 320.0
     assert "--frontends 1" in res["server_command"] and "--context-right 3" in res["server_command"]
-    (level,) = res["levels"]
-    assert level["streams"] == 2 and len(level["workers"]) == 2 and level["errors"] == {}, level
-    assert level["items_started"] == sum(w["items_started"] for w in level["workers"]) > 0
-    # any verdict (this 2-core machine is shared: its descheduled workers were seen 478 ms late), but
-    # a consistent one: a late worker is named exactly when the generator is blamed
-    late = [w["worker"] for w in level["workers"] if w["send_lateness_ms"]["p99"] > 250]
-    assert level["late_workers"] == late and (level["verdict"] == "generator_late") == bool(late), level
-    assert level["server_cpu_cores"] > 0
-    assert res["side_by_side"] == [{"streams": 2, "server_verdict": level["verdict"],
-                                    "server_partial_p95_ms": level["partial_latency_ms"]["p95"],
+    assert "--fast-ws-port" in res["server_command"]
+    assert [(lv["listener"], lv["streams"]) for lv in res["levels"]] == [("uvicorn", 2), ("picows", 2)], res["levels"]
+    for level in res["levels"]:  # every item through either listener came back without an error
+        assert level["streams"] == 2 and len(level["workers"]) == 2 and level["errors"] == {}, level
+        assert level["items_started"] == sum(w["items_started"] for w in level["workers"]) > 0
+        # any verdict (this 2-core machine is shared: its descheduled workers were seen 478 ms late), but
+        # a consistent one: a late worker is named exactly when the generator is blamed
+        late = [w["worker"] for w in level["workers"] if w["send_lateness_ms"]["p99"] > 250]
+        assert level["late_workers"] == late and (level["verdict"] == "generator_late") == bool(late), level
+        assert level["server_cpu_cores"] > 0
+    uvicorn, picows = res["levels"]
+    assert res["side_by_side"] == [{"streams": 2, "server_verdict": uvicorn["verdict"],
+                                    "server_partial_p95_ms": uvicorn["partial_latency_ms"]["p95"],
                                     "engine_keeps_up": True, "engine_lateness_p95_ms": 50.0}]  # fmt: skip
+    (pair,) = res["listeners_side_by_side"]
+    assert pair["streams"] == 2 and pair["picows_verdict"] == picows["verdict"]
+    assert pair["uvicorn_verdict"] == uvicorn["verdict"]
     _assert_served_model(tmp_path / "work" / "tiny-prompt-r3.nemo", bias_added=0.5, max_symbols=3)
 
 

@@ -1,7 +1,11 @@
 """benchmarks/soak.py on CPU for a few seconds: the real server (demo model, two front ends), the
 churn on every protocol, RSS sampled per process, and a planted token mismatch that must fail it.
 
-One run serves every check: starting the server is most of its ~35 s.
+One run serves every check: starting the server is most of it. Three seconds of churn suffice:
+each worker's first stream starts at once and runs to its end whatever the deadline, and the
+workers' seeded choices make those first streams a /ws drop (worker 0: dropped_fin), two /ws
+`ended` (workers 1 and 2: one planted mismatch, one match), a realtime `ended`, a file and a Riva
+call; the RSS is sampled every 0.5 s, so the series holds at least four points.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ KNOWN_OUTCOMES = {"ended", "mismatch", "refused_busy", "closed_after_append", "e
 @pytest.fixture(scope="module")
 def planted_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("soak") / "soak.json"
-    cmd = [sys.executable, "-m", "benchmarks.soak", "--minutes", "0.2", "--sample-s", "1", "--plant-mismatch", "--out", str(out)]
+    cmd = [sys.executable, "-m", "benchmarks.soak", "--minutes", "0.05", "--sample-s", "0.5", "--plant-mismatch", "--out", str(out)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     return done, json.loads(out.read_text())

@@ -74,12 +74,13 @@ def test_server_phase_dry_run_on_cpu_through_uvicorn_and_picows(tmp_path):
     started with --fast-ws-port, the level driven through uvicorn's /ws and then through picows's,
     each level naming its listener, and the two side by side (seen to fail with the previous
     server_capacity.py: --fast-ws an unrecognized argument). One run for both (each started its
-    own server before, the picows one in test_gpu_dry_run.py)."""
+    own server before, the picows one in test_gpu_dry_run.py.) Levels of 2 s after a 0.5 s ramp, items
+    of 2.5-3 s (a level ends when its last item does): what is checked is the harness, not a verdict."""
     out = tmp_path / "out"
     out.mkdir()
     (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in BENCH_RECORDS))
     rc = server_capacity.main(["--out", str(out), "--model", "tiny-prompt", "--device", "cpu", "--dtype", "fp32",
-                               "--mode", "3", "--level-seconds", "3", "--items", "4", "--item-seconds", "3.5,4",
+                               "--mode", "3", "--level-seconds", "2", "--ramp-s", "0.5", "--items", "4", "--item-seconds", "2.5,3",
                                "--workers", "2", "--frontends", "1", "--threads", "1", "--max-send-lateness-ms", "250",
                                "--work-dir", str(tmp_path / "work"), "--budget-s", "400", "--fast-ws"])  # fmt: skip
     assert rc == 0

@@ -136,17 +136,18 @@ async def _until(srv, predicate, timeout_s: float = 30.0) -> dict:
         await asyncio.sleep(0.05)
 
 
-async def _real_time_streams(srv, until: asyncio.Event | None = None) -> tuple[list, list]:
-    """EPISODE_STREAMS streams opened, each sending 3 s of audio at real-time pace (its task), and
-    with `until`, more of it until that is set: an episode's checks of a server that is behind must
-    not outlast the audio that keeps it behind (a loaded CI run read 200 after the streams ended)."""
+async def _real_time_streams(srv, until: asyncio.Event) -> tuple[list, list]:
+    """EPISODE_STREAMS streams opened, each sending audio at real-time pace (its task) until `until`
+    is set: an episode's checks of a server that is behind must not outlast the audio that keeps it
+    behind (a loaded CI run read 200 after the streams ended), and need no more of it (a fixed 3 s
+    each cost CI seconds the checks did not use)."""
     clients = [await _open(srv) for _ in range(EPISODE_STREAMS)]
     assert all(isinstance(c, StreamingClient) for c in clients), clients
     wire = _audio(3.0)
 
     async def send(c: StreamingClient) -> None:
         t0, sent = time.monotonic(), 0
-        while sent < len(wire) or (until is not None and not until.is_set()):
+        while not until.is_set():
             i = sent % len(wire)
             await c.send_audio(wire[i : i + 1600])
             sent += len(wire[i : i + 1600])
@@ -249,9 +250,11 @@ def test_front_ends_share_each_cores_guard(server_args):
             time.sleep(0.2)
 
         async def scenario():
-            clients, senders = await _real_time_streams(srv)
+            refusal_made = asyncio.Event()
+            clients, senders = await _real_time_streams(srv, until=refusal_made)
             await _until(srv, lambda b: all(c["queue_delay_s"] > 0 for c in b["cores"]))  # every core behind
             refused = await _open(srv)  # judged by every core's guard: each refuses, and sets its cap
+            refusal_made.set()
             await asyncio.gather(*senders)
             await _close(clients)
             await _until(srv, lambda b: b["open_streams"] == 0 and b["ready"])  # the delay window has passed

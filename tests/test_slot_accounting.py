@@ -12,8 +12,8 @@ handshakes get 503; then eight connections that each send a config: exactly four
 the slots; /readyz and /metrics agree with the engine at the held and the idle moments. Then a
 few seconds of churn, where every stream that got `ready` must end in `done` (this part alone, with
 the checks off, caught a slot table freed at end of input instead of at release). Run on
-the issue's server (one front end), on two front ends over two engine cores (--devices cpu,cpu),
-and on two front ends over one core.
+the issue's server (one front end) and on two front ends over two engine cores (--devices cpu,cpu),
+where both front ends race for each core's slot table.
 """
 
 from __future__ import annotations
@@ -159,10 +159,12 @@ def test_core_books_match_the_slot_table_and_any_drift_raises(tiny, tmp_path):
 SLOTS = 4  # streams the whole server admits at once (per core: SLOTS / cores)
 ROUNDS = 3
 PACKET = 1600  # 100 ms at 16 kHz
+# Two front ends over two cores race for each core's slot table as two front ends over one core
+# race for its one table (same lock, same generations), and spread over cores besides: the
+# one-core case (a server start and ~12 s of CI) is covered by it.
 SERVERS = {
     "one-frontend": ((), 1),  # the issue's server
     "two-frontends-two-cores": (("--devices", "cpu,cpu", "--frontends", "2"), 2),
-    "two-frontends-one-core": (("--frontends", "2"), 1),  # two front ends racing for one slot table
 }
 
 
@@ -296,7 +298,8 @@ async def _issue_sequence(srv, folder: Path, cores: int) -> list[int]:
         # held: the engine has taken in all four; every view says four open, none free
         await _until("the engine holds the admitted streams", lambda: sum(_engine_rows(folder)) == SLOTS)
         _check_agree(srv, folder, SLOTS, cores, 503)
-        await asyncio.gather(*(_stream_to_done(ws, u, wire, 0.1) for ws, u in zip(admitted, short)))
+        # unpaced: the held moment is checked; the pace of what follows changes nothing it counts
+        await asyncio.gather(*(_stream_to_done(ws, u, wire, 0.0) for ws, u in zip(admitted, short)))
         await idle()
     assert wire.peak == SLOTS and wire.live == 0
     # Churn: twice the slots in clients that end and reconnect at once for a few seconds. Every

@@ -191,11 +191,15 @@ def test_prompt_language_and_a_drain_that_lets_a_file_finish():
     before that, a client that gives up on a long file stops its decoding."""
     path = UTTERANCES[2]
     pcm, rate = pcm16(path)
-    long_pcm = np.concatenate([pcm16(p)[0] for p in UTTERANCES] * 2)  # about 150 s
+    # The long file must still be decoding when the client gives up and when the drain is seen,
+    # on any machine: 25 s of audio is 311 steps at 80 ms, and the test hook's 10 ms a step makes
+    # that 3 s at least (150 s of audio did it by length alone, and NeMo's loop on all of it, the
+    # oracle below, cost CI 10 s or more).
+    long_pcm = np.concatenate([pcm16(p)[0] for p in UTTERANCES[:8]])  # about 25 s
     long_wav = io.BytesIO()
     soundfile.write(long_wav, long_pcm, 16000, format="WAV", subtype="PCM_16")
     with start_server("--num-slots", "2", "--context-right", "13,0", "--drain-timeout-s", "120",
-                      model=PROMPT_TEST_MODEL) as srv:  # fmt: skip
+                      model=PROMPT_TEST_MODEL, env={"NEMO_SERVE_TEST_STEP_SLEEP_S": "0.01"}) as srv:  # fmt: skip
         german = asyncio.run(ws_tokens(srv, pcm, rate, language="de-DE"))[0]
         french = asyncio.run(ws_tokens(srv, pcm, rate, language="fr-FR"))[0]
         assert german != french, "the prompt changes nothing on this utterance: pick another"

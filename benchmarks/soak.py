@@ -217,7 +217,10 @@ class Churn:
             how = rng.choice(kinds)
             outcome, result = await self.one(protocol, how)
             self.record(protocol, outcome, result)
-            await asyncio.sleep(gap_s * (0.5 + rng.random()) if outcome != "refused_busy" else 0.5)
+            pause_s = gap_s * (0.5 + rng.random()) if outcome != "refused_busy" else 0.5
+            # never past the deadline: the file worker's pause (7.5-22.5 s) kept a short run's churn
+            # going for 13 s whatever --minutes said
+            await asyncio.sleep(min(pause_s, max(0.0, deadline - time.monotonic())))
 
     async def run(self, minutes: float, ws_workers: int, realtime_workers: int, riva: bool) -> None:
         deadline = time.monotonic() + minutes * 60

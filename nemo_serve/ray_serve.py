@@ -171,7 +171,8 @@ def _drain_when_stopped(app, ctx) -> None:
 def _stop_timeout_s() -> float | None:
     """None while this replica runs; once Ray's controller marks it STOPPING (scaled down, replaced,
     deleted), the deployment's graceful_shutdown_timeout_s, the time Ray gives it before the kill.
-    The one private Ray API of the module (`_get_global_client`): serve.status() reads the same
+    One of the module's two private Ray APIs (`_get_global_client`; application()'s `_internal`
+    version the other): serve.status() reads the same
     details but counts replicas per state without saying which. A replica the controller no longer
     lists is stopping too."""
     from ray.serve.context import _get_global_client

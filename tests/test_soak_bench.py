@@ -63,3 +63,25 @@ def test_every_stream_has_an_outcome_on_every_protocol(planted_run):
         assert outcomes.get("ended", 0) >= 1, (proto, outcomes)
     assert set(DROP_KINDS) & set(report["streams"]["ws"]), report["streams"]["ws"]
     assert sum(report["streams_total"].values()) == sum(sum(o.values()) for o in report["streams"].values())
+
+
+def test_a_worker_pauses_no_longer_than_its_deadline():
+    """A worker whose pause between streams (here 10-30 s) outlasts the churn's deadline returns at
+    the deadline. Seen to fail before: it slept its whole pause (the file worker's 7.5-22.5 s made
+    the 3 s churn above last 13 s)."""
+    import asyncio
+    import time
+
+    from benchmarks.soak import Churn
+
+    churn = Churn.__new__(Churn)  # only what worker() touches: one() and record()
+    calls = []
+
+    async def one(protocol, how):
+        calls.append(how)
+        return "ended", None
+
+    churn.one, churn.record = one, lambda *a: None
+    t0 = time.monotonic()
+    asyncio.run(churn.worker("file", ("ended",), t0 + 0.3, seed=300, gap_s=20.0))
+    assert calls == ["ended"] and time.monotonic() - t0 < 2.0

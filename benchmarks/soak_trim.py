@@ -1,0 +1,89 @@
+"""Does malloc_trim stop a front end's RSS growing under the soak? The same churn with the trim off and on.
+
+    nice -n 5 python -m benchmarks.soak_trim --minutes 6 --out benchmarks/results/soak_trim_cpu.json
+
+runs benchmarks/soak.py `--rounds` times per arm, the arms alternating (off, on, off, on, ...) so
+that the machine's load falls on both: `--heap-trim-period-s 0` against `--period-s` (the server's
+default, 60). Each run carries benchmarks/tracemalloc_probe without tracing (frames 0), which
+records glibc's heap in use and the free memory it keeps (mallinfo2) in each front end every
+`--probe-every-s` from `--baseline-s` after it is up. The JSON holds each run's soak report, its
+front ends' probe records, and per arm the front ends' RSS slope over the second half and their
+first/second-half maxima; `bound_mib_per_hour` is the steepest front-end slope with the trim on,
+times 60.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks import soak  # noqa: E402
+
+PROBE = Path(__file__).resolve().parent / "tracemalloc_probe"
+
+
+def one_run(minutes: float, period_s: float, baseline_s: float, probe_every_s: float) -> dict:
+    probe_dir = tempfile.mkdtemp(prefix="soak-trim-probe-")
+    os.environ.update(TRACEMALLOC_PROBE_DIR=probe_dir, TRACEMALLOC_PROBE_BASELINE_S=str(baseline_s),
+                      TRACEMALLOC_PROBE_FRAMES="0", TRACEMALLOC_PROBE_EVERY_S=str(probe_every_s))  # fmt: skip
+    soak_out = Path(probe_dir) / "soak.json"
+    code = soak.main(["--minutes", str(minutes), "--heap-trim-period-s", str(period_s), "--out", str(soak_out)])
+    report = json.loads(soak_out.read_text())
+    probes = {f.stem: json.loads(f.read_text()) for f in sorted(Path(probe_dir).glob("[0-9]*.json"))}
+    frontend_pids = {str(pid): role for role, pid in report["processes"].items() if role.startswith("frontend")}
+    return {"exit_code": code, "soak": report,
+            "malloc": {frontend_pids.get(pid, pid): {"malloc_kib": r["malloc_kib"], "malloc_series": r.get("malloc_series")}
+                       for pid, r in probes.items()}}  # fmt: skip
+
+
+def arm_summary(runs: list[dict]) -> dict:
+    """The front ends' RSS figures over every run of one arm, and mallinfo2's free memory kept at the end."""
+    fronts = [r for run in runs for role, r in run["soak"]["rss_summary"].items() if role.startswith("frontend")]
+    slopes = [r["second_half_slope_mib_per_min"] for r in fronts]
+    free_kept = [m["malloc_kib"]["now"].get("free_held") for run in runs for m in run["malloc"].values()]
+    return {
+        "frontend_slopes_mib_per_min": slopes,
+        "frontend_first_half_max_mib": [r["first_half_max_mib"] for r in fronts],
+        "frontend_second_half_max_mib": [r["second_half_max_mib"] for r in fronts],
+        "frontend_free_kept_kib_at_end": free_kept,
+        "steepest_slope_mib_per_hour": round(max(slopes) * 60, 1),
+        "streams": sum(run["soak"]["num_streams"] for run in runs),
+        "mismatches": sum(run["soak"]["num_mismatches"] for run in runs),
+        "all_slots_free_at_end": all(run["soak"]["slots_free_at_end"] for run in runs),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--minutes", type=float, default=6.0, help="per run")
+    p.add_argument("--rounds", type=int, default=1, help="runs per arm")
+    p.add_argument("--period-s", type=float, default=60.0, help="--heap-trim-period-s of the 'on' arm")
+    p.add_argument("--baseline-s", type=float, default=60.0, help="the probe's first mallinfo2 reading, after a front end is up")
+    p.add_argument("--probe-every-s", type=float, default=20.0)
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(PROBE)]))
+    arms: dict[str, list[dict]] = {"off": [], "on": []}
+    for _ in range(args.rounds):
+        for arm, period_s in (("off", 0.0), ("on", args.period_s)):
+            arms[arm].append(one_run(args.minutes, period_s, args.baseline_s, args.probe_every_s))
+    from benchmarks.common import run_record
+
+    summary = {arm: arm_summary(runs) for arm, runs in arms.items()}
+    report = {"run": run_record(), "minutes": args.minutes, "period_s": args.period_s, "summary": summary,
+              "bound_mib_per_hour": summary["on"]["steepest_slope_mib_per_hour"], "runs": arms}  # fmt: skip
+    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    for arm, s in summary.items():
+        print(f"trim {arm:3s}: front-end slopes {s['frontend_slopes_mib_per_min']} MiB/min, first/second-half max "
+              f"{s['frontend_first_half_max_mib']} / {s['frontend_second_half_max_mib']} MiB, free kept at end "
+              f"{s['frontend_free_kept_kib_at_end']} KiB, {s['streams']} streams, {s['mismatches']} mismatches")  # fmt: skip
+    return max(run["exit_code"] for runs in arms.values() for run in runs)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -9,7 +9,7 @@ records glibc's heap in use and the free memory it keeps (mallinfo2) in each fro
 `--probe-every-s` from `--baseline-s` after it is up. The JSON holds each run's soak report, its
 front ends' probe records, and per arm the front ends' RSS slope over the second half and their
 first/second-half maxima; `bound_mib_per_hour` is the steepest front-end slope with the trim on,
-times 60.
+times 60. A PNG beside the JSON plots the front ends' RSS of every run.
 """
 
 from __future__ import annotations
@@ -58,6 +58,31 @@ def arm_summary(runs: list[dict]) -> dict:
     }
 
 
+def plot(report: dict, path: Path) -> None:
+    """Each run's front ends' RSS over time, trim off in one colour and on in another."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    for arm, colour in (("off", "tab:red"), ("on", "tab:blue")):
+        for i, run in enumerate(report["runs"][arm]):
+            for role, series in run["soak"]["rss_mib"].items():
+                if role.startswith("frontend"):
+                    label = f"trim {arm}" if i == 0 and role == "frontend0" else None
+                    ax.plot([t / 60 for t, _ in series], [m for _, m in series], color=colour, lw=0.8, label=label)
+    ax.set_xlabel("minutes")
+    ax.set_ylabel("front-end RSS (MiB)")
+    ax.legend(fontsize=8)
+    ax.set_title(f"soak: front ends with malloc_trim every {report['period_s']:g} s or none", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=6.0, help="per run")
@@ -78,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"run": run_record(), "minutes": args.minutes, "period_s": args.period_s, "summary": summary,
               "bound_mib_per_hour": summary["on"]["steepest_slope_mib_per_hour"], "runs": arms}  # fmt: skip
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    plot(report, Path(args.out).with_suffix(".png"))
     for arm, s in summary.items():
         print(f"trim {arm:3s}: front-end slopes {s['frontend_slopes_mib_per_min']} MiB/min, first/second-half max "
               f"{s['frontend_first_half_max_mib']} / {s['frontend_second_half_max_mib']} MiB, free kept at end "

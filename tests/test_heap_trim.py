@@ -5,19 +5,24 @@ library has no malloc_trim (musl, macOS) the task is a no-op said once at debug.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
+import threading
 import time
 import types
 from pathlib import Path
 
 import pytest
+import uvicorn
 
 from nemo_serve.config import Settings
 from nemo_serve.server import heap_trim
+from nemo_serve.server.runner import DrainingServer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -121,20 +126,11 @@ def test_the_setting_defaults_on_and_turns_off_from_flag_or_environment():
 
 
 def test_a_serving_front_end_runs_the_trim_task():
-    import socket
-    import threading
-
-    import uvicorn
-
-    from nemo_serve.server.runner import DrainingServer
-
     async def app(scope, receive, send):  # the lifespan only
         if scope["type"] == "lifespan":
             while (await receive())["type"] != "lifespan.shutdown":
                 await send({"type": "lifespan.startup.complete"})
             await send({"type": "lifespan.shutdown.complete"})
-
-    import gc
 
     thresholds = gc.get_threshold()
     sock = socket.socket()

@@ -58,7 +58,7 @@ def get_json(url: str) -> dict:
 
 
 class Server:
-    def __init__(self, frontends: int, num_slots: int, grpc: bool) -> None:
+    def __init__(self, frontends: int, num_slots: int, grpc: bool, heap_trim_period_s: float | None = None) -> None:
         self.port = free_port()
         self.grpc_port = free_port() if grpc else None
         self.url = f"http://127.0.0.1:{self.port}"
@@ -67,6 +67,8 @@ class Server:
                "--num-slots", str(num_slots), "--idle-timeout-s", "10", "--log-level", "warning"]  # fmt: skip
         if self.grpc_port:
             cmd += ["--grpc-port", str(self.grpc_port)]
+        if heap_trim_period_s is not None:  # None: the server's default
+            cmd += ["--heap-trim-period-s", str(heap_trim_period_s)]
         env = {**os.environ, "NEMO_SERVE_AUTH_TOKEN": TOKEN, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -284,6 +286,7 @@ def build_report(args, protocols: list[str], roles: dict[str, int], sampler: Sam
         "frontends": args.frontends,
         "num_slots": args.num_slots,
         "speed": args.speed,
+        "heap_trim_period_s": args.heap_trim_period_s,
         "protocols": protocols,
         "processes": roles,
         "rss_mib": sampler.rss,
@@ -311,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--realtime-workers", type=int, default=2, help="/v1/realtime sessions at a time")
     p.add_argument("--speed", type=float, default=2.0, help="x real time for /ws and /v1/realtime audio")
     p.add_argument("--sample-s", type=float, default=5.0, help="between RSS samples")
+    p.add_argument("--heap-trim-period-s", type=float,
+                   help="the server's --heap-trim-period-s (0: no malloc_trim; default: the server's default)")
     p.add_argument("--no-riva", action="store_true", help="leave Riva out even when riva.client is installed")
     p.add_argument("--plant-mismatch", action="store_true", help="alter one /ws result: the run must fail")
     p.add_argument("--out", help="write the JSON here (and a PNG beside it when matplotlib is installed)")
@@ -323,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     assert rate == clients.SAMPLE_RATE, rate
     pcm = np.clip(np.round(audio * 32768.0), -32768, 32767).astype("<i2")
     riva = clients.riva_available() and not args.no_riva
-    server = Server(args.frontends, args.num_slots, grpc=riva)
+    server = Server(args.frontends, args.num_slots, grpc=riva, heap_trim_period_s=args.heap_trim_period_s)
     try:
         ready = server.wait_ready()
         roles = server.roles(ready)

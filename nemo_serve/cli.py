@@ -95,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--rule3-min-utterance-length", type=float, help="longest segment in s (20)")
     a("--default-encoding", choices=["pcm_f32le", "pcm_s16le"],
       help="encoding of a stream that names none in a config or ?encoding= (default pcm_f32le, sherpa-onnx's)")
+    a("--heap-trim-period-s", type=float,
+      help="a front end hands freed heap back to the OS (glibc malloc_trim) this often, when idle; 0 = off (60)")
     a("--log-level", choices=["critical", "error", "warning", "info", "debug"])
     s = p.add_argument_group("self-test (parity with NeMo's own streaming loop; no server)")
     s.add_argument("--selftest", type=int, metavar="N", help="stream N utterances through the engine and compare")

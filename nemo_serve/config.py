@@ -95,6 +95,11 @@ class Settings(BaseModel):
     # Encoding of a stream that names none (no config message, no ?encoding=). float32 is what
     # sherpa-onnx's clients send, unannounced; PCM16 clients without a config say so in the URL.
     default_encoding: Literal["pcm_f32le", "pcm_s16le"] = "pcm_f32le"
+    # A front end hands the heap glibc keeps free back to the OS (malloc_trim) this often, at a quiet
+    # moment of its loop (server/heap_trim.py): one call cost 0.02-0.06 ms on an intact 100 MiB heap,
+    # 15-16 ms on one with 72 MiB to give back, 4-8 ms again after that (heap_trim_cost_cpu.json); a
+    # front end keeps about 7 MiB free (soak_trim_cpu.json). 0: off; a no-op without glibc.
+    heap_trim_period_s: Annotated[float, Field(ge=0, le=24 * 3600)] = 60.0
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
 
     @field_validator("context_right", mode="before")

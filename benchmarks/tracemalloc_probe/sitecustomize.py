@@ -84,6 +84,7 @@ if os.environ.get("TRACEMALLOC_PROBE_DIR"):
         base_path = os.path.join(_DIR, f"{os.getpid()}.baseline")
         if _FRAMES:
             tracemalloc.take_snapshot().dump(base_path)
+        malloc_series = []  # [[s since up, in use KiB, free held KiB, RSS MiB], ...]: every pass, not only the last
         while True:
             time.sleep(_EVERY_S)
             gc.collect()  # cycles the collector would free anyway are not growth
@@ -93,6 +94,9 @@ if os.environ.get("TRACEMALLOC_PROBE_DIR"):
                 now = tracemalloc.take_snapshot()  # before the baseline is loaded: its traces are not the process's
                 base_traced, traced, growth = _growth(tracemalloc.Snapshot.load(base_path), now)
                 del now  # alive into the next pass, its traces would count as the process's objects
+            now_malloc = _malloc_kib()
+            malloc_series.append([round(time.monotonic() - started, 1), now_malloc.get("in_use"),
+                                  now_malloc.get("free_held"), _rss_mib()])  # fmt: skip
             diff = Counter(types)
             diff.subtract(base_types)
             _write({
@@ -101,7 +105,8 @@ if os.environ.get("TRACEMALLOC_PROBE_DIR"):
                 "now_at_s": round(time.monotonic() - started, 1),
                 "traced_kib": {"baseline": round(base_traced / 1024, 1), "now": round(traced / 1024, 1)},
                 "rss_mib": {"baseline": base_rss, "now": _rss_mib()},
-                "malloc_kib": {"baseline": base_malloc, "now": _malloc_kib()},
+                "malloc_kib": {"baseline": base_malloc, "now": now_malloc},
+                "malloc_series": malloc_series,
                 "gc_objects": {"baseline": sum(base_types.values()), "now": sum(types.values())},
                 "asyncio_tasks": {"baseline": sum(n for t, n in base_types.items() if t.endswith(".Task")),
                                   "now": sum(n for t, n in types.items() if t.endswith(".Task"))},

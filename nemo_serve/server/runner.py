@@ -24,7 +24,7 @@ from uvicorn.config import STARTUP_FAILURE
 
 from ..collector import tune_collector_for_serving
 from ..config import Settings
-from . import logsafe
+from . import heap_trim, logsafe
 from .connections import ConnectionLimits
 from .context import ServerContext
 from .uvicorn_protocols import protocol_classes
@@ -42,6 +42,8 @@ class DrainingServer(uvicorn.Server):
         self._drain_task: asyncio.Task | None = None
         self._grpc = None  # grpc.aio.Server with --grpc-port
         self.fast_ws = None  # picows_listener.FastWsListener with --fast-ws-port (set by serve())
+        self.heap_trim_period_s = 0.0  # --heap-trim-period-s (set by serve()); 0: no trim task
+        self._heap_trim_task: asyncio.Task | None = None
 
     async def serve(self, sockets=None) -> None:
         self._loop = asyncio.get_running_loop()
@@ -66,8 +68,12 @@ class DrainingServer(uvicorn.Server):
         # Every listener up, the lifespan run: what exists now lives as long as the process. Ours
         # alone: the Ray replica (build_frontend too) runs in Ray's worker, whose heap is Ray's.
         tune_collector_for_serving()
+        if self.heap_trim_period_s > 0:
+            self._heap_trim_task = asyncio.ensure_future(heap_trim.trim_periodically(self.heap_trim_period_s))
 
     async def shutdown(self, sockets=None) -> None:
+        if self._heap_trim_task is not None:
+            self._heap_trim_task.cancel()
         if self._grpc is not None:
             await self._grpc.stop(RIVA_STOP_GRACE_S)  # after the drain: only calls it gave up on remain
         if self.fast_ws is not None:
@@ -122,6 +128,7 @@ def serve(frontend, settings: Settings, sock: socket.socket) -> None:
     # After uvicorn.Config, which has just (re)configured uvicorn's handlers.
     logsafe.install(secrets=(settings.auth_token,) if settings.auth_token else ())
     server = DrainingServer(config, ctx)
+    server.heap_trim_period_s = settings.heap_trim_period_s
     if settings.fast_ws_port is not None:
         from .picows_listener import FastWsListener
 

@@ -207,9 +207,9 @@ class EngineClient:
         else:
             self._send(m.Finish(h.slot, h.gen))
 
-    def force_final(self, h: StreamHandle) -> None:
+    def force_final(self, h: StreamHandle, at_sample: int | None = None) -> None:
         if not h.ended:
-            self._send(m.ForceFinal(h.slot, h.gen))
+            self._send(m.ForceFinal(h.slot, h.gen, at_sample))
 
     def abort(self, h: StreamHandle, reason: str = "aborted") -> None:
         """No further results are delivered. Idempotent."""

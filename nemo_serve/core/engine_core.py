@@ -131,9 +131,9 @@ class EngineCore:
         if (stream := self._stream_at(slot, gen)) is not None:
             self._finishes.append(stream)  # applied in step, after the audio that came before it
 
-    def force_final(self, slot: int, gen: int) -> None:
+    def force_final(self, slot: int, gen: int, at_sample: int | None = None) -> None:
         if (stream := self._stream_at(slot, gen)) is not None:
-            self.engine.force_final(stream)
+            self.engine.force_final(stream, at_sample)
 
     def abort(self, slot: int, gen: int, reason: str = "aborted") -> None:
         if (stream := self._stream_at(slot, gen)) is not None:
@@ -278,7 +278,7 @@ def apply_control(core: EngineCore, msg) -> None:
     elif isinstance(msg, m.Finish):
         core.finish(msg.slot, msg.gen)
     elif isinstance(msg, m.ForceFinal):
-        core.force_final(msg.slot, msg.gen)
+        core.force_final(msg.slot, msg.gen, msg.at_sample)
     elif isinstance(msg, m.Abort):
         core.abort(msg.slot, msg.gen, msg.reason)
     elif isinstance(msg, m.FrontendGone):

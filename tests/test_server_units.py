@@ -231,7 +231,7 @@ class _FakeEngine:
     def finish(self, stream) -> None:
         self.finished.append(stream)
 
-    def force_final(self, stream) -> None:
+    def force_final(self, stream, at_sample=None) -> None:
         pass
 
     def abort(self, stream, reason: str = "") -> None:

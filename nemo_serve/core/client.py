@@ -71,6 +71,7 @@ class StreamHandle:
     ended: bool = False  # aborted, or its last result was delivered
     engine: object = None  # the EngineClient that serves it (set by an EngineGroup)
     num_phrases: int = 0  # boosted phrases it holds (the front end's share of --max-phrases-total)
+    num_forced: int = 0  # positional ForceFinals sent (shared positions: SharedSlots.publish_forced)
 
 
 class EngineClient:
@@ -207,9 +208,13 @@ class EngineClient:
         else:
             self._send(m.Finish(h.slot, h.gen))
 
-    def force_final(self, h: StreamHandle) -> None:
-        if not h.ended:
-            self._send(m.ForceFinal(h.slot, h.gen))
+    def force_final(self, h: StreamHandle, at_sample: int | None = None) -> None:
+        if h.ended:
+            return
+        self._send(m.ForceFinal(h.slot, h.gen, at_sample))
+        if at_sample is not None and self._positions_in_shared and self._holds_slot(h):
+            h.num_forced += 1  # the core reads no audio past it before this message (shared.py)
+            self.shared.publish_forced(h.slot, h.gen, h.num_forced)
 
     def abort(self, h: StreamHandle, reason: str = "aborted") -> None:
         """No further results are delivered. Idempotent."""

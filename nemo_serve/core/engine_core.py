@@ -82,6 +82,7 @@ class EngineCore:
         self._write_end = np.zeros(n, dtype=np.int64)  # samples the front end says it wrote
         self._read_end = np.zeros(n, dtype=np.int64)  # samples copied out of the ring
         self._arrival = np.zeros(n, dtype=np.float64)  # when the newest written ones arrived
+        self._forced = np.zeros(n, dtype=np.int64)  # positional ForceFinals received (shared.py: `forced`)
         # Ring positions in shared memory (shared.py): the write ends are read from there when the
         # core plans, the read ends stored there, and no read ends travel in Results.
         self.positions_in_shared = slots.layout.positions_in_shared
@@ -113,7 +114,7 @@ class EngineCore:
             self._free_if_held(slot, gen)
             return
         self._gen[slot], self._frontend_of[slot] = gen, frontend
-        self._write_end[slot] = self._read_end[slot] = 0
+        self._write_end[slot] = self._read_end[slot] = self._forced[slot] = 0
         self.frontends.add(frontend)
 
     def wrote(self, slots: np.ndarray, gens: np.ndarray, ends: np.ndarray, arrivals: np.ndarray) -> None:
@@ -131,9 +132,10 @@ class EngineCore:
         if (stream := self._stream_at(slot, gen)) is not None:
             self._finishes.append(stream)  # applied in step, after the audio that came before it
 
-    def force_final(self, slot: int, gen: int) -> None:
+    def force_final(self, slot: int, gen: int, at_sample: int | None = None) -> None:
         if (stream := self._stream_at(slot, gen)) is not None:
-            self.engine.force_final(stream)
+            self._forced[slot] += at_sample is not None
+            self.engine.force_final(stream, at_sample)
 
     def abort(self, slot: int, gen: int, reason: str = "aborted") -> None:
         if (stream := self._stream_at(slot, gen)) is not None:
@@ -183,9 +185,12 @@ class EngineCore:
         if active.size == 0:
             return
         if self.positions_in_shared:
-            self._write_end[active] = self.shared.written(active, self._gen[active], self._write_end[active])
+            ends = self.shared.written(active, self._gen[active], self._write_end[active])
             self._arrival[active] = self.shared.arrival[active]
-            fence()  # the positions before the samples they cover
+            fence()  # the positions before the samples they cover, and before the forced counts
+            # A positional ForceFinal still in transit: that slot's audio waits for it (shared.py).
+            waiting = self.shared.forced_sent(active, self._gen[active]) > self._forced[active]
+            self._write_end[active] = np.where(waiting, self._write_end[active], ends)
         ends = self._write_end[active]
         moved = ends != self._read_end[active]
         slots, ends = active[moved], ends[moved]
@@ -278,7 +283,7 @@ def apply_control(core: EngineCore, msg) -> None:
     elif isinstance(msg, m.Finish):
         core.finish(msg.slot, msg.gen)
     elif isinstance(msg, m.ForceFinal):
-        core.force_final(msg.slot, msg.gen)
+        core.force_final(msg.slot, msg.gen, msg.at_sample)
     elif isinstance(msg, m.Abort):
         core.abort(msg.slot, msg.gen, msg.reason)
     elif isinstance(msg, m.FrontendGone):

@@ -122,8 +122,8 @@ class EngineGroup:
     def finish(self, h: StreamHandle) -> None:
         h.engine.finish(h)
 
-    def force_final(self, h: StreamHandle) -> None:
-        h.engine.force_final(h)
+    def force_final(self, h: StreamHandle, at_sample: int | None = None) -> None:
+        h.engine.force_final(h, at_sample)
 
     def abort(self, h: StreamHandle, reason: str = "aborted") -> None:
         h.engine.abort(h, reason)

@@ -202,8 +202,8 @@ class LocalEngine:
         h.finished = True
         self._send(m.Finish(h.slot, h.gen))
 
-    def force_final(self, h: LocalStream) -> None:
-        self._send(m.ForceFinal(h.slot, h.gen))
+    def force_final(self, h: LocalStream, at_sample: int | None = None) -> None:
+        self._send(m.ForceFinal(h.slot, h.gen, at_sample))
 
     def abort(self, h: LocalStream, reason: str = "aborted") -> None:
         """No further results are delivered. Idempotent."""

@@ -59,6 +59,7 @@ class Finish(msgspec.Struct, tag=True, array_like=True):
 class ForceFinal(msgspec.Struct, tag=True, array_like=True):
     slot: int
     gen: int
+    at_sample: int | None = None  # end after the whole chunks before it (engine/forced_ends.py); None: now
 
 
 class Abort(msgspec.Struct, tag=True, array_like=True):

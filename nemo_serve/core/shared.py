@@ -15,6 +15,12 @@ One block, created by the supervisor, attached by every process:
                             message for a slot's previous stream is recognised and ignored
   ring       float32[S, N]  the audio, at the model's sample rate: a stream's sample i at i % N
 
+A positional forced final (engine/forced_ends.py) must reach the core before the audio past its
+sample. A message is ordered after the Wrotes before it, but a position stored here is not ordered
+after a message still in ZMQ's hands: so with shared positions the writer also counts its
+positional ForceFinals here (`forced`, stored before any later position), and the core takes no
+new audio of a slot whose count is ahead of the ForceFinals it has received (engine_core.py).
+
 A slot is allocated by a front end at admission (so a full server refuses at once, without a
 round trip to the core) and freed by the core once it has released the stream.
 
@@ -92,6 +98,7 @@ class SharedLayout:
             ("arrival", np.float64, (s,)),  # shared positions: time.time() the newest written ones arrived
             ("read_end", np.int64, (s,)),  # shared positions: samples the core copied out (the space is free)
             ("core_asleep", np.int64, (1,)),  # shared positions: the core's sleep epoch, 0 while awake
+            ("forced", np.int64, (s,)),  # shared positions: the stream's generation and positional forced finals sent (publish_forced)
             ("ring", np.float32, (s, n)),
         ]
 
@@ -253,6 +260,18 @@ class SharedSlots:
         self.write_end[slot] = (gen & _GEN_MASK) << _POS_BITS | end
         fence()  # the position before the look at the flag (the wake-up: module docstring)
         return int(self.core_asleep[0])
+
+    def publish_forced(self, slot: int, gen: int, count: int) -> None:
+        """Front end, shared positions: `count` positional ForceFinals sent for the slot's stream,
+        stored after the send and before any later write position (module docstring)."""
+        fence()
+        self.forced[slot] = (gen & _GEN_MASK) << _POS_BITS | count
+
+    def forced_sent(self, slots: np.ndarray, gens: np.ndarray) -> np.ndarray:
+        """Core, shared positions: positional ForceFinals sent for these slots' streams (0 where
+        the count is another generation's). Loaded after the write ends it guards."""
+        word = self.forced[slots]
+        return np.where((word >> _POS_BITS) == (gens & _GEN_MASK), word & _POS_MASK, 0)
 
     def written(self, slots: np.ndarray, gens: np.ndarray, fallback: np.ndarray) -> np.ndarray:
         """Core, shared positions: the write ends of these slots' streams (at `gens`); `fallback`

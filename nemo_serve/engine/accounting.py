@@ -60,6 +60,8 @@ class AccountingMixin:
         check(phrases == self._num_phrases, f"{self._num_phrases} boosted phrases counted, the open streams hold {phrases}")
         for problem in self.in_flight.problems(self.slots.held):
             check(False, problem)
+        stray = [slot for slot in self.forced_ends.pending() if not self.slots.held[slot]]
+        check(not stray, f"forced finals pending on free slots {stray}")
         if self.speakers is not None:  # the diarizer's slots and the results waiting for speakers
             diarized = {s.stream_id for s in streams if s.diarized}
             plain = {s.stream_id for s in streams if not s.diarized}

@@ -14,6 +14,7 @@ import numpy as np
 
 from .biasing import BiasingRegistry
 from .endpoint import EndpointConfig
+from .geometry import whole_chunk_frames
 from .frontend import AudioBuffer
 from .outputs import ReleasedStream
 from .phrases import NO_BIASING, PhraseRequest, check_phrases
@@ -120,6 +121,7 @@ class AdmissionMixin:
         self.scheduler.admit(slot, self.model.geometries[stream.context_right])
         self.last_packet.open(slot)
         self._due[slot] = -np.inf
+        self.forced_ends.open(slot)
         self._num_phrases += len(request.phrases)
         return stream
 
@@ -174,14 +176,28 @@ class AdmissionMixin:
             if stream.diarized:
                 self.diarizer.finish(stream.stream_id)
 
-    def force_final(self, stream: Stream) -> None:
+    def force_final(self, stream: Stream, at_sample: int | None = None) -> None:
         """Close the stream's segment now: a final with what it has, in the next `iterate()`'s
-        output; decoding goes on. A stream no longer open is left alone."""
+        output; decoding goes on. A stream no longer open is left alone. `at_sample`: close it
+        instead right after the step that decodes the whole chunks before that sample (counted
+        from the stream's start; engine/forced_ends.py), now if they are decoded already."""
         if not self.slots.holds(stream):
+            return
+        if at_sample is not None and self._force_later(stream, at_sample):
             return
         if self.in_flight.defer_final(stream.slot):  # after its step's tokens, as the sequential loop has them
             return
         self._publish_final(stream, [], [], time.time(), done=False)
+
+    def _force_later(self, stream: Stream, at_sample: int) -> bool:
+        """Whether the positional forced final waits for a step: its frame not stepped yet, or
+        maybe by the step in flight (collect decides). Else those chunks are decoded: now."""
+        slot = stream.slot
+        target = whole_chunk_frames(self.model.geometries[stream.context_right], at_sample, self.features.margin)
+        if target > self.scheduler.next_frame[slot] or self.in_flight.flying[slot]:
+            self.forced_ends.add(slot, target)
+            return True
+        return False
 
     def abort(self, stream: Stream, reason: str = "aborted") -> None:
         """Release the stream now: nothing more is published for it; its release is in the next
@@ -198,6 +214,7 @@ class AdmissionMixin:
         now on: the slot is no longer held); the release is in the next output, a diarized
         stream's once its results have their speakers (engine/speakers.py), an aborted one's at once."""
         self.runner.close_row(s.slot)
+        self.forced_ends.open(s.slot)  # its pending forced finals are moot
         if s.biasing_id != NO_BIASING:
             self.pool.biasing.release(s.biasing_id)
         self.slots.give_back(s)

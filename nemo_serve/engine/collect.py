@@ -94,6 +94,7 @@ class CollectMixin:
         # only the full path (_advance) reads them then.
         confs = result.token_confidences if self.token_confidence or slow else None
         dropped = []
+        forced = self._forced_rows(group, streams)  # {row: segment before the step}: usually empty
         for i, (s, slot, ids, frames, decoded) in enumerate(
             zip(streams, group.slots.tolist(), result.token_ids, result.token_frames, result.decoded_frames)
         ):
@@ -122,9 +123,27 @@ class CollectMixin:
                     update_slots.append(slot)
             if deferred and self.in_flight.pop_final(slot) and self.slots.holds(s):  # not released by its last chunk
                 self._publish_final(s, [], [], time.time(), done=False)
+        for i, segment in forced.items():
+            self._forced_end(streams[i], int(group.slots[i]), segment, next_frames[i], arrivals[i])
         if not dropped:
             return None
         return sorted(set(range(len(streams))) - set(dropped))
+
+    def _forced_rows(self, group: Group, streams: list[Stream]) -> dict[int, int]:
+        """Rows whose step reaches their positional forced final (engine/forced_ends.py), with
+        their segment before the step: one array comparison over the group."""
+        due = np.flatnonzero(self.forced_ends.due(group.slots, group.t0 + group.widths)).tolist()
+        return {i: streams[i].segment for i in due}
+
+    def _forced_end(self, s: Stream, slot: int, segment: int, reached_frame: int, arrival: float) -> None:
+        """A positional forced final, after the step that reached it: its segment ends here
+        unless the step ended it already (an endpoint, an EOU token, a forced final deferred
+        to this collect: one final ends it, not a second empty one), or the stream is gone."""
+        if self.slots.by_slot[slot] is not s or not self.slots.holds(s):
+            return  # released by its last chunk, or aborted: its targets were cleared with it
+        self.forced_ends.take(slot, reached_frame)
+        if s.segment == segment:
+            self._publish_final(s, [], [], arrival, done=False)
 
     def _collect_row_aborted(self, s: Stream, slot: int) -> bool:
         """A row whose stream is no longer the slot's or was aborted while in flight: its results

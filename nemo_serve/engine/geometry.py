@@ -135,8 +135,15 @@ class ModelInfo:
         first chunk. Where a commit on a continuing stream falls (NIM's commits, server/realtime.py),
         so the server never redoes the chunk arithmetic."""
         g = self.geometry_for(context_right)
-        frames = int(frames_available(num_samples, False, g.hop_samples, self.feature_margin))
-        if frames < g.first_frames:
-            return 0.0
-        frames = g.first_frames + (frames - g.first_frames) // g.chunk_frames * g.chunk_frames
+        frames = whole_chunk_frames(g, num_samples, self.feature_margin)
         return round(frames * g.hop_samples / g.sample_rate, 3)
+
+
+def whole_chunk_frames(g: ChunkGeometry, num_samples: int, margin: int) -> int:
+    """Feature frames of every whole chunk whose feature windows the first `num_samples` samples
+    hold while input stays open (the readiness rule, frames_available); 0 before the first chunk.
+    Where a positional forced final ends its segment (Engine.force_final's `at_sample`)."""
+    frames = int(frames_available(num_samples, False, g.hop_samples, margin))
+    if frames < g.first_frames:
+        return 0
+    return g.first_frames + (frames - g.first_frames) // g.chunk_frames * g.chunk_frames

@@ -52,6 +52,7 @@ from .encoder import make_encoder
 from .ring_cache import make_slot_pool
 from .endpoint import EndpointConfig
 from .eou import EouTokens
+from .forced_ends import ForcedEnds
 from .frontend import FeatureExtractor
 from .publish import PublishMixin
 from .scheduler import Group, Scheduler
@@ -162,6 +163,7 @@ class Engine(AdmissionMixin, AccountingMixin, CollectMixin, PublishMixin):
         # when it arrived) and when the stream's last stepped chunk was due (queue_delay.py).
         self.last_packet = LastPacket(num_slots)
         self._due = np.full(num_slots, -np.inf)
+        self.forced_ends = ForcedEnds(num_slots)  # positional forced finals (engine/forced_ends.py)
         # What was produced since the last iterate() returned (admission errors aside, every call
         # that publishes or releases adds here): the next IterationOutput.
         self._updates: list[StreamUpdate] = []

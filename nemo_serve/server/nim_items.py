@@ -7,7 +7,9 @@ that event says `is_last_result`, saves it, and stops reading there (or at any e
 a session created through NIM's bootstrap (its update carries `input_audio_params`), a commit
 neither ends the item nor is answered: the session keeps one engine stream and items end where
 the speech ends: the endpointer (the session's turn_detection), an append's
-`runtime_config.force_eou` (the client's `request_force_eou`), or the end of input; the last
+`runtime_config.force_eou` (the client's `request_force_eou`: the engine ends the segment after
+the whole chunks appended before it, a positional force_final, engine/forced_ends.py, so timing
+never moves it), or the end of input; the last
 item is then the whole last utterance (or, after trailing silence, repeats it: LastUtterance).
 Rejected: ending an item at each commit the model had
 caught up with (what we did): items split where timing put them, mid-word, and the client showed
@@ -18,7 +20,6 @@ Owner: the event loop (realtime.RealtimeFormat).
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 
 
@@ -28,38 +29,6 @@ def wants_force_eou(runtime_config: object) -> bool:
         return False
     value = runtime_config.get("force_eou")
     return value is True or (isinstance(value, str) and value.lower() == "true")
-
-
-class ForcedEnds:
-    """A NIM client's forced ends of utterance on its one engine stream: each ends the item once
-    the model has decoded every whole chunk appended before it. Rejected: force_final at once,
-    which publishes the item before a fast sender's audio is decoded and leaves it nearly empty."""
-
-    def __init__(self) -> None:
-        self.targets: deque[float] = deque()  # audio_processed_s that ends a pending item
-        self.final_requested: int | None = None  # the segment a force_final was asked for, until its final
-
-    def add(self, due_s: float) -> None:
-        """A forced end, due once the model's results report `due_s` of audio processed (the
-        engine says where: ModelInfo.whole_chunks_s)."""
-        self.targets.append(due_s)
-
-    def take_due(self, processed_s: float) -> bool:
-        """Whether a force_final is due now. One request at a time: requests the loop has not
-        taken yet merge into one final (a flag), and the segment count would run ahead of the engine's."""
-        if self.final_requested is not None:
-            return False
-        due = False
-        while self.targets and self.targets[0] <= processed_s + 1e-6:
-            self.targets.popleft()
-            due = True
-        return due
-
-    def on_final(self, segment: int, closed_by_engine: bool) -> None:
-        if closed_by_engine:  # an endpoint (or the end) closed it: its forced ends came due with it
-            self.targets.clear()
-        if self.final_requested is not None and segment >= self.final_requested:
-            self.final_requested = None
 
 
 @dataclass

@@ -36,8 +36,8 @@ the same decoder (PCM16 at 24 kHz resampled by soxr), push, finish and force_fin
 
 A NIM client (its update has `input_audio_params`) commits after every packet as a flush: its
 session keeps one engine stream, a commit neither ends the item nor is answered, and items end at
-the endpointer, an append's `runtime_config.force_eou` (engine.force_final once the model has
-decoded every whole chunk before it) or the end of input (nim_items.py).
+the endpointer, an append's `runtime_config.force_eou` (a positional engine.force_final: after
+the whole chunks before it, engine/forced_ends.py) or the end of input (nim_items.py).
 Items map one-to-one to engine segments (SegmentKeys numbers them across streams); `item_id`s
 chain by `previous_item_id`.
 """
@@ -57,7 +57,6 @@ from ..engine.results import StreamResult
 from . import speech_detector
 from .context import ServerContext
 from .logsafe import clean, preview
-from .nim_items import ForcedEnds
 from .protocol import CLOSE_PROTOCOL_ERROR, MAX_REASON_CHARS, ProtocolError, mode_number
 from .realtime_items import ItemStream, SegmentKeys
 from .realtime_slots import MAX_SLOTS_PER_SESSION, ItemSlots
@@ -125,7 +124,6 @@ class RealtimeFormat(ItemSlots):
         self.appended_since_commit = False
         self._last_audio = time.monotonic()
         self._last_release = float("-inf")  # when an item of ours last finished (its slot comes back)
-        self.nim_ends = ForcedEnds()  # a NIM client's force_eou appends on its one engine stream
         self.aborted = False  # the session ended (abort): no item opens a stream any more
         self.session.outbox.put(self._session_event("created"))
 
@@ -235,8 +233,7 @@ class RealtimeFormat(ItemSlots):
             self.appended_since_commit = True
             self._last_audio = time.monotonic()
         if a.force_eou and self.nim:
-            self.nim_ends.add(self.ctx.model.whole_chunks_s(self.rt.context_right, item.num_samples))
-            self._end_nim_items(item)
+            self._force_nim_end(item)
         if self.num_model_samples >= self.ctx.settings.max_stream_s * self.ctx.model.geometry.sample_rate:
             s.end_input("max_stream_duration")
 

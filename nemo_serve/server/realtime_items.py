@@ -30,6 +30,7 @@ class ItemStream:
     waiting: list[np.ndarray] = field(default_factory=list)  # model-rate audio until a slot frees
     num_samples: int = 0  # model-rate samples pushed or waiting
     segment: int = 0  # the engine segment now being filled (the receive side's view)
+    forced_at: list[int] = field(default_factory=list)  # NIM's forced ends (sample positions) while it waits for a slot
     finishing: bool = False  # committed, or input ended: decoded to its end, then released
     done: bool = False  # its last result came
     last: bool = False  # the session's input ended with it: its last item is `is_last_result`

@@ -45,7 +45,7 @@ MAX_SLOTS_PER_SESSION = 2
 
 class ItemSlots:
     """RealtimeFormat's items (a base class: realtime.py sets the state it reads: `ctx`, `name`,
-    `session`, `rt`, `items`, `current`, `keys`, `renderer`, `vad`, `nim`, `nim_ends`, and
+    `session`, `rt`, `items`, `current`, `keys`, `renderer`, `vad`, `nim`, and
     defines `_speech_event`)."""
 
     def _feed(self, item: ItemStream, samples: np.ndarray) -> None:
@@ -87,6 +87,9 @@ class ItemSlots:
                 return
             if not self._open_item(item):
                 return
+            for at_sample in item.forced_at:  # positions: sent before the audio past them
+                item.session.force_final(at_sample)
+            item.forced_at.clear()
             for samples in item.waiting:
                 item.session.push(samples)
             item.waiting.clear()
@@ -151,17 +154,15 @@ class ItemSlots:
         if self.current is item:
             self.current = None
 
-    def _end_nim_items(self, item: ItemStream) -> None:
-        """NIM: end the item once the model has caught up with its force_eou (engine.force_final),
-        also after the input ended (a fast sender's done comes before the model catches up)."""
-        if item.session is None or item.done or self.session.closing:
-            return
-        if self.nim_ends.take_due(item.processed_s):
-            # The engine's own call, not StreamSession.force_final: that one ends with the input,
-            # and this item's input may have ended already.
-            self.ctx.engine.force_final(item.session.stream)
-            self.nim_ends.final_requested = item.segment
-            item.segment += 1
+    def _force_nim_end(self, item: ItemStream) -> None:
+        """NIM's force_eou: the item ends after the whole chunks of the audio appended so far,
+        wherever the model is now (a positional force_final: engine/forced_ends.py), sent before
+        any later audio. Rejected: force_final once results showed the model there, which lost
+        the end, or put it late, when the model decoded past the point before we heard of it."""
+        if item.session is None:
+            item.forced_at.append(item.num_samples)  # sent when it gets its slot (_open_waiting)
+        else:
+            item.session.force_final(item.num_samples)
 
     def _endpoint_rules(self) -> EndpointConfig:
         """turn_detection null: no endpointer (items end at commits only); server VAD: the
@@ -198,15 +199,12 @@ class ItemSlots:
         if item.cleared_from is not None and r.segment >= item.cleared_from:
             self.renderer.cleared.add(key)
         if r.is_final:
-            self.nim_ends.on_final(r.segment, closed_by_engine=r.segment >= item.segment)
             item.segment = max(item.segment, r.segment + 1)
         if r.done:
             item.done = True
             self.items.remove(item)
             s.last_input = self._last_release = time.monotonic()  # the idle clock runs again from here
             self._open_waiting()
-        elif self.nim:
-            self._end_nim_items(item)
         s.queue(replace(r, segment=key))
 
     def reading_resumed(self) -> None:

@@ -133,9 +133,11 @@ class StreamSession:
             self.ctx.engine.push(self.stream, samples)
             self.pushed_s += len(samples) / self.ctx.model.geometry.sample_rate
 
-    def force_final(self) -> None:
+    def force_final(self, at_sample: int | None = None) -> None:
+        """The segment closes at the audio so far; `at_sample` (samples pushed since the stream
+        opened): after the whole chunks before it, however far the model has got (engine_api)."""
         if self.streaming:
-            self.ctx.engine.force_final(self.stream)
+            self.ctx.engine.force_final(self.stream, at_sample)
 
     def end_input(self, reason: str = "end") -> None:
         """Input ends: the adapter's tail pushed, then the stream decoded to its end; the results

@@ -1,0 +1,60 @@
+"""Positional forced finals: a segment ends after the stream's whole chunks before a given sample,
+however far ahead of or behind the engine the request was (NIM's force_eou, issue 45).
+
+A forced final without a position (/ws's `force_final`) ends the segment wherever the engine is
+when the call arrives. A client that says "end the utterance after this audio" needs the end at
+that audio: a front end that waited for the results to catch up and then called force_final lost
+the end, or put it late, whenever the engine decoded past the point before the front end heard of
+it (a fast sender, a loaded core). So the request carries the sample; the engine turns it into a
+feature frame (geometry.whole_chunk_frames: the whole chunks before it, as a continuing stream
+steps them) and ends the segment right after the step that reaches that frame. The front end
+sends it before any audio past the point, so the engine sees it before it can step past.
+
+Owner: the engine (engine/loop.py), on its thread. Per slot, the nearest target is an array entry,
+so a collect finds its due rows with one comparison over the group (STYLE 14); later targets of
+the same stream wait in a deque (rare: a client forcing again before the engine got there).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+NONE = np.iinfo(np.int64).max  # no forced end pending on the slot
+
+
+class ForcedEnds:
+    def __init__(self, num_slots: int) -> None:
+        self.next_frame = np.full(num_slots, NONE, np.int64)  # [S] the nearest target (a feature frame)
+        self._later: dict[int, deque[int]] = {}  # slot -> targets after the nearest, in order
+
+    def open(self, slot: int) -> None:
+        """A new stream on `slot` (admission and release both call it: nothing stale survives)."""
+        self.next_frame[slot] = NONE
+        self._later.pop(slot, None)
+
+    def add(self, slot: int, frame: int) -> None:
+        if self.next_frame[slot] == NONE:
+            self.next_frame[slot] = frame
+        elif frame <= self.next_frame[slot]:  # out of order (not from a sane front end): merge
+            return
+        else:
+            self._later.setdefault(slot, deque()).append(frame)
+
+    def due(self, slots: np.ndarray, next_frames: np.ndarray) -> np.ndarray:
+        """Rows ([B] bool) whose step reached their slot's nearest target."""
+        return next_frames >= self.next_frame[slots]
+
+    def take(self, slot: int, reached_frame: int) -> None:
+        """The targets up to `reached_frame` are met (one final ends them all)."""
+        later = self._later.get(slot)
+        while later and later[0] <= reached_frame:
+            later.popleft()
+        self.next_frame[slot] = later.popleft() if later else NONE
+        if not later:
+            self._later.pop(slot, None)
+
+    def pending(self) -> list[int]:
+        """Slots with a target (the engine's books: none on a free slot)."""
+        return np.flatnonzero(self.next_frame != NONE).tolist()

@@ -240,8 +240,9 @@ async def run_level(
 
     tasks = [asyncio.create_task(worker(w)) for w in (workers if workers is not None else range(num_streams))]
     start = loop.time()
-    while not all(t.done() for t in tasks):
-        await asyncio.sleep(1.0)
+    pending = set(tasks)
+    while pending:  # the progress bar each second; back as soon as the last stream ends
+        _, pending = await asyncio.wait(pending, timeout=1.0)
         if bar is not None:
             bar.n = min(duration_s, loop.time() - start)
             recent = [lat for r in records[-num_streams:] for _, lat in r.partial_latencies()[-3:]]

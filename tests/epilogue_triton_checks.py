@@ -1,6 +1,6 @@
 """The Triton epilogue kernels (engine/epilogue_kernels.py) in Triton's interpreter on the CPU,
 against NeMo's layer and the torch twins; run by tests/test_epilogues.py in a child process with
-TRITON_INTERPRET=1 (python -m tests.epilogue_triton_checks fp32|bf16). Prints one line per check
+TRITON_INTERPRET=1 (python -m tests.epilogue_triton_checks fp32 bf16). Prints one line per check
 that passed; an AssertionError otherwise."""
 
 from __future__ import annotations
@@ -66,7 +66,8 @@ def check_epilogues(dtype):
 if __name__ == "__main__":
     assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1 (Triton's interpreter on the CPU)"
     torch.set_num_threads(1)
-    check_layer(sys.argv[1])
-    print("layer-ok", flush=True)
-    check_epilogues(sys.argv[1])
-    print("epilogues-ok", flush=True)
+    for dtype in sys.argv[1:]:  # several dtypes in one process: Triton and NeMo are imported once
+        check_layer(dtype)
+        print(f"{dtype}-layer-ok", flush=True)
+        check_epilogues(dtype)
+        print(f"{dtype}-epilogues-ok", flush=True)

@@ -25,6 +25,8 @@ MODE = 1  # 160 ms chunks: several packets per short item
 # Generous: this 2-core machine is shared by eight sessions (a descheduled worker was seen 478 ms late
 # at a load average of 17); the stall below makes the first packet after each block ~1.4 s late.
 HONEST_BOUND_MS = 1000.0
+# Under the shortest item (2.5 s): each lane streams one item, the level ends when the last one does.
+LEVEL_S = 2.0
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +55,7 @@ def client(request):
 
 def test_two_workers_merge_to_their_sum_and_match_nemo(served, client):
     server, items = served
-    level, run = measure_level(server.ws_url, items, 4, 3.0, ramp_s=0.5, num_workers=2, context_right=MODE,
+    level, run = measure_level(server.ws_url, items, 4, LEVEL_S, ramp_s=0.5, num_workers=2, context_right=MODE,
                                max_send_lateness_ms=HONEST_BOUND_MS, client=client)  # fmt: skip
     assert level["client"] == client
     workers = level["workers"]
@@ -74,7 +76,7 @@ def test_realtime_20ms_appends_through_two_workers_match_nemo(served, pcm16_item
     each `completed` token-identical to NeMo's loop (= /ws) on the item's PCM16 audio."""
     server, _ = served
     url = server.ws_url.replace("/ws", "/v1/realtime")
-    level, run = measure_level(url, pcm16_items, 4, 3.0, ramp_s=0.5, num_workers=2, context_right=MODE,
+    level, run = measure_level(url, pcm16_items, 4, LEVEL_S, ramp_s=0.5, num_workers=2, context_right=MODE,
                                max_send_lateness_ms=HONEST_BOUND_MS, protocol="realtime", client=client)  # fmt: skip
     assert level["errors"] == {}, level["error_examples"]
     assert level["protocol"] == "realtime" and level["items_completed"] == sum(w["items_completed"] for w in level["workers"]) > 0
@@ -92,7 +94,7 @@ def test_a_starved_worker_makes_the_level_invalid_not_a_server_verdict(served, c
     """Worker 1's loop blocks 1.5 s of every 1.6: its packets leave up to 1.5 s late. The level
     must say the generator fell behind (worker 1), whatever its latencies say about the server."""
     server, items = served
-    level, _ = measure_level(server.ws_url, items, 4, 3.0, ramp_s=0.5, num_workers=2, context_right=MODE,
+    level, _ = measure_level(server.ws_url, items, 4, LEVEL_S, ramp_s=0.5, num_workers=2, context_right=MODE,
                              max_send_lateness_ms=HONEST_BOUND_MS, stall=Stall(worker=1, block_ms=1500, every_ms=100), client=client)  # fmt: skip
     w0, w1 = level["workers"]
     assert w1["send_lateness_ms"]["p99"] > HONEST_BOUND_MS, level["workers"]
@@ -147,7 +149,7 @@ def test_both_clients_read_the_same_finals_packets_and_refusals(served):
     item's packets end at the same samples and its final tokens are the same (NeMo's loop); a
     refused upgrade is the same error word and the same verdict."""
     server, items = served
-    runs = {c: measure_level(server.ws_url, items, 4, 2.0, ramp_s=0.5, num_workers=1, context_right=MODE,
+    runs = {c: measure_level(server.ws_url, items, 4, LEVEL_S, ramp_s=0.5, num_workers=1, context_right=MODE,
                              max_send_lateness_ms=HONEST_BOUND_MS, client=c) for c in CLIENTS}  # fmt: skip
     by_item = {c: {r.item_id: (r.send_ends, r.token_ids) for r in run.records if r.error is None} for c, (_, run) in runs.items()}
     assert set(by_item["picows"]) == set(by_item["websockets"]) == {it.item_id for it in items}

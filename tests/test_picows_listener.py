@@ -319,7 +319,8 @@ def test_fast_port_must_differ_from_the_others():
 
 @pytest.mark.parametrize("flag", ["--fast-ws-port", "--port"])
 def test_a_port_another_program_holds_fails_start_up_in_one_line(flag):
-    """As a front end whose --grpc-port fails: one line naming the flag, status 3, no traceback."""
+    """As a front end whose --grpc-port fails: one line naming the flag, status 3, no traceback; and
+    at once: the ports are reserved before the engine core builds the model (nothing else logged)."""
     import os
     import subprocess
 
@@ -334,8 +335,8 @@ def test_a_port_another_program_holds_fails_start_up_in_one_line(flag):
         done = subprocess.run(cmd, env=dict(os.environ, NEMO_SERVE_AUTH_TOKEN=TOKEN), capture_output=True, text=True,
                               timeout=120)  # fmt: skip
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
-    last = done.stderr.strip().splitlines()[-1]
-    assert done.returncode == 3 and last == f"nemo-serve: error: {flag} {taken} on 127.0.0.1: Address already in use", last
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 3 and lines == [f"nemo-serve: error: {flag} {taken} on 127.0.0.1: Address already in use"], lines
 
 
 def test_picows_outside_the_tested_range_fails_at_import(monkeypatch):

@@ -1,5 +1,7 @@
 """The supervisor: the `nemo-serve` process itself, which starts and watches every other one.
 
+  0 reserve the ports (step 3): a port another program holds fails start-up at once, before any
+    model is built
   1 spawn one engine core per device (--devices; one on --device by default); each loads the
     model and reports its ModelInfo (or a load error: exit 2)  (core_set.py, as a Ray replica)
   2 create each core's shared memory (slot table, audio rings) now that the sample rate is known
@@ -92,6 +94,13 @@ class Supervisor:
             os.close(self._wakeup_w)
 
     def _run(self) -> int:
+        # The ports first: a taken port fails in a second, not after the model is built. Bound, not
+        # listening, so no connection is accepted before the front ends start (after the cores are up).
+        try:
+            self._reserve_ports()
+        except PortTaken as e:  # one line, as a front end whose gRPC server cannot start (runner.py)
+            print(f"nemo-serve: error: {e}", file=sys.stderr, flush=True)
+            return PORT_TAKEN_STATUS
         try:
             self.core_set.start()
         except CoreStartError as e:
@@ -101,11 +110,6 @@ class Supervisor:
                 log.error("%s", e)
             return e.status
         info = self.info = self.core_set.info
-        try:
-            self._reserve_ports()
-        except PortTaken as e:  # one line, as a front end whose gRPC server cannot start (runner.py)
-            print(f"nemo-serve: error: {e}", file=sys.stderr, flush=True)
-            return PORT_TAKEN_STATUS
         print(info.summary, flush=True)
         ring_mib = sum(c.shared.layout.nbytes for c in self.cores) / 2**20
         where = ", ".join(f"pid {c.process.pid} on {c.device}" for c in self.cores)

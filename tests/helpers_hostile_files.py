@@ -54,11 +54,12 @@ def silent_flac(seconds: int, channels: int, rate: int) -> bytes:
 
 
 class Neighbour:
-    """A /ws stream at real-time pace in its own thread: its message arrival times (to see an
-    event-loop stall as a gap) and its final tokens (to compare with a quiet run)."""
+    """A /ws stream at real-time pace (or `speed` times it) in its own thread: its message arrival
+    times (to see an event-loop stall as a gap) and its final tokens (to compare with a quiet run)."""
 
-    def __init__(self, server, seconds: float, seed: int = 3, context_right: int | None = None) -> None:
-        self.server, self.context_right = server, context_right
+    def __init__(self, server, seconds: float, seed: int = 3, context_right: int | None = None,
+                 speed: float = 1.0) -> None:  # fmt: skip
+        self.server, self.context_right, self.speed = server, context_right, speed
         self.pcm = (np.concatenate(helpers.utterances(int(seconds // 2) + 1, seed=seed))[: int(seconds * 16000)]
                     * 32767).astype("<i2")  # fmt: skip
         self.arrivals: list[float] = []
@@ -82,7 +83,7 @@ class Neighbour:
             t0 = time.monotonic()
             for i in range(0, len(self.pcm), step):
                 await c.send_audio(self.pcm[i : i + step])
-                await asyncio.sleep(max(0.0, t0 + (i + step) / 16000 - time.monotonic()))
+                await asyncio.sleep(max(0.0, t0 + (i + step) / 16000 / self.speed - time.monotonic()))
             await c.end()
             await receiver
 

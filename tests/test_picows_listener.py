@@ -40,7 +40,7 @@ ENV = {
 def fast():
     port = free_port()
     with start_server("--num-slots", "3", "--idle-timeout-s", "3", "--log-level", "info", "--fast-ws-port", str(port),
-                      env=ENV) as s:  # fmt: skip
+                      "--drain-timeout-s", "60", env=ENV) as s:  # fmt: skip
         s.fast_url = f"ws://127.0.0.1:{port}"
         s.fast_port = port
         yield s
@@ -284,23 +284,24 @@ def test_client_that_never_reads_loses_its_slot(fast):
     fast.assert_no_leak()
 
 
-def test_sigterm_drains_a_picows_stream_to_its_final():
-    """SIGTERM while a stream is open on the fast port: its final and `done` (draining), then exit 0."""
-    port = free_port()
+def test_sigterm_drains_a_picows_stream_to_its_final(fast):
+    """SIGTERM while a stream is open on the fast port: its final and `done` (draining), then exit 0.
+    It ends the module's server (a second server would cost its start-up): the last test that uses
+    `fast`, and the tests below start no server of it."""
+    srv = fast
     utt = helpers.utterances(1, seed=31)[0]
-    with start_server("--num-slots", "2", "--drain-timeout-s", "60", "--fast-ws-port", str(port)) as srv:
 
-        async def scenario():
-            client = asyncio.create_task(stream(f"ws://127.0.0.1:{port}/ws", encode(utt, "pcm_f32le"), 16000,
-                                                "pcm_f32le", speed=1.0, packet=800))  # fmt: skip
-            while srv.readyz()["open_streams"] < 1:
-                await asyncio.sleep(0.05)
-            await asyncio.sleep(1.0)
-            srv.proc.send_signal(signal.SIGTERM)
-            return await asyncio.wait_for(client, 60)
+    async def scenario():
+        client = asyncio.create_task(stream(srv.fast_url + "/ws", encode(utt, "pcm_f32le"), 16000, "pcm_f32le",
+                                            speed=1.0, packet=800))  # fmt: skip
+        while srv.readyz()["open_streams"] < 1:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(1.0)
+        srv.proc.send_signal(signal.SIGTERM)
+        return await asyncio.wait_for(client, 60)
 
-        t = asyncio.run(scenario())
-        assert srv.proc.wait(30) == 0
+    t = asyncio.run(scenario())
+    assert srv.proc.wait(30) == 0
     assert t.done is not None and t.done.get("reason") == "draining", t.messages[-2:]
     assert t.finals and t.close_code == 1000
 

@@ -24,10 +24,12 @@ from nemo_serve.server.stream_session import Failure
 from nemo_serve.server.wire import NormalClose
 
 from . import helpers
+from .helpers_nim import riva_args, run_riva_client
+from .helpers_server import start_server
 from .helpers_session import context as _ctx
 from .helpers_session import until_slots_free as _until_free
 from .test_forced_ends import _idle, _run_to_done
-from .test_nim_sessions import TRANSCRIPTION, UTTERANCES
+from .test_nim_sessions import TRANSCRIPTION, UTTERANCES, ws_finals
 
 RATE = 16000
 PACKET = 1600  # NIM's client: 100 ms appends
@@ -164,3 +166,23 @@ def test_nim_session_forced_in_the_silence_after_the_endpoint_hides_no_item(demo
     forced_s = _forced_sample(pcm) / RATE  # the second item starts where the speech ended, not there
     assert first["nemo_serve"]["audio_processed"] <= last["nemo_serve"]["start_time"] < forced_s - 1.0
     helpers.assert_engine_empty(engine)
+
+
+def test_nvidia_client_forcing_in_the_silence_after_the_endpoint_keeps_the_utterance(tmp_path):
+    """NVIDIA's realtime client unchanged against the real server (demo model, server VAD by
+    default): the utterance, silence, force_eou 3.6 s into it (a client forcing at its file's end).
+    Its final is the utterance (/ws's), its items the utterance and the silence after it (segments
+    0, 1), no empty completed between. Before: segments 0 and 2 (an empty forced item the
+    renderer hid); the client's final was right already, as NimRenderer drops empty non-last items."""
+    pytest.importorskip("riva.client.realtime")
+    pcm = _speech_then_silence()
+    path = tmp_path / "speech_then_silence.wav"
+    soundfile.write(path, pcm, RATE, subtype="PCM_16")
+    with start_server("--num-slots", "1", model=str(DEMO_MODEL_PATH)) as srv:
+        utterance = [t for t in asyncio.run(ws_finals(srv, path)) if t]
+        events, client = asyncio.run(run_riva_client(riva_args(srv), path, force_eou_at=_forced_sample(pcm) // PACKET - 1))
+        srv.assert_no_leak()
+    completed = [e for e in events if e["type"] == f"{TRANSCRIPTION}.completed"]
+    assert len(utterance) == 1 and client.final_transcript == utterance[0], (utterance, client.final_transcript)
+    assert [(e["nemo_serve"]["segment"], e["transcript"]) for e in completed] == [(0, utterance[0]), (1, utterance[0])]
+    assert completed[-1]["is_last_result"] is True

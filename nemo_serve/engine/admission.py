@@ -15,6 +15,7 @@ import numpy as np
 from .biasing import BiasingRegistry
 from .endpoint import EndpointConfig
 from .geometry import whole_chunk_frames
+from .forced_ends import closes_speech
 from .frontend import AudioBuffer
 from .outputs import ReleasedStream
 from .phrases import NO_BIASING, PhraseRequest, check_phrases
@@ -180,11 +181,13 @@ class AdmissionMixin:
         """Close the stream's segment now: a final with what it has, in the next `iterate()`'s
         output; decoding goes on. A stream no longer open is left alone. `at_sample`: close it
         instead right after the step that decodes the whole chunks before that sample (counted
-        from the stream's start; engine/forced_ends.py), now if they are decoded already."""
+        from the stream's start; engine/forced_ends.py), now if they are decoded already; no
+        final then if an earlier final ended the speech and nothing was said since."""
         if not self.slots.holds(stream):
             return
-        if at_sample is not None and self._force_later(stream, at_sample):
-            return
+        if at_sample is not None and (self._force_later(stream, at_sample)
+                                      or not closes_speech(stream.segment, stream.endpoint.has_text)):
+            return  # at its step (collect), or nothing said since the speech ended (forced_ends.py)
         if self.in_flight.defer_final(stream.slot):  # after its step's tokens, as the sequential loop has them
             return
         self._publish_final(stream, [], [], time.time(), done=False)

@@ -22,6 +22,7 @@ import time
 
 import numpy as np
 
+from .forced_ends import closes_speech
 from .in_flight import InFlightStep
 from .results import StreamUpdate
 from .scheduler import Group
@@ -138,11 +139,12 @@ class CollectMixin:
     def _forced_end(self, s: Stream, slot: int, segment: int, reached_frame: int, arrival: float) -> None:
         """A positional forced final, after the step that reached it: its segment ends here
         unless the step ended it already (an endpoint, an EOU token, a forced final deferred
-        to this collect: one final ends it, not a second empty one), or the stream is gone."""
+        to this collect: one final ends it, not a second empty one), an earlier final ended the
+        speech and nothing was said since (forced_ends.closes_speech), or the stream is gone."""
         if self.slots.by_slot[slot] is not s or not self.slots.holds(s):
             return  # released by its last chunk, or aborted: its targets were cleared with it
         self.forced_ends.take(slot, reached_frame)
-        if s.segment == segment:
+        if s.segment == segment and closes_speech(s.segment, s.endpoint.has_text):
             self._publish_final(s, [], [], arrival, done=False)
 
     def _collect_row_aborted(self, s: Stream, slot: int) -> bool:

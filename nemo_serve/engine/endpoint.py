@@ -86,6 +86,11 @@ class EndpointDetector:
         # there (engine/collect.py), instead of evaluating three rules for every stepped stream.
         self.fires_at = self._first_firing_frame()
 
+    @property
+    def has_text(self) -> bool:
+        """Whether the segment has a token (is_endpoint's test, inlined there: every step)."""
+        return self.last_token_frame >= self.segment_start_frame
+
     def on_tokens(self, frames: list[int]) -> None:
         if frames:
             self.last_token_frame = frames[-1]

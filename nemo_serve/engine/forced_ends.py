@@ -10,6 +10,15 @@ feature frame (geometry.whole_chunk_frames: the whole chunks before it, as a con
 steps them) and ends the segment right after the step that reaches that frame. The front end
 sends it before any audio past the point, so the engine sees it before it can step past.
 
+A forced end closes what was said before its point. When an endpoint or an <EOU> token already
+closed it and nothing was said since, there is nothing to close: no final (`closes_speech`), the
+segment goes on from where the speech ended. An empty final there reached no client (NIM's
+renderer drops empty finals, and would else overwrite the final NVIDIA's client keeps) and only
+moved the segment's start, so the endpointer's rules and the next item's start depended on a
+no-op. The stream's first segment is the exception: nothing was ever closed, so a forced end
+there answers with a final, empty or not, as /ws's force_final does. Decided per segment, on
+decoded tokens, never on timing: the same audio and points give the same finals.
+
 Owner: the engine (engine/loop.py), on its thread. Per slot, the nearest target is an array entry,
 so a collect finds its due rows with one comparison over the group (STYLE 14); later targets of
 the same stream wait in a deque (rare: a client forcing again before the engine got there).
@@ -22,6 +31,12 @@ from collections import deque
 import numpy as np
 
 NONE = np.iinfo(np.int64).max  # no forced end pending on the slot
+
+
+def closes_speech(segment: int, has_text: bool) -> bool:
+    """Whether a positional forced end publishes a final for the stream's current segment:
+    it has tokens, or it is the stream's first (module docstring)."""
+    return has_text or segment == 0
 
 
 class ForcedEnds:

@@ -141,13 +141,23 @@ def test_mbrola_pico_and_rhvoice_voices_stretch_and_warp(tmp_path, engine, voice
         assert abs(durations[warp] / durations[1.0] - 1) < 0.03, durations
 
 
+def _grown_from(tmp_path, source: str, out: str, args: list[str]) -> None:
+    """The corpus ``args`` into ``tmp_path/out``, from a copy of ``tmp_path/source`` with --keep-existing: only
+    the wav files of rows that ``source`` lacks are synthesized (most of a corpus's time), while every manifest
+    row is drawn again (text, voice, rate, pitch, speed), so a draw that moved still shows in the comparison."""
+    from nemo_serve.training import corpus
+
+    shutil.copytree(tmp_path / source, tmp_path / out)
+    corpus.main(["--out", str(tmp_path / out), "--keep-existing"] + args)
+
+
 def _rows_added_by(tmp_path, base: list[str], extra: list[str]) -> list[dict]:
     """Make the corpus ``base`` and ``base + extra``; every evaluation split must be byte-identical and the
     first rows of train.jsonl the same (the 6 rows of ``base``); returns the rows ``extra`` added."""
     from nemo_serve.training import corpus
 
     corpus.main(["--out", str(tmp_path / "a")] + base)
-    corpus.main(["--out", str(tmp_path / "b")] + extra + base)
+    _grown_from(tmp_path, "a", "b", extra + base)
     for split in ("dev", "heldout_sentences", "heldout_voices", "flite", "dev_mix"):
         assert (tmp_path / "a" / f"{split}.jsonl").read_text() == (tmp_path / "b" / f"{split}.jsonl").read_text()
     rows_a = [json.loads(l) for l in open(tmp_path / "a" / "train.jsonl")]
@@ -165,7 +175,7 @@ def test_corpus_adds_mbrola_and_pico_after_everything_else(tmp_path):
 
     base = ["--n-train", "2", "--n-train-flite", "2", "--n-train-festival", "2", "--n-eval", "2", "--workers", "2"]
     corpus.main(["--out", str(tmp_path / "a")] + base)
-    corpus.main(["--out", str(tmp_path / "b"), "--n-train-mbrola", "3", "--n-train-pico", "2"] + base)
+    _grown_from(tmp_path, "a", "b", ["--n-train-mbrola", "3", "--n-train-pico", "2"] + base)
     for split in ("dev", "heldout_sentences", "heldout_voices", "flite", "dev_mix"):
         assert (tmp_path / "a" / f"{split}.jsonl").read_text() == (tmp_path / "b" / f"{split}.jsonl").read_text()
     rows_a = [json.loads(l) for l in open(tmp_path / "a" / "train.jsonl")]
@@ -176,7 +186,7 @@ def test_corpus_adds_mbrola_and_pico_after_everything_else(tmp_path):
     assert {r["voice"] for r in rows_b[9:]} <= set(synthesizers.PICO_VOICES)
     assert all(r["duration"] > 1.0 for r in rows_b[6:])  # speech, not an empty file
     # Pico without MBROLA: still after all the others
-    corpus.main(["--out", str(tmp_path / "c"), "--n-train-pico", "2"] + base)
+    _grown_from(tmp_path, "a", "c", ["--n-train-pico", "2"] + base)
     rows_c = [json.loads(l) for l in open(tmp_path / "c" / "train.jsonl")]
     assert rows_c[:6] == rows_a and [r["audio_filepath"].split("/")[0] for r in rows_c[6:]] == ["train_pico"] * 2
 
@@ -248,7 +258,7 @@ def test_corpus_keeps_existing_files_and_adds_festival_last(tmp_path):
 
     base = ["--n-train", "2", "--n-train-flite", "2", "--n-eval", "2", "--workers", "2"]
     corpus.main(["--out", str(tmp_path / "a")] + base)
-    corpus.main(["--out", str(tmp_path / "b"), "--n-train-festival", "3"] + base)
+    _grown_from(tmp_path, "a", "b", ["--n-train-festival", "3"] + base)
     for split in ("dev", "heldout_sentences", "heldout_voices", "flite", "dev_mix"):
         assert (tmp_path / "a" / f"{split}.jsonl").read_text() == (tmp_path / "b" / f"{split}.jsonl").read_text()
     rows_b = [json.loads(l) for l in open(tmp_path / "b" / "train.jsonl")]

@@ -5,19 +5,14 @@ serving is still collected: memory stays bounded."""
 
 from __future__ import annotations
 
-import asyncio
 import gc
-import socket
-import threading
-import time
-import types
 import weakref
 
 import pytest
-import uvicorn
 
 from nemo_serve.collector import GC_YOUNG_THRESHOLD
-from nemo_serve.server.runner import DrainingServer
+
+from .helpers_draining_server import draining_server
 
 
 class _Node:
@@ -25,38 +20,11 @@ class _Node:
         self.me = self  # a cycle: only the cyclic collector frees it
 
 
-async def _app(scope, receive, send):  # the lifespan and nothing else: the collector is what is tested
-    if scope["type"] == "lifespan":
-        while (await receive())["type"] != "lifespan.shutdown":
-            await send({"type": "lifespan.startup.complete"})
-        await send({"type": "lifespan.shutdown.complete"})
-
-
 @pytest.fixture
 def serving():
     """A DrainingServer serving in a thread of this process (the collector is per process)."""
-    thresholds = gc.get_threshold()
-    gc.collect()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(_app, lifespan="on", log_level="warning")
-    server = DrainingServer(config, types.SimpleNamespace(settings=types.SimpleNamespace(grpc_port=None)))
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 10
-        while not server.started and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert server.started
-        # `started` is set inside startup(); what follows it runs before the loop's next task
-        asyncio.run_coroutine_threadsafe(asyncio.sleep(0), server._loop).result(10)
+    with draining_server() as server:
         yield server
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
-        gc.unfreeze()
-        gc.set_threshold(*thresholds)
 
 
 def test_a_serving_front_end_leaves_its_startup_heap_out_and_passes_less_often(serving):

@@ -5,24 +5,20 @@ library has no malloc_trim (musl, macOS) the task is a no-op said once at debug.
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
-import threading
 import time
-import types
 from pathlib import Path
 
 import pytest
-import uvicorn
 
 from nemo_serve.config import Settings
 from nemo_serve.server import heap_trim
-from nemo_serve.server.runner import DrainingServer
+
+from .helpers_draining_server import draining_server
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -126,30 +122,7 @@ def test_the_setting_defaults_on_and_turns_off_from_flag_or_environment():
 
 
 def test_a_serving_front_end_runs_the_trim_task():
-    async def app(scope, receive, send):  # the lifespan only
-        if scope["type"] == "lifespan":
-            while (await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
-
-    thresholds = gc.get_threshold()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = DrainingServer(uvicorn.Config(app, lifespan="on", log_level="warning"),
-                            types.SimpleNamespace(settings=types.SimpleNamespace(grpc_port=None)))  # fmt: skip
-    server.heap_trim_period_s = 30.0
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 10
-        while server._heap_trim_task is None and time.monotonic() < deadline:
-            time.sleep(0.01)
+    with draining_server(heap_trim_period_s=30.0) as server:
         task = server._heap_trim_task
         assert task is not None and not task.done()
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
-        gc.unfreeze()
-        gc.set_threshold(*thresholds)
     assert task.done()  # cancelled by shutdown() (or by asyncio.run, at the latest)

@@ -41,6 +41,18 @@ def test_the_startup_heap_is_left_out_and_later_cycles_are_still_collected(tuned
     assert gone() is None  # streams' garbage made after start-up is collected as before
 
 
+def test_cyclic_garbage_left_before_the_freeze_is_collected_not_frozen(tuned):
+    """The docstring's "gc.collect() runs first so there is none": a cycle already unreachable when
+    the core tunes is freed then; frozen, no later pass (not even gc.collect()) would ever free it."""
+    cycle = _Node()
+    gone = weakref.ref(cycle)
+    del cycle  # unreachable, not yet collected: the fixture's gc.collect() ran before it was made
+    assert gone() is not None
+    tuned()
+    gc.collect()
+    assert gone() is None
+
+
 def test_a_steps_worth_of_small_lists_runs_no_young_pass(tuned):
     tuned()
     passes = gc.get_stats()[0]["collections"]

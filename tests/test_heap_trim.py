@@ -126,3 +126,21 @@ def test_a_serving_front_end_runs_the_trim_task():
         task = server._heap_trim_task
         assert task is not None and not task.done()
     assert task.done()  # cancelled by shutdown() (or by asyncio.run, at the latest)
+
+
+def test_the_setting_reaches_the_front_ends_server(monkeypatch):
+    """--heap-trim-period-s (Settings) is what server/runner.serve hands its DrainingServer, whose
+    start-up turns it into the task above: without that line every front end ran the class default
+    (0: no trim) whatever the flag said, and no test saw it (the one above sets the attribute itself)."""
+    import types
+
+    from nemo_serve.server import runner
+
+    served = []
+    monkeypatch.setattr(runner.DrainingServer, "run", lambda self, sockets=None: served.append(self))
+    monkeypatch.setattr(runner.logsafe, "install", lambda secrets: None)  # no process-wide log filters here
+    frontend = types.SimpleNamespace(app=lambda scope, receive, send: None, limiter=None, header_timeout_s=1.0,
+                                     ctx=types.SimpleNamespace(settings=types.SimpleNamespace(grpc_port=None)))  # fmt: skip
+    for period_s in (17.0, 0.0):
+        runner.serve(frontend, Settings.from_sources({"heap_trim_period_s": period_s}, {}), sock=None)
+    assert [s.heap_trim_period_s for s in served] == [17.0, 0.0]

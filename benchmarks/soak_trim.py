@@ -94,6 +94,8 @@ def arm_summary(runs: list[dict]) -> dict:
         "steepest_floor_slope_mib_per_hour": round(max(x for run in runs for x in floor_slopes(run) if x is not None) * 60, 1)
         if any(x is not None for run in runs for x in floor_slopes(run)) else None,
         "streams": sum(run["soak"]["num_streams"] for run in runs),
+        # only these are compared with the quiet run; the dropped, aborted and closed-early are not
+        "streams_ended": sum(run["soak"]["streams_total"].get("ended", 0) for run in runs),
         "mismatches": sum(run["soak"]["num_mismatches"] for run in runs),
         "all_slots_free_at_end": all(run["soak"]["slots_free_at_end"] for run in runs),
     }
@@ -136,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.from_runs:
         earlier = json.loads(Path(args.from_runs).read_text())
-        return report_and_print(args, earlier["runs"], {"measured_by": earlier["run"]})
+        # the measurement's own record, also when the file was summarised again before
+        return report_and_print(args, earlier["runs"], {"measured_by": earlier.get("measured_by", earlier["run"])})
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(PROBE)]))
     arms: dict[str, list[dict]] = {"off": [], "on": []}
     for _ in range(args.rounds):

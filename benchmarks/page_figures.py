@@ -24,6 +24,13 @@ A line that names a result file (`packet_cost_cpu.json`, in benchmarks/results/)
 against it as well as against its paragraph's files; the numbers of a file include those of the
 `command` that made it (a run's settings, `--streams 32`, are backed by the run).
 
+A number alone in a cell of a hand-written table row (`| high | 32 | 106 | 188 |`, its unit in the
+header) is a figure too where the row has result files (a `figures: FILE` mark or a named file)
+and its table is not one of limits or defaults:
+it must equal a number of those files in some scale of time, size or percentage, and a small one
+(10 or less) needs a record that holds another figure of its row. The header row and each row's
+first cell (its label: `unseen sentences, 1120 ms`, `websockets 17.4`) are not read.
+
 A `#` comment in a fenced block is prose (`# 862 examples, 75 s wall`), each comment a sentence of
 its own; a fenced block is one paragraph, so a `figures: settings` mark above it covers its comments.
 
@@ -59,6 +66,9 @@ COUNT = re.compile(rf"(?<![\w./-])(?<!HTTP )({INTEGER}\s?(?:/|of)\s?{INTEGER})(?
 TEST_FILE = re.compile(r"tests/test_\w+\.py")
 RESULT_FILE = re.compile(r"(?<![\w.-])([\w.-]+\.jsonl?)(?![\w.-])")
 SENTENCE_END = re.compile(r"[.;:](?:\s+|$)(?=[A-Z(*`]|$)")
+CELL_NUMBER = re.compile(r"(?<![\w./-])[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![\w.%])")  # no unit of its own
+TABLE_RULE = re.compile(r"^\|[\s:|-]+\|?\s*$")  # |---|---:| under a table's header
+CELL = "cell"  # the unit of a bare number in a table cell: its header says which; any scale of one
 CHUNK_MS = {80, 160, 320, 480, 560, 640, 1120}  # chunk modes of the served models: configured, not measured
 CONFIG_LINE = re.compile(r"`--[a-z]|\bdefaults?\b|\blimits?\b|\bcaps?\b", re.I)
 FIGURES_MARK = re.compile(r"^<!-- figures: ([^>]+?) -->$")
@@ -87,12 +97,13 @@ SCALES = {  # unit -> the factors from a result file's number to the unit writte
     "x": (1,),
     "bytes": (1, 1e-3, 1e-6, 1e-9, 2**-10, 2**-20, 2**-30, 1e3, 1e6),
     "count": (1,),
+    CELL: (1, 1e3, 1e-3, 1e6, 1e-6, 1 / 60, 100, 1e-9, 2**-10, 2**-20, 2**-30),  # time, %, size
 }
 UNIT_KIND = {"µs": "time", "us": "time", "ms": "time", "s": "time", "min": "time", "minutes": "time",
              "seconds": "time", "hours": "time", "%": "%", "point": "count", "points": "count", "x": "x", "MB": "bytes", "MiB": "bytes",
              "GB": "bytes", "GiB": "bytes", "kB": "bytes", "KB": "bytes", "KiB": "bytes", "bytes": "bytes", "times": "x",
              "streams": "count", "tokens": "count", "core": "count", "cores": "count", "wait": "count", "waits": "count",
-             "ticks": "count"}
+             "ticks": "count", CELL: CELL}
 
 
 def _blank(m: re.Match) -> str:
@@ -154,6 +165,22 @@ def is_config(figure: str, unit: str) -> bool:
     return unit == "ms" and all(v in CHUNK_MS for v, _ in _values(figure))
 
 
+def _cells_after_the_first(row: str) -> list[tuple[int, str]]:
+    """(offset in the row, text) of each cell of a table row but its first (the row's label)."""
+    out, at = [], row.index("|") + 1
+    for k, cell in enumerate(row[at:].split("|")):
+        if k:
+            out.append((at, cell))
+        at += len(cell) + 1
+    return out
+
+
+def _bare_numbers(cell: str) -> list[re.Match]:
+    """The numbers of a cell that no figure (a number with its unit) or count (`a / b`) holds."""
+    taken = [m.span() for m in FIGURE.finditer(cell)] + [m.span() for m in COUNT.finditer(cell)]
+    return [m for m in CELL_NUMBER.finditer(cell) if not any(a <= m.start() < b for a, b in taken)]
+
+
 def figures(page: str, text: str, root: Path | None = None,
             results: Path | None = None) -> list[tuple[int, str, str, list[str], int]]:
     """(line, figure, unit, result files of its paragraph, or [], sentence number) of every figure
@@ -202,6 +229,11 @@ def figures(page: str, text: str, root: Path | None = None,
             checked = not is_config(fig, unit) and (page, m.group(0)) not in NOT_MEASURED
             # a setting is not checked, yet it is a figure of its sentence (small_backed's company)
             out.append((i + 1, fig, unit, backing if checked else None, sentence_at(line, m.start())))
+        if line.startswith("|") and backing and not config_table:  # a table of flags states settings
+            header = i + 1 < len(raw) and bool(TABLE_RULE.match(raw[i + 1]))
+            for at, cell in ([] if header else _cells_after_the_first(line)):
+                for m in _bare_numbers(cell):
+                    out.append((i + 1, m.group(0), CELL, backing, sentence_at(line, at + m.start())))
         sentence += len(SENTENCE_END.findall(line))
     return out
 
@@ -274,7 +306,7 @@ def unbacked(root: Path, results: Path, pages: list[str]) -> list[str]:
     for page in pages:
         found = figures(page, (root / page).read_text(), root, results)
         for line, fig, unit, files, sentence in found:
-            where = f"{page}:{line}: {fig} {unit}".rstrip()
+            where = f"{page}:{line}: {fig} {'(a table cell)' if unit == CELL else unit}".rstrip()
             if files is None or (page, f"{fig} {unit}") in PENDING:
                 continue  # a chunk mode, a NOT_MEASURED setting, or a figure PENDING its page's owner
             if not files:

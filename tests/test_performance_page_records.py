@@ -121,3 +121,34 @@ def test_two_figures_side_by_side_are_no_count_and_cores_are_cpus(tmp_path):
     assert _unbacked(tmp_path, marked.format("188 / 0"), results) == ["x.md:2: 188 / 0 (not in r.json)"]
     assert _unbacked(tmp_path, "<!-- figures: r.json -->\nOn 2 cores shared with others.\n", results) == []
     assert _unbacked(tmp_path, "<!-- figures: r.json -->\nOn 2 streams shared with others.\n", results) != []
+
+
+def test_a_bare_number_in_a_hand_written_table_cell_is_a_figure(tmp_path):
+    """diarization.md's cost tables write ms per step with the unit in the header (`| very_high | 1 |
+    15.4 | ...`): such cells were never read, so any number passed. Now each must be in the row's
+    files; a copy of the page with one cell changed is named. The header row, a row's first cell
+    (its label) and a table of flags or defaults are not read."""
+    (tmp_path / "docs").mkdir()
+    page = tmp_path / "docs" / "diarization.md"
+    shutil.copy(ROOT / "docs" / "diarization.md", page)
+    assert page_figures.unbacked(tmp_path, RESULTS, ["docs/diarization.md"]) == []
+    text = page.read_text()
+    row = "| very_high | 1 | 15.4 | 15.9 | 15.1 | 1.03x |"
+    assert text.count(row) == 1
+    page.write_text(text.replace(row, row.replace("15.4", "99.4")))
+    line = text[: text.index(row)].count("\n") + 1
+    assert page_figures.unbacked(tmp_path, RESULTS, ["docs/diarization.md"]) == [
+        f"docs/diarization.md:{line}: 99.4 (a table cell) (not in diarization_cost_shared_features_tiny80_cpu.json)"]
+
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "r.json").write_text(json.dumps({"rows": [{"batch": 16, "ms": 106.2, "ratio": 1.78},
+                                                         {"batch": 1, "ms": 15.43, "ratio": 1.03}]}))
+    table = "<!-- figures: r.json -->\n| setting 999 | B | ms 777 |\n|---|---:|---:|\n| mode 555 | {} | {} |\n"
+    assert _unbacked(tmp_path, table.format(16, 106), results) == []
+    assert _unbacked(tmp_path, table.format(1, "15.4"), results) == []  # the 1 beside 15.4 of its record
+    assert _unbacked(tmp_path, table.format(16, 107), results) == ["x.md:4: 107 (a table cell) (not in r.json)"]
+    assert _unbacked(tmp_path, table.format(1, 106), results) == [  # a 1 and a 106, not of one record
+        "x.md:4: 1 (a table cell) (a small number alone: no record of r.json holds it with another figure of its sentence)"]
+    flags = "<!-- figures: r.json -->\n| flag | default |\n|---|---|\n| --x | 777 |\n"
+    assert _unbacked(tmp_path, flags, results) == []

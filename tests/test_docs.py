@@ -374,3 +374,15 @@ def test_a_difference_in_points_must_be_a_difference_of_the_files_rates(tmp_path
     assert _unbacked_in_marked_line(tmp_path, "eou_demo_cpu.json", sentence, "0.7 points") == []
     assert _unbacked_in_marked_line(tmp_path, "eou_demo_cpu.json", sentence, "0.4 points") == [
         "x.md:2: 0.4 points (not in eou_demo_cpu.json)"]
+
+
+def test_the_client_tables_whole_counts_are_every_bundled_utterance():
+    """README's client rows say 24/24 (every bundled utterance equal to /ws), backed by the tests
+    they name, which loop over a glob of the bundled files: a glob that found fewer (a moved or
+    thinned folder) would let those loops pass on fewer files while the README still said 24/24."""
+    from tests.helpers_riva import UTTERANCES
+
+    table = README.read_text().split("| client (version tested) |", 1)[1].split("\n\n", 1)[0]
+    whole = {int(b) for a, b in re.findall(r"(?<![\d/])(\d+)/(\d+)(?![\d/])", table) if a == b and int(b) > 8}
+    assert whole == {24}, whole  # `Recognize` 8/8 is its own test's first eight
+    assert len(UTTERANCES) == 24 == len(list((ROOT / "nemo_serve" / "assets" / "demo" / "utterances").glob("*.wav")))

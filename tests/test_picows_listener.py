@@ -318,7 +318,7 @@ def test_fast_port_must_differ_from_the_others():
     assert Settings(port=9100, fast_ws_port=9102).fast_ws_port == 9102
 
 
-@pytest.mark.parametrize("flag", ["--fast-ws-port", "--port"])
+@pytest.mark.parametrize("flag", ["--fast-ws-port", "--port", "--grpc-port"])
 def test_a_port_another_program_holds_fails_start_up_in_one_line(flag):
     """As a front end whose --grpc-port fails: one line naming the flag, status 3, no traceback; and
     at once: the ports are reserved before the engine core builds the model (nothing else logged)."""
@@ -331,7 +331,8 @@ def test_a_port_another_program_holds_fails_start_up_in_one_line(flag):
         held.bind(("127.0.0.1", 0))
         held.listen()
         taken = held.getsockname()[1]
-        ports = {"--port": str(free_port()), "--fast-ws-port": str(free_port()), flag: str(taken)}
+        ports = {"--port": str(free_port()), "--fast-ws-port": str(free_port()), "--grpc-port": str(free_port()),
+                 flag: str(taken)}  # every port the supervisor reserves (its docstring: "the same way")
         cmd = [*_server_command(), "--model", TEST_MODEL, "--host", "127.0.0.1", *(a for kv in ports.items() for a in kv)]
         done = subprocess.run(cmd, env=dict(os.environ, NEMO_SERVE_AUTH_TOKEN=TOKEN), capture_output=True, text=True,
                               timeout=120)  # fmt: skip

@@ -160,51 +160,93 @@ def test_replica_whose_engine_core_died_leaves_routing_new_streams_go_to_a_healt
         assert t.token_ids == oracle_tokens(oracle_model, w, 16000)
 
 
+def replica_states() -> dict[int, str]:
+    """pid -> Ray's state of each of the app's replicas (RUNNING, STOPPING, ...), from Ray's
+    controller: the details serve.status() counts without naming replicas (the private API that
+    nemo_serve/ray_serve.py's _stop_timeout_s reads too)."""
+    from ray.serve.context import _get_global_client
+
+    app = _get_global_client().get_serve_details()["applications"]["nemo-serve"]
+    return {r["pid"]: r["state"] for r in app["deployments"]["nemo-serve"]["replicas"]}
+
+
 def test_a_replica_scaled_down_lets_short_streams_end_and_drains_long_ones(cluster, oracle_model):
     """A replica scaled down mid-stream: Ray's wait for its open streams (graceful_shutdown_timeout_s,
     here 5 s) lets the short ones end on their own, so a scale-down loses no final (`end`, all their
     audio, NeMo's tokens); the ones that outlast it the replica drains as `nemo-serve` does on
     SIGTERM: `draining`, with NeMo's loop on the prefix it took in. (Before the fix, Ray ran the
     app's drain only after every open stream had ended, and killed the replica first: streams ended
-    1006 with no `done`.) Two short streams (one utterance, ~3 s) open first, one per replica (the
-    most free slots), then two long ones (four utterances, ~11 s) fill the last slot of each: the
-    leaving replica, whichever it is, holds one of each. One scale-down for both checks (they were
-    two tests, 60 s and 0.5 s waits): each scale-down takes a replica that the next one must start
-    again, ~13 s on CI."""
+    1006 with no `done`.) Four streams fill both replicas' two slots; where Ray routed each is read
+    from the replica that answers /readyz as it opens (its pid and open streams), and each
+    replica's first is made the short one (its client ends its input once Ray marks the leaving
+    replica STOPPING), its second the long one. So whichever replica leaves holds one of each,
+    however Ray routed (with the roles fixed in advance, short, short, long, long, a run whose two
+    short streams both went to the leaving replica would have had nothing there to drain; runs
+    here saw Ray put the first two streams on one replica). One scale-down for both checks: each
+    takes a replica that the next test must start again, ~13 s on CI."""
+    import httpx
+
     url, env = cluster
     deploy(env, replicas=2)  # (the replica replaced in the test above: this waits for it)
-    shorts = [encode(u, "pcm_f32le") for u in helpers.utterances(2, seed=23)]
-    parts = helpers.utterances(8, seed=29)
-    longs = [encode(np.concatenate(parts[i : i + 4]), "pcm_f32le") for i in (0, 4)]
-    wires = shorts + longs
+    parts = helpers.utterances(24, seed=29)
+    # six utterances each (~20 s): longer than the opening and Ray's wait together
+    wires = [encode(np.concatenate(parts[i : i + 6]), "pcm_f32le") for i in range(0, 24, 6)]
+    pids = {pid for pid, state in replica_states().items() if state == "RUNNING"}
+    assert len(pids) == 2, pids
+    readyz = url.replace("ws://", "http://").replace("/ws", "/readyz")
+    ends = [asyncio.Event() for _ in wires]  # set: that stream's client ends its input
+    sent: list[list] = [[] for _ in wires]
+
+    async def placed(task: asyncio.Task, k: int, where: dict[int, int]) -> int:
+        """The pid of the replica stream `k` holds a slot on (it has had `ready`: it sent audio)."""
+        async with asyncio.timeout(30):
+            while not sent[k]:
+                if task.done():
+                    task.result()  # refused: raises
+                await asyncio.sleep(0.05)
+        body = (await asyncio.to_thread(httpx.get, readyz, timeout=10, trust_env=False)).json()
+        mine = sum(1 for pid in where.values() if pid == body["pid"])  # our open streams there
+        assert body["open_streams"] in (mine, mine + 1), (body["open_streams"], where)
+        return body["pid"] if body["open_streams"] == mine + 1 else (pids - {body["pid"]}).pop()
 
     async def scenario():
-        tasks = []
-        for w in wires:  # one after the other, so that Ray sees each open: short, short, long, long
-            tasks.append(asyncio.create_task(stream(url, w, 16000, "pcm_f32le", speed=1.0, packet=1600)))
-            await asyncio.sleep(0.3)
-        await asyncio.sleep(0.3)
-        await asyncio.to_thread(deploy, env, replicas=1, graceful_shutdown_timeout_s=5.0)
-        return await asyncio.gather(*tasks)
+        tasks, where = [], {}
+        for k, w in enumerate(wires):
+            tasks.append(asyncio.create_task(stream(url, w, 16000, "pcm_f32le", speed=1.0, packet=1600,
+                                                    until=ends[k], sent=sent[k])))  # fmt: skip
+            where[k] = await placed(tasks[k], k, where)
+        on = {pid: [k for k in where if where[k] == pid] for pid in pids}
+        assert sorted(map(len, on.values())) == [2, 2], where  # two slots each: all four served
+        scale_down = asyncio.create_task(asyncio.to_thread(deploy, env, replicas=1, graceful_shutdown_timeout_s=5.0))
+        async with asyncio.timeout(30):
+            while not (leaving := [pid for pid, state in replica_states().items() if state == "STOPPING"]):
+                await asyncio.sleep(0.1)
+        (leaving,) = leaving
+        shorts = {pid: ks[0] for pid, ks in on.items()}
+        for k in shorts.values():
+            ends[k].set()  # ends within Ray's wait, on either replica
+        long_leaving = on[leaving][1]
+        await asyncio.wait([tasks[long_leaving]], timeout=60)  # drained once Ray's wait ran out
+        for e in ends:
+            e.set()  # the staying replica's long stream need not run on
+        await scale_down
+        return await asyncio.gather(*tasks), leaving, set(shorts.values()), long_leaving
 
-    transcripts = asyncio.run(scenario())
-    ends = [(t.done, t.error, t.close_code) for t in transcripts]
-    assert all(t.done is not None for t in transcripts), ends  # each stream got its `done`
+    transcripts, leaving, shorts, long_leaving = asyncio.run(scenario())
+    ends_seen = [(t.done, t.error, t.close_code) for t in transcripts]
+    assert all(t.done is not None for t in transcripts), ends_seen  # each stream got its `done`
     reasons = [t.done["reason"] for t in transcripts]
-    assert reasons[:2] == ["end", "end"], ends  # shorter than Ray's wait: no final lost, on either replica
-    # Ray's router usually puts one long stream on each replica, but not always (a CI run saw two
-    # streams on the leaving one): the long ones on it end `draining`, the others `end`.
-    assert "draining" in reasons[2:] and set(reasons[2:]) <= {"draining", "end"}, ends
-    for t, w in zip(transcripts, wires):
+    assert reasons == ["draining" if k == long_leaving else "end" for k in range(len(wires))], (leaving, ends_seen)
+    for k, (t, w) in enumerate(zip(transcripts, wires)):
         check_well_formed(t)
         # audio_processed: the feature frames of the ended input, NeMo's floor(n / hop) + 1, in seconds
         frames = round(t.done["audio_processed"] * 16000) // HOP
-        if t.done["reason"] == "draining":  # cut short: the prefix the replica took in, to a hop
+        if k == long_leaving:  # cut short: the prefix the replica took in, to a hop
             taken = (frames - 1) * HOP  # (not whole packets: one run took in 21.6 of them through Ray's proxy)
             assert 0 < taken < len(w) - 1600, (taken, len(w))
-        else:
-            assert frames == len(w) // HOP + 1, (frames, len(w))
-            taken = len(w)
+        else:  # the client ended it: every sample it sent (the short ones: no final lost)
+            taken = sent[k][-1][1]
+            assert frames == taken // HOP + 1, (k, k in shorts, frames, taken)
         assert t.token_ids == oracle_tokens(oracle_model, w[:taken], 16000)
 
 

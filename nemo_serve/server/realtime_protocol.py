@@ -327,16 +327,18 @@ def error_event(message: str, *, type_: str = "invalid_request_error", code: str
     return event("error", error={"type": type_, "code": code, "message": message, "param": param, "event_id": event_id})
 
 
-def completed_event(r, item_id: str, vocabulary: list[str], item_start_s: float, last: bool) -> ServerEvent:
+def completed_event(r, item_id: str, vocabulary: list[str], item_start_s: float, last: bool, number: int) -> ServerEvent:
     """conversation.item.input_audio_transcription.completed for a final `r` (engine StreamResult),
     with what /ws's final carries in `nemo_serve` (times count from the item's engine stream,
-    which begins at `item_start` of the session's audio)."""
+    which begins at `item_start` of the session's audio). `number`: the item's among the
+    completed events the session sent, its `nemo_serve.segment` (not r.segment, the session's
+    key, which also counts the segments that were never sent: silence the endpointer closed)."""
     extra = {"is_last_result": True} if last else {}
     return event(
         "conversation.item.input_audio_transcription.completed", item_id=item_id, content_index=0, transcript=r.text,
         usage={"type": "duration", "seconds": round(max(0.0, r.audio_processed_s - r.segment_start_s), 3)},
         nemo_serve={
-            "segment": r.segment,
+            "segment": number,
             "tokens": token_pieces(vocabulary, r.token_ids),
             "token_ids": r.token_ids,
             "timestamps": r.token_times_s,

@@ -50,6 +50,7 @@ class OpenAIRenderer:
         self.speaking: set[int] = set()  # segments speech_started was sent for
         self.committed: set[int] = set()  # segments a committed event announced
         self.cleared: set[int] = set()  # segments whose completion is not sent
+        self.num_completed = 0  # completed events sent: the next one's nemo_serve.segment (no gaps)
 
     def item_id(self, segment: int) -> str:
         item_id = self.segment_to_item.get(segment)  # not setdefault: a new id (uuid4) per call
@@ -117,7 +118,8 @@ class OpenAIRenderer:
                 ms = int(round((item.start_s + end_s) * 1000))
                 events.append(event("input_audio_buffer.speech_stopped", item_id=item_id, audio_end_ms=ms))
             events.append(self.committed_event(r.segment))
-        completed = completed_event(r, item_id, items.ctx.model.vocabulary, item.start_s, last)
+        completed = completed_event(r, item_id, items.ctx.model.vocabulary, item.start_s, last, self.num_completed)
+        self.num_completed += 1
         self.completing(completed, item_id, last)
         events += segment_events(r, item_id)  # a diarized item's speakers, before its completed
         events.append(completed)

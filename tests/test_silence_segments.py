@@ -1,0 +1,136 @@
+"""Segments that silence alone ends (endpoint rule 1: trailing silence, nothing decoded in the
+segment) on /ws and /v1/realtime, over the in-process engine core with the trained demo model (so
+that silence decodes to no tokens). The stream: silence, an utterance, a pause long enough for
+rule 2 (after text) and then rule 1 (the empty segment after it), the utterance again.
+
+/ws sends every segment the engine closes, an empty one too (`text` "", end_reason `silence`), so
+its segment numbers have no gaps and each segment starts where the one before it ended. /v1/realtime
+sends no item for silence (docs/protocol.md); its `nemo_serve.segment` numbers the items it sends.
+Before: it carried the session's internal segment key, which counts the hidden silent segments
+too, so a client saw items 1 and 3."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+import soundfile
+
+from nemo_serve.engine.endpoint import EndpointConfig
+from nemo_serve.engine.results import StreamResult
+from nemo_serve.model import DEMO_MODEL_PATH
+from nemo_serve.server.realtime import RealtimeFormat
+from nemo_serve.server.stream_session import Failure
+from nemo_serve.server.wire import NormalClose
+from nemo_serve.server.ws_socket import WsSocket
+
+from . import helpers
+from .helpers_session import FakeWebSocket
+from .helpers_session import context as _ctx
+from .helpers_session import until_slots_free as _until_free
+from .test_forced_ends import _run_to_done
+from .test_nim_sessions import TRANSCRIPTION, UTTERANCES
+
+RATE = 16000
+PACKET = 1600
+FRAME_S = 0.08  # the demo model's encoder frame
+
+
+@pytest.fixture(scope="module")
+def demo():
+    return helpers.model(str(DEMO_MODEL_PATH))
+
+
+def _stream() -> np.ndarray:
+    """3 s of silence (rule 1 before anything is said), the utterance, 5 s of silence (rule 2 at
+    1.2 s after the text, rule 1 2.4 s after that), the utterance: int16 samples."""
+    pcm, rate = soundfile.read(UTTERANCES[0], dtype="int16")
+    assert rate == RATE
+
+    def silence(s: float) -> np.ndarray:
+        return np.zeros(int(s * RATE), "int16")
+
+    return np.concatenate([silence(3.0), pcm, silence(5.0), pcm])
+
+
+def test_ws_sends_the_empty_rule1_final_segments_have_no_gaps(demo):
+    pcm = _stream()
+    engine = helpers.new_engine(demo, num_slots=1, endpoint=EndpointConfig()).start()
+
+    async def body():
+        ws = FakeWebSocket()
+        ws.client_sends(json.dumps({"type": "config", "encoding": "pcm_s16le", "interim_results": False}))
+        for i in range(0, len(pcm), PACKET):
+            ws.client_sends(pcm[i : i + PACKET].astype("<i2").tobytes())
+        ws.client_sends(json.dumps({"type": "end"}))
+        async with asyncio.timeout(60):
+            await WsSocket(ws, _ctx(engine)).run()
+        await _until_free(engine)
+        return ws
+
+    try:
+        ws = asyncio.run(body())
+    finally:
+        engine.stop()
+    finals = [m for m in ws.messages() if m["type"] == "final"]
+    said = finals[1]["text"]
+    assert said, finals
+    assert [(f["segment"], f["text"], f["end_reason"]) for f in finals] == [
+        (0, "", "silence"), (1, said, "silence"), (2, "", "silence"), (3, said, "end_of_input")]  # fmt: skip
+    for before, after in zip(finals, finals[1:]):  # each starts where the one before ended (to a frame)
+        assert 0.0 <= after["start_time"] - before["audio_processed"] < FRAME_S, (before, after)
+    helpers.assert_engine_empty(engine)
+
+
+@pytest.mark.parametrize("dialect", ["rt", "nim"])
+def test_realtime_items_skip_silence_and_are_numbered_without_gaps(demo, dialect):
+    """Server VAD, every append in before the core steps (stepped by hand), then the end of
+    input: two items, the utterances, numbered 0 and 1, each starting at the segment /ws gives it."""
+    pcm = _stream()
+    engine = helpers.new_engine(demo, num_slots=1, endpoint=EndpointConfig())  # not started: stepped by hand
+    if dialect == "nim":
+        update = {"type": "transcription_session.update", "session": {
+            "input_audio_format": "pcm16", "input_audio_params": {"sample_rate_hz": RATE, "num_channels": 1},
+            "turn_detection": {"type": "server_vad"}}}  # fmt: skip
+    else:
+        update = {"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
+            "format": {"type": "audio/pcm", "rate": RATE}, "turn_detection": {"type": "server_vad"}}}}}  # fmt: skip
+
+    async def run():
+        wire = RealtimeFormat(_ctx(engine), dialect, {}, {})
+        wire.on_text(json.dumps(update))
+        for i in range(0, len(pcm), PACKET):
+            audio = pcm[i : i + PACKET].astype("<i2").tobytes()
+            wire.on_text(json.dumps({"type": "input_audio_buffer.append", "audio": _b64(audio)}))
+        wire.on_text(json.dumps({"type": "input_audio_buffer.done"}))
+        _run_to_done(engine)
+        completed = []
+        async with asyncio.timeout(30):
+            while not completed or not completed[-1].get("is_last_result"):
+                item = await wire.session.next_event()
+                assert not isinstance(item, (Failure, NormalClose)), item
+                if isinstance(item, StreamResult):
+                    completed += [e for e in map(json.loads, wire.render(item).frames)
+                                  if e["type"] == f"{TRANSCRIPTION}.completed"]  # fmt: skip
+        wire.session.close()
+        await _until_free(engine)
+        return completed
+
+    completed = asyncio.run(run())
+    got = [(e["nemo_serve"]["segment"], e["nemo_serve"]["end_reason"], e["nemo_serve"]["start_time"]) for e in completed]
+    assert [g[:2] for g in got] == [(0, "silence"), (1, "end_of_input")], got
+    assert completed[0]["transcript"] and completed[1]["transcript"] == completed[0]["transcript"]
+    # The silent segments are in no item: the first item starts where the leading silence's ended,
+    # the second where the silence after the first ended (after its rule-2 and rule-1 segments).
+    first, second = (e["nemo_serve"] for e in completed)
+    assert 2.4 <= first["start_time"] < first["timestamps"][0], first
+    assert second["start_time"] >= first["audio_processed"] + 2.4, (first, second)
+    helpers.assert_engine_empty(engine)
+
+
+def _b64(data: bytes) -> str:
+    import base64
+
+    return base64.b64encode(data).decode()

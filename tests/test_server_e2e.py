@@ -143,6 +143,41 @@ def test_malformed_input_fails_only_that_stream(server, oracle_model):
     server.assert_no_leak()
 
 
+def test_after_end_of_input_audio_config_or_end_is_an_error_and_force_final_is_ignored(server):
+    """docs/protocol.md, end of input: "Audio, a config or a second end after it is an error; a
+    `force_final` is ignored." Each frame follows the end in the same burst, so it is read before
+    the stream's tail is decoded."""
+    audio = helpers.utterances(1, seed=8)[0][: 16000 * 2]
+    cfg, end = json.dumps({"type": "config"}), json.dumps({"type": "end"})
+    head = [cfg, audio.astype("<f4").tobytes(), end]
+    after = {
+        "audio": (audio[:1600].astype("<f4").tobytes(), "audio after end of input"),
+        "config": (cfg, "config must be the first message"),
+        "second end": (end, "end of input was already received"),
+        "bare Done": ("Done", "end of input was already received"),
+    }
+
+    async def session(frames: list) -> tuple[list[dict], int | None]:
+        out = await raw_session(server.ws_url, frames)
+        await asyncio.to_thread(server.wait_open_streams, 0)  # its slot is back before the next one
+        return out
+
+    async def scenario():
+        plain = await session(head)
+        forced = await session([*head, json.dumps({"type": "force_final"})])
+        return plain, forced, {name: await session([*head, frame]) for name, (frame, _) in after.items()}
+
+    (plain, plain_code), (forced, forced_code), outcomes = asyncio.run(scenario())
+    assert plain[-1]["type"] == "done" and plain_code == 1000 and any(m["type"] == "final" for m in plain)
+    strip = lambda ms: [{k: v for k, v in m.items() if k not in ("stream_id", "audio_arrival_time", "sent_time")} for m in ms]  # noqa: E731
+    assert forced_code == 1000 and strip(forced) == strip(plain), forced  # the force_final changed nothing
+    for name, (messages, code) in outcomes.items():
+        errors = [m for m in messages if m["type"] == "error"]
+        assert code == 1008 and messages[-1]["type"] == "error" and len(errors) == 1, (name, messages, code)
+        assert after[name][1] in errors[0]["reason"], (name, errors)
+    server.assert_no_leak()
+
+
 def stream_errors(server) -> dict[str, float]:
     """nemo_serve_stream_errors_total by reason, as the server counts them now."""
     prefix = 'nemo_serve_stream_errors_total{reason="'

@@ -205,6 +205,49 @@ def test_unknown_fields_are_ignored(server):
     assert raw[-1]["type"] == f"{TRANSCRIPTION}.completed"
 
 
+def test_session_fields_are_fixed_once_audio_was_appended(server):
+    """docs/protocol.md: "The audio format, language, mode, phrases and turn detection are fixed
+    once audio was appended; an update that names them then gets an `error`
+    (`session_update_after_audio`)", and the session goes on with what it had: an update naming
+    none of them is answered, and the item is /ws's on the audio at the rate first set."""
+    from websockets.asyncio.client import connect
+
+    wire = pcm16(24000)
+    fmt = lambda rate: {"format": {"type": "audio/pcm", "rate": rate}}  # noqa: E731
+    late = {  # each names one fixed field, after the first append
+        "rate": fmt(16000),
+        "same rate": fmt(24000),  # named, even unchanged
+        "turn_detection": {"turn_detection": {"type": "server_vad"}},
+        "language": {"transcription": {"language": "en"}},
+        "phrases": {"transcription": {"phrases": ["nine"]}},
+    }
+
+    async def run() -> list[dict]:
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        async with connect(realtime_url(server), additional_headers=headers) as ws:
+            update = lambda audio_input: json.dumps({"type": "session.update", "session": {  # noqa: E731
+                "type": "transcription", "audio": {"input": audio_input}}})  # fmt: skip
+            await ws.recv()  # session.created
+            await ws.send(update({**fmt(24000), "turn_detection": None}))
+            await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": b64(wire[:2400])}))
+            for audio_input in late.values():
+                await ws.send(update(audio_input))
+            await ws.send(update({}))  # names no fixed field: answered
+            for i in range(2400, len(wire), 2400):
+                await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": b64(wire[i : i + 2400])}))
+            await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            await ws.send(json.dumps({"type": "input_audio_buffer.done"}))
+            return await messages_until_close(ws)
+
+    expected = asyncio.run(ws_reference(server, wire, 24000))
+    raw = asyncio.run(run())
+    kinds = [e["type"] for e in raw]
+    assert kinds[:len(late) + 2] == ["session.updated"] + ["error"] * len(late) + ["session.updated"], kinds
+    for e in raw[1 : len(late) + 1]:
+        assert e["error"]["code"] == "session_update_after_audio", e
+    assert tokens_and_text(raw) == expected and expected[0]
+
+
 def test_malformed_events_get_openai_errors_and_other_streams_go_on(server):
     """Bad JSON, an unknown event type, bad base64, a binary frame, a bad field value: each gets
     an `error` event in OpenAI's shape and the session goes on. An append after

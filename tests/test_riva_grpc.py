@@ -85,6 +85,9 @@ def test_streaming_recognize_matches_ws_on_every_utterance(server, asr):
             words_ms(f) for f in reference
         ], wav.name
         assert all(r.channel_tag == 1 and len(r.alternatives) == 1 for r in results)
+        # Without --word-confidence a final's confidence, and each word's, is 1.0 (protocol.md, Results)
+        assert all(r.alternatives[0].confidence == 1.0 for r in finals), wav.name
+        assert all(w.confidence == 1.0 for r in finals for w in r.alternatives[0].words), wav.name
         processed = [r.audio_processed for r in results]
         assert processed == sorted(processed) and processed[-1] == pytest.approx(reference[-1]["audio_processed"], abs=1e-3)
 

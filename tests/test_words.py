@@ -1,6 +1,6 @@
 """Word-level results: grouping, times and confidence (engine/words.py), the engine's token
 confidences (engine/step.py: they change no token, the parity scenarios run with them on), and
-words on /ws finals and /v1/realtime completed events of the real server."""
+words on /ws finals, /v1/realtime completed events and Riva final results of the real server."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from nemo_serve.engine.words import Word, words
 from nemo_serve.oracle import oracle_transcribe
 
 from . import helpers, test_buckets, test_parity
-from .helpers_server import TEST_MODEL, TOKEN, as_model_input, start_server
+from .helpers_server import TEST_MODEL, TOKEN, as_model_input, free_port, start_server
 from .helpers_words import nemo_max_prob
 
 FRAME_S = 0.08
@@ -235,7 +235,8 @@ def _check_words(ws: list[dict], text: str, segment_start: float, audio_processe
 
 def test_server_words_on_ws_and_realtime(shared_server):
     """A server with --word-confidence: /ws finals and /v1/realtime completed events carry words
-    with confidences, and the tokens equal those of the shared server (confidence off, same model)."""
+    with confidences, and the tokens equal those of the shared server (confidence off, same model);
+    Riva's finals carry /ws's word confidences and the lowest of them as their own."""
     from .helpers_realtime import pcm16
 
     rate = 16000
@@ -249,9 +250,12 @@ def test_server_words_on_ws_and_realtime(shared_server):
         _check_words(x["words"], e["transcript"], x["start_time"], x["audio_processed"], confidence=False)
     shared_server.assert_no_leak()
 
-    with start_server("--num-slots", "2", "--context-right", "all", "--word-confidence") as server:  # as shared
+    grpc_port = free_port()
+    with start_server("--num-slots", "2", "--context-right", "all", "--word-confidence",
+                      "--grpc-port", str(grpc_port)) as server:  # as shared, plus Riva # fmt: skip
         finals = asyncio.run(_ws_finals(server, wire, rate))
         completed = asyncio.run(_realtime_completed(server, wire, rate))
+        riva_finals = _riva_finals(grpc_port, wire, rate)
         server.assert_no_leak()
     assert [t for f in finals for t in f["token_ids"]] == [t for f in plain for t in f["token_ids"]]
     assert sum(len(f["words"]) for f in finals) > 0, "no words: the comparison would be empty"
@@ -269,6 +273,32 @@ def test_server_words_on_ws_and_realtime(shared_server):
     assert [w["confidence"] for w in got] == pytest.approx([w.confidence for w in want], abs=3e-4)
     said = [w["confidence"] for e in completed for w in e["nemo_serve"]["words"]]
     assert said == pytest.approx([w.confidence for w in want], abs=3e-4)
+    # Riva (protocol.md, Results): a final's confidence is its lowest word confidence, its words' are /ws's.
+    if riva_finals is not None:
+        alts = [r.alternatives[0] for r in riva_finals]
+        assert [a.transcript for a in alts] == [f["text"] for f in finals if f["text"]]
+        assert [w.confidence for a in alts for w in a.words] == pytest.approx([w["confidence"] for w in got], abs=1e-6)
+        assert [a.confidence for a in alts] == pytest.approx([min(w.confidence for w in a.words) for a in alts], abs=1e-6)
+        assert any(a.confidence < 0.99 for a in alts), "every word sure: 1.0 would pass unseen"
+
+
+def _riva_finals(grpc_port: int, wire, rate: int) -> list | None:
+    """riva.client's final results for the PCM16 `wire` in 100 ms messages; None where the client
+    is not installed (CI installs it: env/nodeps.lock.txt)."""
+    try:
+        import riva.client as riva
+    except ImportError:
+        return None
+    auth = riva.Auth(uri=f"127.0.0.1:{grpc_port}", metadata_args=[["authorization", f"Bearer {TOKEN}"]])
+    config = riva.StreamingRecognitionConfig(config=riva.RecognitionConfig(
+        encoding=riva.AudioEncoding.LINEAR_PCM, sample_rate_hertz=rate, language_code="en-US",
+        max_alternatives=1, enable_word_time_offsets=True), interim_results=False)  # fmt: skip
+    chunks = [wire[i : i + rate // 10].tobytes() for i in range(0, len(wire), rate // 10)]
+    try:
+        responses = riva.ASRService(auth).streaming_response_generator(chunks, config)
+        return [r for response in responses for r in response.results if r.is_final]
+    finally:
+        auth.channel.close()
 
 
 def _independent_words(finals: list[dict], audio, mode: int) -> list[Word]:

@@ -96,7 +96,9 @@ STREAM_PATHS = {  # packet_cost_streams.py path -> the row's name
     "ws_picows": "/ws, 20 ms float32 frames, picows (--fast-ws-port)",
     "realtime_picows": "/v1/realtime append, 20 ms base64 PCM16 at 16 kHz, picows (--fast-ws-port)",
 }
-VERDICT_WORDS = {"keeps_up": "", "generator_late": " (invalid: generator late)", "server_behind": " (invalid: server behind)"}
+VERDICT_WORDS = {"keeps_up": "", "generator_late": " (invalid: generator late)", "server_behind": " (invalid: server behind)",
+                 "frontend_behind": " (invalid: front end behind)",
+                 "core_behind": " (invalid: engine core behind, the front end on time)"}  # fmt: skip
 
 
 def _streams_cell(row: dict) -> str:

@@ -47,6 +47,7 @@ generator's realtime streams are 16 kHz: no resampling, unlike packet_cost.py's 
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
@@ -205,6 +206,7 @@ def main() -> None:
     p.add_argument("--client", choices=("picows", "blast"), default="picows",
                    help="picows: the load generator (load_workers.py); blast: benchmarks/blast.py's cheap sender")
     p.add_argument("--sender-fifo", action="store_true", help="blast: the sender at SCHED_FIFO (a shared machine)")
+    p.add_argument("--pin", action="store_true", help="front end on CPU 0; engine core and sender on CPU 1")
     p.add_argument("--autogroup-nice", type=int, default=None,
                    help="this session's scheduler autogroup (the server, the sender, this process) at this nice")
     p.add_argument("--workers", type=int, default=2, help="load generator (or blast sender) processes")
@@ -230,6 +232,11 @@ def main() -> None:
         server.wait_ready()
         roles = server.roles()
         fe_pids, args.core_pids = roles["frontends"], tuple(roles["others"])
+        if args.pin:  # the front end on one core; the engine core and this process (the sender's parent) on the other
+            for pid in fe_pids:
+                os.sched_setaffinity(pid, {0})
+            for pid in (*args.core_pids, os.getpid()):
+                os.sched_setaffinity(pid, {1})
         time.sleep(2)
         idle = idle_rate(fe_pids, 3.0)
         reference = blast_items(server, args) if args.client == "blast" else None

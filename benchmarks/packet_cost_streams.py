@@ -85,12 +85,18 @@ def read_window(pids: list[int], port: int, start_at: float, window_s: float, bo
     each end."""
     time.sleep(max(0.0, start_at - time.time()))
     b0 = unread_bytes(port)
-    k0 = sum(cpu_s(p) for p in core_pids)
+    k0, q0 = sum(cpu_s(p) for p in core_pids), sum(run_delay_s(p) for p in pids)
     c0, w0 = sum(cpu_s(p) for p in pids), time.time()
     time.sleep(window_s)
     box.update(cpu_s=sum(cpu_s(p) for p in pids) - c0, w0=w0, w1=time.time())
-    box.update(core_cpu_s=sum(cpu_s(p) for p in core_pids) - k0)
+    box.update(core_cpu_s=sum(cpu_s(p) for p in core_pids) - k0, wait_s=sum(run_delay_s(p) for p in pids) - q0)
     box.update(unread_bytes_start=b0, unread_bytes_end=unread_bytes(port))
+
+
+def run_delay_s(pid: int) -> float:
+    """How long the process has waited, runnable, for a CPU (/proc/PID/schedstat's second field):
+    a front end that falls behind while waiting here was short of CPU, not of work done."""
+    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
 
 
 def unread_bytes(port: int) -> int:
@@ -151,6 +157,7 @@ def measure(server: Server, fe_pids: list[int], idle_cores: float, path: str, n:
         "unread_packets_per_stream_end": round(unread_end_packets / n, 2), "packets_read_in_window": round(read),
         "us_per_packet_read": round(1e6 * busy / max(read, 1), 1),
         "core_cores_in_window": round(box["core_cpu_s"] / (w1 - w0), 3), "frontend_cores_in_window": round(box["cpu_s"] / (w1 - w0), 3),
+        "frontend_waiting_for_cpu_in_window": round(box["wait_s"] / (w1 - w0), 3),
         "verdict": verdict, "valid": verdict == "keeps_up",
         "send_lateness_ms": level["send_lateness_ms"], "workers": level["workers"],
         "partial_latency_ms": level["partial_latency_ms"], "final_latency_ms": level["final_latency_ms"],

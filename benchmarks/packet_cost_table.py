@@ -96,7 +96,9 @@ STREAM_PATHS = {  # packet_cost_streams.py path -> the row's name
     "ws_picows": "/ws, 20 ms float32 frames, picows (--fast-ws-port)",
     "realtime_picows": "/v1/realtime append, 20 ms base64 PCM16 at 16 kHz, picows (--fast-ws-port)",
 }
-VERDICT_WORDS = {"keeps_up": "", "generator_late": " (invalid: generator late)", "server_behind": " (invalid: server behind)"}
+VERDICT_WORDS = {"keeps_up": "", "generator_late": " (invalid: generator late)", "server_behind": " (invalid: server behind)",
+                 "frontend_behind": " (invalid: front end behind)",
+                 "core_behind": " (invalid: engine core behind, the front end on time)"}  # fmt: skip
 
 
 def _streams_cell(row: dict) -> str:
@@ -134,3 +136,57 @@ def table_packet_cost_streams() -> str:
         rows.append(f"| {name} | " + " | ".join(cells) + f" | {target} µs: {_first_met(mine, target)} |")
     names = [n for n in STREAMS_FILES if (page_results.RESULTS / n).exists()]
     return "\n".join(rows) + source(names, [run_info(d) for d in runs])
+
+
+# ----------------------------------------------------------------------------- the blast sender's levels
+# benchmarks/packet_cost_streams.py --client blast (benchmarks/blast.py), 256 to 1,000 streams:
+# file -> how its processes were placed
+BLAST_FILES = {"packet_cost_streams_blast_cpu.json": "cores shared",
+               "packet_cost_streams_blast_pin_cpu.json": "pinned (--pin)"}  # fmt: skip
+
+
+# packet_cost_streams.py names a level whose front end read on time but whose results came late
+# core_behind, so with this client server_behind means the front end left packets unread as well
+BLAST_VERDICT_WORDS = VERDICT_WORDS | {"server_behind": " (invalid: front end behind, results late)"}
+
+
+def _blast_cell(row: dict) -> str:
+    if row["verdict"] == "error":
+        return "the sender failed (invalid)"
+    return (f"{row['us_per_packet_all_in']:.1f} µs (p99 {row['send_lateness_ms']['p99']:.1f} ms; "
+            f"{row['unread_packets_per_stream_end']:.1f} unread; core {row['core_cores_in_window']:.2f})"
+            f"{BLAST_VERDICT_WORDS[row['verdict']]}")  # fmt: skip
+
+
+def _at_top(rows: list[dict], target: float) -> str:
+    """The target's word at the largest level run (issue 48 names 1,000 streams): met only if
+    every run of that level was valid and within it."""
+    top = max(r["streams"] for r in rows)
+    mine = [r for r in rows if r["streams"] == top]
+    if all(r["valid"] and r["us_per_packet_all_in"] <= target for r in mine):
+        return f"met at {top:,} streams"
+    if all(r["valid"] for r in mine):
+        return f"**missed** at {top:,} streams"
+    return f"**not shown** at {top:,} streams (invalid)"
+
+
+def table_packet_cost_streams_blast() -> str:
+    """Per placement, path and level: front-end µs per paced 20 ms packet, the sender's p99
+    lateness, packets a stream left unread at the window's end, the engine core's cores, and each
+    run's verdict; the sender's own CPU under it."""
+    runs = {name: read(name) for name in BLAST_FILES if (page_results.RESULTS / name).exists()}
+    rows = [r | {"placed": BLAST_FILES[name]} for name, d in runs.items() for r in d["rows"]]
+    target = next(iter(runs.values()))["target_us_per_packet"]
+    levels = sorted({r["streams"] for r in rows})
+    out = ["| path (1 front end, paced 20 ms packets, blast sender) | processes | " + " | ".join(f"{n:,} streams" for n in levels)
+           + " | target |", "|---|---|" + "---|" * len(levels) + "---|"]  # fmt: skip
+    for path, name in STREAM_PATHS.items():
+        for placed in BLAST_FILES.values():
+            mine = [r for r in rows if r["path"] == path and r["placed"] == placed]
+            if mine:
+                cells = ["; ".join(_blast_cell(r) for r in mine if r["streams"] == n) or "-" for n in levels]
+                out.append(f"| {name} | {placed} | " + " | ".join(cells)
+                           + f" | {target} µs: {_first_met(mine, target)}; {_at_top(mine, target)} |")  # fmt: skip
+    sender = [x["pacing_us_per_packet"] for r in rows if r.get("sender") for x in r["sender"]]
+    out.append(f"\nThe sender's own CPU: {min(sender):.1f} to {max(sender):.1f} µs per packet (its kernel time included) over these runs.")
+    return "\n".join(out) + source(list(runs), [run_info(d) for d in runs.values()])

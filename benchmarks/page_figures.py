@@ -46,7 +46,9 @@ figure no file holds, or one copied wrong, not one copied from the wrong key. Wh
 wrong figures through, it is tighter (performance_page_records.py): a count's two numbers must come
 from one record of the file, a small whole number with a unit (10 or less) from a record that holds
 another figure of its sentence (or the run's own flags, or a field naming its unit), and a
-percentage from a fraction (x 100, rounded as written) or a field named as a percentage.
+percentage from a fraction (x 100, rounded as written) or a field named as a percentage; and in a
+sentence that names a level (`64 streams`), a figure held only by records of levels the sentence
+does not name (another run's p95) is named.
 """
 
 from __future__ import annotations
@@ -56,12 +58,14 @@ import math
 import re
 from pathlib import Path
 
-from benchmarks.performance_page_records import is_count, is_small, pair_backed, percent_numbers, records as records_of, small_backed
+from benchmarks.performance_page_records import (is_count, is_small, level_backed, pair_backed, percent_numbers,
+                                                 records as records_of, small_backed)
 
 UNITS = r"µs|us|ms|s|%|points?|x|times|MB|MiB|GB|GiB|kB|KB|KiB|bytes|streams|tokens|min|minutes|seconds|hours|cores?|waits?|ticks"
 NUMBER = r"[-+]?\d[\d,]*(?:\.\d+)?"
 FIGURE = re.compile(rf"(?<![\w./-])({NUMBER}(?:\s?(?:-|to|/)\s?{NUMBER})*)\s?({UNITS})(?!\w)")
 INTEGER = r"(?:\d{1,3}(?:,\d{3})+|\d+)"
+BARE_NUMBER = re.compile(rf"(?<![\w./-]){NUMBER}(?![\w.])")  # any number of a sentence: `96` in "the replica 96"
 COUNT = re.compile(rf"(?<![\w./-])(?<!HTTP )({INTEGER}\s?(?:/|of)\s?{INTEGER})(?![\w./-]|\s?(?:{UNITS})(?!\w))")
 TEST_FILE = re.compile(r"tests/test_\w+\.py")
 RESULT_FILE = re.compile(r"(?<![\w.-])([\w.-]+\.jsonl?)(?![\w.-])")
@@ -182,11 +186,14 @@ def _bare_numbers(cell: str) -> list[re.Match]:
 
 
 def figures(page: str, text: str, root: Path | None = None,
-            results: Path | None = None) -> list[tuple[int, str, str, list[str], int]]:
-    """(line, figure, unit, result files of its paragraph, or [], sentence number) of every figure
-    on a page; a count (unit "") on a line naming tests under `root` carries those tests instead of
-    result files. A table row is a sentence of its own."""
+            results: Path | None = None) -> list[tuple[int, str, str, list[str], int, list[float]]]:
+    """(line, figure, unit, result files of its paragraph, or [], sentence number, every number of
+    its sentence) of every figure on a page; a count (unit "") on a line naming tests under `root`
+    carries those tests instead of result files. A table row is a sentence of its own."""
     out, files, config_table, tests, sentence = [], [], False, [], 0
+    # sentence -> its numbers: one list per sentence, filled on as its later lines are read, so a
+    # figure's entry holds its whole sentence's once the page is read
+    numbers: dict[int, list[float]] = {}
     raw, comments, fence_lines = text.split("\n"), code_comment_lines(text), fenced_lines(text)
 
     def sentence_at(line: str, pos: int) -> int:
@@ -207,8 +214,11 @@ def figures(page: str, text: str, root: Path | None = None,
         # a count of cases is a result even on a line that names a flag: checked before that rule
         named = [t for t in TEST_FILE.findall(raw[i]) if root is not None and (root / t).is_file()]
         in_scope = named if line.startswith("|") else tests + named  # a table row names its own test
+        for m in BARE_NUMBER.finditer(line):
+            numbers.setdefault(sentence_at(line, m.start()), []).append(float(m.group(0).replace(",", "")))
         for m in COUNT.finditer(line):
-            out.append((i + 1, m.group(1), "", in_scope or files, sentence_at(line, m.start())))
+            at = sentence_at(line, m.start())
+            out.append((i + 1, m.group(1), "", in_scope or files, at, numbers.setdefault(at, [])))
         # a test named in a sentence backs the counts of that sentence only
         ends = list(SENTENCE_END.finditer(raw[i]))
         rest = raw[i][ends[-1].end() :] if ends else None
@@ -228,12 +238,14 @@ def figures(page: str, text: str, root: Path | None = None,
             fig, unit = m.group(1), m.group(2)
             checked = not is_config(fig, unit) and (page, m.group(0)) not in NOT_MEASURED
             # a setting is not checked, yet it is a figure of its sentence (small_backed's company)
-            out.append((i + 1, fig, unit, backing if checked else None, sentence_at(line, m.start())))
+            at = sentence_at(line, m.start())
+            out.append((i + 1, fig, unit, backing if checked else None, at, numbers.setdefault(at, [])))
         if line.startswith("|") and backing and not config_table:  # a table of flags states settings
             header = i + 1 < len(raw) and bool(TABLE_RULE.match(raw[i + 1]))
             for at, cell in ([] if header else _cells_after_the_first(line)):
                 for m in _bare_numbers(cell):
-                    out.append((i + 1, m.group(0), CELL, backing, sentence_at(line, at + m.start())))
+                    where = sentence_at(line, at + m.start())
+                    out.append((i + 1, m.group(0), CELL, backing, where, numbers.setdefault(where, [])))
         sentence += len(SENTENCE_END.findall(line))
     return out
 
@@ -305,7 +317,7 @@ def unbacked(root: Path, results: Path, pages: list[str]) -> list[str]:
     problems, cache = [], {}
     for page in pages:
         found = figures(page, (root / page).read_text(), root, results)
-        for line, fig, unit, files, sentence in found:
+        for line, fig, unit, files, sentence, said in found:
             where = f"{page}:{line}: {fig} {'(a table cell)' if unit == CELL else unit}".rstrip()
             if files is None or (page, f"{fig} {unit}") in PENDING:
                 continue  # a chunk mode, a NOT_MEASURED setting, or a figure PENDING its page's owner
@@ -319,8 +331,11 @@ def unbacked(root: Path, results: Path, pages: list[str]) -> list[str]:
                 problems.append(f"{where} (no such result file: {', '.join(missing)})")
                 continue
             recs = [r for f in files for r in cache.setdefault(("records", f), records_of(results / f))]
-            others = [(v, d, u) for at, g, u, _, s in found if s == sentence and (at, g) != (line, fig) for v, d in _values(g)]
+            others = [(v, d, u) for at, g, u, _, s, _ in found if s == sentence and (at, g) != (line, fig) for v, d in _values(g)]
             why = _why_unbacked(fig, unit, files, recs, others, cache, results)
+            if why is None and any(u == "streams" for _, _, u in others) and unit not in ("", "%", "streams"):
+                if not level_backed(_values(fig), unit, said, recs, held):  # the sentence names a level
+                    why = f"only in records of levels its sentence does not name ({', '.join(files)})"
             if why:
                 problems.append(f"{where} ({why})")
     return problems

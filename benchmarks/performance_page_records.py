@@ -10,7 +10,9 @@ when a 3 and an 8 sit anywhere in the file. Here a file is cut into records, and
   one record holds it and another figure of its sentence: a lone small number is in nearly every
   file;
 - a percentage is a fraction of the files times 100, rounded as written, or a number of a field
-  named as a percentage (`_pct`, `percent`), or a relative change ((n - 1) x 100); not any number.
+  named as a percentage (`_pct`, `percent`), or a relative change ((n - 1) x 100); not any number;
+- in a sentence that names a level (`64 streams`: a number of the sentence that a record holds
+  under a level's name), a figure must not be held only by records of other levels.
 
 A record is one JSON object's own numbers and texts (with the numbers of the lists of numbers in
 it), one list of numbers, the numbers of the `command` that made the file, or one line of a text file.
@@ -23,6 +25,9 @@ import re
 from pathlib import Path
 
 NUMBER = r"[-+]?\d[\d,]*(?:\.\d+)?"
+# The fields that name a run's load level (not a count that came out of it: `streams_refused`)
+LEVEL_KEYS = {"streams", "num_streams", "clients", "concurrency", "level", "next_level", "streams_kept_up",
+              "mixed_kept_up_streams", "split_kept_up_streams", "realtime_streams"}
 PERCENT_KEY = re.compile(r"pct|percent|_%", re.I)
 SMALL = 10
 
@@ -34,13 +39,15 @@ class Record:
         self.numbers: list[tuple[str, float]] = []
         self.texts: list[str] = []
         self.settings = False  # the numbers of the command that made the file
+        self.levels: set[float] = set()  # its numbers under a level's name, and those of the objects it is in
 
 
 def _numbers_in(text: str) -> list[float]:
     return [float(n.replace(",", "")) for n in re.findall(NUMBER, text)]
 
 
-def _walk(x, out: list[Record]) -> None:
+def _walk(x, out: list[Record], levels: frozenset = frozenset()) -> None:
+    """`levels`: those of the objects `x` is in (a run's breakdown belongs to its run's level)."""
     if isinstance(x, dict):
         rec = Record()
         for k, v in x.items():
@@ -56,18 +63,19 @@ def _walk(x, out: list[Record]) -> None:
                 rec.texts.append(v)
             elif isinstance(v, list) and v and all(isinstance(e, (int, float)) and not isinstance(e, bool) for e in v):
                 rec.numbers += [(k, float(e)) for e in v]
+        rec.levels = set(levels) | {n for k, n in rec.numbers if k in LEVEL_KEYS}
         out.append(rec)
         for v in x.values():
             if isinstance(v, (dict, list)):
-                _walk(v, out)
+                _walk(v, out, frozenset(rec.levels))
     elif isinstance(x, list):
         if x and all(isinstance(e, (int, float)) and not isinstance(e, bool) for e in x):
             rec = Record()
-            rec.numbers = [("", float(e)) for e in x]
+            rec.numbers, rec.levels = [("", float(e)) for e in x], set(levels)
             out.append(rec)
         for v in x:
             if isinstance(v, (dict, list)):
-                _walk(v, out)
+                _walk(v, out, levels)
 
 
 def records(path: Path) -> list[Record]:
@@ -156,3 +164,18 @@ def percent_numbers(recs: list[Record]) -> tuple[list[float], list[float]]:
     every = [n for rec in recs for _, n in rec.numbers]
     named = [n for rec in recs for k, n in rec.numbers if PERCENT_KEY.search(k)]
     return every, named
+
+
+def level_backed(values: list[tuple[float, int]], unit: str, sentence: list[float], recs: list[Record], held) -> bool:
+    """Whether a figure of a sentence that names a level ("kept up 64 streams (p95 439 ms)", "9.41
+    us at 4,000 streams") is held by a record that is not of another level: each of its numbers
+    ("15.14 / 15.48 to 8.86 / 9.62 us" may come from two runs) by a record of one of the sentence's
+    levels (a record holding one of the sentence's numbers under a level's name, LEVEL_KEYS, or in
+    an object that does), of no level (a summary, a target), or by the run's flags. A number held
+    only by the records of levels the sentence does not name was copied from the wrong run. A
+    sentence naming no level of the files ties it to nothing (the looser check)."""
+    named = {v for v in sentence if any(v in rec.levels for rec in recs)}
+    if not named:
+        return True
+    return all(any((rec.settings or not rec.levels or named & rec.levels) and held(v, d, unit, [n for _, n in rec.numbers])
+                   for rec in recs) for v, d in values)  # fmt: skip

@@ -81,7 +81,7 @@ class Server:
             try:
                 return get_json(self.url + "/readyz")
             except OSError:
-                time.sleep(0.5)
+                time.sleep(0.1)
         raise SystemExit(f"server not ready after {timeout_s} s; see {self.log_path}")
 
     def roles(self, ready: dict) -> dict[str, int]:

@@ -180,7 +180,7 @@ def _wait_ready(server: ServerProcess) -> None:
                 return
         except httpx.TransportError:
             pass
-        time.sleep(0.5)
+        time.sleep(0.1)  # a refused connection costs nothing; 0.5 s cost each of CI's dozens of starts 0.25 s on average
     pytest.fail(f"nemo-serve not ready after {STARTUP_TIMEOUT_S:.0f} s:\n{server.log()[-3000:]}")
 
 

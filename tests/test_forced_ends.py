@@ -122,3 +122,22 @@ def test_forced_ends_pending_on_a_stream_go_with_it(tiny, audio):
     _run_to_done(eng)
     assert [r[2] for r in _segments(again)] == ["end_of_input"]
     helpers.assert_engine_empty(eng)
+
+
+def test_forced_end_targets_are_kept_in_order_whatever_order_they_come_in():
+    """engine.force_final(at_sample) is the engine's API: each point ends a segment, in the
+    order of the audio, whatever order the calls came in (our NIM front end sends them in order;
+    another caller need not). Before: a target before a later pending one was queued after it
+    and merged into it at take(), and one before the nearest was dropped."""
+    from nemo_serve.engine.forced_ends import NONE, ForcedEnds
+
+    ends = ForcedEnds(num_slots=2)
+    for frame in (10, 30, 20, 5, 20):  # 20 twice: one point, one end
+        ends.add(0, frame)
+    ends.add(1, 7)
+    met = []
+    while ends.next_frame[0] != NONE:
+        met.append(int(ends.next_frame[0]))
+        ends.take(0, met[-1])
+    assert met == [5, 10, 20, 30]
+    assert ends.pending() == [1] and int(ends.next_frame[1]) == 7

@@ -29,3 +29,11 @@ def test_a_level_whose_generator_broke_is_an_invalid_row(monkeypatch):
     assert row["verdict"] == "error" and row["valid"] is False and "early" in row["error"]
     assert _streams_cell(row) == "the load generator failed (invalid)"
     assert _first_met([_row(32, 60.0), row], 25).startswith("**missed**")
+
+
+def test_the_blast_table_says_the_top_level_is_not_shown_unless_every_run_of_it_was_valid():
+    from benchmarks.packet_cost_table import _at_top
+
+    assert _at_top([_row(256, 20.0), _row(1000, 12.0), _row(1000, 11.0)], 25) == "met at 1,000 streams"
+    assert _at_top([_row(1000, 12.0), _row(1000, 11.0, "core_behind")], 25).startswith("**not shown** at 1,000")
+    assert _at_top([_row(1000, 30.0), _row(1000, 20.0)], 25) == "**missed** at 1,000 streams"

@@ -152,3 +152,38 @@ def test_a_bare_number_in_a_hand_written_table_cell_is_a_figure(tmp_path):
         "x.md:4: 1 (a table cell) (a small number alone: no record of r.json holds it with another figure of its sentence)"]
     flags = "<!-- figures: r.json -->\n| flag | default |\n|---|---|\n| --x | 777 |\n"
     assert _unbacked(tmp_path, flags, results) == []
+
+
+def test_a_figure_of_a_sentence_naming_a_level_is_not_another_levels(tmp_path):
+    """docs/ray_serve.md: "nemo-serve kept up 64 streams (p95 partial 439 ms; ...)" from the plain
+    run's record at 64. 190 ms is a number of that file too (a latency at 32 streams, a level the
+    sentence does not name), which the looser check took; now it is named."""
+    (tmp_path / "docs").mkdir()
+    page = tmp_path / "docs" / "ray_serve.md"
+    text = (ROOT / "docs" / "ray_serve.md").read_text()
+    assert text.count("p95\n  partial 439 ms") + text.count("p95 partial 439 ms") == 1
+    page.write_text(text)
+    assert page_figures.unbacked(tmp_path, RESULTS, ["docs/ray_serve.md"]) == []
+    page.write_text(text.replace("partial 439 ms", "partial 190 ms"))
+    line = text[: text.index("partial 439 ms")].count("\n") + 1
+    (problem,) = page_figures.unbacked(tmp_path, RESULTS, ["docs/ray_serve.md"])
+    assert problem.startswith(f"docs/ray_serve.md:{line}: 190 ms (only in records of levels its sentence does not name"), problem
+
+
+def test_level_records_back_their_own_figures_summaries_and_flags(tmp_path):
+    """A sentence naming 64 streams: a figure of the 64 row, of a record nested in it, of a summary
+    of no level or of the run's flags is backed; one only the 32 row holds is not. A sentence
+    naming no level keeps the looser check."""
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "r.json").write_text(json.dumps({
+        "command": "python b.py --packet-ms 20", "target_us": 25.0,
+        "levels": [{"streams": 32, "p95_ms": 120.5, "cpu": {"us": 41.0}},
+                   {"streams": 64, "p95_ms": 310.5, "cpu": {"us": 77.0}}]}))
+    marked = "<!-- figures: r.json -->\nAt 64 streams the p95 was {}.\n"
+    for backed in ("310.5 ms", "77.0 µs", "25.0 µs", "20 ms"):
+        assert _unbacked(tmp_path, marked.format(backed), results) == [], backed
+    for wrong in ("120.5 ms", "41.0 µs"):
+        assert _unbacked(tmp_path, marked.format(wrong), results) == [
+            f"x.md:2: {wrong[:-3]} {wrong[-2:]} (only in records of levels its sentence does not name (r.json))"], wrong
+    assert _unbacked(tmp_path, "<!-- figures: r.json -->\nThe p95 was 120.5 ms.\n", results) == []

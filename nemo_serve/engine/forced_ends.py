@@ -26,6 +26,7 @@ the same stream wait in a deque (rare: a client forcing again before the engine 
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 
 import numpy as np
@@ -50,12 +51,22 @@ class ForcedEnds:
         self._later.pop(slot, None)
 
     def add(self, slot: int, frame: int) -> None:
-        if self.next_frame[slot] == NONE:
+        """A target, kept in order: each point ends a segment in the audio's order, whatever order
+        the calls came in (engine.force_final is the engine's API; our NIM front end sends them in
+        order, another caller need not). Rejected: refusing one out of order, which would make a
+        caller's end depend on the order of two calls that say the same about the audio."""
+        nearest = int(self.next_frame[slot])
+        if frame == nearest:
+            return  # the same point: one final
+        if frame < nearest:  # the nearest (NONE is above every frame: the first target lands here)
+            if nearest != NONE:
+                self._later.setdefault(slot, deque()).appendleft(nearest)
             self.next_frame[slot] = frame
-        elif frame <= self.next_frame[slot]:  # out of order (not from a sane front end): merge
             return
-        else:
-            self._later.setdefault(slot, deque()).append(frame)
+        later = self._later.setdefault(slot, deque())
+        i = bisect.bisect_left(later, frame)
+        if i == len(later) or later[i] != frame:
+            later.insert(i, frame)
 
     def due(self, slots: np.ndarray, next_frames: np.ndarray) -> np.ndarray:
         """Rows ([B] bool) whose step reached their slot's nearest target."""

@@ -1,0 +1,100 @@
+"""benchmarks/blast.py, the cheap paced sender of packet_cost_streams.py --client blast (issue 48):
+its frames are what a real WebSocket parser reads as the intended payloads, its schedule sends every
+packet of every stream once and in order, and the pacer writes exactly those bytes, on time."""
+
+import base64
+import json
+import socket
+import time
+
+import numpy as np
+from websockets.frames import Frame, Opcode
+from websockets.streams import StreamReader
+
+from benchmarks import blast
+from benchmarks.load_realtime import as_pcm16
+
+
+def _parse(data: bytes) -> list[Frame]:
+    """Client frames through websockets' own parser, as a server reads them (masked)."""
+    reader = StreamReader()
+    reader.feed_data(data)
+    frames = []
+    while reader.buffer:
+        parser = Frame.parse(reader.read_exact, mask=True, max_size=None)
+        try:
+            next(parser)
+        except StopIteration as done:
+            frames.append(done.value)
+    return frames
+
+
+def _audio(seconds: float = 0.1) -> np.ndarray:
+    return np.random.default_rng(3).uniform(-0.5, 0.5, int(16000 * seconds)).astype(np.float32)
+
+
+def test_ws_frames_carry_each_packets_float32_samples():
+    audio = _audio()
+    frames = _parse(b"".join(blast.packet_frames(audio, "ws", 5)))
+    assert [f.opcode for f in frames] == [Opcode.BINARY] * 5
+    for k, f in enumerate(frames):
+        assert f.fin and bytes(f.data) == audio[k * 320 : (k + 1) * 320].tobytes()
+
+
+def test_realtime_frames_are_appends_of_base64_pcm16():
+    audio = _audio()
+    frames = _parse(b"".join(blast.packet_frames(audio, "realtime", 5)))
+    for k, f in enumerate(frames):
+        msg = json.loads(bytes(f.data))
+        assert f.opcode == Opcode.TEXT and msg["type"] == "input_audio_buffer.append"
+        assert base64.b64decode(msg["audio"]) == as_pcm16(audio[k * 320 : (k + 1) * 320]).tobytes()
+
+
+def test_the_plan_sends_every_packet_once_in_order_spread_over_the_interval():
+    plan = blast.make_plan(num_streams=23, num_packets=4)
+    assert plan.groups == 10  # 20 ms packets, a tick every 2 ms
+    seen = {}
+    for tick in range(plan.num_ticks()):
+        for i in plan.streams_of(tick):
+            j = len(seen.setdefault(i, []))
+            assert plan.tick_of(i, j) == tick
+            seen[i].append(tick)
+    assert sorted(seen) == list(range(23)) and all(len(t) == 4 for t in seen.values())
+    assert all(np.all(np.diff(t) == plan.groups) for t in seen.values())  # one packet a stream every 20 ms
+    assert len({len(list(plan.streams_of(t))) for t in range(plan.groups)}) == 2  # 23 over 10 ticks: 2 or 3 each
+    assert abs(plan.due_s(plan.tick_of(4, 3)) - plan.due_s(plan.tick_of(4, 2)) - 0.02) < 1e-12
+    few = blast.make_plan(num_streams=3, num_packets=4)  # fewer streams than ticks: still 20 ms a packet
+    assert few.groups == 3 and abs(few.due_s(few.tick_of(1, 2)) - few.due_s(few.tick_of(1, 1)) - 0.02) < 1e-12
+
+
+def test_split_frames_keeps_an_unfinished_frame():
+    long = b"x" * 300  # a 16-bit length
+    data = blast.server_frame(b'{"type":"partial"}') + blast.server_frame(long)
+    frames, rest = blast.split_frames(data[:-5])
+    assert frames == [(1, b'{"type":"partial"}')] and rest == data[20:-5]
+    frames, rest = blast.split_frames(rest + data[-5:])
+    assert frames == [(1, long)] and rest == b""
+
+
+def test_the_pacer_writes_each_streams_frames_in_order_and_on_time():
+    audio = _audio(0.08)
+    frames = [blast.packet_frames(audio, "ws", 4), blast.packet_frames(audio[::-1].copy(), "ws", 4)]
+    pairs = [socket.socketpair() for _ in range(3)]
+    for mine, _ in pairs:
+        mine.setblocking(False)
+    item_of = [0, 1, 0]
+    plan = blast.make_plan(3, 4)
+    pacer = blast.Pacer([mine for mine, _ in pairs], item_of, frames, plan, "ws")
+    pairs[1][1].sendall(blast.server_frame(b'{"type":"ready"}'))  # a server message, kept for the parse
+    t0 = time.time() + 0.01
+    sent = pacer.run(t0)
+    for i, (_, theirs) in enumerate(pairs):
+        theirs.setblocking(False)
+        assert theirs.recv(1 << 20) == b"".join(frames[item_of[i]])
+    assert sent.short_sends == 0
+    due = t0 + plan.due_s(np.arange(plan.num_ticks()))
+    assert np.all(sent.tick_end >= due)  # never early
+    assert [i for _, i, data in sent.received if data] == [1]
+    for pair in pairs:
+        for s in pair:
+            s.close()

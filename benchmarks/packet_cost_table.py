@@ -154,8 +154,13 @@ def _blast_cell(row: dict) -> str:
     if row["verdict"] == "error":
         return "the sender failed (invalid)"
     return (f"{row['us_per_packet_all_in']:.1f} µs (p99 {row['send_lateness_ms']['p99']:.1f} ms; "
-            f"{row['unread_packets_per_stream_end']:.1f} unread; core {row['core_cores_in_window']:.2f})"
+            f"{row['unread_packets_per_stream_end']:.1f} unread; core {row['core_cores_in_window']:.2f}{_waited(row)})"
             f"{BLAST_VERDICT_WORDS[row['verdict']]}")  # fmt: skip
+
+
+def _waited(row: dict) -> str:
+    wait = row.get("frontend_waiting_for_cpu_in_window")  # recorded from f2f987d on
+    return "" if wait is None else f"; front end waited {wait:.2f} for a CPU"
 
 
 def _at_top(rows: list[dict], target: float) -> str:

@@ -80,8 +80,7 @@ def claim_turn(item: ItemStream, first_token_s: float | None) -> tuple[Turn | No
         began = unclaimed[:1]
     else:
         began = [t for t in unclaimed if t.onset_s <= first_token_s + ONSET_AFTER_TOKEN_S]
-    for t in began:
-        t.claimed = True
+    _claim(item, began)
     return (began[-1], began[:-1]) if began else (None, [])
 
 
@@ -89,9 +88,17 @@ def ended_turns(item: ItemStream, end_s: float | None) -> list[Turn]:
     """Orphans: the unclaimed turns of `item` that ended by `end_s` (a segment's end on the session
     clock, after it claimed its own; None: the stream is done, every turn has ended)."""
     ended = [t for t in item.turns if not t.claimed and (end_s is None or (t.stop_s is not None and t.stop_s <= end_s))]
-    for t in ended:
-        t.claimed = True
+    _claim(item, ended)
     return ended
+
+
+def _claim(item: ItemStream, turns: list[Turn]) -> None:
+    """Mark them claimed and drop them from the stream's list (a NIM session's one stream lives as
+    long as the session: its list holds only the turns still unclaimed)."""
+    for t in turns:
+        t.claimed = True
+    if turns:
+        item.turns = [t for t in item.turns if not t.claimed]
 
 
 class SegmentKeys:

@@ -10,6 +10,7 @@ import pytest
 
 from nemo_serve.server import realtime_render
 from nemo_serve.server.realtime_protocol import DeltaEvent, event, new_event_id
+from nemo_serve.server.realtime_items import ItemStream
 from nemo_serve.server.realtime_render import DELTA, OpenAIRenderer
 
 TEXTS = ["", " hello", 'quote " and backslash \\', "tab\tnew\nline\r\x00\x1f", "é ü 中文 😀", "\u2028\u2029</script>",
@@ -48,6 +49,46 @@ def test_item_id_is_made_once_per_segment(monkeypatch):
     made = []
     monkeypatch.setattr(realtime_render, "new_id", lambda prefix: made.append(prefix) or f"{prefix}_{len(made)}")
     r = OpenAIRenderer(items=None)
+    item = ItemStream(0, decoder=None)  # no speech detector turns: each segment gets a new id
+    assert r._name(3, item, None) == r._name(3, item, 0.5) == []
     assert r.item_id(3) == r.item_id(3) == "item_1"
+    r._name(4, item, 0.5)
     assert r.item_id(4) == "item_2"
     assert made == ["item", "item"]
+
+
+def test_every_turn_the_detector_announced_is_committed_and_completed():
+    """The detector's turns (speech_started's ids) against the engine's segments, rendered: a
+    cough in a silence segment the endpointer closed empty gets an empty item of its own (OpenAI
+    commits every turn its VAD ends), the speech's segment takes its own turn's id (not the
+    cough's, which began earlier), and a second turn whose words the endpointer kept in the same
+    segment completes empty after it. No id is announced that is not committed and completed."""
+    from types import SimpleNamespace
+
+    from nemo_serve.engine.results import StreamResult
+
+    items = SimpleNamespace(vad=object(), rt=SimpleNamespace(turn_detection=object()),
+                            ctx=SimpleNamespace(model=SimpleNamespace(vocabulary=["a", "b"])))  # fmt: skip
+    r, item = OpenAIRenderer(items), ItemStream(0, decoder=None)
+    cough, speech = r.announce(item, 1.0), None
+    cough.stop_s = 1.2
+
+    def result(segment, text, times, start, end, final):
+        return StreamResult("s", text, segment, final, [], [1] * len(times), times, start, end, 0.0,
+                            end_reason="silence" if final else None)  # fmt: skip
+
+    def said(events):
+        return [(e.type.rsplit(".", 1)[-1], e.item_id, getattr(e, "transcript", None)) for e in events if e.type != DELTA]
+
+    speech = r.announce(item, 3.0)  # the receive side is ahead: both announced before any result
+    assert said(r._final_events(result(0, "", [], 0.0, 2.5, True), item)) == [
+        ("committed", cough.item_id, None), ("completed", cough.item_id, "")]  # fmt: skip
+    deltas = r._text_events(result(1, "b", [3.1], 2.5, 3.5, False), item)
+    assert [e.item_id for e in deltas] == [speech.item_id]
+    speech.stop_s = 3.4
+    second = r.announce(item, 3.6)
+    second.stop_s = 4.0
+    events = r._final_events(result(1, "b b", [3.1, 3.7], 2.5, 4.8, True), item)
+    assert said(events) == [("committed", speech.item_id, None), ("completed", speech.item_id, "b b"),
+                            ("committed", second.item_id, None), ("completed", second.item_id, "")]  # fmt: skip
+    assert [e.previous_item_id for e in events if e.type.endswith("committed")] == [cough.item_id, speech.item_id]

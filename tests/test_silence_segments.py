@@ -130,6 +130,72 @@ def test_realtime_items_skip_silence_and_are_numbered_without_gaps(demo, dialect
     helpers.assert_engine_empty(engine)
 
 
+def _events(demo, dialect: str, pcm: np.ndarray, turn_detection: dict | None = None) -> list[dict]:
+    """Every event a realtime session sends for `pcm` (server VAD; every append in before the
+    core steps, stepped by hand; then the end of input), in order."""
+    engine = helpers.new_engine(demo, num_slots=1, endpoint=EndpointConfig())  # not started: stepped by hand
+    td = turn_detection or {"type": "server_vad"}
+    if dialect == "nim":
+        update = {"type": "transcription_session.update", "session": {
+            "input_audio_format": "pcm16", "input_audio_params": {"sample_rate_hz": RATE, "num_channels": 1},
+            "turn_detection": td}}  # fmt: skip
+    else:
+        update = {"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
+            "format": {"type": "audio/pcm", "rate": RATE}, "turn_detection": td}}}}  # fmt: skip
+
+    async def run():
+        wire = RealtimeFormat(_ctx(engine), dialect, {}, {})
+        wire.on_text(json.dumps(update))
+        for i in range(0, len(pcm), PACKET):
+            audio = pcm[i : i + PACKET].astype("<i2").tobytes()
+            wire.on_text(json.dumps({"type": "input_audio_buffer.append", "audio": _b64(audio)}))
+        wire.on_text(json.dumps({"type": "input_audio_buffer.done"}))
+        _run_to_done(engine)
+        events = []
+        async with asyncio.timeout(30):
+            while not events or not events[-1].get("is_last_result"):
+                item = await wire.session.next_event()
+                assert not isinstance(item, (Failure, NormalClose)), item
+                if isinstance(item, StreamResult):
+                    events += map(json.loads, wire.render(item).frames)
+                else:
+                    events.append(json.loads(item.model_dump_json()))
+        wire.session.close()
+        await _until_free(engine)
+        return events
+
+    try:
+        return asyncio.run(run())
+    finally:
+        helpers.assert_engine_empty(engine)
+
+
+def _ids(events: list[dict], kind: str) -> list[str]:
+    return [e["item_id"] for e in events if e["type"] == kind]
+
+
+@pytest.mark.parametrize("dialect", ["rt", "nim"])
+def test_speech_events_name_the_item_then_committed_and_completed(demo, dialect):
+    """Speech begins while the leading silence's segment is still open in the engine (every
+    append is read before the core steps, as a loaded core or a fast sender does): the silence
+    segment closes with an empty final (rule 1) and the speech goes to the next engine segment.
+    speech_started and speech_stopped must name the item that is then committed and completed
+    (OpenAI's protocol; clients correlate by it), and name no item that never comes. Before: they
+    named the segment the receive side was filling, the silence, whose item is never sent."""
+    events = _events(demo, dialect, _stream())
+    started, stopped = _ids(events, "input_audio_buffer.speech_started"), _ids(events, "input_audio_buffer.speech_stopped")
+    committed = _ids(events, "input_audio_buffer.committed")
+    completed = [e for e in events if e["type"] == f"{TRANSCRIPTION}.completed"]
+    said = [e["item_id"] for e in completed if e["transcript"]]
+    assert len(started) == 2 and len(said) == 2, [(e["type"], e.get("item_id"), e.get("transcript")) for e in events]
+    assert started == stopped == said, (started, stopped, said)
+    assert set(committed) >= set(said), (committed, said)
+    for item_id in started:  # in the protocol's order: started, stopped, committed, completed
+        kinds = [e["type"] for e in events if e.get("item_id") == item_id and e["type"] != f"{TRANSCRIPTION}.delta"]
+        assert kinds == ["input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
+                         "input_audio_buffer.committed", f"{TRANSCRIPTION}.completed"], (item_id, kinds)  # fmt: skip
+
+
 def _b64(data: bytes) -> str:
     import base64
 

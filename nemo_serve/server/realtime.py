@@ -27,7 +27,9 @@ the same decoder (PCM16 at 24 kHz resampled by soxr), push, finish and force_fin
   speech detector        -> speech_started at the onset, speech_stopped after the turn's silence
                             (turn_detection on; speech_detector.py: Silero VAD per session, on the
                             appended audio). They time speech only: items end where the endpointer
-                            or a commit ends them, so tokens stay /ws's
+                            or a commit ends them, so tokens stay /ws's. Their item_id is the item
+                            then committed for the speech (realtime_items.Turn: the segment that
+                            holds it claims the id; a turn none holds completes empty)
   partial                -> delta (text not sent yet)
   no audio               -> an item with uncommitted audio is finished like a commit before any
                             idle close, and with turn detection on once the audio stops for the
@@ -58,7 +60,7 @@ from . import speech_detector
 from .context import ServerContext
 from .logsafe import clean, preview
 from .protocol import CLOSE_PROTOCOL_ERROR, MAX_REASON_CHARS, ProtocolError, mode_number
-from .realtime_items import ItemStream, SegmentKeys
+from .realtime_items import ItemStream, SegmentKeys, Turn
 from .realtime_slots import MAX_SLOTS_PER_SESSION, ItemSlots
 from .realtime_protocol import (
     Append,
@@ -120,6 +122,7 @@ class RealtimeFormat(ItemSlots):
         self.num_items_sent = 0  # engine streams whose last result was sent (send task)
         self.keys = SegmentKeys()
         self.vad: SpeechDetector | None = None  # with turn detection: speech events (speech_detector.py)
+        self.turn: Turn | None = None  # the detector's speech now on (speech_started sent, not speech_stopped)
         self.num_model_samples = 0  # samples given to the engine in the session, at the model's rate
         self.appended_since_commit = False
         self._last_audio = time.monotonic()
@@ -238,17 +241,20 @@ class RealtimeFormat(ItemSlots):
             s.end_input("max_stream_duration")
 
     def _speech_event(self, item: ItemStream, ev: SpeechEvent) -> None:
-        """The detector's onset or end, for the item being filled, on the session's audio clock
-        (speech_started moved back by prefix_padding_ms, as OpenAI's is)."""
-        key = self.keys.key(item, item.segment)
-        item_id = self.renderer.item_id(key)
-        ms = ev.sample * 1000 / self.ctx.model.geometry.sample_rate
+        """The detector's onset or end, on the session's audio clock (speech_started moved back by
+        prefix_padding_ms, as OpenAI's is). An onset names the item that will hold the speech (the
+        renderer's `announce`: the engine, behind the audio, has not decided yet which segment
+        that is); the end names the same."""
+        rate = self.ctx.model.geometry.sample_rate
+        ms = ev.sample * 1000 / rate
         if ev.kind == "started":
-            self.renderer.speaking.add(key)
+            self.turn = self.renderer.announce(item, ev.sample / rate)
             pad_ms = self.rt.turn_detection.prefix_padding_ms or 0
-            self._queue(event("input_audio_buffer.speech_started", item_id=item_id, audio_start_ms=max(0, round(ms - pad_ms))))
-        else:
-            self._queue(event("input_audio_buffer.speech_stopped", item_id=item_id, audio_end_ms=round(ms)))
+            self._queue(event("input_audio_buffer.speech_started", item_id=self.turn.item_id,
+                              audio_start_ms=max(0, round(ms - pad_ms))))  # fmt: skip
+        elif self.turn is not None:
+            self.turn.stop_s, turn, self.turn = ev.sample / rate, self.turn, None
+            self._queue(event("input_audio_buffer.speech_stopped", item_id=turn.item_id, audio_end_ms=round(ms)))
 
     def _commit(self, b: BufferEvent) -> None:
         if self.nim and b.kind == "commit":
@@ -267,7 +273,7 @@ class RealtimeFormat(ItemSlots):
             self.renderer.cleared.add(key)
             item.cleared_from = item.segment
         elif key not in self.renderer.committed:  # a second commit before the item ended joins it
-            self._queue(self.renderer.committed_event(key))
+            self._queue(self.renderer.committed_event(key, item))
         self._finish_item(item)
 
     def _done(self) -> None:

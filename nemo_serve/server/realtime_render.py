@@ -10,7 +10,9 @@ sent yet; with turn detection and no speech detector, speech_started before the 
 for a final: speech_stopped and committed where the endpointer ended the item, a diarized
 item's speaker segments, completed; after the session's last item's `done`, close 1000.
 The item names (`item_id`, chained by `previous_item_id`) are kept here, for the receive side's
-events too (commit, the speech detector). Owner: the event loop; `render` runs in the send task.
+events too (commit, the speech detector: a turn's id, announced at its onset, is taken by the
+segment that holds the speech when the segment is first named, realtime_items.Turn; a turn no
+segment holds is committed and completed empty, so every id announced comes). Owner: the event loop; `render` runs in the send task.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any, Protocol
 
 from ..engine.results import StreamResult
 from .nim_items import LastUtterance
-from .realtime_items import ItemStream
+from .realtime_items import ItemStream, Turn, claim_turn, ended_turns
 from .realtime_protocol import DeltaEvent, ServerEvent, completed_event, delta_event, event, new_id
 from .realtime_speakers import segment_events
 from .wire import Rendered
@@ -53,17 +55,49 @@ class OpenAIRenderer:
         self.num_completed = 0  # completed events sent: the next one's nemo_serve.segment (no gaps)
 
     def item_id(self, segment: int) -> str:
-        item_id = self.segment_to_item.get(segment)  # not setdefault: a new id (uuid4) per call
-        if item_id is None:
-            item_id = self.segment_to_item[segment] = new_id("item")
-        return item_id
+        """A named segment's item_id (_name named it)."""
+        return self.segment_to_item[segment]
 
-    def committed_event(self, segment: int) -> ServerEvent:
-        """input_audio_buffer.committed for `segment`'s item, chained to the item before it."""
+    def announce(self, item: ItemStream, onset_s: float) -> Turn:
+        """The detector heard speech begin in `item`'s audio: the id speech_started names, that of
+        the item that will hold it (a segment claims it when named, else it completes empty)."""
+        turn = Turn(new_id("item"), onset_s)
+        item.turns.append(turn)
+        return turn
+
+    def _name(self, segment: int, item: ItemStream, first_token_s: float | None) -> list[ServerEvent]:
+        """Name `segment` (once): the id of the turn it holds, else a new one; the orphans before
+        that turn are committed and completed empty first (their events returned)."""
+        if segment in self.segment_to_item:
+            return []
+        turn, orphans = claim_turn(item, first_token_s)
+        self.segment_to_item[segment] = turn.item_id if turn is not None else new_id("item")
+        return self._orphan_events(orphans, item)
+
+    def committed_event(self, segment: int, item: ItemStream | None = None) -> ServerEvent:
+        """input_audio_buffer.committed for `segment`'s item, chained to the item before it (a
+        commit names the segment: the first turn of its stream not yet claimed)."""
+        if item is not None:  # the receive side's commit: it claims its stream's first unclaimed turn, no orphan
+            self._name(segment, item, None)
         item_id = self.item_id(segment)
         previous, self.last_item_id = self.last_item_id, item_id
         self.committed.add(segment)
         return event("input_audio_buffer.committed", item_id=item_id, previous_item_id=previous)
+
+    def _orphan_events(self, turns: list[Turn], item: ItemStream) -> list[ServerEvent]:
+        """An item for each turn no segment holds: committed, and completed with nothing in it (its
+        span is the turn's; tokens stay /ws's: the model decoded nothing there, or put the words
+        in another item)."""
+        events: list[ServerEvent] = []
+        for t in turns:
+            previous, self.last_item_id = self.last_item_id, t.item_id
+            events.append(event("input_audio_buffer.committed", item_id=t.item_id, previous_item_id=previous))
+            empty = _empty_result(t.onset_s - item.start_s, (t.stop_s if t.stop_s is not None else t.onset_s) - item.start_s)
+            completed = completed_event(empty, t.item_id, self.items.ctx.model.vocabulary, item.start_s, False, self.num_completed)
+            self.num_completed += 1
+            self.completing(completed, t.item_id, False)
+            events.append(completed)
+        return events
 
     # ------------------------------------------------------------------ the send task
     def render(self, r: StreamResult) -> Rendered:
@@ -87,7 +121,9 @@ class OpenAIRenderer:
         sent = self.sent_text.get(r.segment, "")
         if r.segment in self.cleared or not r.text.startswith(sent) or len(r.text) <= len(sent):
             return []
-        events, item_id, items = [], self.item_id(r.segment), self.items
+        items = self.items
+        events: list[ServerEvent | DeltaEvent] = self._name(r.segment, item, _first_token_s(r, item))
+        item_id = self.item_id(r.segment)
         if items.vad is None and items.rt.turn_detection is not None and r.segment not in self.speaking and r.token_times_s:
             self.speaking.add(r.segment)
             events.append(event("input_audio_buffer.speech_started", item_id=item_id,
@@ -104,14 +140,22 @@ class OpenAIRenderer:
         return int(round((item.start_s + max(r.segment_start_s, r.token_times_s[0] - pad_s)) * 1000))
 
     def _final_events(self, r: StreamResult, item: ItemStream) -> list[ServerEvent]:
-        items, item_id = self.items, self.item_id(r.segment)
+        items = self.items
         announced = r.segment in self.committed
         self.sent_text.pop(r.segment, None)
         self.speaking.discard(r.segment)
         last = r.done and item.last
+        # Turns that ended within this segment and that it does not hold can be held by no later one.
+        turns_end_s = None if r.done else item.start_s + r.audio_processed_s
         if r.segment in self.cleared or not (r.text or announced or last):
-            return []  # silence the endpointer closed, an item the client cleared, audio that stopped in silence
-        events = []
+            # silence the endpointer closed, an item the client cleared, audio that stopped in silence
+            return [] if r.segment in self.cleared else self._orphan_events(ended_turns(item, turns_end_s), item)
+        events = self._name(r.segment, item, _first_token_s(r, item))
+        item_id = self.item_id(r.segment)
+        orphans = ended_turns(item, turns_end_s)
+        if last:  # is_last_result stays the session's last event
+            events += self._orphan_events(orphans, item)
+            orphans = []
         if not announced:  # the endpointer ended it, or the audio stopped: what server VAD says
             if items.vad is None and items.rt.turn_detection is not None and not last:
                 end_s = r.eou_time_s if r.eou_time_s is not None else r.audio_processed_s  # an EOU: its audio time
@@ -123,7 +167,7 @@ class OpenAIRenderer:
         self.completing(completed, item_id, last)
         events += segment_events(r, item_id)  # a diarized item's speakers, before its completed
         events.append(completed)
-        return events
+        return events + self._orphan_events(orphans, item)
 
     def completing(self, completed: ServerEvent, item_id: str, last: bool) -> None:
         """An item's `completed` event, before it is sent: the dialect's last word on it."""
@@ -138,6 +182,18 @@ class NimRenderer(OpenAIRenderer):
 
     def completing(self, completed: ServerEvent, item_id: str, last: bool) -> None:
         self.said.on_completed(completed, item_id, last)
+
+
+def _first_token_s(r: StreamResult, item: ItemStream) -> float | None:
+    """The time of the segment's first token on the session's clock (None: no token yet)."""
+    return item.start_s + r.token_times_s[0] if r.token_times_s else None
+
+
+def _empty_result(start_s: float, end_s: float) -> StreamResult:
+    """An orphan turn's item (times from its engine stream's start): nothing decoded in it."""
+    return StreamResult(stream_id="", text="", segment=-1, is_final=True, new_token_ids=[], token_ids=[],
+                        token_times_s=[], segment_start_s=max(0.0, start_s), audio_processed_s=max(0.0, end_s),
+                        audio_arrival_time=0.0, end_reason="silence")  # fmt: skip
 
 
 def end_reason_text(reason: str) -> str:

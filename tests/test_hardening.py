@@ -211,10 +211,14 @@ def test_header_timeout_closes_silent_and_half_sent_requests(hard):
     # (a body that never comes is bounded by the same deadline)
     silent_s, _ = _silent_for(hard.port, b"")
     half_s, reply = _silent_for(hard.port, b"GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
-    body = b"POST /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000\r\n\r\n{"
-    body_s, body_reply = _silent_for(hard.port, body)  # headers in time, the body never comes
+    # headers in time, an upload's body never comes (a route that reads its body: /healthz answered
+    # 405 at once without reading it, so the deadline was never what closed it)
+    body = (b"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer "
+            + TOKEN.encode() + b"\r\nContent-Type: multipart/form-data; boundary=b\r\nContent-Length: 1000\r\n\r\n--b")  # fmt: skip
+    body_s, body_reply = _silent_for(hard.port, body)
     assert silent_s < 3 and half_s < 3 and body_s < 3, (silent_s, half_s, body_s)
     assert reply.startswith(b"HTTP/1.1 408"), reply[:100]
+    assert body_reply.startswith(b"HTTP/1.1 408"), body_reply[:100]  # server.md: "also when the body ... stops"
     assert hard.get("/healthz").status_code == 200
 
 

@@ -121,17 +121,26 @@ def test_auth_header_or_query_token(server):
 
 
 def test_idle_timeout_and_max_stream_duration(server):
+    """Idle: a stream that said only its config, and beside it (the same 5 s) a connection that
+    never sends its first message, which holds no slot and times out the same way (protocol.md)."""
+
     async def scenario():
         t0 = time.monotonic()
-        idle = await raw_session(server.ws_url, [json.dumps({"type": "config"})])
+        idle_task = asyncio.create_task(raw_session(server.ws_url, [json.dumps({"type": "config"})]))
+        silent_task = asyncio.create_task(raw_session(server.ws_url, []))
+        await asyncio.sleep(1.0)
+        held = (await asyncio.to_thread(server.readyz))["open_streams"]
+        idle, silent = await idle_task, await silent_task
         idle_s = time.monotonic() - t0
         long = np.zeros(16000 * 12, dtype="<f4")  # 12 s > --max-stream-s 10
         frames = [long[i : i + 16000].tobytes() for i in range(0, len(long), 16000)]
         capped = await raw_session(server.ws_url, [json.dumps({"type": "config"}), *frames])
-        return idle, idle_s, capped
+        return idle, silent, held, idle_s, capped
 
-    (idle_msgs, idle_code), idle_s, (capped_msgs, capped_code) = asyncio.run(scenario())
+    (idle_msgs, idle_code), silent, held, idle_s, (capped_msgs, capped_code) = asyncio.run(scenario())
     assert idle_msgs[-1]["type"] == "error" and "idle" in idle_msgs[-1]["reason"] and idle_code == 1008
+    assert held == 1, held  # the config's stream; the silent connection holds no slot
+    assert [m["type"] for m in silent[0]] == ["error"] and "idle" in silent[0][0]["reason"] and silent[1] == 1008, silent
     assert 4.5 < idle_s < 30
     assert capped_msgs[-1]["type"] == "done" and capped_msgs[-1]["reason"] == "max_stream_duration"
     assert any(m["type"] == "final" for m in capped_msgs) and capped_code == 1000

@@ -66,6 +66,18 @@ def test_sdk_verbose_json_tokens_equal_ws_on_every_bundled_utterance(server):
         assert " ".join(w.word for w in got.words) == " ".join(got.text.split())
         assert all(0 <= w.start <= w.end <= duration + 0.2 for w in got.words)
         assert [w.start for w in got.words] == sorted(w.start for w in got.words)
+        # protocol.md's verbose_json: task, the request's language (a model without prompts keeps it),
+        # Whisper's statistics at their fixed values, a segment from its first word's start to its
+        # last word's end
+        assert (got.task, got.language) == ("transcribe", "en")
+        k = 0
+        for seg in got.segments:
+            stats = (seg.temperature, seg.avg_logprob, seg.compression_ratio, seg.no_speech_prob, seg.seek)
+            assert stats == (0.0, 0.0, 1.0, 0.0, 0), (path.name, seg)
+            n = len(seg.text.split())
+            assert (seg.start, seg.end) == (got.words[k].start, got.words[k + n - 1].end), (path.name, seg)
+            k += n
+        assert [s.id for s in got.segments] == list(range(len(got.segments))) and k == len(got.words)
     assert not mismatches, mismatches
     assert any(s.text for s in got.segments), "the model gave no text: the comparison would be empty"
 
@@ -103,6 +115,7 @@ def test_a_44khz_stereo_flac_is_the_same_stream_as_its_samples_sent_to_ws(server
     expected_tokens, expected_text = asyncio.run(ws_tokens(server, mono, 44100))
     got = sdk(server).audio.transcriptions.create(file=("a.flac", buf.getvalue()), model="x", response_format="verbose_json")
     assert [t for s in got.segments for t in s.tokens] == expected_tokens and got.text == expected_text
+    assert got.language == "unknown"  # no `language` asked, a model without prompts (protocol.md's verbose_json)
     assert expected_tokens
 
 

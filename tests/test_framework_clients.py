@@ -6,13 +6,14 @@ Two kinds of test, each checking every committed item's tokens against /ws on th
 - live: the framework's own STT service, unchanged but for its URL (tests/framework_clients/
   drives it, its own local VAD putting the commits), through a recording relay (wire_recorder.py);
   each item's audio is taken from the wire, as pipecat resamples its 16 kHz pipeline's audio and
-  its VAD decides where items end. Needs the framework: here, or in the
+  its VAD decides where items end (livekit as four sessions at once, six turns each: a quarter of
+  the time of one session at its 4x real time). Needs the framework: here, or in the
   interpreter NEMO_SERVE_FRAMEWORK_PYTHON names (pipecat-ai 1.14's pins clash with this project's
   lock, so it lives in a venv of its own); skipped, saying so, without it. With
   NEMO_SERVE_RECORD_WIRE=1 it rewrites the recording below.
-- replay: tests/framework_wire/*.json, what the live run recorded the framework send (its
-  session.update as sent, the size of every append, each commit, in order; audio as sample
-  counts), sent again over a real WebSocket with the same audio. Needs only this project.
+- replay: tests/framework_wire/*.json, what the live run recorded the framework send (per session
+  its session.update as sent, the size of every append, each commit, in order; audio as sample
+  counts), sent again over real WebSockets with the same audio. Needs only this project.
 """
 
 from __future__ import annotations
@@ -45,11 +46,12 @@ UTTERANCES = sorted((Path(nemo_serve.__file__).parent / "assets" / "demo" / "utt
 COMPLETED = "conversation.item.input_audio_transcription.completed"
 
 # name -> (module to import, driver and its arguments before the turns, the rate of the turns the
-# driver reads, silence after each turn (the drivers add it))
+# driver reads, silence after each turn (the drivers add it), sessions at once (runs of consecutive
+# turns, each a stream of its own: livekit's four take a quarter of one stream's time, 4x real time)
 FRAMEWORKS = {
-    "pipecat": ("pipecat", ["pipecat_realtime_stt.py", "{ws}/v1/realtime", TOKEN], 16000, 1.0),
-    "livekit": ("livekit.plugins.openai", ["livekit_realtime_stt.py", "{http}/v1", TOKEN, "gpt-realtime-whisper"],
-                RATE, 1.0),
+    "pipecat": ("pipecat", ["pipecat_realtime_stt.py", "{ws}/v1/realtime", TOKEN], 16000, 1.0, 1),
+    "livekit": ("livekit.plugins.openai", ["livekit_realtime_stt.py", "{http}/v1", TOKEN, "gpt-realtime-whisper",
+                                           "--sessions", "4"], RATE, 1.0, 4),
 }
 CLIENT_LABELS = {
     "pipecat": "pipecat-ai 1.14.0, OpenAIRealtimeSTTService(api_key, base_url) in its default mode: local VAD "
@@ -106,7 +108,7 @@ def wire_script(client_events: list[dict]) -> list[dict]:
     """Client events with each append's audio replaced by its sample count."""
     script = []
     for e in client_events:
-        e = {k: v for k, v in e.items() if k != "_t"}
+        e = {k: v for k, v in e.items() if k not in ("_t", "_c")}
         if e["type"] == "input_audio_buffer.append":
             script.append({"type": e["type"], "samples": len(base64.b64decode(e["audio"])) // 2})
         else:
@@ -178,14 +180,31 @@ def check_items_match_ws(server, script: list[dict], audio: np.ndarray, server_e
     return check_completed_match_ws(server, items, server_events)[1]
 
 
-def shown_texts(stdout: str, committed: list[str]) -> list[str]:
-    """The driver's printed texts in commit order: by the item id it printed beside each (pipecat
-    passes items on as they complete), else as printed."""
-    shown = [json.loads(line) for line in stdout.splitlines()]
+def shown_texts(stdout: str, committed: list[str], session: int = 0) -> list[str]:
+    """The driver's printed texts of one session in commit order: by the item id it printed beside
+    each (pipecat passes items on as they complete), else as printed."""
+    shown = [s for s in map(json.loads, stdout.splitlines()) if s.get("session", 0) == session]
     if shown and all("item_id" in s for s in shown):
         order = {item_id: i for i, item_id in enumerate(committed)}
         shown.sort(key=lambda s: order[s["item_id"]])
     return [s["text"] for s in shown]
+
+
+def runs_of(names: list[str], sessions: int) -> list[list[str]]:
+    """The drivers' split of the turns over --sessions K (livekit_realtime_stt.split): K runs of
+    consecutive turns, the first ones a turn longer where K does not divide them."""
+    size, extra = divmod(len(names), sessions)
+    bounds = [k * size + min(k, extra) for k in range(sessions + 1)]
+    return [names[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+def run_sent(client_events: list[dict], runs: list[list[str]], silence_s: float) -> int:
+    """Which run of turns one connection carried: the one whose audio its appends are the start of."""
+    sent = np.concatenate(wire_items(client_events + [{"type": "input_audio_buffer.commit"}]))
+    found = [k for k, run in enumerate(runs)
+             if len(sent) and np.array_equal(session_audio(turns_pcm(run), silence_s)[: len(sent)], sent)]  # fmt: skip
+    assert len(found) == 1, found
+    return found[0]
 
 
 # ----------------------------------------------------------------------------- live: the framework itself
@@ -193,7 +212,7 @@ def shown_texts(stdout: str, committed: list[str]) -> list[str]:
 
 @pytest.mark.parametrize("name", list(FRAMEWORKS))
 def test_framework_stt_service_unchanged_matches_ws(request, name, tmp_path):
-    module, driver, turn_rate, silence_s = FRAMEWORKS[name]
+    module, driver, turn_rate, silence_s, sessions = FRAMEWORKS[name]
     python = framework_python(module)  # before the server starts: a skip costs nothing
     demo_server = request.getfixturevalue("demo_server")
     names = [u.name for u in UTTERANCES]
@@ -206,21 +225,36 @@ def test_framework_stt_service_unchanged_matches_ws(request, name, tmp_path):
         run = subprocess.run([python, str(DRIVERS / driver[0]), *args, *map(str, paths)],
                              capture_output=True, text=True, timeout=600)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
-    script = wire_script(rec.client_events())
-    # The items as the server got them: the framework's VAD put the commits (a turn it split or
-    # merged is then two items or one, each still checked against /ws on its own audio), and
-    # pipecat resampled 16 -> 24 kHz. Each item's completed event and each text the framework shows
-    # against /ws on that audio.
-    items = wire_items(rec.client_events())
-    committed, references = check_completed_match_ws(demo_server, items, rec.server_events())
-    if turn_rate == RATE:  # sent as given: the items are the test's own audio, cut at the commits
-        own = committed_items(script, session_audio(turns_pcm(names), silence_s))
-        assert all(np.array_equal(a, b) for a, b in zip(items, own, strict=True))
-    # What the framework hands its pipeline (pipecat's TranscriptionFrame.text, livekit's FINAL_TRANSCRIPT
-    # text), per item, against /ws on that item's audio: not against the relay's copy of the server's event.
-    assert shown_texts(run.stdout, committed) == [text for _, text in references if text], run.stdout[-2000:]
+    # one connection per session: a framework that reconnected (the server closed on it) fails here
+    assert len(rec.paths) == sessions and len(set(rec.paths)) == 1, (
+        len(rec.paths), [e for e in rec.server_events() if e["type"] == "error"], run.stderr[-2000:])
+    runs = runs_of(names, sessions)
+    recorded = {}  # run -> (turns, script) as the relay saw them
+    for c in range(sessions):
+        script = wire_script(rec.client_events(c))
+        # The items as the server got them: the framework's VAD put the commits (a turn it split or
+        # merged is then two items or one, each still checked against /ws on its own audio), and
+        # pipecat resampled 16 -> 24 kHz. Each item's completed event and each text the framework
+        # shows against /ws on that audio.
+        items = wire_items(rec.client_events(c))
+        committed, references = check_completed_match_ws(demo_server, items, rec.server_events(c))
+        k = 0
+        if turn_rate == RATE:  # sent as given: the items are the test's own audio, cut at the commits
+            k = run_sent(rec.client_events(c), runs, silence_s)
+            own = committed_items(script, session_audio(turns_pcm(runs[k]), silence_s))
+            assert all(np.array_equal(a, b) for a, b in zip(items, own, strict=True))
+        # What the framework hands its pipeline (pipecat's TranscriptionFrame.text, livekit's FINAL_TRANSCRIPT
+        # text), per item, against /ws on that item's audio: not against the relay's copy of the server's event.
+        shown = shown_texts(run.stdout, committed, k)
+        assert shown == [text for _, text in references if text], run.stdout[-2000:]
+        recorded[k] = {"turns": runs[k], "script": compress(script)}
+    assert sorted(recorded) == list(range(sessions))  # every run of turns on a connection of its own
     recording = {"client": CLIENT_LABELS[name], "path": rec.paths[0].replace(TOKEN, "TOKEN"), "turns": names,
-                 "silence_after_turn_s": silence_s, "script": compress(script)}  # fmt: skip
+                 "silence_after_turn_s": silence_s}  # fmt: skip
+    if sessions == 1:
+        recording["script"] = recorded[0]["script"]
+    else:
+        recording["sessions"] = [recorded[k] for k in range(sessions)]
     target = RECORDINGS / f"{name}.json"
     if os.environ.get("NEMO_SERVE_RECORD_WIRE"):
         target.write_text(dump_recording(recording))
@@ -232,9 +266,15 @@ def test_framework_stt_service_unchanged_matches_ws(request, name, tmp_path):
 
 def dump_recording(recording: dict) -> str:
     """JSON with one line per field and per script entry (a run of appends is one line)."""
-    head = [f" {json.dumps(k)}: {json.dumps(v)}" for k, v in recording.items() if k != "script"]
-    script = ",\n".join(f"  {json.dumps(e)}" for e in recording["script"])
-    return "{\n" + ",\n".join(head) + ',\n "script": [\n' + script + "\n ]\n}\n"
+    def script_lines(script: list[dict], indent: str) -> str:
+        return ",\n".join(f"{indent}{json.dumps(e)}" for e in script)
+
+    head = [f" {json.dumps(k)}: {json.dumps(v)}" for k, v in recording.items() if k not in ("script", "sessions")]
+    if "script" in recording:
+        return "{\n" + ",\n".join(head) + ',\n "script": [\n' + script_lines(recording["script"], "  ") + "\n ]\n}\n"
+    sessions = ",\n".join(f'  {{"turns": {json.dumps(s["turns"])}, "script": [\n' + script_lines(s["script"], "   ") + "\n  ]}"
+                           for s in recording["sessions"])  # fmt: skip
+    return "{\n" + ",\n".join(head) + ',\n "sessions": [\n' + sessions + "\n ]\n}\n"
 
 
 def compress(script: list[dict]) -> list[dict]:
@@ -260,13 +300,22 @@ def expand(compressed: list[dict]) -> list[dict]:
     return script
 
 
+def sessions_of(recording: dict) -> list[tuple[list[str], list[dict]]]:
+    """(turns, expanded script) per recorded session; a recording of one session keeps its script at the top."""
+    if "sessions" in recording:
+        return [(s["turns"], expand(s["script"])) for s in recording["sessions"]]
+    return [(recording["turns"], expand(recording["script"]))]
+
+
 def shape(recording: dict) -> dict:
-    script = expand(recording["script"])
     return {
         "path": recording["path"],
-        "control": [e for e in script if e["type"] != "input_audio_buffer.append"],
-        "append_sizes": sorted({e["samples"] for e in script if e["type"] == "input_audio_buffer.append"}),
-    }
+        "sessions": [{
+            "turns": turns,
+            "control": [e for e in script if e["type"] != "input_audio_buffer.append"],
+            "append_sizes": sorted({e["samples"] for e in script if e["type"] == "input_audio_buffer.append"}),
+        } for turns, script in sessions_of(recording)],
+    }  # fmt: skip
 
 
 def test_wire_items_and_shown_texts_follow_the_wire_not_the_turns():
@@ -284,17 +333,20 @@ def test_wire_items_and_shown_texts_follow_the_wire_not_the_turns():
     assert shown_texts(stdout, ["item_a", "item_b"]) == ["a", "b"]
     with pytest.raises(KeyError):  # a frame for an item nobody committed
         shown_texts(stdout, ["item_a"])
+    # livekit's sessions at once: each session's texts apart, each session's turns consecutive
+    stdout = "\n".join(json.dumps({"session": k, "text": t}) for k, t in [(1, "x"), (0, "a"), (1, "y"), (0, "b")])
+    assert shown_texts(stdout, [], 0) == ["a", "b"] and shown_texts(stdout, [], 1) == ["x", "y"]
+    assert runs_of(list("abcdefg"), 3) == [list("abc"), list("de"), list("fg")]
 
 
 # ----------------------------------------------------------------------------- replay: the recorded wire
 
 
-async def replay(server, recording: dict, audio: np.ndarray) -> list[dict]:
-    """Send the recorded events over a real WebSocket, appends filled with the session's audio;
-    every server event until one `completed` per commit."""
-    script = expand(recording["script"])
+async def replay(server, path: str, script: list[dict], audio: np.ndarray) -> list[dict]:
+    """Send one session's recorded events over a real WebSocket, appends filled with the session's
+    audio; every server event until one `completed` per commit."""
     commits = sum(e["type"] == "input_audio_buffer.commit" for e in script)
-    url = f"ws://127.0.0.1:{server.port}{recording['path']}"
+    url = f"ws://127.0.0.1:{server.port}{path}"
     events: list[dict] = []
     async with websockets.connect(url, additional_headers={"Authorization": f"Bearer {TOKEN}"}, max_size=None) as ws:
 
@@ -319,7 +371,15 @@ async def replay(server, recording: dict, audio: np.ndarray) -> list[dict]:
 
 @pytest.mark.parametrize("name", list(FRAMEWORKS))
 def test_replayed_framework_wire_matches_ws(demo_server, name):
+    """Each recorded session (livekit's four ran at once: so does their replay) against /ws."""
     recording = json.loads((RECORDINGS / f"{name}.json").read_text())
-    audio = session_audio(turns_pcm(recording["turns"]), recording["silence_after_turn_s"])
-    events = asyncio.run(replay(demo_server, recording, audio))
-    check_items_match_ws(demo_server, expand(recording["script"]), audio, events, len(recording["turns"]))
+    sessions = sessions_of(recording)
+    assert [t for turns, _ in sessions for t in turns] == recording["turns"]
+    audios = [session_audio(turns_pcm(turns), recording["silence_after_turn_s"]) for turns, _ in sessions]
+
+    async def every_session() -> list[list[dict]]:
+        return await asyncio.gather(*(replay(demo_server, recording["path"], script, audio)
+                                      for (_, script), audio in zip(sessions, audios)))  # fmt: skip
+
+    for (turns, script), audio, events in zip(sessions, audios, asyncio.run(every_session())):
+        check_items_match_ws(demo_server, script, audio, events, len(turns))

@@ -20,7 +20,8 @@ FORWARDED_HEADERS = ("authorization", "openai-beta")
 
 class WireRecorder:
     """`with WireRecorder(upstream_ws_base) as rec:` clients dial `rec.ws_base` (or `rec.http_base`)
-    instead of the server; `rec.messages` holds ("client" | "server", parsed JSON) in order."""
+    instead of the server; `rec.messages` holds ("client" | "server", parsed JSON) in order, each
+    message with "_t" (when) and "_c" (its connection: an index into `rec.paths`)."""
 
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream.rstrip("/")  # ws://host:port
@@ -49,11 +50,11 @@ class WireRecorder:
         self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(10)
 
-    def client_events(self) -> list[dict]:
-        return [m for side, m in self.messages if side == "client"]
+    def client_events(self, connection: int | None = None) -> list[dict]:
+        return [m for side, m in self.messages if side == "client" and connection in (None, m["_c"])]
 
-    def server_events(self) -> list[dict]:
-        return [m for side, m in self.messages if side == "server"]
+    def server_events(self, connection: int | None = None) -> list[dict]:
+        return [m for side, m in self.messages if side == "server" and connection in (None, m["_c"])]
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
@@ -67,6 +68,7 @@ class WireRecorder:
 
     async def _relay(self, client) -> None:
         path = client.request.path
+        connection = len(self.paths)
         self.paths.append(path)
         headers = {k: v for k, v in client.request.headers.raw_items() if k.lower() in FORWARDED_HEADERS}
         async with websockets.connect(self.upstream + path, additional_headers=headers, max_size=None) as server:
@@ -74,7 +76,7 @@ class WireRecorder:
             async def pump(src, dst, side: str) -> None:
                 try:
                     async for text in src:
-                        self.messages.append((side, {**json.loads(text), "_t": time.monotonic()}))
+                        self.messages.append((side, {**json.loads(text), "_t": time.monotonic(), "_c": connection}))
                         await dst.send(text)
                 except websockets.ConnectionClosed:
                     pass

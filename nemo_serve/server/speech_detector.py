@@ -18,9 +18,10 @@ and GMM detector from 2017, fooled by noise, and its package has no wheels for n
 
 from __future__ import annotations
 
-import importlib.resources
+import importlib.util
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -39,11 +40,25 @@ def _model():
         if _session is None:
             import onnxruntime
 
-            path = importlib.resources.files("silero_vad.data").joinpath("silero_vad.onnx")
+            path = model_path()
             opts = onnxruntime.SessionOptions()
             opts.inter_op_num_threads = opts.intra_op_num_threads = 1  # per-window calls: threads only cost
             _session = onnxruntime.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
         return _session
+
+
+def model_path() -> Path:
+    """silero-vad's ONNX file, found without importing the package: its `__init__` imports
+    torch, seconds on the front end's event loop (every handshake on it waits) and a few hundred
+    MB in a process that otherwise never loads it. (importlib.resources.files("silero_vad.data")
+    imports it.)"""
+    spec = importlib.util.find_spec("silero_vad")  # a top-level package: located, not run
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("silero_vad")
+    path = Path(spec.submodule_search_locations[0]) / "data" / "silero_vad.onnx"
+    if not path.is_file():
+        raise FileNotFoundError(path)
+    return path
 
 
 def available(sample_rate: int) -> bool:

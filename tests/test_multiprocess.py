@@ -162,24 +162,6 @@ def test_streams_over_two_frontends_match_oracle(two_frontends, oracle_model):
     srv.assert_no_leak()
 
 
-def test_a_waiting_front_end_exits_when_the_cores_do_not_start():
-    """Front-end processes start with the engine cores and import their code meanwhile (the
-    supervisor); a core that fails to start closes their pipes, and each returns (exits, in its
-    process) instead of waiting for arguments that never come."""
-    import multiprocessing
-
-    from nemo_serve.core.frontend_process import run_frontend_when_told
-
-    theirs, ours = multiprocessing.Pipe(duplex=False)
-    ours.close()
-    saved = signal.getsignal(signal.SIGINT)
-    try:
-        run_frontend_when_told(theirs)
-    finally:
-        signal.signal(signal.SIGINT, saved)  # it ignores Ctrl-C while it waits: not in pytest's process
-    assert theirs.closed
-
-
 def test_only_the_engine_core_loads_torch(two_frontends):
     """NeMo and torch load in the engine core alone: the supervisor and the front ends stay small,
     start without them and exit without their seconds of teardown."""

@@ -7,10 +7,8 @@ the slot rings, assembles results from the core's updates and speaks the protoco
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
-import signal
 import socket
 import sys
 from dataclasses import dataclass
@@ -79,33 +77,6 @@ class CoreEndpoint:
     lock: object  # shared.FileLock
     ipc_dir: str
     pid: int
-
-
-# What build_frontend and run_frontend_process import: the app, the protocols, the server.
-_FRONTEND_MODULES = ("..compose", "..server.logsafe", "..server.app", "..server.connections", "..server.runner")
-
-
-def preload() -> None:
-    """Import what a front end runs: about a second of a front end's start, done while the engine
-    cores still build the model (none of it imports torch)."""
-    for name in _FRONTEND_MODULES:
-        importlib.import_module(name, __package__)
-
-
-def run_frontend_when_told(conn) -> None:
-    """Process entry of a front end started before the engine cores are up (supervisor.py): import
-    everything first, then wait for run_frontend_process's arguments (the pipe closed: not needed, exit).
-    Ctrl-C meanwhile is the supervisor's to handle (it stops the server): no traceback from here."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    preload()
-    try:
-        args = conn.recv()
-    except EOFError:  # the cores did not start, or the supervisor is gone
-        return
-    finally:
-        conn.close()
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a front end started with its arguments
-    run_frontend_process(*args)
 
 
 def run_frontend_process(settings, info, cores: list[CoreEndpoint], frontend: int, port: int, num_frontends: int) -> None:

@@ -5,7 +5,7 @@
   1 spawn one engine core per device (--devices; one on --device by default); each loads the
     model and reports its ModelInfo (or a load error: exit 2)  (core_set.py, as a Ray replica)
   2 create each core's shared memory (slot table, audio rings) now that the sample rate is known
-  3 start K front ends on one port (SO_REUSEPORT); the port is reserved here first, so
+  3 spawn K front ends on one port (SO_REUSEPORT); the port is reserved here first, so
     --port 0 gives every front end the same free port. With --grpc-port each front end also
     serves Riva gRPC on that port, reserved the same way. Every front end talks to every core and
     sends each new stream to the core with the most free slots (core/group.py)
@@ -33,7 +33,7 @@ import time
 from ..console import print_urls
 from . import messages as m
 from .core_set import Core, CoreSet, CoreStartError
-from .frontend_process import bind_reuseport, run_frontend_when_told
+from .frontend_process import bind_reuseport, run_frontend_process
 from .shared import FAILED
 
 log = logging.getLogger("nemo_serve.supervisor")
@@ -101,14 +101,9 @@ class Supervisor:
         except PortTaken as e:  # one line, as a front end whose gRPC server cannot start (runner.py)
             print(f"nemo-serve: error: {e}", file=sys.stderr, flush=True)
             return PORT_TAKEN_STATUS
-        # The front ends' processes start now and import their modules while the cores build the
-        # model (about a second of each start); they serve once told the model and the cores.
-        waiting = [self._spawn_frontend() for _ in range(self.num_frontends)]
         try:
             self.core_set.start()
         except CoreStartError as e:
-            for _, conn in waiting:
-                conn.close()  # the waiting front ends exit (and _cleanup stops any that lingers)
             if e.status == 2:  # as a bad flag: one line, status 2
                 print(f"nemo-serve: error: {e}", file=sys.stderr, flush=True)
             else:
@@ -121,8 +116,8 @@ class Supervisor:
         print(f"engine core{'s' if len(self.cores) > 1 else ''} {where}; {self.num_frontends} front-end processes on port "
               f"{self.port}; shared memory {ring_mib:.1f} MiB ({self.settings.audio_ring_s:g} s audio ring per slot)",
               flush=True)  # fmt: skip
-        for fid, conn in waiting:
-            self._start_frontend(fid, conn)
+        for _ in range(self.num_frontends):
+            self._start_frontend()
         print_urls(self.settings, self.port)
         return self._watch()
 
@@ -138,28 +133,16 @@ class Supervisor:
             self._fast_ws_socket = _bind("--fast-ws-port", self.settings.host, self.settings.fast_ws_port)
             self.settings = self.settings.model_copy(update={"fast_ws_port": self._fast_ws_socket.getsockname()[1]})
 
-    def _spawn_frontend(self) -> tuple[int, multiprocessing.connection.Connection]:
-        """A front-end process that imports its modules and waits for its arguments (_start_frontend)."""
+    def _start_frontend(self) -> None:
         fid, self._next_id = self._next_id, self._next_id + 1
-        theirs, ours = self.mp.Pipe(duplex=False)
-        p = self.mp.Process(target=run_frontend_when_told, args=(theirs,), name=f"nemo-serve-frontend-{fid}",
-                            daemon=False)  # fmt: skip
+        p = self.mp.Process(
+            target=run_frontend_process,
+            args=(self.settings, self.info, self.core_set.endpoints(), fid, self.port, self.num_frontends),
+            name=f"nemo-serve-frontend-{fid}",
+            daemon=False,
+        )
         p.start()
-        theirs.close()
         self.frontends[fid] = p
-        return fid, ours
-
-    def _start_frontend(self, fid: int | None = None, conn: multiprocessing.connection.Connection | None = None) -> None:
-        """Tell a waiting front end (or a new one) what to serve. One that died meanwhile is replaced
-        by the watch loop, as any front end that dies."""
-        if conn is None:
-            fid, conn = self._spawn_frontend()
-        try:
-            conn.send((self.settings, self.info, self.core_set.endpoints(), fid, self.port, self.num_frontends))
-        except OSError:
-            pass
-        finally:
-            conn.close()
 
     # ------------------------------------------------------------------ watch
     def _watch(self) -> int:

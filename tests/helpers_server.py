@@ -217,9 +217,11 @@ def as_model_input(wire: np.ndarray, rate: int, model_rate: int = 16000) -> np.n
 
 
 async def raw_session(
-    url: str, first: list, *, token: str | None = TOKEN, timeout_s: float = 30.0, ssl_context=None
+    url: str, first: list, *, token: str | None = TOKEN, timeout_s: float = 30.0, ssl_context=None,
+    reasons: list | None = None,
 ) -> tuple[list[dict], int | None]:
-    """Send `first` (str or bytes frames) on a raw socket; return every message and the close code."""
+    """Send `first` (str or bytes frames) on a raw socket; return every message and the close code
+    (and append the close reason to `reasons` when given)."""
     from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed
 
@@ -239,6 +241,8 @@ async def raw_session(
                     messages.append({"type": m} if m == "Done!" else json.loads(m))
         except ConnectionClosed:
             pass
+        if reasons is not None:
+            reasons.append(ws.close_reason)
         return messages, ws.close_code
 
 

@@ -124,16 +124,21 @@ def test_frame_and_message_size_and_invalid_utf8(fast):
     """A frame over --max-message-bytes: 1009; a message over it in small fragments: 1009; a
     fragmented config under it works; a text frame that is not UTF-8: 1007. No slot is left."""
 
+    reasons = []
+
     async def raw(frames: list[bytes]) -> int | None:
         ws = await ws_connect(fast.fast_url + "/ws")
         for f in frames:
             ws.transport.write(f)  # frames built here: websockets would refuse to send these
         messages, code = await _close_code(ws)
+        reasons.append(ws.close_reason)
         return code, messages
 
     big = np.zeros(MAX_MESSAGE_BYTES // 2 + 8, "<i2").tobytes()
     code, _ = asyncio.run(raw([frame(big, 0x2)]))
     assert code == 1009
+    # protocol.md's close table, the reason picows gives on this port
+    assert reasons[-1] == f"Received frame with payload size exceeding max allowed size, {len(big)} > {MAX_MESSAGE_BYTES}"
     part = np.zeros(MAX_MESSAGE_BYTES // 4, np.uint8).tobytes()
     fragments = [_fragment(part, 0x2, fin=False)] + [_fragment(part, 0x0, fin=False)] * 3 + [_fragment(part, 0x0, fin=True)]
     code, _ = asyncio.run(raw(fragments))

@@ -119,15 +119,18 @@ def test_malformed_input_fails_only_that_stream(server, oracle_model):
         for name, frames in _bad_inputs().items():
             outcomes[name] = await raw_session(server.ws_url, frames)
             await asyncio.to_thread(server.wait_open_streams, 1)  # each bad stream gives its slot back
-        outcomes["50 MB message"] = await raw_session(server.ws_url, [b"\x00" * (50 << 20)])
+        outcomes["50 MB message"] = await raw_session(server.ws_url, [b"\x00" * (50 << 20)], reasons=too_big_reason)
         return await good, outcomes
 
+    too_big_reason: list[str] = []
     before = stream_errors(server)
     good, outcomes = asyncio.run(scenario())
     after = stream_errors(server)
     for name, (messages, code) in outcomes.items():
         if name == "50 MB message":
             assert code == 1009, (name, code)  # the transport refuses it unread: "message too big"
+            # protocol.md's close table: the reason names the frame's size and the limit
+            assert too_big_reason == [f"frame with {50 << 20} bytes exceeds limit of {1 << 20} bytes"], too_big_reason
             continue
         errors = [m for m in messages if m["type"] == "error"]
         assert len(errors) == 1 and errors[0]["reason"], (name, messages)

@@ -6,6 +6,7 @@ phrase-boost server tests)."""
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 
 import numpy as np
@@ -63,6 +64,25 @@ async def stream(
         await asyncio.gather(sender, return_exceptions=True)
         out.close_code = c.close_code
     return out
+
+
+HOP_S, FRAME_S = 0.01, 0.08  # a feature frame (the preprocessor's stride), an encoder frame (8 of them)
+
+
+def check_segment_times(finals: list[dict], duration_s: float) -> None:
+    """protocol.md (`segment`, `start_time`): each segment starts where the one before it ended,
+    at the end of the encoder frame the previous final's `audio_processed` falls in (that counts
+    10 ms feature frames, `start_time` 80 ms encoder frames). So the first final starts at 0, each
+    later one at the previous final's `audio_processed` rounded up to a whole encoder frame,
+    each final's `audio_processed` is at or after its start, and none is past the audio (rounded
+    up to a feature frame): the starts never go back. (A `force_final` before anything is decoded
+    closes a segment of length 0, so two starts can be equal.)"""
+    assert finals and finals[0]["start_time"] == 0.0, finals[:1]
+    for prev, f in zip(finals, finals[1:]):
+        frame_end = math.ceil(round(prev["audio_processed"] / FRAME_S, 6)) * FRAME_S  # 4.41 s -> 4.48 s
+        assert abs(f["start_time"] - frame_end) <= 1e-3, (prev, f)
+    for f in finals:
+        assert f["start_time"] <= f["audio_processed"] <= duration_s + HOP_S + 1e-3, (f, duration_s)
 
 
 def check_well_formed(t: Transcript) -> None:

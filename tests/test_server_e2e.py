@@ -26,7 +26,7 @@ from nemo_serve.client import stream_microphone
 from nemo_serve.oracle import oracle_transcribe
 
 from . import helpers
-from .helpers_e2e import check_well_formed, oracle_tokens, stream
+from .helpers_e2e import check_segment_times, check_well_formed, oracle_tokens, stream
 from .helpers_server import TEST_MODEL, TOKEN, as_model_input, encode, raw_session
 
 
@@ -72,6 +72,8 @@ def test_concurrent_staggered_streams_match_oracle(server, oracle_model):
         assert all(m.get("id") == f"s{i}" for m in t.messages)
         assert t.token_ids == oracle_tokens(oracle_model, w, rate), f"stream {i} ({enc} at {rate} Hz)"
     assert len(transcripts[1].finals) >= 2  # the forced final closed a segment
+    for t, audio in zip(transcripts, utts):
+        check_segment_times(t.finals, len(audio) / 16000)
     server.assert_no_leak()
 
 
@@ -265,6 +267,7 @@ def test_client_cli_prints_finals(server, tmp_path):
     reference = asyncio.run(stream(server.ws_url, wire, 16000, "pcm_s16le"))
     expected = [f"[{f['start_time']:7.2f}s] {f['text']}" for f in reference.finals if f["text"]]
     assert len(expected) >= 2, reference.finals
+    check_segment_times(reference.finals, duration_s)  # the times the client prints are where segments start
     assert out.stdout.splitlines() == expected, (out.stdout, expected)
     # Paced: the last packet leaves at the audio's end; the rest is start-up and the tail's decode.
     assert duration_s <= wall_s < duration_s + 10, (wall_s, duration_s)

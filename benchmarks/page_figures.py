@@ -31,6 +31,10 @@ it must equal a number of those files in some scale of time, size or percentage,
 (10 or less) needs a record that holds another figure of its row. The header row and each row's
 first cell (its label: `unseen sentences, 1120 ms`, `websockets 17.4`) are not read.
 
+The figures of one hand-written table row must all come from one record of its files, not one cell
+from the 64-stream run and another from the 128-stream run; a table whose rows span records (two
+files, a before and an after tree) says so on its mark with `span:` words (page_rows.py).
+
 A `#` comment in a fenced block is prose (`# 862 examples, 75 s wall`), each comment a sentence of
 its own; a fenced block is one paragraph, so a `figures: settings` mark above it covers its comments.
 
@@ -58,6 +62,7 @@ import math
 import re
 from pathlib import Path
 
+from benchmarks.page_rows import ROW_RULES_EXEMPT, SPAN, file_records, spans_of, unheld
 from benchmarks.performance_page_records import (is_count, is_small, level_backed, pair_backed, percent_numbers,
                                                  records as records_of, small_backed)
 
@@ -203,7 +208,7 @@ def figures(page: str, text: str, root: Path | None = None,
         sentence += 1 if line.startswith("|") or i in comments or not raw[i].strip() else 0
         mark = FIGURES_MARK.match(line.strip())
         if mark:
-            files = mark.group(1).split()
+            files = [w for w in mark.group(1).split() if not w.startswith(SPAN)]  # `span:` words: page_rows
             continue
         if not raw[i].strip() and i not in fence_lines:  # the page's blank line (a wrapped code span
             # leaves blank prose lines; a fenced block is one paragraph: a settings mark above it covers it)
@@ -316,6 +321,7 @@ def unbacked(root: Path, results: Path, pages: list[str]) -> list[str]:
     """'page:line: figure (why)' for every figure on the pages that no generated table or named file backs."""
     problems, cache = [], {}
     for page in pages:
+        named: set[tuple[int, str]] = set()  # (line, figure) named already: not named again as a row's
         found = figures(page, (root / page).read_text(), root, results)
         for line, fig, unit, files, sentence, said in found:
             where = f"{page}:{line}: {fig} {'(a table cell)' if unit == CELL else unit}".rstrip()
@@ -338,6 +344,44 @@ def unbacked(root: Path, results: Path, pages: list[str]) -> list[str]:
                     why = f"only in records of levels its sentence does not name ({', '.join(files)})"
             if why:
                 problems.append(f"{where} ({why})")
+                named.add((line, fig))
+        problems += _mixed_rows(page, (root / page).read_text(), [f for f in found if f[:2] not in named], results, cache)
+    return problems
+
+
+def row_spans(text: str) -> dict[int, set[str]]:
+    """line (1-based) of each table row -> what its paragraph's figures mark says its rows span."""
+    out, spans, fenced = {}, set(), False
+    for i, line in enumerate(text.split("\n")):
+        fenced = fenced != line.startswith("```")
+        if mark := FIGURES_MARK.match(line.strip()):
+            spans = spans_of(mark.group(1).split())
+        elif not line.strip() and not fenced:
+            spans = set()
+        elif line.startswith("|"):
+            out[i + 1] = spans
+    return out
+
+
+def _mixed_rows(page: str, text: str, found: list, results: Path, cache: dict) -> list[str]:
+    """'page:line: ...' for each hand-written table row whose figures no one record holds together
+    (page_rows.py: a record, and how a table says its rows span several)."""
+    spans, rows = row_spans(text), {}
+    for line, fig, unit, files, _, _ in found:
+        if line in spans and files and unit not in ROW_RULES_EXEMPT and not all(TEST_FILE.fullmatch(f) for f in files):
+            rows.setdefault((line, tuple(files)), []).extend(
+                (v, d, unit, fig) for v, d in _values(fig) if not math.isnan(v))
+    problems = []
+    for (line, files), items in rows.items():
+        if len(items) < 2 or any(not (results / f).is_file() for f in files):
+            continue  # one figure is one record; a missing file is named above
+        key = ("rows", files, frozenset(spans[line]))
+        recs = cache.get(key) or cache.setdefault(key, [r for f in files for r in file_records(results / f, spans[line])])
+        left = unheld([(v, d, u) for v, d, u, _ in items], recs, held)
+        if left:
+            figs = ", ".join(dict.fromkeys(items[k][3] for k in left))
+            problems.append(f"{page}:{line}: a table row ({figs} not held by the record that holds the rest of the row; "
+                            f"one record per row of {', '.join(files)}, or say `span:` on its figures mark)")
     return problems
 
 

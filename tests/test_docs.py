@@ -141,6 +141,28 @@ def test_a_figure_under_a_marker_must_equal_a_number_of_its_file(tmp_path):
     assert "no such result file" in page_figures.unbacked(tmp_path, results, ["docs/x.md"])[0]
 
 
+def test_a_table_row_takes_its_figures_from_one_record(tmp_path):
+    """loadgen_capacity_clients_w1_cpu.json: websockets at 100 streams, 124.4 µs per packet and p99
+    lateness 4.05 ms; at 200 streams 8.82 ms; picows at 100 streams 95.6 µs, at 200 74.4 µs. A row
+    whose cells come from two levels fails, though each cell is in the file; so does one that mixes
+    across a spanned field (`span:client`: one record per client, of one level)."""
+    page = tmp_path / "docs" / "x.md"
+    page.parent.mkdir()
+    table = "<!-- figures: loadgen_capacity_clients_w1_cpu.json{} -->\n| streams | CPU | p99 |\n|---|---|---|\n| 100 | {} | {} |\n"
+
+    def check(span: str, cpu: str, p99: str) -> list[str]:
+        page.write_text(table.format(span, cpu, p99))
+        return page_figures.unbacked(tmp_path, page_results.RESULTS, ["docs/x.md"])
+
+    assert check("", "124.4 µs", "4.05 ms") == []
+    mixed = check("", "124.4 µs", "8.82 ms")
+    assert len(mixed) == 1 and mixed[0].startswith("docs/x.md:4: a table row ("), mixed  # names 124.4 or 8.82
+    assert check("", "124.4 µs", "95.6 µs") != []  # two clients: two records, unless the table says it spans them
+    assert check(" span:client", "124.4 µs", "95.6 µs") == []
+    mixed = check(" span:client", "124.4 µs", "74.4 µs")  # picows at 200 streams beside websockets at 100
+    assert len(mixed) == 1 and "a table row" in mixed[0], mixed
+
+
 def test_what_is_not_a_measurement(tmp_path):
     """Code, chunk modes, limit lines and settings paragraphs are not figures; the same number in prose is."""
     page = tmp_path / "x.md"

@@ -3,7 +3,7 @@ a /ws or /v1/realtime client that stops answering pings is closed with 1011 "kee
 timeout" on --port (uvicorn), with 1001 and picows's reason on --fast-ws-port, and its slot comes
 back. The client is aiohttp's with `autoping=False`: a real client library whose pong is
 suppressed (websockets' clients always answer). A client that answers is left alone. One server,
-pings every 0.5 s with a 0.5 s timeout; every case runs at once."""
+pings every 1 s with a 1 s timeout; every case runs at once."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ aiohttp = pytest.importorskip("aiohttp")
 
 from .helpers_server import TOKEN, free_port, start_server  # noqa: E402
 
-PING_S = 0.5
+PING_S = 1.0  # not shorter: a loaded CI machine could hold back a pong (or its reading) that long
 ROUTES = {"/ws": {"type": "config"}, "/v1/realtime?intent=transcription": None}
 PICOWS_REASON = f"peer has not replied to ping/heartbeat request within {PING_S} second(s)"
 
@@ -26,7 +26,7 @@ PICOWS_REASON = f"peer has not replied to ping/heartbeat request within {PING_S}
 def pinging():
     pytest.importorskip("picows")
     port = free_port()
-    with start_server("--num-slots", "4", "--fast-ws-port", str(port), "--ping-interval-s", str(PING_S),
+    with start_server("--num-slots", "6", "--fast-ws-port", str(port), "--ping-interval-s", str(PING_S),
                       "--ping-timeout-s", str(PING_S)) as s:  # fmt: skip
         s.fast_url = f"ws://127.0.0.1:{port}"
         yield s
@@ -54,16 +54,16 @@ async def _session(url: str, first: dict | None, answer: bool, hold_s: float) ->
 def test_a_client_that_stops_answering_pings_is_closed(pinging):
     uvicorn_url = f"ws://127.0.0.1:{pinging.port}"
     cases = [(base, route, False) for base in (uvicorn_url, pinging.fast_url) for route in ROUTES]
-    cases.append((uvicorn_url, "/ws", True))  # answers: still open after several pings
+    cases += [(uvicorn_url, "/ws", True), (pinging.fast_url, "/ws", True)]  # answers: open after several pings
 
     async def scenario():
-        return await asyncio.gather(*(_session(base + route, ROUTES[route], answer, hold_s=4 * PING_S)
+        return await asyncio.gather(*(_session(base + route, ROUTES[route], answer, hold_s=3 * PING_S)
                                       for base, route, answer in cases))  # fmt: skip
 
     outcomes = dict(zip(cases, asyncio.run(scenario())))
     for (base, route, answer), (code, reason, pings, seconds) in outcomes.items():
         if answer:
-            assert code == 1000 and seconds >= 4 * PING_S, (route, code, reason, seconds)  # open until its `end`
+            assert code == 1000 and seconds >= 3 * PING_S, (route, code, reason, seconds)  # open until its `end`
             continue
         expected = (1011, "keepalive ping timeout") if base == uvicorn_url else (1001, PICOWS_REASON)
         assert (code, reason) == expected, (base, route, code, reason)

@@ -218,10 +218,12 @@ def as_model_input(wire: np.ndarray, rate: int, model_rate: int = 16000) -> np.n
 
 async def raw_session(
     url: str, first: list, *, token: str | None = TOKEN, timeout_s: float = 30.0, ssl_context=None,
-    reasons: list | None = None,
+    reasons: list | None = None, burst: bool = False,
 ) -> tuple[list[dict], int | None]:
     """Send `first` (str or bytes frames) on a raw socket; return every message and the close code
-    (and append the close reason to `reasons` when given)."""
+    (and append the close reason to `reasons` when given). `burst`: every frame in one write, so the
+    server has them all before it can answer the first (a frame after an end is read before the
+    stream's tail is decoded, however loaded the machine)."""
     from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed
 
@@ -230,7 +232,12 @@ async def raw_session(
     messages: list[dict] = []
     async with connect(url, additional_headers=headers, max_size=None, compression=None, **extra) as ws:
         try:
-            for frame in first:
+            if burst:
+                from benchmarks.raw_ws import frame as raw_frame
+
+                ws.transport.write(b"".join(raw_frame(f.encode(), 0x1) if isinstance(f, str) else raw_frame(f, 0x2)
+                                            for f in first))  # fmt: skip
+            for frame in [] if burst else first:
                 await ws.send(frame)
         except ConnectionClosed:
             pass

@@ -150,8 +150,9 @@ def test_malformed_input_fails_only_that_stream(server, oracle_model):
 
 def test_after_end_of_input_audio_config_or_end_is_an_error_and_force_final_is_ignored(server):
     """docs/protocol.md, end of input: "Audio, a config or a second end after it is an error; a
-    `force_final` is ignored." Each frame follows the end in the same burst, so it is read before
-    the stream's tail is decoded."""
+    `force_final` is ignored." Each frame follows the end in the same write, so it is read before
+    the stream's tail is decoded (sent one `send` at a time, a loaded machine had decoded the tail
+    and closed with 1000 before the audio after the end came in)."""
     audio = helpers.utterances(1, seed=8)[0][: 16000 * 2]
     cfg, end = json.dumps({"type": "config"}), json.dumps({"type": "end"})
     head = [cfg, audio.astype("<f4").tobytes(), end]
@@ -163,7 +164,7 @@ def test_after_end_of_input_audio_config_or_end_is_an_error_and_force_final_is_i
     }
 
     async def session(frames: list) -> tuple[list[dict], int | None]:
-        out = await raw_session(server.ws_url, frames)
+        out = await raw_session(server.ws_url, frames, burst=True)
         await asyncio.to_thread(server.wait_open_streams, 0)  # its slot is back before the next one
         return out
 

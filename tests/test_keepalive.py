@@ -2,14 +2,17 @@
 a /ws or /v1/realtime client that stops answering pings is closed with 1011 "keepalive ping
 timeout" on --port (uvicorn), with 1001 and picows's reason on --fast-ws-port, and its slot comes
 back. The client is aiohttp's with `autoping=False`: a real client library whose pong is
-suppressed (websockets' clients always answer). A client that answers is left alone. One server,
+suppressed (websockets' clients always answer). A client that answers is left alone, and on --fast-ws-port so is one that keeps sending. One server,
 pings every 1 s with a 1 s timeout; every case runs at once."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
+
+import numpy as np
 
 import pytest
 
@@ -26,47 +29,66 @@ PICOWS_REASON = f"peer has not replied to ping/heartbeat request within {PING_S}
 def pinging():
     pytest.importorskip("picows")
     port = free_port()
-    with start_server("--num-slots", "6", "--fast-ws-port", str(port), "--ping-interval-s", str(PING_S),
+    with start_server("--num-slots", "8", "--fast-ws-port", str(port), "--ping-interval-s", str(PING_S),
                       "--ping-timeout-s", str(PING_S)) as s:  # fmt: skip
         s.fast_url = f"ws://127.0.0.1:{port}"
         yield s
 
 
-async def _session(url: str, first: dict | None, answer: bool, hold_s: float) -> tuple[int | None, str, int, float]:
+SILENT, ANSWERS, SENDS = "silent", "answers", "sends"  # what a client does besides reading
+PACKET = np.zeros(4000, "<f4").tobytes()  # 0.25 s of silence at 16 kHz (the config's defaults)
+
+
+async def _session(url: str, first: dict | None, does: str, hold_s: float) -> tuple[int | None, str, int, float]:
     """(close code, close reason, pings seen, seconds to the close) of a client that reads every
-    message but, with answer=False, never sends a pong; with answer=True (aiohttp's pongs on), one
-    that ends its stream (`end`) after `hold_s`, several ping periods: the server's 1000."""
+    message and, SILENT, sends nothing more and no pong; ANSWERS, has aiohttp's pongs on and ends
+    its stream (`end`) after `hold_s`, several ping periods (the server's 1000); SENDS, sends no
+    pong but audio every 0.25 s for `hold_s`, then `end`."""
     async with aiohttp.ClientSession() as http:
-        ws = await http.ws_connect(url, autoping=answer, headers={"Authorization": f"Bearer {TOKEN}"})
+        ws = await http.ws_connect(url, autoping=does == ANSWERS, headers={"Authorization": f"Bearer {TOKEN}"})
         if first is not None:
             await ws.send_str(json.dumps(first))
         t0, pings = time.monotonic(), 0
-        if answer:
-            asyncio.get_running_loop().call_later(hold_s, asyncio.ensure_future, ws.send_str('{"type": "end"}'))
+
+        async def send() -> None:
+            with contextlib.suppress(ConnectionError):  # closed under it: the reader says how
+                while does == SENDS and time.monotonic() - t0 < hold_s:
+                    await ws.send_bytes(PACKET)
+                    await asyncio.sleep(0.25)
+                if does != SILENT:
+                    await asyncio.sleep(max(0.0, hold_s - (time.monotonic() - t0)))
+                    await ws.send_str('{"type": "end"}')
+
+        sender = asyncio.create_task(send())
         while True:
             m = await ws.receive(timeout=15)
             if m.type == aiohttp.WSMsgType.PING:
                 pings += 1  # not answered: autoping=False hands it here instead of sending the pong
             elif m.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.CLOSING):
+                sender.cancel()
                 return ws.close_code, m.extra or "", pings, time.monotonic() - t0
 
 
 def test_a_client_that_stops_answering_pings_is_closed(pinging):
+    """uvicorn pings every interval, picows only after an interval with nothing received: a client
+    that sends audio but no pong is closed on --port and left alone on --fast-ws-port."""
     uvicorn_url = f"ws://127.0.0.1:{pinging.port}"
-    cases = [(base, route, False) for base in (uvicorn_url, pinging.fast_url) for route in ROUTES]
-    cases += [(uvicorn_url, "/ws", True), (pinging.fast_url, "/ws", True)]  # answers: open after several pings
+    cases = [(base, route, SILENT) for base in (uvicorn_url, pinging.fast_url) for route in ROUTES]
+    cases += [(base, "/ws", does) for base in (uvicorn_url, pinging.fast_url) for does in (ANSWERS, SENDS)]
 
     async def scenario():
-        return await asyncio.gather(*(_session(base + route, ROUTES[route], answer, hold_s=3 * PING_S)
-                                      for base, route, answer in cases))  # fmt: skip
+        return await asyncio.gather(*(_session(base + route, ROUTES[route], does, hold_s=3 * PING_S)
+                                      for base, route, does in cases))  # fmt: skip
 
     outcomes = dict(zip(cases, asyncio.run(scenario())))
-    for (base, route, answer), (code, reason, pings, seconds) in outcomes.items():
-        if answer:
-            assert code == 1000 and seconds >= 3 * PING_S, (route, code, reason, seconds)  # open until its `end`
+    for (base, route, does), (code, reason, pings, seconds) in outcomes.items():
+        if does == ANSWERS or (does == SENDS and base == pinging.fast_url):
+            # open until its `end`; picows never pinged the client that kept sending
+            assert code == 1000 and seconds >= 3 * PING_S, (base, does, code, reason, seconds)
+            assert does == ANSWERS or pings == 0, (base, does, pings)
             continue
         expected = (1011, "keepalive ping timeout") if base == uvicorn_url else (1001, PICOWS_REASON)
-        assert (code, reason) == expected, (base, route, code, reason)
-        assert pings == 1 and seconds < 10 * PING_S, (base, route, pings, seconds)
+        assert (code, reason) == expected, (base, route, does, code, reason)
+        assert pings == 1 and seconds < 10 * PING_S, (base, route, does, pings, seconds)
     pinging.wait_open_streams(0)
     pinging.assert_no_leak()

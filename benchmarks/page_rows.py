@@ -13,9 +13,13 @@ nor differences in points, which have their own rules) must all be held by ONE r
 A table whose rows are meant to span records says so on its figures mark, naming what a row spans:
 
     <!-- figures: a.json b.json span:files -->   one record of each file (a row's columns: files)
+    <!-- figures: a.json span:tree -->           one record per value of the field `tree`
     <!-- figures: a.json span:trees -->          one record under each element of every `trees` list
 
-With `span:files` and `span:KEY` together, one record per file and per element of the KEY lists.
+and the records a row takes must still be of one thing: no load level (LEVEL_KEYS), setting
+(IDENTITY_KEYS: `chunk_ms`, `batch`, ...) or label (a text field below the file's own run fields)
+with two values, but what is spanned. A field is the tighter span: the elements of a spanned list
+may differ in their labels and settings; the objects holding a spanned field, in their labels only.
 Whatever a row does not declare it spans, it takes from one record; a row that mixes is named.
 """
 
@@ -32,6 +36,7 @@ from benchmarks.performance_page_records import LEVEL_KEYS, NUMBER, PERCENT_KEY
 SPAN = "span:"
 ROW_RULES_EXEMPT = ("", "point", "points")  # counts (pair_backed, tests) and differences in points
 MAX_PICKS = 100_000
+IDENTITY_KEYS = {"chunk_ms", "context_right", "batch", "batch_size", "frontends", "workers", "mode", "chunk"}
 
 
 def spans_of(mark_words: list[str]) -> set[str]:
@@ -59,21 +64,39 @@ def _own(x, key: str = "") -> list[float]:
     return []
 
 
-def _records(x, spans: set[str], context: list[float], group: tuple, levels: tuple) -> list[tuple]:
-    """(group, numbers, levels) of each record under `x`: group names the elements of spanned lists
-    and the values of spanned fields on its path; levels, the load level fields on it (LEVEL_KEYS)."""
+def _identity(x: dict, spans: set[str], top: bool, spanned_element: bool) -> tuple:
+    """What a record is of, from one object on its path: its load level fields (LEVEL_KEYS, at any
+    depth); below the file's own fields (its run's date, commit, command), the settings that name a
+    configuration (IDENTITY_KEYS: `chunk_ms`, `batch`, ...); and its labels (text fields), but in
+    the elements of a spanned list or the object that holds a spanned field, whose labels differ by
+    design (`tree_path`). A spanned field names no identity."""
+    out, spanned_element = [], spanned_element or any(k in spans for k in x)  # holds the spanned field
+    for k, v in x.items():
+        if k in spans or isinstance(v, bool):
+            continue
+        if (k in LEVEL_KEYS or (k in IDENTITY_KEYS and not top)) and isinstance(v, (int, float)):
+            out.append((k, v))
+        elif not top and not spanned_element and isinstance(v, str):
+            out.append((k, v))
+    return tuple(out)
+
+
+def _records(x, spans: set[str], context: list[float], group: tuple, identity: tuple, top: bool = True,
+             spanned_element: bool = False) -> list[tuple]:
+    """(group, numbers, identity) of each record under `x`: group names the elements of spanned
+    lists and the values of spanned fields on its path; identity, what the record is of (_identity)."""
     if not isinstance(x, dict):
         return []
     here = context + _own(x)
     group += tuple((k, v) for k, v in x.items() if k in spans and isinstance(v, (str, int, float)))
-    levels += tuple((k, v) for k, v in x.items() if k in LEVEL_KEYS and isinstance(v, (int, float)))
-    out = [(group, here, levels)]
+    identity += _identity(x, spans, top, spanned_element)
+    out = [(group, here, identity)]
     for k, v in x.items():
         if _is_object_list(v):
             for i, e in enumerate(v):
-                out += _records(e, spans, here, group + ((k, i),) if k in spans else group, levels)
+                out += _records(e, spans, here, group + ((k, i),) if k in spans else group, identity, False, k in spans)
         elif isinstance(v, dict):
-            out += _records(v, spans, here, group, levels)[1:]  # its own numbers are in `here` already
+            out += _records(v, spans, here, group, identity, top)[1:]  # its own numbers are in `here` already
     return out
 
 
@@ -83,21 +106,21 @@ def file_records(path: Path, spans: set[str]) -> list[tuple[tuple, list[float]]]
         return _records(json.loads(path.read_text()), spans, [], group, ())
     if path.suffix == ".jsonl":
         lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        return [r for rec in lines for r in _records(rec, spans, [], group, ())]
+        return [r for rec in lines for r in _records(rec, spans, [], group, (), top=False)]
     return [(group, [float(n.replace(",", "")) for n in re.findall(NUMBER, line)], ())
             for line in path.read_text().splitlines()]
 
 
 def _agree(pick: tuple) -> bool:
-    """Whether the chosen records are of one load level: no level field with two values."""
+    """Whether the chosen records are of one thing: no level, label or setting with two values."""
     seen: dict[str, float] = {}
     return all(seen.setdefault(k, v) == v for _, levels in pick for k, v in levels)
 
 
 def unheld(items: list[tuple[float, int, str]], recs: list[tuple], held) -> list[int]:
     """The indices of the row's figures that no allowed choice of records holds with the rest: []
-    when one record per group (one group unless the table spans some), all of one load level,
-    holds every one of them. `items`: (value, decimals, unit); `held(value, decimals, unit,
+    when one record per group (one group unless the table spans some), all of one level, label and
+    setting but what is spanned, holds every one of them. `items`: (value, decimals, unit); `held(value, decimals, unit,
     numbers)` as page_figures'."""
     groups: dict[tuple, set[tuple]] = {}
     for group, numbers, levels in recs:

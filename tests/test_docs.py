@@ -163,6 +163,22 @@ def test_a_table_row_takes_its_figures_from_one_record(tmp_path):
     assert len(mixed) == 1 and "a table row" in mixed[0], mixed
 
 
+def test_a_row_spanning_a_field_takes_one_setting_of_the_rest(tmp_path):
+    """confidence_engine_demo_cpu.json, a row per chunk mode and a column per batch (`span:batch`):
+    batch 16 at 80 ms fits beside batch 1 at 80 ms; batch 16 at 1120 ms does not (another `chunk_ms`)."""
+    page = tmp_path / "docs" / "x.md"
+    page.parent.mkdir()
+    table = ("<!-- figures: confidence_engine_demo_cpu.json span:batch -->\n| | batch 1 | batch 16 |\n|---|---|---|\n"
+             "| demo, 80 ms | +0.10 ms (+1.7%) of 5.8 ms | {} |\n")
+
+    def check(cell: str) -> list[str]:
+        page.write_text(table.format(cell))
+        return page_figures.unbacked(tmp_path, page_results.RESULTS, ["docs/x.md"])
+
+    assert check("+0.20 ms (+1.0%) of 20.1 ms") == []
+    assert [p.split(" (")[0] for p in check("within noise (-0.1%) of 76 ms")] == ["docs/x.md:4: a table row"]
+
+
 def test_what_is_not_a_measurement(tmp_path):
     """Code, chunk modes, limit lines and settings paragraphs are not figures; the same number in prose is."""
     page = tmp_path / "x.md"

@@ -87,6 +87,9 @@ class H2Stream:
         self.closed = False  # trailers or RST_STREAM sent: nothing more goes out
         self.task: asyncio.Task | None = None  # the handler (fast_grpc.py)
         self.refusal: tuple[int, str] | None = None  # (grpc status, message): the call is ended for this
+        # A message that finds the handler parked in `read` (the inbox empty) goes to take(message)
+        # first, in data_received: True, handled (no task wake-up); False, to the inbox as before.
+        self.take = None
 
     # ------------------------------------------------------------------ in (the connection calls)
     def data(self, payload, n: int, end: bool) -> None:
@@ -124,6 +127,9 @@ class H2Stream:
             self._credit()
 
     def _deliver(self, message: bytes) -> None:
+        waiter = self.waiter
+        if self.take is not None and waiter is not None and not waiter.done() and not self.inbox and self.take(message):
+            return
         self.inbox.append(message)
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result(None)

@@ -82,6 +82,10 @@ def make_plan(num_streams: int, num_packets: int, packet_s: float = PACKET_SAMPL
 def packet_frames(audio: np.ndarray, protocol: str, num_packets: int) -> list[bytes]:
     """One item's masked client frames of PACKET_SAMPLES each: float32 binary on /ws (the load
     generator's encoding), the `input_audio_buffer.append` JSON (base64 PCM16) on /v1/realtime."""
+    if protocol == "grpc":  # Riva StreamingRecognize: HTTP/2 DATA frames (blast_grpc.py)
+        from benchmarks import blast_grpc
+
+        return blast_grpc.packet_frames(audio, num_packets, PACKET_SAMPLES)
     parts = [audio[k * PACKET_SAMPLES : (k + 1) * PACKET_SAMPLES] for k in range(num_packets)]
     if protocol == "realtime":
         return [frame(append_message(as_pcm16(p)).encode(), 0x1) for p in parts]
@@ -164,6 +168,10 @@ def open_stream(port: int, protocol: str, worker: int, item: LoadItem,
                 context_right: int | None) -> tuple[socket.socket | None, StreamRecord, bytes]:  # fmt: skip
     """One stream opened; (non-blocking socket or None if refused, its record, bytes already
     read past the opening)."""
+    if protocol == "grpc":
+        from benchmarks import blast_grpc
+
+        return blast_grpc.open_stream(port, worker, item, _SHARED.get("chunk_ms"))
     rec = StreamRecord(worker, item.item_id, len(item.audio) / SAMPLE_RATE, opened=time.time())
     try:
         if protocol == "realtime":
@@ -244,14 +252,14 @@ class Pacer:
     def finish(self, tail_s: float) -> Sent:
         """Each stream's end message (/ws `end`, /v1/realtime one commit), then its messages until
         it is done (the server's `done` or `completed`), at most `tail_s`."""
-        end = frame((COMMIT_MESSAGE if self.protocol == "realtime" else END_MESSAGE).encode(), 0x1)
+        end = end_frame(self.protocol)
         for i, s in enumerate(self.socks):
             if s is not None:
                 self.slow.setdefault(i, bytearray()).extend(end)
         self._flush_slow(-1, -1)
         now = time.time()
         self.sent.end_sent = {i: now for i, s in enumerate(self.socks) if s is not None}
-        marker, deadline = DONE_MARKERS[self.protocol], time.time() + tail_s
+        marker, deadline = done_marker(self.protocol), time.time() + tail_s
         open_ = {i for i, s in enumerate(self.socks) if s is not None}
         seen = 0
         while open_ - self.sent.finished and time.time() < deadline:
@@ -308,6 +316,23 @@ class Pacer:
                 del queued[:n]
 
 
+def end_frame(protocol: str) -> bytes:
+    """A stream's end of input: /ws `end`, /v1/realtime one commit, gRPC the client's END_STREAM."""
+    if protocol == "grpc":
+        from benchmarks import blast_grpc
+
+        return blast_grpc.END_FRAME
+    return frame((COMMIT_MESSAGE if protocol == "realtime" else END_MESSAGE).encode(), 0x1)
+
+
+def done_marker(protocol: str) -> bytes:
+    if protocol == "grpc":
+        from benchmarks import blast_grpc
+
+        return blast_grpc.DONE_MARKER
+    return DONE_MARKERS[protocol]
+
+
 # ----------------------------------------------------------------------------- one level
 
 
@@ -329,6 +354,12 @@ def fill_records(recs: list[StreamRecord], sent: Sent, plan: Plan, t0: float, pr
     chunks: dict[int, list[tuple[float, bytes]]] = {i: [(t0, b)] for i, b in enumerate(leftovers) if b}
     for t, i, data in sent.received:
         chunks.setdefault(i, []).append((t, data))
+    if protocol == "grpc":
+        from benchmarks import blast_grpc
+
+        for i, parts in chunks.items():
+            blast_grpc.read_stream(recs[i], parts)
+        chunks = {}
     read = read_realtime_message if protocol == "realtime" else read_ws_message
     for i, parts in chunks.items():
         buf = b""
@@ -397,14 +428,16 @@ def _pace_lanes(index: int, lanes: list[int], port: int, protocol: str, num_pack
 def measure_level_blast(port: int, protocol: str, items: list[LoadItem], num_streams: int, num_packets: int, *,
                         num_workers: int = 1, context_right: int | None = None, max_drift: float = 20.0,
                         max_send_lateness_ms: float = 10.0, tail_s: float = 30.0,
-                        realtime: bool = False, on_start=lambda t0: None) -> tuple[dict, LevelRun]:  # fmt: skip
+                        realtime: bool = False, on_start=lambda t0: None,
+                        chunk_ms: float | None = None) -> tuple[dict, LevelRun]:  # fmt: skip
     """One level through the blast sender, summarised and judged as load_workers.measure_level
-    does; `on_start(t0)` is called in this process with the pacing's start time. A send the kernel
+    does; `on_start(t0)` is called in this process with the pacing's start time; `chunk_ms`: the
+    served mode's chunk (gRPC only: Riva's calls are not told it, /ws's `ready` says it). A send the kernel
     did not take whole makes a level that passed `server_behind`: the front end stopped reading."""
     num_workers = max(1, min(num_workers, num_streams))
     ensure_fd_limit(-(-num_streams // num_workers))
     ctx = mp.get_context("fork")  # the children inherit the items and the frames' inputs
-    _SHARED.update(items=items, realtime=realtime, barrier=ctx.Barrier(num_workers + 1, timeout=600), start=ctx.Value("d", 0.0))
+    _SHARED.update(items=items, realtime=realtime, chunk_ms=chunk_ms, barrier=ctx.Barrier(num_workers + 1, timeout=600), start=ctx.Value("d", 0.0))
     out = ctx.SimpleQueue()
     procs = [ctx.Process(target=_worker, args=(w, list(range(w, num_streams, num_workers)), port, protocol,
                                                num_packets, context_right, tail_s, out))

@@ -28,6 +28,9 @@ PATHS = {  # name: (protocol, encoding, packet_s, input rate)
 # --fast-ws: each WebSocket path again through --fast-ws-port (server/picows_listener.py), same packets
 FAST = "_fast"
 PATHS.update({name + FAST: spec for name, spec in PATHS.items() if spec[0] != "grpc"})
+# --fast-grpc: each gRPC path again through --fast-grpc-port (server/fast_grpc.py), same requests
+FAST_GRPC = "_fastgrpc"
+PATHS.update({name + FAST_GRPC: spec for name, spec in PATHS.items() if spec[0] == "grpc"})
 
 
 # ----------------------------------------------------------------------------- packets

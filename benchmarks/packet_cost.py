@@ -13,6 +13,7 @@ the packets sent is the figure: every result message that came back in the windo
   realtime_24k_20ms_novad    the same with turn_detection null (NIM's flow)
   grpc_100ms / grpc_20ms     Riva StreamingRecognize, audio_content PCM16 at 16 kHz, interim results
   *_fast                     (--fast-ws) a WebSocket path through --fast-ws-port: picows, not uvicorn
+  *_fastgrpc                 (--fast-grpc) a gRPC path through --fast-grpc-port: our HTTP/2, not grpc.aio
 
 With --profile each path runs a second time under py-spy (sampling, --nonblocking: the front end
 is never stopped) and the samples are sorted two ways: by phase (which task of the front end was
@@ -46,7 +47,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import run_record, write_json  # noqa: E402
 from benchmarks.frontend_bench import Server  # noqa: E402
-from benchmarks.packet_clients import FAST, PATHS, RATE, open_streams, speech, wire_packets  # noqa: E402
+from benchmarks.packet_clients import FAST, FAST_GRPC, PATHS, RATE, open_streams, speech, wire_packets  # noqa: E402
 from benchmarks.raw_ws import send_spread  # noqa: E402
 from benchmarks.server_process import cpu_s, free_port  # noqa: E402
 from benchmarks.packet_profile import categorize, plot  # noqa: E402
@@ -90,6 +91,9 @@ class Target:
         self.label, self.tree, self.grpc_port = label, tree, free_port()
         self.fast_port = free_port() if args.fast_ws else None
         fast_args = ("--fast-ws-port", str(self.fast_port)) if args.fast_ws else ()
+        fast_grpc = getattr(args, "fast_grpc", False)  # frontend_gc.py's args have none
+        self.fast_grpc_port = free_port() if fast_grpc else None
+        fast_args += ("--fast-grpc-port", str(self.fast_grpc_port)) if fast_grpc else ()
         # The server's processes import nemo_serve from `tree` (a copy of another commit: the
         # "before" of a before/after pair, run side by side with this one): `python -m` puts its
         # working directory first on sys.path, so the server runs there, PYTHONPATH as well.
@@ -120,7 +124,8 @@ def measure(path: str, t: Target, args, idle_cores: float, x_by_rate: dict) -> d
     packets = wire_packets(path, x_by_rate)
     n = args.streams * len(t.fe_pids)
     port = t.fast_port if path.endswith(FAST) else t.server.port
-    r = asyncio.run(paced(path, (port, t.grpc_port), n, args.seconds, packets, t.fe_pids, core_pids=t.core_pids))
+    grpc_port = t.fast_grpc_port if path.endswith(FAST_GRPC) else t.grpc_port
+    r = asyncio.run(paced(path, (port, grpc_port), n, args.seconds, packets, t.fe_pids, core_pids=t.core_pids))
     deadline = time.time() + 60  # the closed streams' slots back before the next run opens its own
     while time.time() < deadline:
         try:
@@ -226,6 +231,7 @@ def main() -> None:
                    help="an environment variable for that tree's server (repeatable)")
     p.add_argument("--repeats", type=int, default=1, help="runs of each path on each tree (the median is kept)")
     p.add_argument("--fast-ws", action="store_true", help="start the server with --fast-ws-port (the *_fast paths)")
+    p.add_argument("--fast-grpc", action="store_true", help="start the server with --fast-grpc-port (the *_fastgrpc paths)")
     p.add_argument("--notes", default=None)
     p.add_argument("--out", default=None)
     args = p.parse_args()

@@ -41,12 +41,16 @@ this session's processes the CPU ahead of the other sessions' (see set_autogroup
 
 Paths: ws_uvicorn (/ws through --port), ws_picows (/ws through --fast-ws-port), realtime_picows
 (/v1/realtime `input_audio_buffer.append`, base64 PCM16 in JSON, through --fast-ws-port; the load
-generator's realtime streams are 16 kHz: no resampling, unlike packet_cost.py's 24 kHz path).
+generator's realtime streams are 16 kHz: no resampling, unlike packet_cost.py's 24 kHz path);
+with `--client blast` only, grpc_fastgrpc and grpc_aio (Riva StreamingRecognize, 20 ms PCM16 per
+request, interim results, through --fast-grpc-port and --grpc-port: benchmarks/blast_grpc.py, one
+connection per stream; their oracle is /ws's final words, Riva's results carrying no token ids).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import subprocess
 import sys
@@ -75,6 +79,9 @@ PATHS = {
     "ws_uvicorn": ("ws", "uvicorn", "/ws"),
     "ws_picows": ("ws", "picows", "/ws"),
     "realtime_picows": ("realtime", "picows", "/v1/realtime"),
+    # Riva StreamingRecognize, PCM16 (blast only: benchmarks/blast_grpc.py): our HTTP/2, grpc.aio
+    "grpc_fastgrpc": ("grpc", "fastgrpc", "StreamingRecognize"),
+    "grpc_aio": ("grpc", "grpcaio", "StreamingRecognize"),
 }
 
 
@@ -111,7 +118,7 @@ def unread_bytes(port: int) -> int:
 
 def measure(server: Server, fe_pids: list[int], idle_cores: float, path: str, n: int, args) -> dict:
     protocol, listener, route = PATHS[path]
-    port = server.fast_port if listener == "picows" else server.port
+    port = {"picows": server.fast_port, "fastgrpc": server.fast_grpc_port, "grpcaio": server.grpc_port}.get(listener, server.port)
     box: dict = {}
     threads: list[threading.Thread] = []
 
@@ -121,10 +128,13 @@ def measure(server: Server, fe_pids: list[int], idle_cores: float, path: str, n:
         threads[0].start()
 
     if args.client == "blast":
-        level, run = blast.measure_level_blast(port, protocol, args.blast_items, n, args.blast_packets,
+        items = args.blast_items
+        if protocol == "grpc":  # Riva's finals carry text: the oracle is /ws's final words (blast_items)
+            items = [dataclasses.replace(it, oracle=args.blast_words.get(it.item_id)) for it in items]
+        level, run = blast.measure_level_blast(port, protocol, items, n, args.blast_packets,
                                                num_workers=args.workers, context_right=args.context_right,
                                                max_send_lateness_ms=args.max_lateness_ms, realtime=args.sender_fifo,
-                                               on_start=start_window)  # fmt: skip
+                                               on_start=start_window, chunk_ms=args.chunk_ms)  # fmt: skip
     else:
         duration_s = args.ramp_s + args.settle_s + args.window_s
         items = make_items("synth", 8, seconds=(duration_s + 3, duration_s + 5))  # longer than the run: one item per lane
@@ -226,14 +236,17 @@ def main() -> None:
     args = p.parse_args()
     load_picows.WS_PACKET_MS = PACKET_MS  # before the workers fork
     one = np.zeros(blast.PACKET_SAMPLES, np.float32)  # a frame's length: the same for every packet of a protocol
-    args.packet_bytes = {proto: len(blast.packet_frames(one, proto, 1)[0]) for proto in ("ws", "realtime")}
+    grpc = any(PATHS[p][0] == "grpc" for p in args.paths.split(","))
+    protocols = ("ws", "realtime", "grpc") if grpc else ("ws", "realtime")
+    args.packet_bytes = {proto: len(blast.packet_frames(one, proto, 1)[0]) for proto in protocols}
     record = run_record() | {"notes": args.notes, "autogroup": set_autogroup_nice(args.autogroup_nice)}  # at the start: the code that runs, not what is there at the end
     levels = [int(n) for n in args.streams.split(",")]
-    fast_port = free_port()
+    fast_port, grpc_ports = free_port(), (free_port(), free_port()) if grpc else (None, None)
     log_path = Path(tempfile.gettempdir()) / "packet_cost_streams.server.log"  # not a result: not beside --out
+    grpc_args = ("--grpc-port", str(grpc_ports[0]), "--fast-grpc-port", str(grpc_ports[1])) if grpc else ()
     server = Server(args.model, args.context_right, 1, max(levels) + 16, log_path,
-                    extra_args=("--fast-ws-port", str(fast_port)))  # fmt: skip
-    server.fast_port = fast_port
+                    extra_args=("--fast-ws-port", str(fast_port), *grpc_args))  # fmt: skip
+    server.fast_port, (server.grpc_port, server.fast_grpc_port) = fast_port, grpc_ports
     rows = []
     try:
         server.wait_ready()
@@ -254,7 +267,7 @@ def main() -> None:
                     write_json(args.out, {"run": record, "model": args.model, "context_right": args.context_right,
                                           "packet_ms": PACKET_MS, "target_us_per_packet": 25,
                                           "idle_frontend_cores": round(idle, 4), "rows": rows, "reference": reference,
-                                          "settings": {k: v for k, v in vars(args).items() if k not in ("notes", "out", "blast_items", "packet_bytes")}})  # fmt: skip
+                                          "settings": {k: v for k, v in vars(args).items() if k not in ("notes", "out", "blast_items", "packet_bytes", "blast_words")}})  # fmt: skip
                 wait_streams_closed(server)
     finally:
         server.stop()
@@ -275,6 +288,9 @@ def blast_items(server: Server, args) -> dict:
     by_item = {r.item_id: r.token_ids for r in run.records if r.error is None}
     for it in items:
         it.oracle = by_item.get(it.item_id)
+    # gRPC's oracle: the same finals' words (Riva's results carry text, no token ids); its chunk
+    args.blast_words = {r.item_id: " ".join(f["text"] for f in r.finals).split() for r in run.records if r.error is None}
+    args.chunk_ms = run.chunk_ms
     print(f"reference: {len(by_item)} items, {sum(map(len, by_item.values()))} tokens, {level['verdict']}", flush=True)
     return {"streams": len(items), "verdict": level["verdict"], "tokens_per_item": {k: len(v) for k, v in by_item.items()},
             "seconds_per_item": num_packets * PACKET_MS / 1000}  # fmt: skip

@@ -17,6 +17,7 @@ from collections import Counter
 PHASES = (  # (function, file substring) -> phase; the first match from the leaf up wins
     (("data_received", "protocols/"), "packet in: transport + WebSocket frames"),
     (("on_ws_frame", "picows_listener.py"), "packet in: transport + WebSocket frames"),
+    (("data_received", "grpc_h2.py"), "packet in: transport + HTTP/2 frames"),
     (("_receive_loop", "ws_socket.py"), "packet in: session, decode, ring write"),
     (("_receive", "riva_grpc.py"), "packet in: session, decode, ring write"),
     (("_read", "riva_grpc.py"), "packet in: session, decode, ring write"),
@@ -32,6 +33,9 @@ OTHER_PHASE = "event loop, timers, other"
 COMPONENTS = (  # file substring -> component; the innermost frame that matches one wins
     ("websockets/", "WebSocket frames (websockets)"),
     ("picows", "WebSocket frames (picows)"),
+    ("server/grpc_h2.py", "HTTP/2 frames (grpc_h2)"),
+    ("server/fast_grpc.py", "HTTP/2 frames (grpc_h2)"),
+    ("hpack/", "HTTP/2 frames (grpc_h2)"),
     ("uvicorn/", "ASGI + uvicorn"),
     ("starlette/", "ASGI + uvicorn"),
     ("httptools", "ASGI + uvicorn"),

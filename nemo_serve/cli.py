@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--fast-ws-port", type=int,
                    help="also serve the streaming routes (/ws, /, /v1/realtime) on this port through picows, "
                    "less CPU per packet than --port's uvicorn (default: off; needs picows)")
+    n.add_argument("--fast-grpc-port", type=int,
+                   help="also serve the Riva gRPC API on this port through the server's own HTTP/2, less "
+                   "CPU per packet than --grpc-port's grpc.aio (default: off; needs hpack)")
     n.add_argument("--ssl-certfile", help="TLS certificate (PEM): serves https:// and wss://")
     n.add_argument("--ssl-keyfile", help="TLS private key (PEM)")
     n.add_argument("--auth-token", help="require this bearer token (better: NEMO_SERVE_AUTH_TOKEN)")
@@ -150,7 +153,7 @@ def _serve(settings: Settings) -> int:
     process imports no NeMo: a plain exit is quick."""
     from .core.supervisor import default_frontends, run_server
 
-    if settings.grpc_port is not None:  # one line now, not a front end failing at start-up
+    if settings.grpc_port is not None or settings.fast_grpc_port is not None:  # one line now, not a front end failing at start-up
         from .server.riva_protos import RivaProtosMissing, load
 
         try:

@@ -60,6 +60,8 @@ class Settings(BaseModel):
     grpc_port: Annotated[int, Field(ge=0, le=65535)] | None = None
     # the streaming routes again on picows (server/picows_listener.py), same host and TLS; None: off
     fast_ws_port: Annotated[int, Field(ge=0, le=65535)] | None = None
+    # the Riva gRPC service again on our own HTTP/2 (server/fast_grpc.py), same host, TLS, token; None: off
+    fast_grpc_port: Annotated[int, Field(ge=0, le=65535)] | None = None
     ssl_certfile: Path | None = None
     ssl_keyfile: Path | None = None
     auth_token: Annotated[str, Field(min_length=1)] | None = None
@@ -149,6 +151,8 @@ class Settings(BaseModel):
             raise ValueError(f"--grpc-port {self.grpc_port} is --port's too; give it a port of its own")
         if self.fast_ws_port is not None and self.fast_ws_port in (self.port, self.grpc_port) and self.fast_ws_port:
             raise ValueError(f"--fast-ws-port {self.fast_ws_port} is taken by --port or --grpc-port")
+        if self.fast_grpc_port and self.fast_grpc_port in (self.port, self.grpc_port, self.fast_ws_port):
+            raise ValueError(f"--fast-grpc-port {self.fast_grpc_port} is taken by --port, --grpc-port or --fast-ws-port")
         return self
 
     def device_list(self) -> list[str]:

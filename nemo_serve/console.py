@@ -21,6 +21,8 @@ def print_urls(s: Settings, port: int | None = None) -> None:
     )
     if s.grpc_port is not None:
         print(f"riva gRPC {host}:{s.grpc_port}{' (TLS)' if s.tls else ''}", flush=True)
+    if s.fast_grpc_port is not None:
+        print(f"riva gRPC (fast) {host}:{s.fast_grpc_port}{' (TLS)' if s.tls else ''}", flush=True)
     if not s.tls and s.host not in ("127.0.0.1", "localhost", "::1"):
         print(
             "note: without --ssl-certfile, browsers allow the microphone only on localhost pages",

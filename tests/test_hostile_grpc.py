@@ -38,14 +38,23 @@ MAX_STREAM_S = 8
 
 
 @pytest.fixture(scope="module")
-def server():
-    grpc_port = free_port()
-    with start_server("--grpc-port", str(grpc_port), "--num-slots", str(NUM_SLOTS), "--frontends", "1",
+def both_doors():
+    """One server with both doors: grpc.aio (--grpc-port) and our HTTP/2 (--fast-grpc-port)."""
+    ports = {"grpc_aio": free_port(), "fast_grpc": free_port()}
+    with start_server("--grpc-port", str(ports["grpc_aio"]), "--fast-grpc-port", str(ports["fast_grpc"]),
+                      "--num-slots", str(NUM_SLOTS), "--frontends", "1",
                       "--idle-timeout-s", "5", "--max-stream-s", str(MAX_STREAM_S), "--context-right", "all",
                       "--log-level", "info", token=None) as s:  # fmt: skip
-        s.grpc_port = grpc_port
+        s.door_ports = ports
         yield s
     assert "Traceback" not in s.log(), s.log()[-4000:]
+
+
+@pytest.fixture(scope="module", params=["grpc_aio", "fast_grpc"])
+def server(both_doors, request):
+    """The suite runs whole against each door (the tests see the door's port as `grpc_port`)."""
+    both_doors.grpc_port = both_doors.door_ports[request.param]
+    yield both_doors
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ same samples.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import signal
 import threading
 import time
@@ -33,10 +34,12 @@ NUM_SLOTS = 2
 
 @pytest.fixture(scope="module")
 def server():
-    grpc_port = free_port()
-    with start_server("--grpc-port", str(grpc_port), "--num-slots", str(NUM_SLOTS), "--context-right", "all",
+    """With --fast-grpc-port too where hpack is installed: the fast door's tests at the end."""
+    grpc_port, fast_port = free_port(), free_port() if importlib.util.find_spec("hpack") else None
+    fast = ("--fast-grpc-port", str(fast_port)) if fast_port else ()
+    with start_server("--grpc-port", str(grpc_port), *fast, "--num-slots", str(NUM_SLOTS), "--context-right", "all",
                       "--idle-timeout-s", "3") as s:  # fmt: skip
-        s.grpc_port = grpc_port
+        s.grpc_port, s.fast_grpc_port = grpc_port, fast_port
         yield s
 
 
@@ -349,13 +352,17 @@ def check_calls_per_address_limit(service, wav: Path, limit: int) -> None:
             t.join(20)
 
 
-def test_tls_calls_per_address_and_drain():
+@pytest.mark.parametrize("door", ["--grpc-port", "--fast-grpc-port"])
+def test_tls_calls_per_address_and_drain(door):
     """A server of its own (SIGTERM ends it), over TLS with the server's certificate;
     --max-connections-per-ip bounds calls (one front end: its share is the whole limit); SIGTERM
     mid-stream: the call still gets the finals of all the audio it sent, equal to /ws's, and ends
-    with OK; a call that starts during the drain is refused with UNAVAILABLE; the server exits 0."""
+    with OK; a call that starts during the drain is refused with UNAVAILABLE; the server exits 0.
+    On each door: grpc.aio's, and our own HTTP/2's (server/fast_grpc.py)."""
+    if door == "--fast-grpc-port":
+        pytest.importorskip("hpack")
     grpc_port = free_port()
-    with start_server("--grpc-port", str(grpc_port), "--num-slots", "3", "--drain-timeout-s", "20", "--frontends", "1",
+    with start_server(door, str(grpc_port), "--num-slots", "3", "--drain-timeout-s", "20", "--frontends", "1",
                       "--max-connections-per-ip", "2", tls=True) as s:  # fmt: skip
         if s.cafile is None:
             pytest.skip("no openssl to make a certificate")
@@ -407,6 +414,60 @@ def test_tls_calls_per_address_and_drain():
         assert [r.alternatives[0].transcript for r in out if r.is_final] == expected  # whole, not cut
         assert s.proc.wait(30) == 0
         service.auth.channel.close()
+
+
+# ----------------------------------------------------------------------------- --fast-grpc-port
+
+
+def door_service(server, door: str, token: str | None = TOKEN):
+    if server.fast_grpc_port is None:
+        pytest.skip("--fast-grpc-port needs hpack")
+    metadata = [["authorization", f"Bearer {token}"]] if token else None
+    port = server.fast_grpc_port if door == "fast_grpc" else server.grpc_port
+    return riva.ASRService(riva.Auth(uri=f"127.0.0.1:{port}", metadata_args=metadata))
+
+
+def all_results(response_list) -> list[tuple]:
+    """Streaming results, or Recognize's (no is_final nor stability: None)."""
+    return [(getattr(r, "is_final", None), getattr(r, "stability", None), r.channel_tag, round(r.audio_processed, 4),
+             a.transcript, a.confidence, [(w.word, w.start_time, w.end_time) for w in a.words])
+            for r in response_list for a in r.alternatives]  # fmt: skip
+
+
+def test_fast_door_results_equal_grpc_aio(server):
+    """--fast-grpc-port (server/fast_grpc.py, our own HTTP/2) through riva.client, unchanged:
+    every result equal to grpc.aio's in the same server, partials, finals, word times and
+    audio_processed included; Recognize and GetRivaSpeechRecognitionConfig too. Seen failing
+    with every message cut to its first 60 bytes (grpc_h2.H2Connection.flush): a final went missing."""
+    slow, fast = door_service(server, "grpc_aio"), door_service(server, "fast_grpc")
+    try:
+        for wav in UTTERANCES[:6]:
+            expected = all_results(stream(slow, wav))
+            assert expected and any(r[0] for r in expected), wav.name
+            assert all_results(stream(fast, wav)) == expected, wav.name
+        for wav in UTTERANCES[6:9]:
+            config = riva.RecognitionConfig(encoding=riva.AudioEncoding.LINEAR_PCM, language_code="en-US",
+                                            enable_word_time_offsets=True)  # fmt: skip
+            riva.add_audio_file_specs_to_config(config, wav)
+            expected = all_results(slow.offline_recognize(wav.read_bytes(), config).results)
+            assert all_results(fast.offline_recognize(wav.read_bytes(), config).results) == expected, wav.name
+        request = rasr.RivaSpeechRecognitionConfigRequest()
+        configs = [s.stub.GetRivaSpeechRecognitionConfig(request, metadata=s.auth.get_auth_metadata()) for s in (slow, fast)]
+        assert configs[0] == configs[1] and len(configs[0].model_config) >= 2
+    finally:
+        slow.auth.channel.close()
+        fast.auth.channel.close()
+    server.assert_no_leak()
+
+
+def test_fast_door_requires_the_token(server):
+    for token in (None, "wrong"):
+        s = door_service(server, "fast_grpc", token)
+        with pytest.raises(grpc.RpcError) as e:
+            stream(s, UTTERANCES[0])
+        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED and "bearer token" in e.value.details()
+        s.auth.channel.close()
+    server.assert_no_leak()
 
 
 # ----------------------------------------------------------------------------- units (no server)

@@ -70,6 +70,7 @@ class Supervisor:
         self._port_socket = None
         self._grpc_socket = None
         self._fast_ws_socket = None
+        self._fast_grpc_socket = None
 
     # ------------------------------------------------------------------ main
     def run(self) -> int:
@@ -132,6 +133,9 @@ class Supervisor:
         if self.settings.fast_ws_port is not None:  # likewise
             self._fast_ws_socket = _bind("--fast-ws-port", self.settings.host, self.settings.fast_ws_port)
             self.settings = self.settings.model_copy(update={"fast_ws_port": self._fast_ws_socket.getsockname()[1]})
+        if self.settings.fast_grpc_port is not None:  # likewise
+            self._fast_grpc_socket = _bind("--fast-grpc-port", self.settings.host, self.settings.fast_grpc_port)
+            self.settings = self.settings.model_copy(update={"fast_grpc_port": self._fast_grpc_socket.getsockname()[1]})
 
     def _start_frontend(self) -> None:
         fid, self._next_id = self._next_id, self._next_id + 1
@@ -245,7 +249,7 @@ class Supervisor:
         for p in self._processes():
             p.join(1.0)
         self.core_set.close()
-        for sock in (self._port_socket, self._grpc_socket, self._fast_ws_socket):
+        for sock in (self._port_socket, self._grpc_socket, self._fast_ws_socket, self._fast_grpc_socket):
             if sock is not None:
                 sock.close()
         shutil.rmtree(self.ipc_dir, ignore_errors=True)

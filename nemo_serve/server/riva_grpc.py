@@ -271,6 +271,12 @@ class RivaSpeechRecognition:
             sc = first.streaming_config
             if not call.open(self._config(sc.config, sc.interim_results)):
                 return
+            # --fast-grpc-port's hook (fast_grpc.CallContext; grpc.aio's context has none): audio
+            # that finds this task parked in its read is handled in the transport's callback, as
+            # --fast-ws-port's take_frames does: no task wake-up per packet.
+            take_messages = getattr(context, "take_messages", None)
+            if take_messages is not None:
+                take_messages(lambda request: self._take(call, request))
             while call.session.streaming:
                 request = await self._read(call, context)
                 if request is None:
@@ -287,6 +293,20 @@ class RivaSpeechRecognition:
         except Exception as e:  # noqa: BLE001 - the client's stream broke (cancelled, reset): end the call
             log.debug("riva%d receive ended: %r", call.number, e)
             call.session.fail("request stream failed", "client_gone")
+
+    def _take(self, call: RivaCall, request) -> bool:
+        """An audio message handled now (True), or left to the receive task (False): anything but
+        audio while streaming with the model keeping up, so every error and the backpressure wait
+        stay the task's, in order."""
+        if (not call.session.streaming or call.session.model_behind() or isinstance(request, Malformed)
+                or request.HasField("streaming_config")):  # fmt: skip
+            return False
+        call.session.last_input = time.monotonic()
+        try:
+            call.push(request.audio_content)
+        except (RivaRequestError, AudioError) as e:
+            call.session.fail(str(e), "bad_audio" if isinstance(e, AudioError) else "protocol")
+        return True
 
     async def _read(self, call: RivaCall, context):
         """The next request, or None at the end of the client's stream or when the session's

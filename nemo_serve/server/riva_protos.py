@@ -48,7 +48,8 @@ class Malformed:
         self.reason = f"the request is not a valid {message_name}: its protobuf bytes could not be parsed"
 
 
-def _parser(message_class):
+def request_parser(message_class):
+    """bytes -> a `message_class` request, or Malformed (fast_grpc.py parses with it too)."""
     name = message_class.DESCRIPTOR.name
 
     def parse(data: bytes):
@@ -67,11 +68,11 @@ def add_servicer(server, servicer, pb) -> None:
 
     unary, stream = grpc.unary_unary_rpc_method_handler, grpc.stream_stream_rpc_method_handler
     handlers = {
-        "Recognize": unary(servicer.Recognize, _parser(pb.RecognizeRequest), pb.RecognizeResponse.SerializeToString),
-        "StreamingRecognize": stream(servicer.StreamingRecognize, _parser(pb.StreamingRecognizeRequest),
+        "Recognize": unary(servicer.Recognize, request_parser(pb.RecognizeRequest), pb.RecognizeResponse.SerializeToString),
+        "StreamingRecognize": stream(servicer.StreamingRecognize, request_parser(pb.StreamingRecognizeRequest),
                                      pb.StreamingRecognizeResponse.SerializeToString),  # fmt: skip
         "GetRivaSpeechRecognitionConfig": unary(servicer.GetRivaSpeechRecognitionConfig,
-                                                _parser(pb.RivaSpeechRecognitionConfigRequest),
+                                                request_parser(pb.RivaSpeechRecognitionConfigRequest),
                                                 pb.RivaSpeechRecognitionConfigResponse.SerializeToString),  # fmt: skip
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(pb.DESCRIPTOR.services_by_name[

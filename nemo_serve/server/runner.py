@@ -8,7 +8,8 @@ second SIGTERM falls through to uvicorn: immediate shutdown.
 
 With --grpc-port, the Riva gRPC server (riva_grpc.py) runs on the same event loop: started
 after the app's lifespan (the engine is up), drained with the WebSocket streams (its calls are
-sessions of the same context), stopped before the lifespan ends.
+sessions of the same context), stopped before the lifespan ends; --fast-grpc-port's
+(fast_grpc.py) likewise.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class DrainingServer(uvicorn.Server):
         self._drain_task: asyncio.Task | None = None
         self._grpc = None  # grpc.aio.Server with --grpc-port
         self.fast_ws = None  # picows_listener.FastWsListener with --fast-ws-port (set by serve())
+        self._fast_grpc = None  # fast_grpc.FastGrpcServer with --fast-grpc-port
         self.heap_trim_period_s = 0.0  # --heap-trim-period-s (set by serve()); 0: no trim task
         self._heap_trim_task: asyncio.Task | None = None
 
@@ -63,6 +65,11 @@ class DrainingServer(uvicorn.Server):
                     server.close()
                 await self.lifespan.shutdown()
                 sys.exit(STARTUP_FAILURE)
+        if self.ctx.settings.fast_grpc_port is not None and not self.should_exit:
+            from .fast_grpc import FastGrpcServer, riva_methods
+
+            self._fast_grpc = FastGrpcServer(riva_methods(self.ctx), self.ctx.settings)
+            await self._fast_grpc.start()  # a port in use fails the start-up, as --port's would
         if self.fast_ws is not None and not self.should_exit:
             await self.fast_ws.start()  # a port in use fails the start-up, as --port's would
         # Every listener up, the lifespan run: what exists now lives as long as the process. Ours
@@ -76,6 +83,8 @@ class DrainingServer(uvicorn.Server):
             self._heap_trim_task.cancel()
         if self._grpc is not None:
             await self._grpc.stop(RIVA_STOP_GRACE_S)  # after the drain: only calls it gave up on remain
+        if self._fast_grpc is not None:
+            await self._fast_grpc.stop(RIVA_STOP_GRACE_S)  # after the drain, as --grpc-port's
         if self.fast_ws is not None:
             await self.fast_ws.close()  # after the drain, as gRPC
         await super().shutdown(sockets)

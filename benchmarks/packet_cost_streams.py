@@ -221,18 +221,23 @@ def main() -> None:
     p.add_argument("--settle-s", type=float, default=2.0)
     p.add_argument("--window-s", type=float, default=6.0)
     p.add_argument("--max-lateness-ms", type=float, default=10.0, help="generator p99 lateness bound (issue 48)")
+    p.add_argument("--tree", default=None, help="run the server from this source tree (a checkout of another "
+                   "commit: the before of a before/after pair, run one after the other; default: this one)")
     p.add_argument("--notes", default=None)
     p.add_argument("--out", default=None)
     args = p.parse_args()
     load_picows.WS_PACKET_MS = PACKET_MS  # before the workers fork
     one = np.zeros(blast.PACKET_SAMPLES, np.float32)  # a frame's length: the same for every packet of a protocol
     args.packet_bytes = {proto: len(blast.packet_frames(one, proto, 1)[0]) for proto in ("ws", "realtime")}
-    record = run_record() | {"notes": args.notes, "autogroup": set_autogroup_nice(args.autogroup_nice)}  # at the start: the code that runs, not what is there at the end
+    record = run_record() | {"notes": args.notes, "autogroup": set_autogroup_nice(args.autogroup_nice),
+                             "server_tree_commit": _tree_commit(args.tree)}  # at the start: the code that runs, not what is there at the end
     levels = [int(n) for n in args.streams.split(",")]
     fast_port = free_port()
     log_path = Path(tempfile.gettempdir()) / "packet_cost_streams.server.log"  # not a result: not beside --out
+    if args.tree:  # `python -m` in the tree puts it first on sys.path; its server's processes too
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [args.tree, os.environ.get("PYTHONPATH")]))
     server = Server(args.model, args.context_right, 1, max(levels) + 16, log_path,
-                    extra_args=("--fast-ws-port", str(fast_port)))  # fmt: skip
+                    extra_args=("--fast-ws-port", str(fast_port)), cwd=args.tree)  # fmt: skip
     server.fast_port = fast_port
     rows = []
     try:
@@ -258,6 +263,14 @@ def main() -> None:
                 wait_streams_closed(server)
     finally:
         server.stop()
+
+
+def _tree_commit(tree: str | None) -> str | None:
+    """--tree's commit (None: the server runs from this tree, whose commit run_record has)."""
+    if tree is None:
+        return None
+    out = subprocess.run(["git", "-C", tree, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return out.stdout.strip() or None
 
 
 def blast_items(server: Server, args) -> dict:

@@ -4,7 +4,8 @@ listeners, then /ws again in longer windows with Riva (unchanged) as the noise c
 hand-over tree's microseconds go (py-spy components) from the profiled run. Registered in
 performance_page.py's TABLES as "packet-cost-handover". And the decode and ring-write table
 ("packet-cost-decode"): benchmarks/packet_path_bench.py's in-process parts over packet_cost.py's
-side-by-side run of the same change."""
+side-by-side run of the same change. And uvicorn's frame parsing ("packet-cost-uvicorn-frames"):
+packet_cost.py with the branch point and the tree that parses whole data frames itself."""
 
 from __future__ import annotations
 
@@ -22,11 +23,11 @@ def _cell(row: dict) -> str:
     return f"{row['us_per_packet_all_in']:.0f} ({each})"
 
 
-def _rows(d: dict, labels: tuple[str, str] = TREES) -> list[str]:
+def _rows(d: dict, labels: tuple[str, str] = TREES, paths: tuple[str, ...] = PACKET_ROWS) -> list[str]:
     trees = {t["tree"]: t["paths"] for t in d["runs"][0]["trees"]}
     target, run = d["target_us_per_packet"], f"{d['seconds']:g} s x {len(_any_row(trees[labels[1]])['repeats'])}"
     rows = []
-    for path in PACKET_ROWS:
+    for path in paths:
         for suffix, listener in LISTENERS:
             name = path + suffix
             if name not in trees[labels[1]]:
@@ -195,3 +196,18 @@ def table_packet_cost_streams_blast() -> str:
     sender = [x["pacing_us_per_packet"] for r in rows if r.get("sender") for x in r["sender"]]
     out.append(f"\nThe sender's own CPU: {min(sender):.1f} to {max(sender):.1f} µs per packet (its kernel time included) over these runs.")
     return "\n".join(out) + source(list(runs), [run_info(d) for d in runs.values()])
+
+
+# ----------------------------------------------------------------------------- uvicorn's frame parsing
+UVICORN_FRAMES_FILE = "packet_cost_uvicorn_frames_cpu.json"  # packet_cost.py --tree before=... --tree after=.
+
+
+def table_packet_cost_uvicorn_frames() -> str:
+    """/ws through uvicorn with whole data frames parsed in uvicorn_protocols.py (not websockets'
+    generators), side by side with the branch point; picows's /ws, unchanged, as the noise control."""
+    d = read(UVICORN_FRAMES_FILE)
+    rows = [f"| path ({d['streams_per_frontend']} paced streams, 1 front end) | listener | run (window x repeats) "
+            "| before: µs per packet (repeats) | after: µs per packet (repeats) | before / after "
+            "| largest parts, after (µs per packet, py-spy) | target |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    rows += _rows(d, ("before", "after"), ("ws_f32_20ms", "ws_s16_20ms"))
+    return "\n".join(rows) + source([UVICORN_FRAMES_FILE], [run_info(d)])

@@ -34,6 +34,7 @@ from benchmarks.packet_cost_table import (  # noqa: E402
     table_packet_cost_handover,
     table_packet_cost_streams,
     table_packet_cost_streams_blast,
+    table_packet_cost_uvicorn_frames,
 )
 from benchmarks.page_figures import PENDING, unbacked  # noqa: E402
 from benchmarks.performance_page_outs import unsaid_copies  # noqa: E402
@@ -55,6 +56,7 @@ TABLES = {  # marker name -> the function that renders it
     "packet-cost-ring": page_cpu.table_packet_cost_ring, "packet-cost-handover": table_packet_cost_handover,
     "packet-cost-decode": table_packet_cost_decode, "packet-cost-streams": table_packet_cost_streams,
     "packet-cost-streams-blast": table_packet_cost_streams_blast,
+    "packet-cost-uvicorn-frames": table_packet_cost_uvicorn_frames,
     "demo-wer": page_quality.table_demo_wer, "boost-benefit": page_quality.table_boost_benefit,
     "boost-cost": page_quality.table_boost_cost, "overload": page_quality.table_overload, "fuzz": page_quality.table_fuzz,
 }

@@ -9,6 +9,8 @@ packet_cost.py with the branch point and the tree that parses whole data frames 
 
 from __future__ import annotations
 
+import statistics
+
 from benchmarks.page_cpu import FAST_SUFFIX, PACKET_PATHS, PACKET_ROWS
 from benchmarks import page_results
 from benchmarks.page_results import read, run_info, source
@@ -211,3 +213,27 @@ def table_packet_cost_uvicorn_frames() -> str:
             "| largest parts, after (µs per packet, py-spy) | target |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     rows += _rows(d, ("before", "after"), ("ws_f32_20ms", "ws_s16_20ms"))
     return "\n".join(rows) + source([UVICORN_FRAMES_FILE], [run_info(d)])
+
+
+UVICORN_BLAST_RUNS = ("after1", "before1", "before2", "after2", "before3", "after3", "after4", "before4")  # run order
+
+
+def table_packet_cost_uvicorn_frames_blast() -> str:
+    """The same change at 256 paced streams, pinned, blast sender: one run a row, in the order they
+    ran (before: packet_cost_streams.py --tree <branch point>), and each tree's median of its valid runs."""
+    names = [f"packet_cost_streams_blast_uvicorn_{run}_cpu.json" for run in UVICORN_BLAST_RUNS]
+    runs = {name: read(name) for name in names if (page_results.RESULTS / name).exists()}
+    rows = ["| run (in order) | server code | /ws through uvicorn, 256 streams, pinned |", "|---|---|---|"]
+    by_tree: dict[str, list[float]] = {}
+    for name, d in runs.items():
+        run = name.removeprefix("packet_cost_streams_blast_uvicorn_").removesuffix("_cpu.json")
+        commit = d["run"].get("server_tree_commit") or d["run"]["git_commit"]
+        row = d["rows"][0]
+        tree = run.rstrip("0123456789")
+        if row["valid"]:
+            by_tree.setdefault(tree, []).append(row["us_per_packet_all_in"])
+        rows.append(f"| {run} | {tree} ({commit}) | {_blast_cell(row)} |")
+    medians = "; ".join(f"{tree} {statistics.median(v):.1f} µs ({len(v)} valid run{'s' * (len(v) > 1)})"
+                        for tree, v in sorted(by_tree.items()))  # fmt: skip
+    rows.append(f"\nMedians of the valid runs: {medians}.")
+    return "\n".join(rows) + source(list(runs), [run_info(d) for d in runs.values()])

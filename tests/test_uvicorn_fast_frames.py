@@ -2,16 +2,15 @@
 WebSocketProtocol._take_data_frames) instead of through websockets' parser: the same bytes must
 give the same result either way. Each case feeds one byte stream to two real protocols after a real
 upgrade, one with the fast path and one without (FAST_FRAMES off: websockets' parser for every
-frame), cut into chunks at seeded random places, and compares everything the app and the client
-can see: the frames handed to the app's socket, the messages queued for it, the bytes written
-back (pongs, close frames, answers), whether the transport was closed, paused or aborted, and
-websockets' state."""
+frame), in one read, a read per frame, or cut at seeded random places, and compares everything the
+app and the client can see: the frames handed to the app's socket, the messages queued for it, the
+bytes written back (pongs, close frames, answers), whether the transport was closed, paused or
+aborted, and websockets' state. Everything is seeded, the frames' masks too."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 import random
 import struct
 
@@ -23,6 +22,7 @@ from nemo_serve.server import uvicorn_protocols
 from nemo_serve.server.connections import ConnectionLimits
 
 MAX_SIZE = 4096
+_MASKS = random.Random(48)  # the clients' masking keys: seeded, so a failure replays
 UPGRADE = (b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")  # fmt: skip
 
@@ -88,7 +88,7 @@ def frame(payload: bytes, opcode: int = 2, fin: bool = True, rsv: int = 0, maske
         head += bytes([bit | n])
     if not masked:
         return head + payload
-    mask = os.urandom(4)
+    mask = _MASKS.randbytes(4)
     return head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
 
 
@@ -175,7 +175,7 @@ CASES = {
 
 def _header_then(wire: bytes) -> list[bytes]:
     """A binary frame in two reads, its header and mask, then its payload as `wire` on the wire."""
-    return [bytes([0x82, 0x80 | len(wire)]) + os.urandom(4), wire]
+    return [bytes([0x82, 0x80 | len(wire)]) + _MASKS.randbytes(4), wire]
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -201,18 +201,23 @@ def table_packet_cost_streams_blast() -> str:
 
 
 # ----------------------------------------------------------------------------- uvicorn's frame parsing
-UVICORN_FRAMES_FILE = "packet_cost_uvicorn_frames_cpu.json"  # packet_cost.py --tree before=... --tree after=.
+UVICORN_FRAMES_FILES = {  # packet_cost.py --tree before=... --tree after=. -> the paths shown from it
+    "packet_cost_uvicorn_frames_cpu.json": ("ws_f32_20ms", "ws_s16_20ms"),
+    "packet_cost_uvicorn_frames_realtime_cpu.json": ("realtime_24k_20ms_novad",),
+}
 
 
 def table_packet_cost_uvicorn_frames() -> str:
-    """/ws through uvicorn with whole data frames parsed in uvicorn_protocols.py (not websockets'
-    generators), side by side with the branch point; picows's /ws, unchanged, as the noise control."""
-    d = read(UVICORN_FRAMES_FILE)
-    rows = [f"| path ({d['streams_per_frontend']} paced streams, 1 front end) | listener | run (window x repeats) "
+    """/ws and /v1/realtime through uvicorn with whole data frames parsed in uvicorn_protocols.py (not
+    websockets' generators), side by side with the branch point; picows's, unchanged, the noise control."""
+    runs = {name: read(name) for name in UVICORN_FRAMES_FILES}
+    first = next(iter(runs.values()))
+    rows = [f"| path ({first['streams_per_frontend']} paced streams, 1 front end) | listener | run (window x repeats) "
             "| before: µs per packet (repeats) | after: µs per packet (repeats) | before / after "
             "| largest parts, after (µs per packet, py-spy) | target |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    rows += _rows(d, ("before", "after"), ("ws_f32_20ms", "ws_s16_20ms"))
-    return "\n".join(rows) + source([UVICORN_FRAMES_FILE], [run_info(d)])
+    for name, d in runs.items():
+        rows += _rows(d, ("before", "after"), UVICORN_FRAMES_FILES[name])
+    return "\n".join(rows) + source(list(runs), [run_info(d) for d in runs.values()])
 
 
 UVICORN_BLAST_RUNS = ("after1", "before1", "before2", "after2", "before3", "after3", "after4", "before4")  # run order

@@ -22,6 +22,7 @@ from nemo_serve.server import uvicorn_protocols
 from nemo_serve.server.connections import ConnectionLimits
 
 MAX_SIZE = 4096
+INSTALLED_FAST_FRAMES = uvicorn_protocols.FAST_FRAMES  # as the import decided, before a test flips it
 _MASKS = random.Random(48)  # the clients' masking keys: seeded, so a failure replays
 UPGRADE = (b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")  # fmt: skip
@@ -137,7 +138,7 @@ def _both(frames: list[bytes], seed: int, takes=lambda i: True) -> dict:
         slow = asyncio.run(_run(stream, cuts, False, takes))
         fast = asyncio.run(_run(stream, cuts, True, takes))
     finally:
-        uvicorn_protocols.FAST_FRAMES = True
+        uvicorn_protocols.FAST_FRAMES = INSTALLED_FAST_FRAMES
     fast_reads = fast.pop("parser_reads") or []
     slow.pop("parser_reads")
     assert fast == slow, (cuts, fast, slow)
@@ -211,3 +212,15 @@ def test_a_seeded_fuzz_of_frame_streams():
         rng = random.Random(seed)
         frames = [f for _ in range(rng.randint(1, 4)) for f in rng.choice(makers)(rng)]
         _both(frames, seed, takes=lambda i: random.Random(seed * 1000 + i).random() < 0.8)
+
+
+def test_the_installed_websockets_gets_the_fast_path():
+    """Outside WEBSOCKETS_FAST_FRAMES the server quietly parses every frame with websockets (the old
+    cost): the tests above force the fast path on, so this one says whether the server has it."""
+    import importlib.metadata
+
+    from nemo_serve.versions import in_range
+
+    installed = importlib.metadata.version("websockets")
+    assert in_range(installed, *uvicorn_protocols.WEBSOCKETS_FAST_FRAMES), installed
+    assert INSTALLED_FAST_FRAMES

@@ -231,6 +231,8 @@ def main() -> None:
     p.add_argument("--settle-s", type=float, default=2.0)
     p.add_argument("--window-s", type=float, default=6.0)
     p.add_argument("--max-lateness-ms", type=float, default=10.0, help="generator p99 lateness bound (issue 48)")
+    p.add_argument("--tree", default=None, help="run the server from this source tree (a checkout of another "
+                   "commit: the before of a before/after pair, run one after the other; default: this one)")
     p.add_argument("--notes", default=None)
     p.add_argument("--out", default=None)
     args = p.parse_args()
@@ -239,13 +241,16 @@ def main() -> None:
     grpc = any(PATHS[p][0] == "grpc" for p in args.paths.split(","))
     protocols = ("ws", "realtime", "grpc") if grpc else ("ws", "realtime")
     args.packet_bytes = {proto: len(blast.packet_frames(one, proto, 1)[0]) for proto in protocols}
-    record = run_record() | {"notes": args.notes, "autogroup": set_autogroup_nice(args.autogroup_nice)}  # at the start: the code that runs, not what is there at the end
+    record = run_record() | {"notes": args.notes, "autogroup": set_autogroup_nice(args.autogroup_nice),
+                             "server_tree_commit": _tree_commit(args.tree)}  # at the start: the code that runs, not what is there at the end
     levels = [int(n) for n in args.streams.split(",")]
     fast_port, grpc_ports = free_port(), (free_port(), free_port()) if grpc else (None, None)
     log_path = Path(tempfile.gettempdir()) / "packet_cost_streams.server.log"  # not a result: not beside --out
+    if args.tree:  # `python -m` in the tree puts it first on sys.path; its server's processes too
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [args.tree, os.environ.get("PYTHONPATH")]))
     grpc_args = ("--grpc-port", str(grpc_ports[0]), "--fast-grpc-port", str(grpc_ports[1])) if grpc else ()
     server = Server(args.model, args.context_right, 1, max(levels) + 16, log_path,
-                    extra_args=("--fast-ws-port", str(fast_port), *grpc_args))  # fmt: skip
+                    extra_args=("--fast-ws-port", str(fast_port), *grpc_args), cwd=args.tree)  # fmt: skip
     server.fast_port, (server.grpc_port, server.fast_grpc_port) = fast_port, grpc_ports
     rows = []
     try:
@@ -271,6 +276,14 @@ def main() -> None:
                 wait_streams_closed(server)
     finally:
         server.stop()
+
+
+def _tree_commit(tree: str | None) -> str | None:
+    """--tree's commit (None: the server runs from this tree, whose commit run_record has)."""
+    if tree is None:
+        return None
+    out = subprocess.run(["git", "-C", tree, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return out.stdout.strip() or None
 
 
 def blast_items(server: Server, args) -> dict:

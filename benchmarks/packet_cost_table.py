@@ -4,9 +4,12 @@ listeners, then /ws again in longer windows with Riva (unchanged) as the noise c
 hand-over tree's microseconds go (py-spy components) from the profiled run. Registered in
 performance_page.py's TABLES as "packet-cost-handover". And the decode and ring-write table
 ("packet-cost-decode"): benchmarks/packet_path_bench.py's in-process parts over packet_cost.py's
-side-by-side run of the same change."""
+side-by-side run of the same change. And uvicorn's frame parsing ("packet-cost-uvicorn-frames"):
+packet_cost.py with the branch point and the tree that parses whole data frames itself."""
 
 from __future__ import annotations
+
+import statistics
 
 from benchmarks.page_cpu import FAST_SUFFIX, PACKET_PATHS, PACKET_ROWS
 from benchmarks import page_results
@@ -22,11 +25,11 @@ def _cell(row: dict) -> str:
     return f"{row['us_per_packet_all_in']:.0f} ({each})"
 
 
-def _rows(d: dict, labels: tuple[str, str] = TREES) -> list[str]:
+def _rows(d: dict, labels: tuple[str, str] = TREES, paths: tuple[str, ...] = PACKET_ROWS) -> list[str]:
     trees = {t["tree"]: t["paths"] for t in d["runs"][0]["trees"]}
     target, run = d["target_us_per_packet"], f"{d['seconds']:g} s x {len(_any_row(trees[labels[1]])['repeats'])}"
     rows = []
-    for path in PACKET_ROWS:
+    for path in paths:
         for suffix, listener in LISTENERS:
             name = path + suffix
             if name not in trees[labels[1]]:
@@ -195,3 +198,47 @@ def table_packet_cost_streams_blast() -> str:
     sender = [x["pacing_us_per_packet"] for r in rows if r.get("sender") for x in r["sender"]]
     out.append(f"\nThe sender's own CPU: {min(sender):.1f} to {max(sender):.1f} µs per packet (its kernel time included) over these runs.")
     return "\n".join(out) + source(list(runs), [run_info(d) for d in runs.values()])
+
+
+# ----------------------------------------------------------------------------- uvicorn's frame parsing
+UVICORN_FRAMES_FILES = {  # packet_cost.py --tree before=... --tree after=. -> the paths shown from it
+    "packet_cost_uvicorn_frames_cpu.json": ("ws_f32_20ms", "ws_s16_20ms"),
+    "packet_cost_uvicorn_frames_realtime_cpu.json": ("realtime_24k_20ms_novad",),
+}
+
+
+def table_packet_cost_uvicorn_frames() -> str:
+    """/ws and /v1/realtime through uvicorn with whole data frames parsed in uvicorn_protocols.py (not
+    websockets' generators), side by side with the branch point; picows's, unchanged, the noise control."""
+    runs = {name: read(name) for name in UVICORN_FRAMES_FILES}
+    first = next(iter(runs.values()))
+    rows = [f"| path ({first['streams_per_frontend']} paced streams, 1 front end) | listener | run (window x repeats) "
+            "| before: µs per packet (repeats) | after: µs per packet (repeats) | before / after "
+            "| largest parts, after (µs per packet, py-spy) | target |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for name, d in runs.items():
+        rows += _rows(d, ("before", "after"), UVICORN_FRAMES_FILES[name])
+    return "\n".join(rows) + source(list(runs), [run_info(d) for d in runs.values()])
+
+
+UVICORN_BLAST_RUNS = ("after1", "before1", "before2", "after2", "before3", "after3", "after4", "before4")  # run order
+
+
+def table_packet_cost_uvicorn_frames_blast() -> str:
+    """The same change at 256 paced streams, pinned, blast sender: one run a row, in the order they
+    ran (before: packet_cost_streams.py --tree <branch point>), and each tree's median of its valid runs."""
+    names = [f"packet_cost_streams_blast_uvicorn_{run}_cpu.json" for run in UVICORN_BLAST_RUNS]
+    runs = {name: read(name) for name in names if (page_results.RESULTS / name).exists()}
+    rows = ["| run (in order) | server code | /ws through uvicorn, 256 streams, pinned |", "|---|---|---|"]
+    by_tree: dict[str, list[float]] = {}
+    for name, d in runs.items():
+        run = name.removeprefix("packet_cost_streams_blast_uvicorn_").removesuffix("_cpu.json")
+        commit = d["run"].get("server_tree_commit") or d["run"]["git_commit"]
+        row = d["rows"][0]
+        tree = run.rstrip("0123456789")
+        if row["valid"]:
+            by_tree.setdefault(tree, []).append(row["us_per_packet_all_in"])
+        rows.append(f"| {run} | {tree} ({commit}) | {_blast_cell(row)} |")
+    medians = "; ".join(f"{tree} {statistics.median(v):.1f} µs ({len(v)} valid run{'s' * (len(v) > 1)})"
+                        for tree, v in sorted(by_tree.items()))  # fmt: skip
+    rows.append(f"\nMedians of the valid runs: {medians}.")
+    return "\n".join(rows) + source(list(runs), [run_info(d) for d in runs.values()])

@@ -11,6 +11,9 @@ at 24 kHz, base64 in JSON, resampled to 16 kHz, turn_detection null), Riva 16 kH
              shared memory, as on x86-64 servers)
   take_frame the transport's hand-over of one frame: session, parse, decode, ring, position
   render     one /v1/realtime partial rendered (OpenAIRenderer.render: item id, delta, JSON)
+  uvicorn    the same hand-over from the bytes of one masked frame: uvicorn's WebSocket protocol
+             (server/uvicorn_protocols.py, after a real upgrade) parses it and hands it to the
+             socket's take_frame, as --port does (the frame parsing is the part its trees differ in)
   floor      a sketch, not the server's code: PCM16 scaled straight into the ring slice, what a
              decode fused with the ring write would cost (decode + ring apart: the gap)
 The engine client is real (SharedSlots, the slot table, publish_write) but has no core: between
@@ -168,7 +171,7 @@ def path_ws(encoding: str):
     sock._reading = True  # as when the receive task is parked in receive()
     data = _pcm(int(RATE * PACKET_S), "s16" if encoding == "pcm_s16le" else "f32")
     assert sock.take_frame(data) and sock.session.streaming, "the stream did not open"
-    return lambda: sock.take_frame(data), lambda: _catch_up(engine, lambda: (sock.session,))
+    return _Call(sock, data), lambda: _catch_up(engine, lambda: (sock.session,))
 
 
 def path_realtime():
@@ -188,7 +191,7 @@ def path_realtime():
     def sessions():
         return [i.session for i in sock.wire.items if i.session is not None]
 
-    return lambda: sock.take_frame(frame), lambda: _catch_up(engine, sessions)
+    return _Call(sock, frame), lambda: _catch_up(engine, sessions)
 
 
 def path_riva():
@@ -203,6 +206,77 @@ def path_riva():
     assert call.open(config), "the call was refused"
     data = _pcm(int(RATE * PACKET_S), "s16")
     return lambda: call.push(data), lambda: _catch_up(engine, lambda: (call.session,))
+
+
+def _masked_frame(payload: bytes, opcode: int) -> bytes:
+    """A client's frame: FIN, the opcode, the mask bit, the length, a masking key, the payload masked."""
+    import numpy as np
+
+    n = len(payload)
+    head = bytes([0x80 | opcode]) + (bytes([0x80 | n]) if n < 126 else bytes([0x80 | 126]) + n.to_bytes(2, "big"))
+    mask = b"\x1b\x2c\x3d\x4e"
+    body = np.frombuffer(payload, np.uint8) ^ np.resize(np.frombuffer(mask, np.uint8), n)
+    return head + mask + body.tobytes()
+
+
+def _uvicorn_protocol(take_frame):
+    """uvicorn's WebSocket protocol of --port after a real upgrade, accepted, its frames handed to
+    `take_frame`; the transport a stand-in that keeps nothing."""
+    from uvicorn.config import Config
+    from uvicorn.server import ServerState
+
+    from nemo_serve.server.connections import ConnectionLimits
+    from nemo_serve.server.uvicorn_protocols import protocol_classes
+
+    async def app(scope, receive, send):  # never run while timed: the handshake is completed below
+        return None
+
+    limiter = SimpleNamespace(metrics=None, acquire=lambda *a: None, release=lambda *a: None)
+    config = Config(app, ws_max_size=1 << 20, ws_per_message_deflate=False, log_level="warning")
+    config.load()
+    _, ws_class = protocol_classes(ConnectionLimits(limiter, 5.0))
+    proto = ws_class(config, ServerState(), {})
+    peer = {"peername": ("127.0.0.1", 1), "sockname": ("127.0.0.1", 2)}
+    proto.connection_made(SimpleNamespace(get_extra_info=lambda k, d=None: peer.get(k, d), write=lambda b: None,
+                                          is_closing=lambda: False, close=lambda: None,
+                                          pause_reading=lambda: None, resume_reading=lambda: None))  # fmt: skip
+    proto.data_received(b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")  # fmt: skip
+    assert proto.queue.get_nowait() == {"type": "websocket.connect"}  # the app's first receive takes it
+    proto.conn.send_response(proto.response)  # what the app's websocket.accept does (uvicorn's send)
+    proto.conn.data_to_send()
+    proto.handshake_complete = True
+    proto._take_frames(take_frame)
+    return proto
+
+
+def path_uvicorn_ws(encoding: str):
+    call, catch_up = path_ws(encoding)
+    sock, data = call.sock, call.data
+    proto = _uvicorn_protocol(sock.take_frame)
+    wire = _masked_frame(data, 0x2)
+    proto.data_received(wire)
+    assert proto.queue.empty(), "the frame was queued, not handed over"
+    return lambda: proto.data_received(wire), catch_up
+
+
+def path_uvicorn_realtime():
+    call, catch_up = path_realtime()
+    proto = _uvicorn_protocol(call.sock.take_frame)
+    wire = _masked_frame(call.data.encode(), 0x1)
+    proto.data_received(wire)
+    assert proto.queue.empty(), "the frame was queued, not handed over"
+    return lambda: proto.data_received(wire), catch_up
+
+
+class _Call:
+    """A timed call that also says what it calls (the uvicorn cases reuse a path's socket and packet)."""
+
+    def __init__(self, sock, data) -> None:
+        self.sock, self.data = sock, data
+
+    def __call__(self):
+        return self.sock.take_frame(self.data)
 
 
 def part_render_realtime_delta():
@@ -243,6 +317,9 @@ CASES = {
     "take_frame_realtime_24k": path_realtime,
     "push_riva_16k": path_riva,
     "render_realtime_delta": part_render_realtime_delta,
+    "uvicorn_frame_ws_s16": lambda: path_uvicorn_ws("pcm_s16le"),
+    "uvicorn_frame_ws_f32": lambda: path_uvicorn_ws("pcm_f32le"),
+    "uvicorn_frame_realtime_24k": path_uvicorn_realtime,
 }
 
 

@@ -31,6 +31,8 @@ PHASES = (  # (function, file substring) -> phase; the first match from the leaf
 OTHER_PHASE = "event loop, timers, other"
 
 COMPONENTS = (  # file substring -> component; the innermost frame that matches one wins
+    # before "websockets/", which its path holds: uvicorn's WebSocket protocol is not websockets' parser
+    ("uvicorn/protocols/websockets/", "WebSocket frames (uvicorn's protocol)"),
     ("websockets/", "WebSocket frames (websockets)"),
     ("picows", "WebSocket frames (picows)"),
     ("server/grpc_h2.py", "HTTP/2 frames (grpc_h2)"),

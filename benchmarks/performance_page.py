@@ -35,6 +35,8 @@ from benchmarks.packet_cost_table import (  # noqa: E402
     table_packet_cost_handover,
     table_packet_cost_streams,
     table_packet_cost_streams_blast,
+    table_packet_cost_uvicorn_frames,
+    table_packet_cost_uvicorn_frames_blast,
 )
 from benchmarks.page_figures import PENDING, unbacked  # noqa: E402
 from benchmarks.performance_page_outs import unsaid_copies  # noqa: E402
@@ -57,6 +59,8 @@ TABLES = {  # marker name -> the function that renders it
     "packet-cost-decode": table_packet_cost_decode, "packet-cost-streams": table_packet_cost_streams,
     "packet-cost-streams-blast": table_packet_cost_streams_blast,
     "grpc-layer": table_grpc_layer, "packet-cost-fastgrpc": table_packet_cost_fastgrpc,
+    "packet-cost-uvicorn-frames": table_packet_cost_uvicorn_frames,
+    "packet-cost-uvicorn-frames-blast": table_packet_cost_uvicorn_frames_blast,
     "demo-wer": page_quality.table_demo_wer, "boost-benefit": page_quality.table_boost_benefit,
     "boost-cost": page_quality.table_boost_cost, "overload": page_quality.table_overload, "fuzz": page_quality.table_fuzz,
 }

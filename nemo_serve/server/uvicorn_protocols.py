@@ -6,18 +6,27 @@ The one module that uses uvicorn's private API: it subclasses `HttpToolsProtocol
 `WebSocketsSansIOProtocol` (the latter first shipped in uvicorn 0.35), overrides their hooks and
 reads and writes their internals (`conn`, `queue`, `frames`, `curr_msg_data_type`, `close_sent`,
 `close_timer`, `read_paused`, `handshake_initiated`, `handshake_complete`, `scope`, `cycle`,
-`send_receive_event_to_app`). So the installed uvicorn is
+`send_receive_event_to_app`, `handle_bytes`, `handle_text`). So the installed uvicorn is
 checked at import against the range these were tested with (UVICORN_VERSIONS; pyproject.toml
 pins the same, and tests/test_private_apis.py checks both): a newer uvicorn fails here with one
 clear message.
+
+It also reads the websockets protocol's parser state (`conn.state`, `conn.parser` and the generators
+it waits in, `conn.reader`, `conn.current_size`, `conn.extensions`, `conn.debug`, `conn.parser_exc`,
+`conn.max_message_size`, `conn.max_fragment_size`)
+to parse a whole, plain data frame itself (WebSocketProtocol._take_data_frames): only with the
+websockets versions in WEBSOCKETS_FAST_FRAMES; another one gets websockets' own parser for every
+frame (the same behaviour at the old cost, not an import error: nothing but speed depends on it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import math
 
-from ..versions import require
+from ..versions import in_range, require
 from .connections import (
     LINGER_S,
     MAX_REFUSED_REQUEST_BYTES,
@@ -34,6 +43,16 @@ require("uvicorn", *UVICORN_VERSIONS, uses="protocol classes (websockets_sansio_
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol  # noqa: E402
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol  # noqa: E402
+from websockets import __version__ as websockets_version  # noqa: E402
+from websockets.frames import Frame, Opcode, apply_mask  # noqa: E402
+from websockets.protocol import State  # noqa: E402
+from websockets.streams import StreamReader  # noqa: E402
+
+WEBSOCKETS_FAST_FRAMES = ("13", "18")  # >=, <: the parser state read here is the same; tested with 17.4
+FAST_FRAMES = in_range(websockets_version, *WEBSOCKETS_FAST_FRAMES)
+# The first byte of a final, unfragmented data frame with no reserved bit set (0x80 FIN | opcode).
+_DATA_FRAME_OPCODES = {0x81: Opcode.TEXT, 0x82: Opcode.BINARY}
+_AT_EOF_CODE = StreamReader.at_eof.__code__
 
 log = logging.getLogger("nemo_serve.connections")
 
@@ -149,6 +168,7 @@ class HttpProtocol(HttpToolsProtocol):
 class WebSocketProtocol(WebSocketsSansIOProtocol):
     limits: ConnectionLimits  # set by protocol_classes()
     _lingering = False
+    _at_frame_start = False  # websockets' parser waits for the first byte of a frame (data_received)
     take_frame = None  # the app's socket's frame handler (ws_socket.WsSocket.take_frame), or None
 
     def send_receive_event_to_app(self) -> None:
@@ -167,13 +187,62 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
                 return
         super().send_receive_event_to_app()
 
+    def _take_data_frames(self, data: bytes) -> bool:
+        """`data` handled as websockets' parser and uvicorn's handle_events would handle it, when it
+        is nothing but whole, final, masked text and binary frames under the size limit (and the
+        parser waits where a frame starts: data_received's check): every frame parsed first, then
+        handed to handle_text / handle_bytes in order (as handle_events does with the parser's
+        events), the same Frame, without the parser's generators, reader buffer and event list
+        (issue 48: they were most of what a lone packet cost uvicorn's protocol over picows's
+        Cython parser; docs/performance.md has the before and after). False, with nothing done:
+        `data` goes to websockets' parser whole (a control frame, a fragment, a partial frame,
+        reserved bits, an unmasked or oversized frame, a closing connection). All or nothing: a
+        data frame in the same read as a bad frame is dropped by uvicorn (the parser failed
+        before any event is handled), so it must be here too."""
+        conn = self.conn
+        if conn.state is not State.OPEN or conn.parser_exc is not None or conn.current_size is not None \
+                or conn.extensions or conn.debug or self.close_sent:  # fmt: skip
+            return False
+        frames, pos, end = [], 0, len(data)
+        while pos < end:
+            if end - pos < 6:
+                return False
+            opcode = _DATA_FRAME_OPCODES.get(data[pos])
+            length = data[pos + 1] ^ 0x80  # the mask bit set: the payload length (or 126, 127)
+            if opcode is None or length > 126:  # not a plain data frame, unmasked, or a 64-bit length
+                return False
+            if length == 126:
+                length, start = int.from_bytes(data[pos + 2 : pos + 4], "big"), pos + 8
+            else:
+                start = pos + 6
+            pos = start + length
+            if pos > end or length > self._max_frame_bytes:
+                return False
+            frames.append(Frame(opcode, apply_mask(memoryview(data)[start:pos], data[start - 4 : start])))
+        for frame in frames:
+            if frame.opcode is Opcode.BINARY:
+                self.handle_bytes(frame)
+            else:
+                self.handle_text(frame)
+        return True
+
+    @functools.cached_property
+    def _max_frame_bytes(self) -> float:
+        """websockets' limit on a frame that starts a message (Protocol.parse: max_size)."""
+        limits = [n for n in (self.conn.max_message_size, self.conn.max_fragment_size) if n is not None]
+        return min(limits, default=math.inf)
+
     def _take_frames(self, handler) -> None:
         self.take_frame = handler
 
     def data_received(self, data: bytes) -> None:
         if self._lingering:  # discarded: the close frame is out, the close is timed
             return
+        if self._at_frame_start and self.handshake_complete and self._take_data_frames(data):
+            return
         super().data_received(data)
+        # Where websockets' parser stopped, looked at only when it ran: the fast path leaves it there.
+        self._at_frame_start = FAST_FRAMES and _waits_for_a_frame(self.conn)
         if self.conn.handshake_exc is not None and not self.handshake_initiated:
             # websockets refused the upgrade request itself (a header line over 8 kB: 431, a
             # request line too long: 414, or no valid request) and queued its answer, which
@@ -220,6 +289,18 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
     def shutdown(self) -> None:
         super().shutdown()
         self.loop.call_later(SHUTDOWN_ABORT_S, self.transport.abort)  # a no-op once closed
+
+
+def _waits_for_a_frame(conn) -> bool:
+    """websockets' parser is suspended where a frame starts: in StreamReader.at_eof (Protocol.parse's
+    loop), with no byte of the next frame read. Not merely an empty buffer: after a header that
+    came alone the buffer is empty too, the parser waiting in read_exact for the payload. Walks the
+    generators' `yield from` chain; another websockets' layout answers False (its parser for every
+    frame: slower, the same behaviour)."""
+    g = conn.parser
+    while g.gi_yieldfrom is not None:
+        g = g.gi_yieldfrom
+    return g.gi_code is _AT_EOF_CODE and not conn.reader.buffer and not conn.reader.eof
 
 
 def protocol_classes(limits: ConnectionLimits) -> tuple[type, type]:

@@ -366,3 +366,73 @@ def test_picows_outside_the_tested_range_fails_at_import(monkeypatch):
     monkeypatch.delitem(sys.modules, "nemo_serve.server.picows_listener")
     with pytest.raises(ImportError, match=r"picows 2\.4\.0 is outside the range .*>=2\.3\.1,<2\.4"):
         importlib.import_module("nemo_serve.server.picows_listener")
+
+
+class _PicowsTransport:
+    """What AppConnection calls on picows's WSTransport, recorded."""
+
+    def __init__(self) -> None:
+        self.pings, self.closes, self.is_close_frame_sent = [], [], False
+        self.underlying_transport = type("Tcp", (), {"abort": lambda self: None})()
+
+    def send_ping(self, payload: bytes) -> None:
+        self.pings.append(payload)
+
+    def send_close(self, code, reason: bytes) -> None:
+        self.closes.append((int(code), reason))
+        self.is_close_frame_sent = True
+
+
+def test_keepalive_chain_pings_every_interval_and_closes_1011_without_the_pong():
+    """AppConnection's call_later chain (tests/test_keepalive.py runs it through the server): no
+    timer with pings off; a ping one interval after connect; a pong with another payload is no
+    answer; the right one schedules the next ping; no pong within the timeout: 1011 "keepalive ping
+    timeout", also to the app. Timers fire in deadline order, so the sleeps below are not races."""
+    from types import SimpleNamespace
+
+    from nemo_serve.server.picows_listener import AppConnection
+
+    async def app(scope, receive, send):
+        while (m := await receive())["type"] != "websocket.disconnect":
+            pass
+        heard.append(m["code"])
+
+    def connect(interval_s: float) -> tuple[AppConnection, _PicowsTransport]:
+        settings = SimpleNamespace(ping_interval_s=interval_s, ping_timeout_s=0.2)
+        c = AppConnection(SimpleNamespace(app=app, connections=set(), settings=settings), {"client": ("1.2.3.4", 5)})
+        c.on_ws_connected(t := _PicowsTransport())
+        return c, t
+
+    heard: list[int] = []
+
+    async def scenario():
+        (off, off_t), (c, t) = connect(0.0), connect(0.05)
+        await asyncio.sleep(0.08)  # first ping at 0.05
+        assert off.ping_timer is None and t.pings and len(t.pings[0]) == 4, t.pings
+        c._on_pong(b"xxxx")  # unsolicited: still waiting
+        assert c.ping_payload == t.pings[0] and not t.closes
+        c._on_pong(t.pings[0])
+        assert c.ping_payload is None and c.ping_timer is not None
+        await asyncio.sleep(0.08)  # next ping at 0.10 (the interval less the round trip), deadline 0.30
+        assert len(t.pings) == 2 and not t.closes, t.pings
+        await asyncio.sleep(0.3)
+        assert t.closes == [(1011, b"keepalive ping timeout")] and heard == [1011], (t.closes, heard)
+        assert off_t.pings == [] and off_t.closes == []
+        off.on_ws_disconnected(off_t)
+        await off.task
+
+    asyncio.run(scenario())
+
+
+def test_a_ping_timeout_longer_than_the_interval_is_accepted():
+    """--ping-timeout-s 20 with --ping-interval-s 5 is a valid uvicorn setting; picows's own
+    auto-ping asserted timeout <= interval in every connection's constructor."""
+    from types import SimpleNamespace
+
+    from nemo_serve.server.picows_listener import UpgradeProtocol
+
+    async def construct():
+        settings = SimpleNamespace(ping_interval_s=5.0, ping_timeout_s=20.0, max_message_bytes=1 << 20)
+        return UpgradeProtocol(SimpleNamespace(settings=settings, limits=None))
+
+    assert asyncio.run(construct()) is not None

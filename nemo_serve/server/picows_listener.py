@@ -29,8 +29,15 @@ on picows:
     is paused, so the session's --send-timeout-s notices a client that stopped reading;
   - backpressure: the socket is not read while MAX_INBOX messages wait for the app (picows itself
     would read and buffer without bound), so the session's MAX_AHEAD_S reaches the client;
-  - abort (`scope["extensions"]["nemo_serve.connection"]["abort"]`) and pings (--ping-interval-s,
-    --ping-timeout-s);
+  - abort (`scope["extensions"]["nemo_serve.connection"]["abort"]`);
+  - keepalive (--ping-interval-s, --ping-timeout-s) as uvicorn's websockets-sansio protocol does it:
+    a ping every interval whether or not the client sends, and no pong within the timeout: close
+    1011 "keepalive ping timeout". picows's own auto-ping is off: it pings only after an interval
+    with nothing received (PING_WHEN_IDLE; a client that keeps sending is never asked) or every
+    interval plus the timeout (PING_PERIODICALLY), closes with 1001 and its own reason, runs a task
+    per connection and refuses a timeout longer than the interval. Here one TimerHandle per
+    connection, a call_later chain (next ping, then the pong's deadline), and nothing per data
+    frame: a pong is looked at in the branch for control frames;
   - a data frame that finds the app's socket idle (its receive task parked, nothing queued) is
     handed to it in the frame callback (the "take_frames" hook, ws_socket.WsSocket.take_frame):
     the same handling with no task wake-up per packet; the rest goes through the inbox;
@@ -47,6 +54,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
+import struct
 from collections import deque
 from urllib.parse import urlsplit
 
@@ -101,12 +110,19 @@ class AppConnection(WSListener):
         self.task: asyncio.Task | None = None
         # The app's socket's synchronous frame handler (ws_socket.WsSocket.take_frame), or None.
         self.take_frame = None
+        # keepalive: the next ping, or (ping_payload set) the deadline of the pong to it
+        self.ping_timer: asyncio.TimerHandle | None = None
+        self.ping_payload: bytes | None = None
+        self.ping_sent_at = 0.0
+        self.ping_rtt_s = 0.0
 
     # ------------------------------------------------------------------ picows callbacks
     def on_ws_connected(self, transport) -> None:
         self.transport = transport
         self.listener.connections.add(self)
         self.task = asyncio.get_running_loop().create_task(self._run_app())
+        if self.listener.settings.ping_interval_s:
+            self._schedule_ping()
 
     def on_ws_frame(self, transport, frame) -> None:
         kind = frame.msg_type
@@ -118,7 +134,9 @@ class AppConnection(WSListener):
             transport.disconnect()
             return
         if kind not in (WSMsgType.BINARY, WSMsgType.TEXT, WSMsgType.CONTINUATION):
-            return  # pings are answered by picows; pongs end its ping timer
+            if kind == WSMsgType.PONG:  # pings are answered by picows
+                self._on_pong(frame.get_payload_as_bytes())
+            return
         if kind != WSMsgType.CONTINUATION:
             self.fragment_opcode, self.fragments = kind, []
         self.fragments.append(frame.get_payload_as_bytes())
@@ -149,18 +167,15 @@ class AppConnection(WSListener):
     def on_ws_disconnected(self, transport) -> None:
         self._push_disconnect(1006)  # the TCP connection's count is UpgradeProtocol's to release
         self.listener.connections.discard(self)
+        if self.ping_timer is not None:
+            self.ping_timer.cancel()
+            self.ping_timer = None
 
     def pause_writing(self) -> None:
         self.writable.clear()
 
     def resume_writing(self) -> None:
         self.writable.set()
-
-    def send_user_specific_ping(self, transport) -> None:
-        transport.send_ping()
-
-    def is_user_specific_pong(self, frame) -> bool:
-        return frame.msg_type == WSMsgType.PONG
 
     def take_frames(self, handler) -> None:
         """The app's hook (scope extension "take_frames"): data frames go to `handler(data) -> bool`
@@ -192,6 +207,40 @@ class AppConnection(WSListener):
             self.transport.send_close(_close_code(message.get("code", 1000)), reason)
             asyncio.get_running_loop().call_later(CLOSE_WAIT_S, self.abort)
             self.gone = True
+
+    # ------------------------------------------------------------------ keepalive
+    def _schedule_ping(self) -> None:
+        # as uvicorn's schedule_ping: the interval counts from the ping before, less its round trip
+        delay_s = max(0.0, self.listener.settings.ping_interval_s - self.ping_rtt_s)
+        self.ping_timer = asyncio.get_running_loop().call_later(delay_s, self._send_ping)
+
+    def _send_ping(self) -> None:
+        self.ping_timer = None
+        if self.gone:  # closing: the close handshake's own deadline (CLOSE_WAIT_S) ends it
+            return
+        loop = asyncio.get_running_loop()
+        # A random payload, as uvicorn's and websockets': a stale or unsolicited pong is not an answer.
+        self.ping_payload = struct.pack("!I", random.getrandbits(32))
+        self.ping_sent_at = loop.time()
+        self.transport.send_ping(self.ping_payload)
+        self.ping_timer = loop.call_later(self.listener.settings.ping_timeout_s, self._on_ping_timeout)
+
+    def _on_pong(self, payload: bytes) -> None:
+        if self.ping_payload is None or payload != self.ping_payload:
+            return
+        self.ping_payload = None
+        self.ping_rtt_s = asyncio.get_running_loop().time() - self.ping_sent_at
+        if self.ping_timer is not None:
+            self.ping_timer.cancel()
+        self._schedule_ping()
+
+    def _on_ping_timeout(self) -> None:
+        self.ping_timer, self.ping_payload = None, None
+        if self.gone:
+            return
+        log.info("closed a fast-ws connection from %s: no pong within %g s", self.scope["client"][0],
+                 self.listener.settings.ping_timeout_s)  # fmt: skip
+        self._fail(1011, "keepalive ping timeout")  # uvicorn's (websockets') code and reason
 
     # ------------------------------------------------------------------ internals
     async def _run_app(self) -> None:
@@ -240,8 +289,8 @@ class UpgradeProtocol(WSProtocol):
         s = listener.settings
         super().__init__(None, None, False, self._on_request, logging.getLogger("picows.server"), True,
                          None,  # picows's handshake timeout: the deadline below answers instead
-                         bool(s.ping_interval_s), s.ping_interval_s or 20, s.ping_timeout_s or 20,
-                         WSAutoPingStrategy.PING_WHEN_IDLE, True, s.max_message_bytes, None, 16 * 1024)  # fmt: skip
+                         False, 20, 20, WSAutoPingStrategy.PING_WHEN_IDLE,  # auto-ping off: AppConnection pings
+                         True, s.max_message_bytes, None, 16 * 1024)  # fmt: skip
         self.fast, self.limits = listener, listener.limits
         self.tcp = None
         self.client = ("", 0)

@@ -2,8 +2,9 @@
 real server. The same sessions run behind it, so these tests check what the listener itself owns:
 tokens equal to NeMo's loop, the subprotocol, frame and message size, invalid UTF-8, the caps, the
 handshake deadline, a client that stops reading, the session's idle timeout reached through it,
-and the drain. Where the uvicorn port promises the same (refusals as HTTP statuses, the caps, the
-request deadline), the same assertion runs against both ports."""
+the drain, and the keepalive timer (through the server: test_keepalive.py). Where the uvicorn port
+promises the same (refusals as HTTP statuses, the caps, the request deadline), the same assertion
+runs against both ports."""
 
 from __future__ import annotations
 

@@ -10,8 +10,10 @@ socket; the call is admitted by the server when its handler runs, so a refusal s
 status, read after the run. The server's bytes are parsed only after the run (blast.fill_records):
 frames, HPACK for the header blocks (one decoder per connection), gRPC messages into the load
 generator's StreamRecords: a partial per interim result (its audio_processed), a final per final
-result (its words stand for tokens: Riva's results carry text only, so the oracle here is /ws's
-final words), `done` at the trailers' grpc-status 0.
+result (its characters stand for tokens: Riva's results carry text only, so the oracle here is
+/ws's final text, spaces dropped, as a Riva stream's segments end where the server's endpointer
+says while the load generator's /ws streams ask for none: a word split by a segment end is still
+the same characters), `done` at the trailers' grpc-status 0.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ def open_stream(port: int, worker: int, item, chunk_ms: float | None) -> tuple[s
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.sendall(opening())
         first = sock.recv(1 << 16)  # the server's SETTINGS: the connection is up
+        sock.sendall(grpc_h2.frame(grpc_h2.SETTINGS, grpc_h2.ACK, 0))
     except OSError as e:
         rec.error = f"connect: {e!r}"[:120]
         return None, rec, b""
@@ -105,11 +108,16 @@ def read_stream(rec: StreamRecord, parts: list[tuple[float, bytes]]) -> None:
                 rec.error = f"HTTP/2 frame {kind} from the server"
 
 
+def characters(text: str) -> list[str]:
+    """What a final is compared by (the module's docstring says why): its characters, no spaces."""
+    return list("".join(text.split()))
+
+
 def _result(rec: StreamRecord, t: float, response) -> None:
     for r in response.results:
         if r.is_final:
-            rec.finals.append({"token_ids": r.alternatives[0].transcript.split(), "text": r.alternatives[0].transcript,
-                               "recv": t})  # fmt: skip
+            text = r.alternatives[0].transcript
+            rec.finals.append({"token_ids": characters(text), "text": text, "recv": t})
             rec.final_recv = t
         else:
             rec.partials.append((t, r.audio_processed, 0.0, 0.0))

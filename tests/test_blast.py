@@ -103,7 +103,7 @@ def test_the_pacer_writes_each_streams_frames_in_order_and_on_time():
 def test_grpc_frames_and_server_bytes_round_trip():
     """--client blast's gRPC streams (blast_grpc.py): each packet is one DATA frame on stream 1
     holding a StreamingRecognizeRequest of the packet's PCM16; the server's bytes, cut anywhere
-    and parsed after the run, give the record its partials, its finals' words and `done` at
+    and parsed after the run, give the record its partials, its finals' characters and `done` at
     grpc-status 0 (an error status is the record's error). Seen failing with read_stream taking
     one gRPC message per DATA frame (the second result of a frame lost)."""
     import hpack
@@ -137,5 +137,5 @@ def test_grpc_frames_and_server_bytes_round_trip():
         rec = StreamRecord(0, "x", 1.0)
         blast_grpc.read_stream(rec, [(1.0, wire[:20]), (2.0, wire[20:47]), (3.0, wire[47:])])
         assert [p[1] for p in rec.partials] == [pytest.approx(0.32)]
-        assert [f["token_ids"] for f in rec.finals] == [["a", "b", "c"]]
+        assert [f["token_ids"] for f in rec.finals] == [["a", "b", "c"]]  # characters, spaces dropped
         assert rec.done is done and (rec.error is None) is done

@@ -506,3 +506,7 @@ def test_grpc_port_needs_a_port_of_its_own():
         Settings.from_sources({"port": 9000, "grpc_port": 9000}, {})
     assert Settings.from_sources({"port": 0, "grpc_port": 0}, {}).grpc_port == 0
     assert Settings.from_sources({}, {}).grpc_port is None  # off unless given
+    for taken in ({"port": 9000}, {"grpc_port": 9000}, {"fast_ws_port": 9000}):  # --fast-grpc-port likewise
+        with pytest.raises(SettingsError, match="--fast-grpc-port"):
+            Settings.from_sources({"port": 8000, **taken, "fast_grpc_port": 9000}, {})
+    assert Settings.from_sources({}, {}).fast_grpc_port is None

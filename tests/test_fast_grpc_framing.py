@@ -223,3 +223,37 @@ def test_an_oversized_prefix_is_refused_before_it_is_buffered():
         assert echo.seen == [b"ok"] and dict(frames[-1][3])["grpc-status"] == "0"
 
     run(test)
+
+
+def test_keepalive_pings_and_the_preface_deadline():
+    """--ping-interval-s: the server PINGs; a client that acks stays, one that does not is dropped
+    after --ping-timeout-s (its call cancelled); a connection that never sends the preface is
+    dropped at --header-timeout-s. Seen failing with the ping's timer never re-armed after an ack
+    (no second PING came)."""
+
+    async def main():
+        echo = Echo()
+        settings = SimpleNamespace(host="127.0.0.1", fast_grpc_port=free_port(), ssl_certfile=None,
+                                   max_message_bytes=MAX_MESSAGE, header_timeout_s=0.3, ping_interval_s=0.1,
+                                   ping_timeout_s=0.2)  # fmt: skip
+        server = FastGrpcServer({PATH: (True, echo, lambda b: b)}, settings)
+        await server.start()
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", settings.fast_grpc_port)
+            client = Client(reader, writer)
+            writer.write(grpc_h2.PREFACE + frame(grpc_h2.SETTINGS, 0, 0) + client.open_call())
+            for _ in range(2):  # acked: the next one comes
+                ping = next(f for f in await client.frames(has(grpc_h2.PING)) if f[0] == grpc_h2.PING)
+                writer.write(frame(grpc_h2.PING, grpc_h2.ACK, 0, ping[3]))
+            assert echo.calls == 1
+            await client.frames(lambda fs: False, timeout_s=2)  # not acked: dropped (the read ends)
+            await asyncio.sleep(0.05)
+            assert echo.calls == 0
+            silent_reader, _ = await asyncio.open_connection("127.0.0.1", settings.fast_grpc_port)
+            async with asyncio.timeout(2):
+                while await silent_reader.read(1 << 16):  # its SETTINGS, then the end at the deadline
+                    pass
+        finally:
+            await server.stop(0.1)
+
+    asyncio.run(main())

@@ -46,3 +46,31 @@ def table_packet_cost_fastgrpc() -> str:
         rows.append(f"| {what} | {listener} | {d['seconds']:g} s x {len(row['repeats'])} | {us:.0f} ({each}) "
                     f"| {per_result:.2f} | {', '.join(f'{k} {v:.0f}' for k, v in parts) or '-'} | {target} µs: {verdict} |")  # fmt: skip
     return "\n".join(rows) + source([FASTGRPC_FILE], [run_info(d)])
+
+
+BLAST_GRPC_FILE = "packet_cost_streams_blast_grpc_cpu.json"  # packet_cost_streams.py --client blast, gRPC paths
+BLAST_GRPC_PATHS = {
+    "ws_picows": "/ws, 20 ms float32 frames, picows (--fast-ws-port), for comparison",
+    "grpc_fastgrpc": "Riva StreamingRecognize, 20 ms PCM16, our HTTP/2 (--fast-grpc-port)",
+    "grpc_aio": "Riva StreamingRecognize, 20 ms PCM16, grpc.aio (--grpc-port)",
+}
+
+
+def table_packet_cost_streams_blast_grpc() -> str:
+    """The blast sender's gRPC mode (blast_grpc.py) beside /ws at the same levels: each run's cell
+    as packet_cost_table's blast table writes it, and words identical to /ws's per path."""
+    from benchmarks.packet_cost_table import _blast_cell, _first_met
+
+    d = read(BLAST_GRPC_FILE)
+    target, levels = d["target_us_per_packet"], sorted({r["streams"] for r in d["rows"]})
+    out = ["| path (1 front end, pinned, paced 20 ms packets, blast sender) | " + " | ".join(f"{n:,} streams" for n in levels)
+           + " | streams whose finals equal /ws's | target |", "|---|" + "---|" * len(levels) + "---|---|"]  # fmt: skip
+    for path, name in BLAST_GRPC_PATHS.items():
+        mine = [r for r in d["rows"] if r["path"] == path]
+        if not mine:
+            continue
+        cells = ["; ".join(_blast_cell(r) for r in mine if r["streams"] == n) or "-" for n in levels]
+        same = ", ".join(f"{r['quality'].get('token_identical_streams', '-')}/{r['quality'].get('streams_compared', '-')}"
+                         for r in mine if r.get("quality"))  # fmt: skip
+        out.append(f"| {name} | " + " | ".join(cells) + f" | {same or '-'} | {target} µs: {_first_met(mine, target)} |")
+    return "\n".join(out) + source([BLAST_GRPC_FILE], [run_info(d)])

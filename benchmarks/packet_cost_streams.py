@@ -44,7 +44,8 @@ Paths: ws_uvicorn (/ws through --port), ws_picows (/ws through --fast-ws-port), 
 generator's realtime streams are 16 kHz: no resampling, unlike packet_cost.py's 24 kHz path);
 with `--client blast` only, grpc_fastgrpc and grpc_aio (Riva StreamingRecognize, 20 ms PCM16 per
 request, interim results, through --fast-grpc-port and --grpc-port: benchmarks/blast_grpc.py, one
-connection per stream; their oracle is /ws's final words, Riva's results carrying no token ids).
+connection per stream; their oracle is /ws's final text as characters, Riva's results carrying no
+token ids).
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ def measure(server: Server, fe_pids: list[int], idle_cores: float, path: str, n:
 
     if args.client == "blast":
         items = args.blast_items
-        if protocol == "grpc":  # Riva's finals carry text: the oracle is /ws's final words (blast_items)
+        if protocol == "grpc":  # Riva's finals carry text: the oracle is /ws's final characters (blast_items)
             items = [dataclasses.replace(it, oracle=args.blast_words.get(it.item_id)) for it in items]
         level, run = blast.measure_level_blast(port, protocol, items, n, args.blast_packets,
                                                num_workers=args.workers, context_right=args.context_right,
@@ -301,8 +302,10 @@ def blast_items(server: Server, args) -> dict:
     by_item = {r.item_id: r.token_ids for r in run.records if r.error is None}
     for it in items:
         it.oracle = by_item.get(it.item_id)
-    # gRPC's oracle: the same finals' words (Riva's results carry text, no token ids); its chunk
-    args.blast_words = {r.item_id: " ".join(f["text"] for f in r.finals).split() for r in run.records if r.error is None}
+    # gRPC's oracle: the same finals' characters (Riva's results carry text, no token ids: blast_grpc.py); its chunk
+    from benchmarks.blast_grpc import characters
+
+    args.blast_words = {r.item_id: characters(" ".join(f["text"] for f in r.finals)) for r in run.records if r.error is None}
     args.chunk_ms = run.chunk_ms
     print(f"reference: {len(by_item)} items, {sum(map(len, by_item.values()))} tokens, {level['verdict']}", flush=True)
     return {"streams": len(items), "verdict": level["verdict"], "tokens_per_item": {k: len(v) for k, v in by_item.items()},

@@ -29,7 +29,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent  # the pages' root (tests point it at a copy)
 sys.path.insert(0, str(ROOT))
 from benchmarks import page_cpu, page_gpu, page_quality, page_results  # noqa: E402
-from benchmarks.grpc_cost_table import table_grpc_layer, table_packet_cost_fastgrpc  # noqa: E402
+from benchmarks.grpc_cost_table import (  # noqa: E402
+    table_grpc_layer,
+    table_packet_cost_fastgrpc,
+    table_packet_cost_streams_blast_grpc,
+)
 from benchmarks.packet_cost_table import (  # noqa: E402
     table_packet_cost_decode,
     table_packet_cost_handover,
@@ -61,6 +65,7 @@ TABLES = {  # marker name -> the function that renders it
     "grpc-layer": table_grpc_layer, "packet-cost-fastgrpc": table_packet_cost_fastgrpc,
     "packet-cost-uvicorn-frames": table_packet_cost_uvicorn_frames,
     "packet-cost-uvicorn-frames-blast": table_packet_cost_uvicorn_frames_blast,
+    "packet-cost-streams-blast-grpc": table_packet_cost_streams_blast_grpc,
     "demo-wer": page_quality.table_demo_wer, "boost-benefit": page_quality.table_boost_benefit,
     "boost-cost": page_quality.table_boost_cost, "overload": page_quality.table_overload, "fuzz": page_quality.table_fuzz,
 }

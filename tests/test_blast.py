@@ -103,7 +103,7 @@ def test_the_pacer_writes_each_streams_frames_in_order_and_on_time():
 def test_grpc_frames_and_server_bytes_round_trip():
     """--client blast's gRPC streams (blast_grpc.py): each packet is one DATA frame on stream 1
     holding a StreamingRecognizeRequest of the packet's PCM16; the server's bytes, cut anywhere
-    and parsed after the run, give the record its partials, its finals' words and `done` at
+    and parsed after the run, give the record its partials, its finals' characters and `done` at
     grpc-status 0 (an error status is the record's error). Seen failing with read_stream taking
     one gRPC message per DATA frame (the second result of a frame lost)."""
     import hpack
@@ -112,12 +112,12 @@ def test_grpc_frames_and_server_bytes_round_trip():
     riva = pytest.importorskip("riva.client.proto.riva_asr_pb2")
     from benchmarks import blast_grpc
     from benchmarks.load_level import StreamRecord
-    from nemo_serve.server import grpc_h2
+    from nemo_serve.server import h2_frames
 
     audio = _audio()
     frames = blast.packet_frames(audio, "grpc", 5)
     for k, f in enumerate(frames):
-        assert f[3] == grpc_h2.DATA and int.from_bytes(f[5:9], "big") == 1 and int.from_bytes(f[:3], "big") == len(f) - 9
+        assert f[3] == h2_frames.DATA and int.from_bytes(f[5:9], "big") == 1 and int.from_bytes(f[:3], "big") == len(f) - 9
         request = riva.StreamingRecognizeRequest.FromString(f[9 + 5 :])
         assert request.audio_content == as_pcm16(audio[k * 320 : (k + 1) * 320]).tobytes()
 
@@ -129,13 +129,13 @@ def test_grpc_frames_and_server_bytes_round_trip():
         return b"\0" + len(data).to_bytes(4, "big") + data
 
     enc = hpack.Encoder()
-    head = grpc_h2.frame(grpc_h2.HEADERS, grpc_h2.END_HEADERS, 1, enc.encode([(":status", "200")]))
-    data = grpc_h2.frame(grpc_h2.DATA, 0, 1, response("a b", False, 0.32) + response("a b c", True, 0.64))
+    head = h2_frames.frame(h2_frames.HEADERS, h2_frames.END_HEADERS, 1, enc.encode([(":status", "200")]))
+    data = h2_frames.frame(h2_frames.DATA, 0, 1, response("a b", False, 0.32) + response("a b c", True, 0.64))
     for status, done in (("0", True), ("8", False)):
-        trailers = grpc_h2.frame(grpc_h2.HEADERS, 5, 1, hpack.Encoder().encode([("grpc-status", status)]))
-        wire = grpc_h2.frame(grpc_h2.SETTINGS, 0, 0) + head + data + trailers
+        trailers = h2_frames.frame(h2_frames.HEADERS, 5, 1, hpack.Encoder().encode([("grpc-status", status)]))
+        wire = h2_frames.frame(h2_frames.SETTINGS, 0, 0) + head + data + trailers
         rec = StreamRecord(0, "x", 1.0)
         blast_grpc.read_stream(rec, [(1.0, wire[:20]), (2.0, wire[20:47]), (3.0, wire[47:])])
         assert [p[1] for p in rec.partials] == [pytest.approx(0.32)]
-        assert [f["token_ids"] for f in rec.finals] == [["a", "b", "c"]]
+        assert [f["token_ids"] for f in rec.finals] == [["a", "b", "c"]]  # characters, spaces dropped
         assert rec.done is done and (rec.error is None) is done

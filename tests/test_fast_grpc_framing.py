@@ -1,4 +1,4 @@
-"""--fast-grpc-port's HTTP/2 (server/grpc_h2.py, fast_grpc.py) in one process, no model: a
+"""--fast-grpc-port's HTTP/2 (server/h2_frames.py, fast_grpc.py) in one process, no model: a
 FastGrpcServer with a test method, and a client that writes frames by hand, so each can be cut,
 split and broken where a real client never would. The real service through the real client is
 tests/test_riva_grpc.py (test_fast_door_*); hostile clients, tests/test_hostile_grpc.py (both doors)."""
@@ -14,7 +14,7 @@ import pytest
 hpack = pytest.importorskip("hpack")
 grpc = pytest.importorskip("grpc")
 
-from nemo_serve.server import grpc_h2  # noqa: E402
+from nemo_serve.server import h2_frames  # noqa: E402
 from nemo_serve.server.fast_grpc import FastGrpcServer  # noqa: E402
 
 from .helpers_server import free_port  # noqa: E402
@@ -67,7 +67,7 @@ class Client:
     def open_call(self, sid: int = 1) -> bytes:
         block = self.encoder.encode([(":method", "POST"), (":scheme", "http"), (":path", PATH),
                                      (":authority", "x"), ("content-type", "application/grpc"), ("te", "trailers")])  # fmt: skip
-        return frame(grpc_h2.HEADERS, grpc_h2.END_HEADERS, sid, block)
+        return frame(h2_frames.HEADERS, h2_frames.END_HEADERS, sid, block)
 
     async def frames(self, until, timeout_s: float = 5.0) -> list[tuple[int, int, int, bytes]]:
         """Frames as they come, until `until(frames)` is true or the connection ends."""
@@ -80,7 +80,7 @@ class Client:
                     break
                 n, kind, flags, sid = int.from_bytes(head[:3], "big"), head[3], head[4], int.from_bytes(head[5:], "big")
                 payload = await self.reader.readexactly(n)
-                if kind == grpc_h2.HEADERS:
+                if kind == h2_frames.HEADERS:
                     payload = self.decoder.decode(payload)
                 out.append((kind, flags, sid, payload))
         return out
@@ -98,7 +98,7 @@ async def serve(echo: Echo):
     await server.start()
     reader, writer = await asyncio.open_connection("127.0.0.1", settings.fast_grpc_port)
     client = Client(reader, writer)
-    writer.write(grpc_h2.PREFACE + frame(grpc_h2.SETTINGS, 0, 0))
+    writer.write(h2_frames.PREFACE + frame(h2_frames.SETTINGS, 0, 0))
     return server, client
 
 
@@ -123,15 +123,15 @@ def test_a_data_frame_split_across_reads_and_messages_split_across_frames():
     async def test(echo, client):
         one, two, three = b"a" * 700, b"b" * 10, b"c" * 3
         body = message(one)
-        wire = client.open_call() + frame(grpc_h2.DATA, 0, 1, body[:3]) + frame(grpc_h2.DATA, 0, 1, body[3:400])
-        wire += frame(grpc_h2.DATA, 0, 1, body[400:]) + frame(grpc_h2.DATA, grpc_h2.END_STREAM, 1, message(two) + message(three))
+        wire = client.open_call() + frame(h2_frames.DATA, 0, 1, body[:3]) + frame(h2_frames.DATA, 0, 1, body[3:400])
+        wire += frame(h2_frames.DATA, 0, 1, body[400:]) + frame(h2_frames.DATA, h2_frames.END_STREAM, 1, message(two) + message(three))
         for i in range(0, len(wire), 7):
             client.writer.write(wire[i : i + 7])
             await client.writer.drain()
             await asyncio.sleep(0)
-        frames = await client.frames(has(grpc_h2.HEADERS, grpc_h2.END_STREAM))
+        frames = await client.frames(has(h2_frames.HEADERS, h2_frames.END_STREAM))
         assert echo.seen == [one, two, three]
-        data = b"".join(f[3] for f in frames if f[0] == grpc_h2.DATA)
+        data = b"".join(f[3] for f in frames if f[0] == h2_frames.DATA)
         assert data == message(b"echo:" + one) + message(b"echo:" + two) + message(b"echo:" + three)
         trailers = dict(frames[-1][3])
         assert trailers["grpc-status"] == "0" and echo.calls == 0
@@ -146,13 +146,13 @@ def test_a_bad_frame_is_goaway_and_the_call_ends(bad):
     leaving its streams alone (echo.calls stayed 1: the handler waited for ever)."""
 
     async def test(echo, client):
-        client.writer.write(client.open_call() + frame(grpc_h2.DATA, 0, 1, message(b"x")))
-        await client.frames(has(grpc_h2.DATA))
+        client.writer.write(client.open_call() + frame(h2_frames.DATA, 0, 1, message(b"x")))
+        await client.frames(has(h2_frames.DATA))
         assert echo.calls == 1
-        codes = {"oversized frame": grpc_h2.FRAME_SIZE_ERROR, "data on an idle stream": grpc_h2.PROTOCOL_ERROR,
-                 "even stream id": grpc_h2.PROTOCOL_ERROR}  # fmt: skip
-        wire = {"oversized frame": frame(grpc_h2.DATA, 0, 1, b"\0" * (grpc_h2.MAX_FRAME + 1)),
-                "data on an idle stream": frame(grpc_h2.DATA, 0, 9, b"x"),
+        codes = {"oversized frame": h2_frames.FRAME_SIZE_ERROR, "data on an idle stream": h2_frames.PROTOCOL_ERROR,
+                 "even stream id": h2_frames.PROTOCOL_ERROR}  # fmt: skip
+        wire = {"oversized frame": frame(h2_frames.DATA, 0, 1, b"\0" * (h2_frames.MAX_FRAME + 1)),
+                "data on an idle stream": frame(h2_frames.DATA, 0, 9, b"x"),
                 "even stream id": client.open_call(2)}.get(bad)  # fmt: skip
         if wire is None:  # a second connection whose preface is wrong: dropped without a call
             _, bare = await asyncio.open_connection("127.0.0.1", client.writer.get_extra_info("peername")[1])
@@ -162,7 +162,7 @@ def test_a_bad_frame_is_goaway_and_the_call_ends(bad):
             return
         client.writer.write(wire)
         frames = await client.frames(lambda fs: False)  # to the connection's end
-        goaway = [f for f in frames if f[0] == grpc_h2.GOAWAY]
+        goaway = [f for f in frames if f[0] == h2_frames.GOAWAY]
         assert goaway and struct.unpack(">LL", goaway[0][3][:8]) == (1, codes[bad]), frames
         await asyncio.sleep(0.05)
         assert echo.calls == 0
@@ -178,32 +178,32 @@ def test_window_accounting_stops_a_client_whose_handler_stopped_reading():
 
     async def test(echo, client):
         chunk = message(b"z" * 4000)  # 4,005 bytes
-        client.writer.write(client.open_call() + frame(grpc_h2.DATA, 0, 1, chunk))
-        await client.frames(has(grpc_h2.DATA))
+        client.writer.write(client.open_call() + frame(h2_frames.DATA, 0, 1, chunk))
+        await client.frames(has(h2_frames.DATA))
         echo.reading.clear()
         await asyncio.sleep(0.05)
         sent = len(chunk)
-        while sent + len(chunk) <= grpc_h2.STREAM_WINDOW:
-            client.writer.write(frame(grpc_h2.DATA, 0, 1, chunk))
+        while sent + len(chunk) <= h2_frames.STREAM_WINDOW:
+            client.writer.write(frame(h2_frames.DATA, 0, 1, chunk))
             sent += len(chunk)
         frames = []
         try:
-            frames = await client.frames(has(grpc_h2.WINDOW_UPDATE), timeout_s=0.5)
+            frames = await client.frames(has(h2_frames.WINDOW_UPDATE), timeout_s=0.5)
         except TimeoutError:
             pass
-        stream_updates = [f for f in frames if f[0] == grpc_h2.WINDOW_UPDATE and f[2] == 1]
+        stream_updates = [f for f in frames if f[0] == h2_frames.WINDOW_UPDATE and f[2] == 1]
         assert not stream_updates, "credited while the handler was not reading"
         echo.reading.set()
-        frames = await client.frames(lambda fs: any(f[0] == grpc_h2.WINDOW_UPDATE and f[2] == 1 for f in fs))
-        credited = sum(int.from_bytes(f[3], "big") for f in frames if f[0] == grpc_h2.WINDOW_UPDATE and f[2] == 1)
+        frames = await client.frames(lambda fs: any(f[0] == h2_frames.WINDOW_UPDATE and f[2] == 1 for f in fs))
+        credited = sum(int.from_bytes(f[3], "big") for f in frames if f[0] == h2_frames.WINDOW_UPDATE and f[2] == 1)
         assert credited == sent, (credited, sent)
         echo.reading.clear()  # one byte past the window, none of it taken: a connection error
         await asyncio.sleep(0.05)
-        window_left = grpc_h2.STREAM_WINDOW - sent + credited
-        client.writer.write(b"".join(frame(grpc_h2.DATA, 0, 1, b"\0" * 16000) for _ in range(window_left // 16000 + 1)))
-        frames = await client.frames(has(grpc_h2.GOAWAY))
-        goaway = [f for f in frames if f[0] == grpc_h2.GOAWAY]
-        assert goaway and struct.unpack(">LL", goaway[0][3][:8])[1] == grpc_h2.FLOW_CONTROL_ERROR
+        window_left = h2_frames.STREAM_WINDOW - sent + credited
+        client.writer.write(b"".join(frame(h2_frames.DATA, 0, 1, b"\0" * 16000) for _ in range(window_left // 16000 + 1)))
+        frames = await client.frames(has(h2_frames.GOAWAY))
+        goaway = [f for f in frames if f[0] == h2_frames.GOAWAY]
+        assert goaway and struct.unpack(">LL", goaway[0][3][:8])[1] == h2_frames.FLOW_CONTROL_ERROR
 
     run(test)
 
@@ -214,12 +214,46 @@ def test_an_oversized_prefix_is_refused_before_it_is_buffered():
     (timed out waiting for the status) without the prefix's size check."""
 
     async def test(echo, client):
-        client.writer.write(client.open_call() + frame(grpc_h2.DATA, 0, 1, b"\x00\x40\x00\x00\x00" + b"\0" * 100))
-        frames = await client.frames(has(grpc_h2.HEADERS, grpc_h2.END_STREAM))
+        client.writer.write(client.open_call() + frame(h2_frames.DATA, 0, 1, b"\x00\x40\x00\x00\x00" + b"\0" * 100))
+        frames = await client.frames(has(h2_frames.HEADERS, h2_frames.END_STREAM))
         trailers = dict(frames[-1][3])
         assert trailers["grpc-status"] == "8" and "larger than max" in trailers["grpc-message"], trailers
-        client.writer.write(client.open_call(3) + frame(grpc_h2.DATA, grpc_h2.END_STREAM, 3, message(b"ok")))
-        frames = await client.frames(has(grpc_h2.HEADERS, grpc_h2.END_STREAM))
+        client.writer.write(client.open_call(3) + frame(h2_frames.DATA, h2_frames.END_STREAM, 3, message(b"ok")))
+        frames = await client.frames(has(h2_frames.HEADERS, h2_frames.END_STREAM))
         assert echo.seen == [b"ok"] and dict(frames[-1][3])["grpc-status"] == "0"
 
     run(test)
+
+
+def test_keepalive_pings_and_the_preface_deadline():
+    """--ping-interval-s: the server PINGs; a client that acks stays, one that does not is dropped
+    after --ping-timeout-s (its call cancelled); a connection that never sends the preface is
+    dropped at --header-timeout-s. Seen failing with the ping's timer never re-armed after an ack
+    (no second PING came)."""
+
+    async def main():
+        echo = Echo()
+        settings = SimpleNamespace(host="127.0.0.1", fast_grpc_port=free_port(), ssl_certfile=None,
+                                   max_message_bytes=MAX_MESSAGE, header_timeout_s=0.3, ping_interval_s=0.1,
+                                   ping_timeout_s=0.2)  # fmt: skip
+        server = FastGrpcServer({PATH: (True, echo, lambda b: b)}, settings)
+        await server.start()
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", settings.fast_grpc_port)
+            client = Client(reader, writer)
+            writer.write(h2_frames.PREFACE + frame(h2_frames.SETTINGS, 0, 0) + client.open_call())
+            for _ in range(2):  # acked: the next one comes
+                ping = next(f for f in await client.frames(has(h2_frames.PING)) if f[0] == h2_frames.PING)
+                writer.write(frame(h2_frames.PING, h2_frames.ACK, 0, ping[3]))
+            assert echo.calls == 1
+            await client.frames(lambda fs: False, timeout_s=2)  # not acked: dropped (the read ends)
+            await asyncio.sleep(0.05)
+            assert echo.calls == 0
+            silent_reader, _ = await asyncio.open_connection("127.0.0.1", settings.fast_grpc_port)
+            async with asyncio.timeout(2):
+                while await silent_reader.read(1 << 16):  # its SETTINGS, then the end at the deadline
+                    pass
+        finally:
+            await server.stop(0.1)
+
+    asyncio.run(main())

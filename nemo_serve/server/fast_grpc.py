@@ -7,7 +7,7 @@ peer), so StreamingRecognize, Recognize and GetRivaSpeechRecognitionConfig, the 
 admission, token, limits (calls per address and in all), idle and duration clocks, slow readers
 and the drain are the --grpc-port door's code. What grpc.aio did besides, done here:
   - a request message over --max-message-bytes: RESOURCE_EXHAUSTED from its 5-byte prefix, before
-    any of it is buffered (grpc_h2.H2Stream.data);
+    any of it is buffered (grpc_stream.H2Stream.data);
   - grpc-timeout: the call is cancelled at its deadline, DEADLINE_EXCEEDED;
   - a client's RST_STREAM or a dropped connection cancels the call's handler (its `finally:`
     gives the slot back), as grpc.aio cancels it;
@@ -24,7 +24,8 @@ import logging
 
 import grpc
 
-from .grpc_h2 import H2Connection, H2Stream
+from .grpc_h2 import H2Connection
+from .grpc_stream import H2Stream
 from .riva_protos import request_parser
 
 log = logging.getLogger("nemo_serve.riva")

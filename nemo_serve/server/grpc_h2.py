@@ -19,7 +19,9 @@ gRPC needs of HTTP/2 is here (RFC 9113; gRPC's PROTOCOL-HTTP2.md):
   RST_STREAM     from the client cancels the call's handler; ours ends a stream we refuse
   GOAWAY         on a connection error (the client's protocol violation) and at shutdown
 
-Owner of every stream and window here: the event loop. What a call does is fast_grpc.py's.
+Here the connection; a call's stream (message assembly, windows, sends) is grpc_stream.py's, the
+wire's constants and small pieces h2_frames.py's. Owner of every stream and window: the event
+loop. What a call does is fast_grpc.py's.
 """
 
 from __future__ import annotations
@@ -27,173 +29,54 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-from collections import deque
 
 import hpack
 
+from .grpc_stream import H2Stream
+from .h2_frames import (
+    ACK,
+    CANCEL,
+    COMPRESSION_ERROR,
+    CONNECTION_WINDOW,
+    CONTINUATION,
+    DATA,
+    END_HEADERS,
+    END_STREAM,
+    ENHANCE_YOUR_CALM,
+    FLOW_CONTROL_ERROR,
+    FRAME_HEAD,
+    FRAME_SIZE_ERROR,
+    GOAWAY,
+    HEADERS,
+    MAX_FRAME,
+    MAX_HEADER_BLOCK,
+    MAX_STREAMS,
+    MAX_WINDOW,
+    NO_ERROR,
+    PADDED,
+    PING,
+    PREFACE,
+    PRIORITY_FLAG,
+    PROTOCOL_ERROR,
+    PUSH_PROMISE,
+    ProtocolViolation,
+    REFUSED_STREAM,
+    RST_STREAM,
+    SETTINGS,
+    STREAM_CLOSED,
+    STREAM_WINDOW,
+    S_HEADER_TABLE_SIZE,
+    S_INITIAL_WINDOW_SIZE,
+    S_MAX_CONCURRENT_STREAMS,
+    S_MAX_FRAME_SIZE,
+    WINDOW_UPDATE,
+    frame,
+    percent_encode,
+    unpad,
+    window_update,
+)
+
 log = logging.getLogger("nemo_serve.riva")
-
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
-END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY_FLAG = 0x1, 0x1, 0x4, 0x8, 0x20
-NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0, 1, 2, 3
-STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 5, 6, 7, 8, 9, 11
-S_HEADER_TABLE_SIZE, S_MAX_CONCURRENT_STREAMS, S_INITIAL_WINDOW_SIZE, S_MAX_FRAME_SIZE = 1, 3, 4, 5
-
-MAX_FRAME = 16384  # ours: the protocol's default; every gRPC client frames to it
-MAX_HEADER_BLOCK = 16 * 1024  # a request's headers (grpc's own default metadata cap is 8 KiB)
-MAX_STREAMS = 100  # concurrent calls per connection (SETTINGS_MAX_CONCURRENT_STREAMS)
-STREAM_WINDOW = 65535  # a stream's receive window: messages its handler has not taken
-CONNECTION_WINDOW = 16 << 20  # credited as bytes arrive: stream windows bound what is buffered
-MAX_WINDOW = (1 << 31) - 1
-_HEAD = struct.Struct(">HBBBL")  # length (24 bits: 16 + 8), type, flags, R + stream id
-_PREFIX = struct.Struct(">BL")  # gRPC: compressed flag, message length
-
-
-def frame(kind: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
-    n = len(payload)
-    return _HEAD.pack(n >> 8, n & 0xFF, kind, flags, stream_id) + payload
-
-
-def window_update(stream_id: int, n: int) -> bytes:
-    return frame(WINDOW_UPDATE, 0, stream_id, n.to_bytes(4, "big"))
-
-
-class ConnectionError_(Exception):
-    """The client broke HTTP/2: GOAWAY with `code`, then the connection is closed."""
-
-    def __init__(self, code: int, why: str) -> None:
-        super().__init__(why)
-        self.code = code
-
-
-class H2Stream:
-    """One call's HTTP/2 stream: its incoming messages and outgoing bytes. Owner: the connection;
-    the call's handler reads (`read`) and writes (`send`) through it."""
-
-    def __init__(self, conn: "H2Connection", stream_id: int, headers: list[tuple[str, str]]) -> None:
-        self.conn, self.id, self.headers = conn, stream_id, headers
-        self.inbox: deque = deque()  # whole messages (bytes) the handler has not taken
-        self.waiter: asyncio.Future | None = None  # the handler's read, waiting for the inbox
-        self.partial = bytearray()  # a message's bytes so far, prefix included
-        self.need = 0  # the message's length once its prefix is in (0: no prefix yet)
-        self.in_ended = False  # the client's END_STREAM (or the stream reset)
-        self.recv_window = STREAM_WINDOW
-        self.owed = 0  # bytes received and not credited back yet
-        self.send_window = conn.peer_initial_window
-        self.out = bytearray()  # DATA bytes waiting for a window
-        self.drained: asyncio.Future | None = None
-        self.headers_sent = False
-        self.closed = False  # trailers or RST_STREAM sent: nothing more goes out
-        self.task: asyncio.Task | None = None  # the handler (fast_grpc.py)
-        self.refusal: tuple[int, str] | None = None  # (grpc status, message): the call is ended for this
-        # A message that finds the handler parked in `read` (the inbox empty) goes to take(message)
-        # first, in data_received: True, handled (no task wake-up); False, to the inbox as before.
-        self.take = None
-
-    # ------------------------------------------------------------------ in (the connection calls)
-    def data(self, payload, n: int, end: bool) -> None:
-        """A DATA frame's payload (`n`: its length with padding, what the window counts)."""
-        self.owed += n
-        if self.refusal is not None or self.closed:
-            return  # credited to the connection already; the stream's window no longer matters
-        limit = self.conn.max_message_bytes
-        view = memoryview(payload)
-        while view:
-            if not self.need:
-                take = min(5 - len(self.partial), len(view))
-                self.partial += view[:take]
-                view = view[take:]
-                if len(self.partial) < 5:
-                    break
-                compressed, size = _PREFIX.unpack_from(self.partial)
-                if compressed:
-                    self.refuse(12, "compressed messages are not served (no grpc-encoding)")  # UNIMPLEMENTED
-                    return
-                if size > limit:  # refused before a byte of it is buffered
-                    self.refuse(8, f"Received message larger than max ({size} vs. {limit})")  # RESOURCE_EXHAUSTED
-                    return
-                self.need = 5 + size
-            take = min(self.need - len(self.partial), len(view))
-            self.partial += view[:take]
-            view = view[take:]
-            if len(self.partial) == self.need:
-                self._deliver(bytes(self.partial[5:]))
-                self.partial.clear()
-                self.need = 0
-        if end:
-            self.end_input()
-        elif not self.inbox:  # a message's part: credited now (it cannot be taken before it is whole)
-            self._credit()
-
-    def _deliver(self, message: bytes) -> None:
-        waiter = self.waiter
-        if self.take is not None and waiter is not None and not waiter.done() and not self.inbox and self.take(message):
-            return
-        self.inbox.append(message)
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(None)
-
-    def end_input(self) -> None:
-        self.in_ended = True
-        if self.partial:  # the stream ended inside a message
-            self.refuse(13, "the request stream ended inside a message")  # INTERNAL, as grpc
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(None)
-
-    def refuse(self, code: int, message: str) -> None:
-        """End the call with a status: its handler is cancelled, the status sent in its place."""
-        if self.refusal is None and not self.closed:
-            self.refusal = (code, message)
-            self.partial.clear()
-            if self.task is not None:
-                self.task.cancel()
-            else:
-                self.conn.finish(self, code, message)
-
-    # ------------------------------------------------------------------ the handler's side
-    async def read(self) -> bytes | None:
-        """The next whole message, None at the end of the client's stream."""
-        while not self.inbox:
-            if self.in_ended:
-                return None
-            self.waiter = self.conn.loop.create_future()
-            try:
-                await self.waiter
-            finally:
-                self.waiter = None
-        message = self.inbox.popleft()
-        if not self.inbox:
-            self._credit()
-        return message
-
-    def _credit(self) -> None:
-        """The bytes received, back to the client's window once the handler has taken every whole
-        message (a handler that stopped reading stops its client), in batches of a quarter window."""
-        if self.owed >= STREAM_WINDOW // 4 and not self.in_ended:
-            self.conn.write(window_update(self.id, self.owed))
-            self.recv_window += self.owed
-            self.owed = 0
-
-    async def send(self, message: bytes) -> None:
-        """One gRPC message out; returns once it is with the transport and the transport takes
-        more (the session's send timeout bounds a client that stopped reading or crediting)."""
-        if self.closed:
-            raise ConnectionResetError("the stream is closed")
-        self.conn.send_headers(self)
-        self.out += _PREFIX.pack(0, len(message))
-        self.out += message
-        self.conn.flush(self)
-        while (self.out or not self.conn.writable) and not self.closed:
-            self.drained = self.conn.loop.create_future()
-            try:
-                await self.drained
-            finally:
-                self.drained = None
-
-    def wake(self) -> None:
-        if self.drained is not None and not self.drained.done():
-            self.drained.set_result(None)
 
 
 class H2Connection(asyncio.Protocol):
@@ -238,32 +121,42 @@ class H2Connection(asyncio.Protocol):
         self.timer = self.loop.call_later(self.server.settings.header_timeout_s, self._no_preface)
 
     def data_received(self, data: bytes) -> None:
-        buf = self.buf
-        buf += data
+        # Frames are parsed from `data` itself when nothing is held over from the last read (the
+        # usual case: a paced client's packet arrives whole), else from the buffer it joins.
+        buf = data
+        if self.buf or not self.preface_seen:
+            buf = self.buf
+            buf += data
         try:
             if not self.preface_seen:
                 if len(buf) < len(PREFACE):
                     if PREFACE.startswith(bytes(buf)):
                         return
-                    raise ConnectionError_(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
+                    raise ProtocolViolation(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
                 if buf[: len(PREFACE)] != PREFACE:
-                    raise ConnectionError_(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
+                    raise ProtocolViolation(PROTOCOL_ERROR, "not an HTTP/2 connection preface")
                 del buf[: len(PREFACE)]
                 self.preface_seen = True
                 self._keepalive()
             pos, end = 0, len(buf)
             while end - pos >= 9:
-                hi, lo, kind, flags, sid = _HEAD.unpack_from(buf, pos)
+                hi, lo, kind, flags, sid = FRAME_HEAD.unpack_from(buf, pos)
                 n = hi << 8 | lo
                 if n > MAX_FRAME:
-                    raise ConnectionError_(FRAME_SIZE_ERROR, f"a frame of {n} bytes (max {MAX_FRAME})")
+                    raise ProtocolViolation(FRAME_SIZE_ERROR, f"a frame of {n} bytes (max {MAX_FRAME})")
                 if end - pos < 9 + n:
                     break
                 payload = buf[pos + 9 : pos + 9 + n]
                 pos += 9 + n
-                self._frame(kind, flags, sid & 0x7FFFFFFF, payload)
-            del buf[:pos]
-        except ConnectionError_ as e:
+                if kind == DATA and self.block is None:  # the audio: straight to its stream
+                    self._data(flags, sid & 0x7FFFFFFF, payload)
+                else:
+                    self._frame(kind, flags, sid & 0x7FFFFFFF, payload)
+            if buf is self.buf:
+                del buf[:pos]
+            elif pos < len(buf):
+                self.buf += buf[pos:]
+        except ProtocolViolation as e:
             self.fail(e.code, str(e))
         except hpack.HPACKError as e:
             self.fail(COMPRESSION_ERROR, f"bad header block: {type(e).__name__}")
@@ -292,14 +185,14 @@ class H2Connection(asyncio.Protocol):
     # ------------------------------------------------------------------ frames in
     def _frame(self, kind: int, flags: int, sid: int, payload: bytearray) -> None:
         if self.block is not None and kind != CONTINUATION:
-            raise ConnectionError_(PROTOCOL_ERROR, "a header block interrupted")
+            raise ProtocolViolation(PROTOCOL_ERROR, "a header block interrupted")
         if kind == DATA:
             self._data(flags, sid, payload)
         elif kind == HEADERS:
             self._headers(flags, sid, payload)
         elif kind == CONTINUATION:
             if self.block is None or sid != self.block_stream:
-                raise ConnectionError_(PROTOCOL_ERROR, "CONTINUATION without its HEADERS")
+                raise ProtocolViolation(PROTOCOL_ERROR, "CONTINUATION without its HEADERS")
             self._add_block(payload, flags)
         elif kind == SETTINGS:
             self._settings(flags, sid, payload)
@@ -307,7 +200,7 @@ class H2Connection(asyncio.Protocol):
             self._window_update(sid, payload)
         elif kind == PING:
             if len(payload) != 8 or sid:
-                raise ConnectionError_(FRAME_SIZE_ERROR, "a PING of the wrong size or on a stream")
+                raise ProtocolViolation(FRAME_SIZE_ERROR, "a PING of the wrong size or on a stream")
             if not flags & ACK:
                 self.write(frame(PING, ACK, 0, bytes(payload)))
             else:
@@ -319,7 +212,7 @@ class H2Connection(asyncio.Protocol):
         elif kind == GOAWAY:
             self.going_away = True
         elif kind == PUSH_PROMISE:
-            raise ConnectionError_(PROTOCOL_ERROR, "PUSH_PROMISE from a client")
+            raise ProtocolViolation(PROTOCOL_ERROR, "PUSH_PROMISE from a client")
         # PRIORITY and unknown frame types: ignored (RFC 9113 5.5)
 
     def _data(self, flags: int, sid: int, payload: bytearray) -> None:
@@ -331,21 +224,21 @@ class H2Connection(asyncio.Protocol):
         stream = self.streams.get(sid)
         if stream is None:
             if sid == 0 or sid > self.last_stream_id:
-                raise ConnectionError_(PROTOCOL_ERROR, f"DATA on idle stream {sid}")
+                raise ProtocolViolation(PROTOCOL_ERROR, f"DATA on idle stream {sid}")
             return  # a stream we closed: its late data is dropped (credited to the connection above)
         if stream.in_ended:
             self._reset(stream, STREAM_CLOSED)
             return
         if flags & PADDED:
-            payload = _unpad(payload)
+            payload = unpad(payload)
         stream.recv_window -= n  # the whole frame, padding included, counts (RFC 9113 6.9.1)
         if stream.recv_window < 0:
-            raise ConnectionError_(FLOW_CONTROL_ERROR, f"stream {sid} sent past its window")
+            raise ProtocolViolation(FLOW_CONTROL_ERROR, f"stream {sid} sent past its window")
         stream.data(payload, n, bool(flags & END_STREAM))
 
     def _headers(self, flags: int, sid: int, payload: bytearray) -> None:
         if flags & PADDED:
-            payload = _unpad(payload)
+            payload = unpad(payload)
         if flags & PRIORITY_FLAG:
             payload = payload[5:]
         self.block, self.block_stream, self.block_end_stream = bytearray(), sid, bool(flags & END_STREAM)
@@ -354,7 +247,7 @@ class H2Connection(asyncio.Protocol):
     def _add_block(self, payload: bytearray, flags: int) -> None:
         self.block += payload
         if len(self.block) > MAX_HEADER_BLOCK:
-            raise ConnectionError_(ENHANCE_YOUR_CALM, f"a header block over {MAX_HEADER_BLOCK} bytes")
+            raise ProtocolViolation(ENHANCE_YOUR_CALM, f"a header block over {MAX_HEADER_BLOCK} bytes")
         if flags & END_HEADERS:
             block, self.block = bytes(self.block), None
             headers = self.decoder.decode(block)  # always: the decoder's table follows every block
@@ -364,11 +257,11 @@ class H2Connection(asyncio.Protocol):
         stream = self.streams.get(sid)
         if stream is not None:  # trailers from the client: only END_STREAM matters
             if not end_stream:
-                raise ConnectionError_(PROTOCOL_ERROR, "a second header block without END_STREAM")
+                raise ProtocolViolation(PROTOCOL_ERROR, "a second header block without END_STREAM")
             stream.end_input()
             return
         if sid % 2 == 0 or sid <= self.last_stream_id:
-            raise ConnectionError_(PROTOCOL_ERROR, f"HEADERS opening stream {sid}")
+            raise ProtocolViolation(PROTOCOL_ERROR, f"HEADERS opening stream {sid}")
         self.last_stream_id = sid
         stream = H2Stream(self, sid, headers)
         if len(self.streams) >= MAX_STREAMS or self.going_away:
@@ -381,22 +274,22 @@ class H2Connection(asyncio.Protocol):
 
     def _settings(self, flags: int, sid: int, payload: bytearray) -> None:
         if sid:
-            raise ConnectionError_(PROTOCOL_ERROR, "SETTINGS on a stream")
+            raise ProtocolViolation(PROTOCOL_ERROR, "SETTINGS on a stream")
         if flags & ACK:
             return
         if len(payload) % 6:
-            raise ConnectionError_(FRAME_SIZE_ERROR, "SETTINGS of a bad length")
+            raise ProtocolViolation(FRAME_SIZE_ERROR, "SETTINGS of a bad length")
         for i in range(0, len(payload), 6):
             key, value = struct.unpack_from(">HL", payload, i)
             if key == S_INITIAL_WINDOW_SIZE:
                 if value > MAX_WINDOW:
-                    raise ConnectionError_(FLOW_CONTROL_ERROR, "SETTINGS_INITIAL_WINDOW_SIZE too large")
+                    raise ProtocolViolation(FLOW_CONTROL_ERROR, "SETTINGS_INITIAL_WINDOW_SIZE too large")
                 delta, self.peer_initial_window = value - self.peer_initial_window, value
                 for stream in self.streams.values():
                     stream.send_window += delta
             elif key == S_MAX_FRAME_SIZE:
                 if not 16384 <= value < 1 << 24:
-                    raise ConnectionError_(PROTOCOL_ERROR, "SETTINGS_MAX_FRAME_SIZE out of range")
+                    raise ProtocolViolation(PROTOCOL_ERROR, "SETTINGS_MAX_FRAME_SIZE out of range")
                 self.peer_max_frame = value
             elif key == S_HEADER_TABLE_SIZE:
                 self.encoder.header_table_size = min(value, 4096)
@@ -406,12 +299,12 @@ class H2Connection(asyncio.Protocol):
 
     def _window_update(self, sid: int, payload: bytearray) -> None:
         if len(payload) != 4:
-            raise ConnectionError_(FRAME_SIZE_ERROR, "WINDOW_UPDATE of a bad length")
+            raise ProtocolViolation(FRAME_SIZE_ERROR, "WINDOW_UPDATE of a bad length")
         n = int.from_bytes(payload, "big") & 0x7FFFFFFF
         if sid == 0:
             self.send_window += n
             if self.send_window > MAX_WINDOW:
-                raise ConnectionError_(FLOW_CONTROL_ERROR, "connection window over 2^31-1")
+                raise ProtocolViolation(FLOW_CONTROL_ERROR, "connection window over 2^31-1")
             for stream in list(self.streams.values()):
                 self.flush(stream)
         elif (stream := self.streams.get(sid)) is not None:
@@ -451,7 +344,7 @@ class H2Connection(asyncio.Protocol):
         if stream.out:  # the client never granted the window for what we owe it: no status can follow
             self._reset(stream, CANCEL)
             return
-        fields = [("grpc-status", str(code))] + ([("grpc-message", _percent(message))] if message else [])
+        fields = [("grpc-status", str(code))] + ([("grpc-message", percent_encode(message))] if message else [])
         if not stream.headers_sent:
             fields = [(":status", "200"), ("content-type", "application/grpc"), *fields]
         stream.headers_sent = True
@@ -469,7 +362,8 @@ class H2Connection(asyncio.Protocol):
         """The stream is over (our status sent, or reset by either side): its handler, if still
         running, is cancelled; its late frames are dropped."""
         stream.closed = True
-        stream.end_input() if not stream.in_ended else None
+        if not stream.in_ended:
+            stream.end_input()
         stream.wake()
         self.streams.pop(stream.id, None)
         if stream.task is not None and not stream.task.done() and stream.task is not asyncio.current_task():
@@ -518,14 +412,3 @@ class H2Connection(asyncio.Protocol):
         self.ping_due = True
         self.write(frame(PING, 0, 0, b"keepaliv"))
         self.timer = self.loop.call_later(self.server.settings.ping_timeout_s, self._keepalive)
-
-
-def _unpad(payload: bytearray) -> bytearray:
-    if not payload or payload[0] >= len(payload):
-        raise ConnectionError_(PROTOCOL_ERROR, "padding longer than its frame")
-    return payload[1 : len(payload) - payload[0]]
-
-
-def _percent(message: str) -> str:
-    """grpc-message's percent-encoding: UTF-8 bytes outside printable ASCII, and '%' itself."""
-    return "".join(chr(b) if 0x20 <= b <= 0x7E and b != 0x25 else f"%{b:02X}" for b in message.encode())

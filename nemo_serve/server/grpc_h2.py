@@ -174,10 +174,17 @@ class H2Connection(asyncio.Protocol):
         self.server.connection_lost(self)
 
     def pause_writing(self) -> None:
+        # A client that does not read must not make us write: PING, SETTINGS and refusals are
+        # answered, so their answers would pile up in the transport without bound. Reading stops
+        # until it reads: what is buffered is the high-water mark and one read's answers.
         self.writable = False
+        if self.transport is not None:
+            self.transport.pause_reading()
 
     def resume_writing(self) -> None:
         self.writable = True
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
         for stream in list(self.streams.values()):
             if not stream.out:
                 stream.wake()

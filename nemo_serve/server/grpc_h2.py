@@ -50,6 +50,7 @@ from .h2_frames import (
     HEADERS,
     MAX_FRAME,
     MAX_HEADER_BLOCK,
+    MAX_RESETS_PER_S,
     MAX_STREAMS,
     MAX_WINDOW,
     NO_ERROR,
@@ -100,6 +101,8 @@ class H2Connection(asyncio.Protocol):
         self.block: bytearray | None = None  # a header block waiting for its CONTINUATION frames
         self.block_stream = 0
         self.block_end_stream = False
+        self.resets = 0  # streams reset by the client or refused by us since `resets_since`
+        self.resets_since = 0.0
         self.peer_initial_window = 65535
         self.peer_max_frame = 16384
         self.send_window = 65535  # the connection's, the peer's to grant
@@ -215,6 +218,7 @@ class H2Connection(asyncio.Protocol):
         elif kind == RST_STREAM:
             stream = self.streams.get(sid)
             if stream is not None:
+                self._count_reset()
                 self.close_stream(stream)
         elif kind == GOAWAY:
             self.going_away = True
@@ -272,6 +276,7 @@ class H2Connection(asyncio.Protocol):
         self.last_stream_id = sid
         stream = H2Stream(self, sid, headers)
         if len(self.streams) >= MAX_STREAMS or self.going_away:
+            self._count_reset()
             self.write(frame(RST_STREAM, 0, sid, REFUSED_STREAM.to_bytes(4, "big")))
             return
         self.streams[sid] = stream
@@ -317,6 +322,15 @@ class H2Connection(asyncio.Protocol):
         elif (stream := self.streams.get(sid)) is not None:
             stream.send_window += n
             self.flush(stream)
+
+    def _count_reset(self) -> None:
+        """A stream reset by the client or refused by us; over MAX_RESETS_PER_S: GOAWAY."""
+        now = self.loop.time()
+        if now - self.resets_since >= 1.0:
+            self.resets, self.resets_since = 0, now
+        self.resets += 1
+        if self.resets > MAX_RESETS_PER_S:
+            raise ProtocolViolation(ENHANCE_YOUR_CALM, f"over {MAX_RESETS_PER_S} streams reset in a second")
 
     # ------------------------------------------------------------------ frames out
     def write(self, data: bytes) -> None:

@@ -291,14 +291,13 @@ class H2Connection(asyncio.Protocol):
             return
         if len(payload) % 6:
             raise ProtocolViolation(FRAME_SIZE_ERROR, "SETTINGS of a bad length")
+        initial_window = self.peer_initial_window
         for i in range(0, len(payload), 6):
             key, value = struct.unpack_from(">HL", payload, i)
             if key == S_INITIAL_WINDOW_SIZE:
                 if value > MAX_WINDOW:
                     raise ProtocolViolation(FLOW_CONTROL_ERROR, "SETTINGS_INITIAL_WINDOW_SIZE too large")
-                delta, self.peer_initial_window = value - self.peer_initial_window, value
-                for stream in self.streams.values():
-                    stream.send_window += delta
+                initial_window = value
             elif key == S_MAX_FRAME_SIZE:
                 if not 16384 <= value < 1 << 24:
                     raise ProtocolViolation(PROTOCOL_ERROR, "SETTINGS_MAX_FRAME_SIZE out of range")
@@ -306,21 +305,36 @@ class H2Connection(asyncio.Protocol):
             elif key == S_HEADER_TABLE_SIZE:
                 self.encoder.header_table_size = min(value, 4096)
         self.write(frame(SETTINGS, ACK, 0))
-        for stream in list(self.streams.values()):
-            self.flush(stream)
+        # The streams' windows move once per frame, not per entry, and are flushed only when they
+        # grew: a SETTINGS flood must not cost a pass over every stream per frame (or per entry).
+        delta, self.peer_initial_window = initial_window - self.peer_initial_window, initial_window
+        if delta:
+            for stream in list(self.streams.values()):
+                stream.send_window += delta
+                if stream.send_window > MAX_WINDOW:
+                    raise ProtocolViolation(FLOW_CONTROL_ERROR, f"stream {stream.id}'s window over 2^31-1")
+                if delta > 0:
+                    self.flush(stream)
 
     def _window_update(self, sid: int, payload: bytearray) -> None:
         if len(payload) != 4:
             raise ProtocolViolation(FRAME_SIZE_ERROR, "WINDOW_UPDATE of a bad length")
         n = int.from_bytes(payload, "big") & 0x7FFFFFFF
         if sid == 0:
+            if not n:
+                raise ProtocolViolation(PROTOCOL_ERROR, "a WINDOW_UPDATE of 0")
+            blocked = self.send_window <= 0  # else no stream waits for the connection's window
             self.send_window += n
             if self.send_window > MAX_WINDOW:
                 raise ProtocolViolation(FLOW_CONTROL_ERROR, "connection window over 2^31-1")
-            for stream in list(self.streams.values()):
-                self.flush(stream)
+            if blocked:
+                for stream in list(self.streams.values()):
+                    self.flush(stream)
         elif (stream := self.streams.get(sid)) is not None:
             stream.send_window += n
+            if not n or stream.send_window > MAX_WINDOW:  # stream errors (RFC 9113 6.9, 6.9.1)
+                self._reset(stream, PROTOCOL_ERROR if not n else FLOW_CONTROL_ERROR)
+                return
             self.flush(stream)
 
     def _count_reset(self) -> None:

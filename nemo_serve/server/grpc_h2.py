@@ -49,6 +49,7 @@ from .h2_frames import (
     GOAWAY,
     HEADERS,
     MAX_FRAME,
+    MAX_BLOCK_FRAMES,
     MAX_HEADER_BLOCK,
     MAX_RESETS_PER_S,
     MAX_STREAMS,
@@ -101,6 +102,7 @@ class H2Connection(asyncio.Protocol):
         self.block: bytearray | None = None  # a header block waiting for its CONTINUATION frames
         self.block_stream = 0
         self.block_end_stream = False
+        self.block_frames = 0
         self.resets = 0  # streams reset by the client or refused by us since `resets_since`
         self.resets_since = 0.0
         self.peer_initial_window = 65535
@@ -253,12 +255,16 @@ class H2Connection(asyncio.Protocol):
         if flags & PRIORITY_FLAG:
             payload = payload[5:]
         self.block, self.block_stream, self.block_end_stream = bytearray(), sid, bool(flags & END_STREAM)
+        self.block_frames = 0
         self._add_block(payload, flags)
 
     def _add_block(self, payload: bytearray, flags: int) -> None:
         self.block += payload
+        self.block_frames += 1
         if len(self.block) > MAX_HEADER_BLOCK:
             raise ProtocolViolation(ENHANCE_YOUR_CALM, f"a header block over {MAX_HEADER_BLOCK} bytes")
+        if self.block_frames > MAX_BLOCK_FRAMES:  # empty CONTINUATIONs: a block that never ends
+            raise ProtocolViolation(ENHANCE_YOUR_CALM, f"a header block in over {MAX_BLOCK_FRAMES} frames")
         if flags & END_HEADERS:
             block, self.block = bytes(self.block), None
             headers = self.decoder.decode(block)  # always: the decoder's table follows every block

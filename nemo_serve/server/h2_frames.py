@@ -20,6 +20,7 @@ MAX_STREAMS = 100  # concurrent calls per connection (SETTINGS_MAX_CONCURRENT_ST
 # ENHANCE_YOUR_CALM: HTTP/2 rapid reset (CVE-2023-44487) costs a call's start for a few bytes. An
 # honest client cancels a call at a time; grpc-java allows 200 per 30 s, we allow 200 a second.
 MAX_RESETS_PER_S = 200
+MAX_BLOCK_FRAMES = 16  # HEADERS + CONTINUATION frames in one header block (16 KiB fits in 2)
 STREAM_WINDOW = 65535  # a stream's receive window: messages its handler has not taken
 CONNECTION_WINDOW = 16 << 20  # credited as bytes arrive: stream windows bound what is buffered
 MAX_WINDOW = (1 << 31) - 1

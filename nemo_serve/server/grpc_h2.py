@@ -7,16 +7,21 @@ gRPC needs of HTTP/2 is here (RFC 9113; gRPC's PROTOCOL-HTTP2.md):
 
   frames         a 9-byte header, the payload; over SETTINGS_MAX_FRAME_SIZE (16 KiB): GOAWAY
   HEADERS        + CONTINUATION: HPACK (the `hpack` package) only for a call's request headers and
-                 our response headers and trailers; a header block over MAX_HEADER_BLOCK: GOAWAY
+                 our response headers and trailers; a header block over MAX_HEADER_BLOCK bytes
+                 or MAX_BLOCK_FRAMES frames, or a header list decoding past MAX_HEADER_BLOCK: GOAWAY
   DATA           -> gRPC's 5-byte length prefix -> the call's inbox, one message at a time; a
                  prefix over --max-message-bytes ends the call RESOURCE_EXHAUSTED before a byte of
                  it is buffered; compressed messages: UNIMPLEMENTED (we announce no grpc-encoding)
   flow control   the connection window credited as bytes arrive, a stream's as its handler takes
                  whole messages (so a stream whose handler stopped reading, the session's
                  backpressure, stops its client), both in batched WINDOW_UPDATEs; our sends wait
-                 for the peer's windows and for the transport (a client that stopped reading)
+                 for the peer's windows and for the transport (a client that stopped reading);
+                 while the transport is over its high-water mark the connection is not read, so
+                 a client that never reads cannot make us queue answers (PING, SETTINGS acks);
+                 a window past 2^31-1: FLOW_CONTROL_ERROR, an increment of 0: PROTOCOL_ERROR
   SETTINGS/PING  acked; keepalive PINGs every --ping-interval-s, no ack in --ping-timeout-s: dropped
-  RST_STREAM     from the client cancels the call's handler; ours ends a stream we refuse
+  RST_STREAM     from the client cancels the call's handler; ours ends a stream we refuse; over
+                 MAX_RESETS_PER_S of either a second (rapid reset): GOAWAY ENHANCE_YOUR_CALM
   GOAWAY         on a connection error (the client's protocol violation) and at shutdown
 
 Here the connection; a call's stream (message assembly, windows, sends) is grpc_stream.py's, the

@@ -7,16 +7,21 @@ gRPC needs of HTTP/2 is here (RFC 9113; gRPC's PROTOCOL-HTTP2.md):
 
   frames         a 9-byte header, the payload; over SETTINGS_MAX_FRAME_SIZE (16 KiB): GOAWAY
   HEADERS        + CONTINUATION: HPACK (the `hpack` package) only for a call's request headers and
-                 our response headers and trailers; a header block over MAX_HEADER_BLOCK: GOAWAY
+                 our response headers and trailers; a header block over MAX_HEADER_BLOCK bytes
+                 or MAX_BLOCK_FRAMES frames, or a header list decoding past MAX_HEADER_BLOCK: GOAWAY
   DATA           -> gRPC's 5-byte length prefix -> the call's inbox, one message at a time; a
                  prefix over --max-message-bytes ends the call RESOURCE_EXHAUSTED before a byte of
                  it is buffered; compressed messages: UNIMPLEMENTED (we announce no grpc-encoding)
   flow control   the connection window credited as bytes arrive, a stream's as its handler takes
                  whole messages (so a stream whose handler stopped reading, the session's
                  backpressure, stops its client), both in batched WINDOW_UPDATEs; our sends wait
-                 for the peer's windows and for the transport (a client that stopped reading)
+                 for the peer's windows and for the transport (a client that stopped reading);
+                 while the transport is over its high-water mark the connection is not read, so
+                 a client that never reads cannot make us queue answers (PING, SETTINGS acks);
+                 a window past 2^31-1: FLOW_CONTROL_ERROR, an increment of 0: PROTOCOL_ERROR
   SETTINGS/PING  acked; keepalive PINGs every --ping-interval-s, no ack in --ping-timeout-s: dropped
-  RST_STREAM     from the client cancels the call's handler; ours ends a stream we refuse
+  RST_STREAM     from the client cancels the call's handler; ours ends a stream we refuse; over
+                 MAX_RESETS_PER_S of either a second (rapid reset): GOAWAY ENHANCE_YOUR_CALM
   GOAWAY         on a connection error (the client's protocol violation) and at shutdown
 
 Here the connection; a call's stream (message assembly, windows, sends) is grpc_stream.py's, the
@@ -49,7 +54,9 @@ from .h2_frames import (
     GOAWAY,
     HEADERS,
     MAX_FRAME,
+    MAX_BLOCK_FRAMES,
     MAX_HEADER_BLOCK,
+    MAX_RESETS_PER_S,
     MAX_STREAMS,
     MAX_WINDOW,
     NO_ERROR,
@@ -100,6 +107,9 @@ class H2Connection(asyncio.Protocol):
         self.block: bytearray | None = None  # a header block waiting for its CONTINUATION frames
         self.block_stream = 0
         self.block_end_stream = False
+        self.block_frames = 0
+        self.resets = 0  # streams reset by the client or refused by us since `resets_since`
+        self.resets_since = 0.0
         self.peer_initial_window = 65535
         self.peer_max_frame = 16384
         self.send_window = 65535  # the connection's, the peer's to grant
@@ -174,10 +184,17 @@ class H2Connection(asyncio.Protocol):
         self.server.connection_lost(self)
 
     def pause_writing(self) -> None:
+        # A client that does not read must not make us write: PING, SETTINGS and refusals are
+        # answered, so their answers would pile up in the transport without bound. Reading stops
+        # until it reads: what is buffered is the high-water mark and one read's answers.
         self.writable = False
+        if self.transport is not None:
+            self.transport.pause_reading()
 
     def resume_writing(self) -> None:
         self.writable = True
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
         for stream in list(self.streams.values()):
             if not stream.out:
                 stream.wake()
@@ -208,6 +225,7 @@ class H2Connection(asyncio.Protocol):
         elif kind == RST_STREAM:
             stream = self.streams.get(sid)
             if stream is not None:
+                self._count_reset()
                 self.close_stream(stream)
         elif kind == GOAWAY:
             self.going_away = True
@@ -242,12 +260,16 @@ class H2Connection(asyncio.Protocol):
         if flags & PRIORITY_FLAG:
             payload = payload[5:]
         self.block, self.block_stream, self.block_end_stream = bytearray(), sid, bool(flags & END_STREAM)
+        self.block_frames = 0
         self._add_block(payload, flags)
 
     def _add_block(self, payload: bytearray, flags: int) -> None:
         self.block += payload
+        self.block_frames += 1
         if len(self.block) > MAX_HEADER_BLOCK:
             raise ProtocolViolation(ENHANCE_YOUR_CALM, f"a header block over {MAX_HEADER_BLOCK} bytes")
+        if self.block_frames > MAX_BLOCK_FRAMES:  # empty CONTINUATIONs: a block that never ends
+            raise ProtocolViolation(ENHANCE_YOUR_CALM, f"a header block in over {MAX_BLOCK_FRAMES} frames")
         if flags & END_HEADERS:
             block, self.block = bytes(self.block), None
             headers = self.decoder.decode(block)  # always: the decoder's table follows every block
@@ -265,6 +287,7 @@ class H2Connection(asyncio.Protocol):
         self.last_stream_id = sid
         stream = H2Stream(self, sid, headers)
         if len(self.streams) >= MAX_STREAMS or self.going_away:
+            self._count_reset()
             self.write(frame(RST_STREAM, 0, sid, REFUSED_STREAM.to_bytes(4, "big")))
             return
         self.streams[sid] = stream
@@ -279,14 +302,13 @@ class H2Connection(asyncio.Protocol):
             return
         if len(payload) % 6:
             raise ProtocolViolation(FRAME_SIZE_ERROR, "SETTINGS of a bad length")
+        initial_window = self.peer_initial_window
         for i in range(0, len(payload), 6):
             key, value = struct.unpack_from(">HL", payload, i)
             if key == S_INITIAL_WINDOW_SIZE:
                 if value > MAX_WINDOW:
                     raise ProtocolViolation(FLOW_CONTROL_ERROR, "SETTINGS_INITIAL_WINDOW_SIZE too large")
-                delta, self.peer_initial_window = value - self.peer_initial_window, value
-                for stream in self.streams.values():
-                    stream.send_window += delta
+                initial_window = value
             elif key == S_MAX_FRAME_SIZE:
                 if not 16384 <= value < 1 << 24:
                     raise ProtocolViolation(PROTOCOL_ERROR, "SETTINGS_MAX_FRAME_SIZE out of range")
@@ -294,22 +316,46 @@ class H2Connection(asyncio.Protocol):
             elif key == S_HEADER_TABLE_SIZE:
                 self.encoder.header_table_size = min(value, 4096)
         self.write(frame(SETTINGS, ACK, 0))
-        for stream in list(self.streams.values()):
-            self.flush(stream)
+        # The streams' windows move once per frame, not per entry, and are flushed only when they
+        # grew: a SETTINGS flood must not cost a pass over every stream per frame (or per entry).
+        delta, self.peer_initial_window = initial_window - self.peer_initial_window, initial_window
+        if delta:
+            for stream in list(self.streams.values()):
+                stream.send_window += delta
+                if stream.send_window > MAX_WINDOW:
+                    raise ProtocolViolation(FLOW_CONTROL_ERROR, f"stream {stream.id}'s window over 2^31-1")
+                if delta > 0:
+                    self.flush(stream)
 
     def _window_update(self, sid: int, payload: bytearray) -> None:
         if len(payload) != 4:
             raise ProtocolViolation(FRAME_SIZE_ERROR, "WINDOW_UPDATE of a bad length")
         n = int.from_bytes(payload, "big") & 0x7FFFFFFF
         if sid == 0:
+            if not n:
+                raise ProtocolViolation(PROTOCOL_ERROR, "a WINDOW_UPDATE of 0")
+            blocked = self.send_window <= 0  # else no stream waits for the connection's window
             self.send_window += n
             if self.send_window > MAX_WINDOW:
                 raise ProtocolViolation(FLOW_CONTROL_ERROR, "connection window over 2^31-1")
-            for stream in list(self.streams.values()):
-                self.flush(stream)
+            if blocked:
+                for stream in list(self.streams.values()):
+                    self.flush(stream)
         elif (stream := self.streams.get(sid)) is not None:
             stream.send_window += n
+            if not n or stream.send_window > MAX_WINDOW:  # stream errors (RFC 9113 6.9, 6.9.1)
+                self._reset(stream, PROTOCOL_ERROR if not n else FLOW_CONTROL_ERROR)
+                return
             self.flush(stream)
+
+    def _count_reset(self) -> None:
+        """A stream reset by the client or refused by us; over MAX_RESETS_PER_S: GOAWAY."""
+        now = self.loop.time()
+        if now - self.resets_since >= 1.0:
+            self.resets, self.resets_since = 0, now
+        self.resets += 1
+        if self.resets > MAX_RESETS_PER_S:
+            raise ProtocolViolation(ENHANCE_YOUR_CALM, f"over {MAX_RESETS_PER_S} streams reset in a second")
 
     # ------------------------------------------------------------------ frames out
     def write(self, data: bytes) -> None:

@@ -16,6 +16,11 @@ S_HEADER_TABLE_SIZE, S_MAX_CONCURRENT_STREAMS, S_INITIAL_WINDOW_SIZE, S_MAX_FRAM
 MAX_FRAME = 16384  # ours: the protocol's default; every gRPC client frames to it
 MAX_HEADER_BLOCK = 16 * 1024  # a request's headers (grpc's own default metadata cap is 8 KiB)
 MAX_STREAMS = 100  # concurrent calls per connection (SETTINGS_MAX_CONCURRENT_STREAMS)
+# Streams reset by the client or refused by us, per connection per second, before GOAWAY
+# ENHANCE_YOUR_CALM: HTTP/2 rapid reset (CVE-2023-44487) costs a call's start for a few bytes. An
+# honest client cancels a call at a time; grpc-java allows 200 per 30 s, we allow 200 a second.
+MAX_RESETS_PER_S = 200
+MAX_BLOCK_FRAMES = 16  # HEADERS + CONTINUATION frames in one header block (16 KiB fits in 2)
 STREAM_WINDOW = 65535  # a stream's receive window: messages its handler has not taken
 CONNECTION_WINDOW = 16 << 20  # credited as bytes arrive: stream windows bound what is buffered
 MAX_WINDOW = (1 << 31) - 1

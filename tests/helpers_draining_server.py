@@ -33,7 +33,7 @@ def draining_server(heap_trim_period_s: float = 0.0) -> Iterator[DrainingServer]
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     config = uvicorn.Config(_app, lifespan="on", log_level="warning")
-    server = DrainingServer(config, types.SimpleNamespace(settings=types.SimpleNamespace(grpc_port=None)))
+    server = DrainingServer(config, types.SimpleNamespace(settings=types.SimpleNamespace(grpc_port=None, fast_grpc_port=None)))
     server.heap_trim_period_s = heap_trim_period_s
     thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
     thread.start()

@@ -140,7 +140,7 @@ def test_the_setting_reaches_the_front_ends_server(monkeypatch):
     monkeypatch.setattr(runner.DrainingServer, "run", lambda self, sockets=None: served.append(self))
     monkeypatch.setattr(runner.logsafe, "install", lambda secrets: None)  # no process-wide log filters here
     frontend = types.SimpleNamespace(app=lambda scope, receive, send: None, limiter=None, header_timeout_s=1.0,
-                                     ctx=types.SimpleNamespace(settings=types.SimpleNamespace(grpc_port=None)))  # fmt: skip
+                                     ctx=types.SimpleNamespace(settings=types.SimpleNamespace(grpc_port=None, fast_grpc_port=None)))  # fmt: skip
     for period_s in (17.0, 0.0):
         runner.serve(frontend, Settings.from_sources({"heap_trim_period_s": period_s}, {}), sock=None)
     assert [s.heap_trim_period_s for s in served] == [17.0, 0.0]

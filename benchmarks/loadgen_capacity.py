@@ -160,6 +160,7 @@ def _measure_blast(port: int, items, n: int, workers: int, client: str, args, st
                                          max_send_lateness_ms=args.max_send_lateness_ms, on_start=window.start,
                                          packet_samples=packet_samples)  # fmt: skip
     stub = window.result()
+    stub["stub_us_per_packet"] = round(1e6 * stub["stub_cpu_s"] / (n * window.duration_s * 1000 / args.chunk_ms), 1)
     packets = sum(x["packets"] for x in level["sender"])
     pacing_cpu = sum(x["pacing_cpu_s"] for x in level["sender"])
     all_in_cpu = pacing_cpu + sum(x["after_pacing_cpu_s"] for x in level["sender"])

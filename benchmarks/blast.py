@@ -60,6 +60,7 @@ class Plan:
     num_packets: int
     groups: int
     tick_s: float
+    packet_samples: int = PACKET_SAMPLES
 
     def due_s(self, tick: np.ndarray | int) -> np.ndarray | float:
         return tick * self.tick_s
@@ -74,19 +75,20 @@ class Plan:
         return range(tick % self.groups, self.num_streams, self.groups)
 
 
-def make_plan(num_streams: int, num_packets: int, packet_s: float = PACKET_SAMPLES / SAMPLE_RATE) -> Plan:
+def make_plan(num_streams: int, num_packets: int, packet_samples: int = PACKET_SAMPLES) -> Plan:
+    packet_s = packet_samples / SAMPLE_RATE
     groups = max(1, min(num_streams, round(packet_s / SPREAD_S)))
-    return Plan(num_streams, num_packets, groups, packet_s / groups)
+    return Plan(num_streams, num_packets, groups, packet_s / groups, packet_samples)
 
 
-def packet_frames(audio: np.ndarray, protocol: str, num_packets: int) -> list[bytes]:
-    """One item's masked client frames of PACKET_SAMPLES each: float32 binary on /ws (the load
+def packet_frames(audio: np.ndarray, protocol: str, num_packets: int, packet_samples: int = PACKET_SAMPLES) -> list[bytes]:
+    """One item's masked client frames of `packet_samples` each: float32 binary on /ws (the load
     generator's encoding), the `input_audio_buffer.append` JSON (base64 PCM16) on /v1/realtime."""
     if protocol == "grpc":  # Riva StreamingRecognize: HTTP/2 DATA frames (blast_grpc.py)
         from benchmarks import blast_grpc
 
-        return blast_grpc.packet_frames(audio, num_packets, PACKET_SAMPLES)
-    parts = [audio[k * PACKET_SAMPLES : (k + 1) * PACKET_SAMPLES] for k in range(num_packets)]
+        return blast_grpc.packet_frames(audio, num_packets, packet_samples)
+    parts = [audio[k * packet_samples : (k + 1) * packet_samples] for k in range(num_packets)]
     if protocol == "realtime":
         return [frame(append_message(as_pcm16(p)).encode(), 0x1) for p in parts]
     return [frame(p.astype(np.float32).tobytes(), 0x2) for p in parts]
@@ -341,7 +343,7 @@ def fill_records(recs: list[StreamRecord], sent: Sent, plan: Plan, t0: float, pr
     """The pacer's ticks and bytes into each stream's record, as the load generator fills them:
     per packet its send time and lateness (its tick's), then every server message read by the
     generator's own readers at the time its last byte came."""
-    ends = (PACKET_SAMPLES * np.arange(1, plan.num_packets + 1)).tolist()
+    ends = (plan.packet_samples * np.arange(1, plan.num_packets + 1)).tolist()
     packets = np.arange(plan.num_packets)
     for i, rec in enumerate(recs):
         if i not in sent.end_sent:  # refused at opening: its record has the error
@@ -402,13 +404,14 @@ def _worker(*args) -> None:
 def _pace_lanes(index: int, lanes: list[int], port: int, protocol: str, num_packets: int, context_right: int | None,
                 tail_s: float, out: mp.SimpleQueue) -> None:  # fmt: skip
     items, barrier, start = _SHARED["items"], _SHARED["barrier"], _SHARED["start"]
+    packet_samples = _SHARED["packet_samples"]
     priority = realtime_priority() if _SHARED["realtime"] else "normal"
     # the lane, as load_level passes it: the /ws config's id is unique per stream
     opened = [open_stream(port, protocol, lane, items[lane % len(items)], context_right) for lane in lanes]
     socks, recs, leftovers = (list(x) for x in zip(*opened)) if opened else ([], [], [])
     item_of = [lane % len(items) for lane in lanes]
-    frames = [packet_frames(it.audio, protocol, num_packets) for it in items]
-    plan = make_plan(len(lanes), num_packets)
+    frames = [packet_frames(it.audio, protocol, num_packets, packet_samples) for it in items]
+    plan = make_plan(len(lanes), num_packets, packet_samples)
     pacer = Pacer(socks, item_of, frames, plan, protocol)
     barrier.wait()  # every worker opened its streams
     barrier.wait()  # the parent set the start time
@@ -418,26 +421,31 @@ def _pace_lanes(index: int, lanes: list[int], port: int, protocol: str, num_pack
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
     pacer.finish(tail_s)
     fill_records(recs, sent, plan, t0, protocol, leftovers)
+    ru2 = resource.getrusage(resource.RUSAGE_SELF)
     cpu = ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime
+    # after the pacing: the last results read, the ends sent, then every message parsed (fill_records)
+    after_cpu = ru2.ru_utime + ru2.ru_stime - ru1.ru_utime - ru1.ru_stime
     report = WorkerReport(index, lanes, recs, cpu, "blast", os.getpid(), ru1.ru_stime - ru0.ru_stime)
     packets = sum(len(r.send_times) for r in recs)
     out.put((report, {"short_sends": sent.short_sends, "slow_streams": len(sent.slow_streams), "packets": packets,
-                      "priority": priority, "pacing_cpu_s": round(cpu, 3), "pacing_us_per_packet": round(1e6 * cpu / max(packets, 1), 2)}))
+                      "priority": priority, "pacing_cpu_s": round(cpu, 3), "pacing_us_per_packet": round(1e6 * cpu / max(packets, 1), 2),
+                      "after_pacing_cpu_s": round(after_cpu, 3)}))
 
 
 def measure_level_blast(port: int, protocol: str, items: list[LoadItem], num_streams: int, num_packets: int, *,
                         num_workers: int = 1, context_right: int | None = None, max_drift: float = 20.0,
                         max_send_lateness_ms: float = 10.0, tail_s: float = 30.0,
                         realtime: bool = False, on_start=lambda t0: None,
-                        chunk_ms: float | None = None) -> tuple[dict, LevelRun]:  # fmt: skip
+                        chunk_ms: float | None = None, packet_samples: int = PACKET_SAMPLES) -> tuple[dict, LevelRun]:  # fmt: skip
     """One level through the blast sender, summarised and judged as load_workers.measure_level
     does; `on_start(t0)` is called in this process with the pacing's start time; `chunk_ms`: the
-    served mode's chunk (gRPC only: Riva's calls are not told it, /ws's `ready` says it). A send the kernel
+    served mode's chunk (gRPC only: Riva's calls are not told it, /ws's `ready` says it); `packet_samples`:
+    each packet's audio (20 ms by default, the voice agents' size). A send the kernel
     did not take whole makes a level that passed `server_behind`: the front end stopped reading."""
     num_workers = max(1, min(num_workers, num_streams))
     ensure_fd_limit(-(-num_streams // num_workers))
     ctx = mp.get_context("fork")  # the children inherit the items and the frames' inputs
-    _SHARED.update(items=items, realtime=realtime, chunk_ms=chunk_ms, barrier=ctx.Barrier(num_workers + 1, timeout=600), start=ctx.Value("d", 0.0))
+    _SHARED.update(items=items, realtime=realtime, chunk_ms=chunk_ms, packet_samples=packet_samples, barrier=ctx.Barrier(num_workers + 1, timeout=600), start=ctx.Value("d", 0.0))
     out = ctx.SimpleQueue()
     procs = [ctx.Process(target=_worker, args=(w, list(range(w, num_streams, num_workers)), port, protocol,
                                                num_packets, context_right, tail_s, out))
@@ -459,7 +467,7 @@ def measure_level_blast(port: int, protocol: str, items: list[LoadItem], num_str
         raise RuntimeError(f"blast worker failed: {failed[0]!r}")
     reports = sorted((r for r, _ in results), key=lambda r: r.worker)
     run = LevelRun([r for rep in reports for r in rep.records], reports)
-    level = summarise_run(run, items, num_streams, num_packets * PACKET_SAMPLES / SAMPLE_RATE, protocol)
+    level = summarise_run(run, items, num_streams, num_packets * packet_samples / SAMPLE_RATE, protocol)
     level["client"] = "blast"
     judge(level, run.chunk_ms, max_drift, max_send_lateness_ms)
     extras = [x for _, x in sorted(results, key=lambda rx: rx[0].worker)]

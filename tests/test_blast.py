@@ -139,3 +139,10 @@ def test_grpc_frames_and_server_bytes_round_trip():
         assert [p[1] for p in rec.partials] == [pytest.approx(0.32)]
         assert [f["token_ids"] for f in rec.finals] == [["a", "b", "c"]]  # characters, spaces dropped
         assert rec.done is done and (rec.error is None) is done
+
+
+def test_packets_of_80_ms_the_target_shape_of_issue_48_item_4():
+    plan = blast.make_plan(num_streams=100, num_packets=3, packet_samples=1280)
+    assert (plan.groups, plan.packet_samples) == (40, 1280) and abs(plan.tick_s - 0.002) < 1e-12
+    frames = _parse(b"".join(blast.packet_frames(_audio(0.24), "ws", 3, 1280)))
+    assert [len(f.data) for f in frames] == [1280 * 4] * 3

@@ -21,319 +21,33 @@ load_realtime.configure), run on a blocking socket before the pacing starts.
 Rejected: asyncio with prebuilt frames (a loop iteration and a callback per ready socket: what
 load_picows.py does, about 60 µs a packet) and parsing each message as it arrives (the same work,
 inside the pacer's time).
+
+Here a level: the worker processes forked, their results filled into the records and judged; the
+frames and the tick plan are blast_wire.py's, the opening blast_opening.py's, the pacer
+blast_pacer.py's, gRPC's streams blast_grpc.py's.
 """
 
 from __future__ import annotations
 
-import base64
 import multiprocessing as mp
 import os
 import resource
-import select
-import socket
 import threading
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 
+from benchmarks.blast_opening import open_stream
+from benchmarks.blast_pacer import Pacer, Sent
+from benchmarks.blast_wire import PACKET_SAMPLES, Plan, make_plan, packet_frames, server_frame, split_frames
 from benchmarks.common import SAMPLE_RATE
 from benchmarks.load_items import LoadItem
-from benchmarks.load_level import END_MESSAGE, StreamRecord, open_ws_stream, read_ws_message, stream_config
-from benchmarks.load_realtime import (APPEND_SAMPLES, COMMIT_MESSAGE, append_message, as_pcm16, configure,
-                                      read_realtime_message, realtime_query)  # fmt: skip
+from benchmarks.load_level import StreamRecord, read_ws_message
+from benchmarks.load_realtime import read_realtime_message
 from benchmarks.load_workers import LevelRun, WorkerReport, ensure_fd_limit, judge, summarise_run
-from benchmarks.raw_ws import SPREAD_S, frame
 
-PACKET_SAMPLES = APPEND_SAMPLES  # 20 ms at 16 kHz, both protocols
-RECV_BYTES = 1 << 16
-DONE_MARKERS = {"ws": b'"type":"done"', "realtime": b"transcription.completed"}  # early exit only; parsed after
-
-
-@dataclass
-class Plan:
-    """Which packet each tick sends: stream i is in group i % groups and sends its packet j at tick
-    j * groups + i % groups, due tick * tick_s after the start (tick_s = packet_s / groups: SPREAD_S
-    once there are streams enough for every tick). No per-packet state."""
-
-    num_streams: int
-    num_packets: int
-    groups: int
-    tick_s: float
-    packet_samples: int = PACKET_SAMPLES
-
-    def due_s(self, tick: np.ndarray | int) -> np.ndarray | float:
-        return tick * self.tick_s
-
-    def tick_of(self, stream: int, packet: np.ndarray | int) -> np.ndarray | int:
-        return packet * self.groups + stream % self.groups
-
-    def num_ticks(self) -> int:
-        return self.num_packets * self.groups
-
-    def streams_of(self, tick: int) -> range:
-        return range(tick % self.groups, self.num_streams, self.groups)
-
-
-def make_plan(num_streams: int, num_packets: int, packet_samples: int = PACKET_SAMPLES) -> Plan:
-    packet_s = packet_samples / SAMPLE_RATE
-    groups = max(1, min(num_streams, round(packet_s / SPREAD_S)))
-    return Plan(num_streams, num_packets, groups, packet_s / groups, packet_samples)
-
-
-def packet_frames(audio: np.ndarray, protocol: str, num_packets: int, packet_samples: int = PACKET_SAMPLES) -> list[bytes]:
-    """One item's masked client frames of `packet_samples` each: float32 binary on /ws (the load
-    generator's encoding), the `input_audio_buffer.append` JSON (base64 PCM16) on /v1/realtime."""
-    if protocol == "grpc":  # Riva StreamingRecognize: HTTP/2 DATA frames (blast_grpc.py)
-        from benchmarks import blast_grpc
-
-        return blast_grpc.packet_frames(audio, num_packets, packet_samples)
-    parts = [audio[k * packet_samples : (k + 1) * packet_samples] for k in range(num_packets)]
-    if protocol == "realtime":
-        return [frame(append_message(as_pcm16(p)).encode(), 0x1) for p in parts]
-    return [frame(p.astype(np.float32).tobytes(), 0x2) for p in parts]
-
-
-def split_frames(buf: bytes) -> tuple[list[tuple[int, bytes]], bytes]:
-    """Unmasked server frames in `buf`: ([(opcode, payload)], the bytes of an unfinished frame)."""
-    out, i = [], 0
-    while len(buf) - i >= 2:
-        n, head = buf[i + 1] & 0x7F, 2
-        if n >= 126:
-            head = 4 if n == 126 else 10
-            if len(buf) - i < head:
-                break
-            n = int.from_bytes(buf[i + 2 : i + head], "big")
-        if len(buf) - i < head + n:
-            break
-        out.append((buf[i] & 0x0F, buf[i + head : i + head + n]))
-        i += head + n
-    return out, buf[i:]
-
-
-# ----------------------------------------------------------------------------- opening
-
-
-class OpeningSocket:
-    """A blocking socket with the `send(str)` and `recv()` the load generator's protocol steps
-    use, so the opening exchange is theirs; `run_sync` drives them (they never wait on a loop)."""
-
-    def __init__(self, port: int, path: str) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=60)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        key = base64.b64encode(os.urandom(16)).decode()
-        self.sock.sendall((f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
-                           f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode())  # fmt: skip
-        data = b""
-        while b"\r\n\r\n" not in data:
-            data += self._more()
-        head, self.pending = data.split(b"\r\n\r\n", 1)
-        if b" 101 " not in head.split(b"\r\n", 1)[0]:
-            raise ConnectionError(f"handshake refused: {head[:80]!r}")
-        self.messages: list[bytes] = []
-
-    def _more(self) -> bytes:
-        data = self.sock.recv(RECV_BYTES)
-        if not data:
-            raise ConnectionError("closed while opening")
-        return data
-
-    async def send(self, message: str) -> None:
-        self.sock.sendall(frame(message.encode(), 0x1))
-
-    async def recv(self) -> bytes:
-        while not self.messages:
-            frames, self.pending = split_frames(self.pending)
-            self.messages += [p for op, p in frames if op == 0x1]
-            if not self.messages:
-                self.pending += self._more()
-        return self.messages.pop(0)
-
-
-def run_sync(coro):
-    try:
-        coro.send(None)
-    except StopIteration as done:
-        return done.value
-    coro.close()
-    raise RuntimeError("an opening step waited on an event loop")
-
-
-def server_frame(payload: bytes) -> bytes:
-    """An unmasked text frame: a message read past the opening, put back for the parser."""
-    n = len(payload)
-    size = bytes([n]) if n < 126 else bytes([126]) + n.to_bytes(2, "big") if n < 65536 else bytes([127]) + n.to_bytes(8, "big")
-    return b"\x81" + size + payload
-
-
-def open_stream(port: int, protocol: str, worker: int, item: LoadItem,
-                context_right: int | None) -> tuple[socket.socket | None, StreamRecord, bytes]:  # fmt: skip
-    """One stream opened; (non-blocking socket or None if refused, its record, bytes already
-    read past the opening)."""
-    if protocol == "grpc":
-        from benchmarks import blast_grpc
-
-        return blast_grpc.open_stream(port, worker, item, _SHARED.get("chunk_ms"))
-    rec = StreamRecord(worker, item.item_id, len(item.audio) / SAMPLE_RATE, opened=time.time())
-    try:
-        if protocol == "realtime":
-            ws = OpeningSocket(port, "/v1/realtime" + realtime_query(context_right))
-            ok = run_sync(configure(ws, rec))
-        else:
-            ws = OpeningSocket(port, "/ws")
-            ok = run_sync(open_ws_stream(ws, rec, stream_config(worker, item, False, context_right)))
-    except OSError as e:
-        rec.error = f"connect: {e!r}"[:120]
-        return None, rec, b""
-    if not ok:
-        ws.sock.close()
-        return None, rec, b""
-    ws.sock.setblocking(False)
-    return ws.sock, rec, b"".join(server_frame(m) for m in ws.messages) + ws.pending
-
-
-# ----------------------------------------------------------------------------- the pacer
-
-
-@dataclass
-class Sent:
-    """What the pacer saw: when each tick's last send returned, the server's bytes as they came,
-    the sends the kernel did not take whole, and when each stream's end went out."""
-
-    tick_end: np.ndarray  # [ticks] time.time() after the tick's last send
-    received: list[tuple[float, int, bytes]] = field(default_factory=list)  # (time, stream, bytes)
-    short_sends: int = 0
-    slow_streams: set[int] = field(default_factory=set)
-    end_sent: dict[int, float] = field(default_factory=dict)
-    finished: set[int] = field(default_factory=set)  # done/completed seen, or the connection closed
-
-
-class Pacer:
-    """Owns one worker's sockets; only its own methods write to them. Streams that are None
-    (refused at opening) are skipped."""
-
-    def __init__(self, socks: list[socket.socket | None], item_of: list[int], frames: list[list[bytes]],
-                 plan: Plan, protocol: str) -> None:  # fmt: skip
-        self.socks, self.plan, self.frames, self.item_of, self.protocol = socks, plan, frames, item_of, protocol
-        self.ep = select.epoll()
-        self.stream_of_fd = {s.fileno(): i for i, s in enumerate(socks) if s is not None}
-        for fd in self.stream_of_fd:
-            self.ep.register(fd, select.EPOLLIN)
-        self.by_group = []  # [group] -> [(an item's frames, [send of each of its open streams in the group])]
-        for g in range(plan.groups):
-            mine = [i for i in range(g, plan.num_streams, plan.groups) if socks[i] is not None]
-            self.by_group.append([(frames[m], [socks[i].send for i in mine if item_of[i] == m])
-                                  for m in sorted({item_of[i] for i in mine})])  # fmt: skip
-        self.stream_of_send = {s.send: i for i, s in enumerate(socks) if s is not None}
-        self.slow: dict[int, bytearray] = {}  # stream -> bytes the kernel has not taken yet
-        self.sent = Sent(np.zeros(plan.num_ticks()))
-
-    def run(self, t0: float) -> Sent:
-        """Every packet at its tick, then each stream's end; returns once every stream finished
-        or `tail_s` after the last packet."""
-        tick_end, groups = self.sent.tick_end, self.plan.groups
-        for tick in range(self.plan.num_ticks()):
-            due = t0 + self.plan.due_s(tick)
-            while (left := due - time.time()) > 0:
-                self._drain(left)
-            j, g = divmod(tick, groups)
-            for frames, sends in self.by_group[g]:
-                f = frames[j]
-                for send in sends:
-                    try:
-                        n = send(f)
-                    except BlockingIOError:
-                        n = 0
-                    if n != len(f):
-                        self._short(send, f[n:])
-            if self.slow:
-                self._flush_slow(g, j)
-            tick_end[tick] = time.time()
-        return self.sent
-
-    def finish(self, tail_s: float) -> Sent:
-        """Each stream's end message (/ws `end`, /v1/realtime one commit), then its messages until
-        it is done (the server's `done` or `completed`), at most `tail_s`."""
-        end = end_frame(self.protocol)
-        for i, s in enumerate(self.socks):
-            if s is not None:
-                self.slow.setdefault(i, bytearray()).extend(end)
-        self._flush_slow(-1, -1)
-        now = time.time()
-        self.sent.end_sent = {i: now for i, s in enumerate(self.socks) if s is not None}
-        marker, deadline = done_marker(self.protocol), time.time() + tail_s
-        open_ = {i for i, s in enumerate(self.socks) if s is not None}
-        seen = 0
-        while open_ - self.sent.finished and time.time() < deadline:
-            self._drain(0.05)
-            if self.slow:
-                self._flush_slow(-1, -1)
-            for _, i, data in self.sent.received[seen:]:
-                if not data or marker in data:
-                    self.sent.finished.add(i)
-            seen = len(self.sent.received)
-        for s in self.socks:
-            if s is not None:
-                s.close()
-        return self.sent
-
-    def _drain(self, timeout_s: float) -> None:
-        received, socks = self.sent.received, self.socks
-        for fd, _ in self.ep.poll(timeout_s):
-            i = self.stream_of_fd[fd]
-            try:
-                data = socks[i].recv(RECV_BYTES)
-            except (BlockingIOError, InterruptedError):
-                continue
-            except OSError:
-                data = b""
-            if not data:
-                self.ep.unregister(fd)
-            received.append((time.time(), i, data))
-
-    def _short(self, send, rest: bytes) -> None:
-        """The kernel did not take a frame whole: its stream leaves the fast lists and queues."""
-        i = self.stream_of_send[send]
-        self.sent.short_sends += 1
-        self.sent.slow_streams.add(i)
-        for _, sends in self.by_group[i % self.plan.groups]:
-            if send in sends:
-                sends.remove(send)
-        self.slow[i] = bytearray(rest)
-
-    def _flush_slow(self, group: int, packet: int) -> None:
-        """The queued streams: this tick's packet appended (for those in `group`), then whatever
-        the kernel takes."""
-        for i, queued in self.slow.items():
-            if i % self.plan.groups == group and i in self.sent.slow_streams:
-                queued.extend(self.frames[self.item_of[i]][packet])
-            if queued:
-                try:
-                    n = self.socks[i].send(queued)
-                except (BlockingIOError, InterruptedError):
-                    continue
-                except OSError:
-                    queued.clear()
-                    continue
-                del queued[:n]
-
-
-def end_frame(protocol: str) -> bytes:
-    """A stream's end of input: /ws `end`, /v1/realtime one commit, gRPC the client's END_STREAM."""
-    if protocol == "grpc":
-        from benchmarks import blast_grpc
-
-        return blast_grpc.END_FRAME
-    return frame((COMMIT_MESSAGE if protocol == "realtime" else END_MESSAGE).encode(), 0x1)
-
-
-def done_marker(protocol: str) -> bytes:
-    if protocol == "grpc":
-        from benchmarks import blast_grpc
-
-        return blast_grpc.DONE_MARKER
-    return DONE_MARKERS[protocol]
-
+# what tests and the load tools use of the sender, from its modules (blast_wire, blast_pacer)
+__all__ = ["PACKET_SAMPLES", "Pacer", "make_plan", "measure_level_blast", "packet_frames", "server_frame", "split_frames"]
 
 # ----------------------------------------------------------------------------- one level
 
@@ -407,7 +121,8 @@ def _pace_lanes(index: int, lanes: list[int], port: int, protocol: str, num_pack
     packet_samples = _SHARED["packet_samples"]
     priority = realtime_priority() if _SHARED["realtime"] else "normal"
     # the lane, as load_level passes it: the /ws config's id is unique per stream
-    opened = [open_stream(port, protocol, lane, items[lane % len(items)], context_right) for lane in lanes]
+    opened = [open_stream(port, protocol, lane, items[lane % len(items)], context_right, _SHARED.get("chunk_ms"))
+              for lane in lanes]  # fmt: skip
     socks, recs, leftovers = (list(x) for x in zip(*opened)) if opened else ([], [], [])
     item_of = [lane % len(items) for lane in lanes]
     frames = [packet_frames(it.audio, protocol, num_packets, packet_samples) for it in items]

@@ -36,6 +36,8 @@ COMPONENTS = (  # file substring -> component; the innermost frame that matches 
     ("websockets/", "WebSocket frames (websockets)"),
     ("picows", "WebSocket frames (picows)"),
     ("server/grpc_h2.py", "HTTP/2 frames (grpc_h2)"),
+    ("server/h2_flow.py", "HTTP/2 frames (grpc_h2)"),
+    ("server/h2_guards.py", "HTTP/2 frames (grpc_h2)"),
     ("server/grpc_stream.py", "HTTP/2 frames (grpc_h2)"),
     ("server/h2_frames.py", "HTTP/2 frames (grpc_h2)"),
     ("server/fast_grpc.py", "HTTP/2 frames (grpc_h2)"),

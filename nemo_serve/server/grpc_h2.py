@@ -24,9 +24,11 @@ gRPC needs of HTTP/2 is here (RFC 9113; gRPC's PROTOCOL-HTTP2.md):
                  MAX_RESETS_PER_S of either a second (rapid reset): GOAWAY ENHANCE_YOUR_CALM
   GOAWAY         on a connection error (the client's protocol violation) and at shutdown
 
-Here the connection; a call's stream (message assembly, windows, sends) is grpc_stream.py's, the
-wire's constants and small pieces h2_frames.py's. Owner of every stream and window: the event
-loop. What a call does is fast_grpc.py's.
+Here the connection's frame dispatch (frames in, a call's stream opened, its status and end);
+its windows and the transport's backpressure are h2_flow.py's, its guards (rapid reset, the
+preface deadline, keepalive, GOAWAY) h2_guards.py's, both mixins of H2Connection; a call's stream
+(message assembly, windows, sends) is grpc_stream.py's, the wire's constants and small pieces
+h2_frames.py's. Owner of every stream and window: the event loop. What a call does is fast_grpc.py's.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import struct
 import hpack
 
 from .grpc_stream import H2Stream
+from .h2_flow import FlowControl
 from .h2_frames import (
     ACK,
     CANCEL,
@@ -56,9 +59,7 @@ from .h2_frames import (
     MAX_FRAME,
     MAX_BLOCK_FRAMES,
     MAX_HEADER_BLOCK,
-    MAX_RESETS_PER_S,
     MAX_STREAMS,
-    MAX_WINDOW,
     NO_ERROR,
     PADDED,
     PING,
@@ -72,7 +73,6 @@ from .h2_frames import (
     SETTINGS,
     STREAM_CLOSED,
     STREAM_WINDOW,
-    S_HEADER_TABLE_SIZE,
     S_INITIAL_WINDOW_SIZE,
     S_MAX_CONCURRENT_STREAMS,
     S_MAX_FRAME_SIZE,
@@ -82,11 +82,12 @@ from .h2_frames import (
     unpad,
     window_update,
 )
+from .h2_guards import ConnectionGuards
 
 log = logging.getLogger("nemo_serve.riva")
 
 
-class H2Connection(asyncio.Protocol):
+class H2Connection(FlowControl, ConnectionGuards, asyncio.Protocol):
     """One client's HTTP/2 connection. `server` (fast_grpc.FastGrpcServer) is told of each new
     call (`start_call`) and of the connection's end; the rest is HTTP/2's and lives here."""
 
@@ -108,16 +109,8 @@ class H2Connection(asyncio.Protocol):
         self.block_stream = 0
         self.block_end_stream = False
         self.block_frames = 0
-        self.resets = 0  # streams reset by the client or refused by us since `resets_since`
-        self.resets_since = 0.0
-        self.peer_initial_window = 65535
-        self.peer_max_frame = 16384
-        self.send_window = 65535  # the connection's, the peer's to grant
-        self.unacked = 0  # connection bytes received, not credited back yet
-        self.writable = True
-        self.going_away = False
-        self.timer: asyncio.TimerHandle | None = None  # the preface deadline, then keepalive pings
-        self.ping_due = False
+        self._init_flow()  # the windows, the transport's backpressure: h2_flow.py
+        self._init_guards()  # reset counting, timers, GOAWAY: h2_guards.py
 
     # ------------------------------------------------------------------ asyncio callbacks
     def connection_made(self, transport) -> None:
@@ -182,22 +175,6 @@ class H2Connection(asyncio.Protocol):
                 stream.task.cancel()
         self.streams.clear()
         self.server.connection_lost(self)
-
-    def pause_writing(self) -> None:
-        # A client that does not read must not make us write: PING, SETTINGS and refusals are
-        # answered, so their answers would pile up in the transport without bound. Reading stops
-        # until it reads: what is buffered is the high-water mark and one read's answers.
-        self.writable = False
-        if self.transport is not None:
-            self.transport.pause_reading()
-
-    def resume_writing(self) -> None:
-        self.writable = True
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.resume_reading()
-        for stream in list(self.streams.values()):
-            if not stream.out:
-                stream.wake()
 
     # ------------------------------------------------------------------ frames in
     def _frame(self, kind: int, flags: int, sid: int, payload: bytearray) -> None:
@@ -295,68 +272,6 @@ class H2Connection(asyncio.Protocol):
             stream.in_ended = True
         self.server.start_call(stream)
 
-    def _settings(self, flags: int, sid: int, payload: bytearray) -> None:
-        if sid:
-            raise ProtocolViolation(PROTOCOL_ERROR, "SETTINGS on a stream")
-        if flags & ACK:
-            return
-        if len(payload) % 6:
-            raise ProtocolViolation(FRAME_SIZE_ERROR, "SETTINGS of a bad length")
-        initial_window = self.peer_initial_window
-        for i in range(0, len(payload), 6):
-            key, value = struct.unpack_from(">HL", payload, i)
-            if key == S_INITIAL_WINDOW_SIZE:
-                if value > MAX_WINDOW:
-                    raise ProtocolViolation(FLOW_CONTROL_ERROR, "SETTINGS_INITIAL_WINDOW_SIZE too large")
-                initial_window = value
-            elif key == S_MAX_FRAME_SIZE:
-                if not 16384 <= value < 1 << 24:
-                    raise ProtocolViolation(PROTOCOL_ERROR, "SETTINGS_MAX_FRAME_SIZE out of range")
-                self.peer_max_frame = value
-            elif key == S_HEADER_TABLE_SIZE:
-                self.encoder.header_table_size = min(value, 4096)
-        self.write(frame(SETTINGS, ACK, 0))
-        # The streams' windows move once per frame, not per entry, and are flushed only when they
-        # grew: a SETTINGS flood must not cost a pass over every stream per frame (or per entry).
-        delta, self.peer_initial_window = initial_window - self.peer_initial_window, initial_window
-        if delta:
-            for stream in list(self.streams.values()):
-                stream.send_window += delta
-                if stream.send_window > MAX_WINDOW:
-                    raise ProtocolViolation(FLOW_CONTROL_ERROR, f"stream {stream.id}'s window over 2^31-1")
-                if delta > 0:
-                    self.flush(stream)
-
-    def _window_update(self, sid: int, payload: bytearray) -> None:
-        if len(payload) != 4:
-            raise ProtocolViolation(FRAME_SIZE_ERROR, "WINDOW_UPDATE of a bad length")
-        n = int.from_bytes(payload, "big") & 0x7FFFFFFF
-        if sid == 0:
-            if not n:
-                raise ProtocolViolation(PROTOCOL_ERROR, "a WINDOW_UPDATE of 0")
-            blocked = self.send_window <= 0  # else no stream waits for the connection's window
-            self.send_window += n
-            if self.send_window > MAX_WINDOW:
-                raise ProtocolViolation(FLOW_CONTROL_ERROR, "connection window over 2^31-1")
-            if blocked:
-                for stream in list(self.streams.values()):
-                    self.flush(stream)
-        elif (stream := self.streams.get(sid)) is not None:
-            stream.send_window += n
-            if not n or stream.send_window > MAX_WINDOW:  # stream errors (RFC 9113 6.9, 6.9.1)
-                self._reset(stream, PROTOCOL_ERROR if not n else FLOW_CONTROL_ERROR)
-                return
-            self.flush(stream)
-
-    def _count_reset(self) -> None:
-        """A stream reset by the client or refused by us; over MAX_RESETS_PER_S: GOAWAY."""
-        now = self.loop.time()
-        if now - self.resets_since >= 1.0:
-            self.resets, self.resets_since = 0, now
-        self.resets += 1
-        if self.resets > MAX_RESETS_PER_S:
-            raise ProtocolViolation(ENHANCE_YOUR_CALM, f"over {MAX_RESETS_PER_S} streams reset in a second")
-
     # ------------------------------------------------------------------ frames out
     def write(self, data: bytes) -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -367,20 +282,6 @@ class H2Connection(asyncio.Protocol):
             stream.headers_sent = True
             block = self.encoder.encode([(":status", "200"), ("content-type", "application/grpc")])
             self.write(frame(HEADERS, END_HEADERS, stream.id, block))
-
-    def flush(self, stream: H2Stream) -> None:
-        """DATA frames from the stream's bytes, as far as the windows allow."""
-        out = stream.out
-        while out and not stream.closed:
-            n = min(len(out), stream.send_window, self.send_window, self.peer_max_frame)
-            if n <= 0:
-                return
-            self.write(frame(DATA, 0, stream.id, bytes(out[:n])))
-            del out[:n]
-            stream.send_window -= n
-            self.send_window -= n
-        if self.writable:
-            stream.wake()
 
     def finish(self, stream: H2Stream, code: int, message: str) -> None:
         """The call's status: trailers (or headers and trailers in one block, a trailers-only
@@ -416,45 +317,3 @@ class H2Connection(asyncio.Protocol):
             stream.task.cancel()
         if self.going_away and not self.streams and self.transport is not None:
             self.transport.close()
-
-    def fail(self, code: int, why: str) -> None:
-        """A connection error: GOAWAY with `code` and the connection closed (every call cancelled)."""
-        log.info("closed an HTTP/2 connection from %s: %s", self.peer[0], why)
-        self.goaway(code, why)
-        if self.transport is not None:
-            self.transport.close()
-        self.buf.clear()
-
-    def goaway(self, code: int = NO_ERROR, why: str = "") -> None:
-        self.going_away = True
-        self.write(frame(GOAWAY, 0, 0, struct.pack(">LL", self.last_stream_id, code) + why.encode()[:200]))
-
-    def abort(self) -> None:
-        if self.transport is not None:
-            self.transport.abort()
-
-    # ------------------------------------------------------------------ timers
-    def _no_preface(self) -> None:
-        self.timer = None
-        log.info("closed a connection from %s: no HTTP/2 preface within %g s", self.peer[0],
-                 self.server.settings.header_timeout_s)  # fmt: skip
-        self.abort()
-
-    def _keepalive(self) -> None:
-        """--ping-interval-s: a PING; if the last one is unanswered after --ping-timeout-s, drop."""
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        s = self.server.settings
-        if not s.ping_interval_s:
-            return
-        if self.ping_due:
-            log.info("dropped a connection from %s: no PING ack within %g s", self.peer[0], s.ping_timeout_s)
-            self.abort()
-            return
-        self.timer = self.loop.call_later(s.ping_interval_s, self._ping)
-
-    def _ping(self) -> None:
-        self.ping_due = True
-        self.write(frame(PING, 0, 0, b"keepaliv"))
-        self.timer = self.loop.call_later(self.server.settings.ping_timeout_s, self._keepalive)

@@ -18,25 +18,19 @@ repeat by repeat:
 A candidate whose package is missing is skipped and named in the result.
 """
 
-from __future__ import annotations
-
-import argparse
 import asyncio
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.raw_ws import send_spread  # noqa: E402
-from benchmarks.server_process import cpu_s, free_port  # noqa: E402
+from benchmarks.layer_bench import (PACKET_S, RESULT_EVERY, Candidate, alternate, arguments, importable,  # noqa: E402
+                                    installed_versions, paced_window)  # fmt: skip
+from benchmarks.server_process import cpu_s  # noqa: E402
 
-PACKET_S = 0.02
-RESULT_EVERY = 16
 CANDIDATES = ("grpc_aio", "grpclib", "fast_grpc")
 NEEDS = {"grpc_aio": "grpc", "grpclib": "grpclib", "fast_grpc": "hpack"}
 PATH = "/nvidia.riva.asr.RivaSpeechRecognition/StreamingRecognize"
@@ -53,14 +47,10 @@ def _response(pb):
     return pb.StreamingRecognizeResponse(results=[pb.StreamingRecognitionResult(alternatives=[alt], channel_tag=1)])
 
 
-# ----------------------------------------------------------------------------- servers
-
-
-def serve_grpc_aio(port: int) -> None:
+def _streaming(response):
+    """The trivial StreamingRecognize on grpc.aio's handler interface (fast_grpc's too): each
+    request read, `response` every RESULT_EVERY."""
     import grpc
-
-    pb = _pb()
-    response = _response(pb)
 
     async def streaming(_, context):
         n = 0
@@ -68,6 +58,18 @@ def serve_grpc_aio(port: int) -> None:
             n += 1
             if n % RESULT_EVERY == 0:
                 await context.write(response)
+
+    return streaming
+
+
+# ----------------------------------------------------------------------------- servers
+
+
+def serve_grpc_aio(port: int) -> None:
+    import grpc
+
+    pb = _pb()
+    streaming = _streaming(_response(pb))
 
     async def main() -> None:
         server = grpc.aio.server()
@@ -114,19 +116,10 @@ def serve_grpclib(port: int) -> None:
 
 
 def serve_fast_grpc(port: int) -> None:
-    import grpc
-
     from nemo_serve.server.fast_grpc import FastGrpcServer
 
     pb = _pb()
-    response = _response(pb)
-
-    async def streaming(_, context):
-        n = 0
-        while (await context.read()) is not grpc.aio.EOF:
-            n += 1
-            if n % RESULT_EVERY == 0:
-                await context.write(response)
+    streaming = _streaming(_response(pb))
 
     async def main() -> None:
         settings = SimpleNamespace(host="127.0.0.1", fast_grpc_port=port, ssl_certfile=None, max_message_bytes=1 << 20,
@@ -141,6 +134,7 @@ def serve_fast_grpc(port: int) -> None:
 
 
 # ----------------------------------------------------------------------------- client
+
 
 
 async def paced(port: int, n: int, seconds: float, pid: int) -> dict:
@@ -158,69 +152,18 @@ async def paced(port: int, n: int, seconds: float, pid: int) -> dict:
     for c in conns:
         c.write(packet)
     await asyncio.sleep(1.0)
-    c0, w0, me0 = cpu_s(pid), time.time(), time.process_time()
-    sent, late = await send_spread(n, seconds, PACKET_S, lambda i, tick: conns[i].write(packet))
-    await asyncio.sleep(PACKET_S)
-    c1, w1, me1 = cpu_s(pid), time.time(), time.process_time()
-    received = sum(sum(c.counts.values()) for c in conns)
-    errors = [c.error for c in conns if c.error]
+    r = await paced_window(lambda: cpu_s(pid), n, seconds, lambda i, tick: conns[i].write(packet),
+                           lambda: sum(sum(c.counts.values()) for c in conns))  # fmt: skip
+    r["errors"] = [c.error for c in conns if c.error][:2]
     for c in conns:
         c.close()
     await asyncio.sleep(0.3)
     await channel.close()
-    return {"packets": sent, "messages_received": received, "server_cpu_s": round(c1 - c0, 4), "wall_s": round(w1 - w0, 3),
-            "client_cpu_s": round(me1 - me0, 3), "ticks_late_by_over_one_packet": late, "errors": errors[:2]}  # fmt: skip
-
-
-class Candidate:
-    def __init__(self, name: str, idle_s: float) -> None:
-        self.name, self.port = name, free_port()
-        self.proc = subprocess.Popen([sys.executable, __file__, "--serve", name, "--port", str(self.port)],
-                                     cwd=Path(__file__).resolve().parent.parent)  # fmt: skip
-        self._wait_port()
-        time.sleep(1)
-        c0, w0 = cpu_s(self.proc.pid), time.time()
-        time.sleep(idle_s)
-        self.idle_cores = (cpu_s(self.proc.pid) - c0) / (time.time() - w0)
-
-    def _wait_port(self) -> None:
-        import socket
-
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
-                return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError(f"{self.name} did not listen on {self.port}")
-
-    def measure(self, streams: int, seconds: float) -> dict:
-        r = asyncio.run(paced(self.port, streams, seconds, self.proc.pid))
-        busy = r["server_cpu_s"] - self.idle_cores * r["wall_s"]
-        r["us_per_packet"] = round(1e6 * busy / max(r["packets"], 1), 1)
-        print(f"{self.name:12s} {r['packets']:7d} packets {r['messages_received']:5d} messages "
-              f"{r['us_per_packet']:7.1f} us/packet (client {r['client_cpu_s']:.2f} s, late ticks "
-              f"{r['ticks_late_by_over_one_packet']}) {r['errors']}", flush=True)  # fmt: skip
-        return r
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+    return r
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--serve", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
-    p.add_argument("--candidates", default=",".join(CANDIDATES))
-    p.add_argument("--streams", type=int, default=32)
-    p.add_argument("--seconds", type=float, default=5.0)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--idle-s", type=float, default=2.0)
+    p = arguments(__doc__, CANDIDATES)
     p.add_argument("--notes", default=None)
     p.add_argument("--out", default=None)
     args = p.parse_args()
@@ -231,41 +174,14 @@ def main() -> None:
 
     record = run_record()
     record["notes"] = args.notes
-    names, missing = [], {}
-    for name in args.candidates.split(","):
-        try:
-            __import__(NEEDS[name])
-            names.append(name)
-        except ImportError as e:
-            missing[name] = str(e)
-    cands = [Candidate(n, args.idle_s) for n in names]
-    rows: dict = {c.name: {"idle_cores": round(c.idle_cores, 4), "repeats": []} for c in cands}
-    try:
-        for rep in range(args.repeats):
-            for c in cands if rep % 2 == 0 else cands[::-1]:
-                rows[c.name]["repeats"].append(c.measure(args.streams, args.seconds))
-    finally:
-        for c in cands:
-            c.stop()
-    for row in rows.values():
-        row["us_per_packet_median"] = float(np.median([r["us_per_packet"] for r in row["repeats"]]))
+    names, missing = importable(args.candidates, NEEDS.__getitem__)
+    rows = alternate(lambda name: Candidate(name, args.idle_s, __file__, paced, cpu_s, 12), names, args)
     result = {"run": record, "streams": args.streams, "seconds": args.seconds, "packet_ms": 1000 * PACKET_S,
-              "result_every_packets": RESULT_EVERY, "candidates": rows, "skipped": missing, "versions": _versions()}  # fmt: skip
+              "result_every_packets": RESULT_EVERY, "candidates": rows, "skipped": missing,
+              "versions": installed_versions(("grpcio", "grpclib", "h2", "hpack", "uvloop", "protobuf"))}  # fmt: skip
     print({k: v["us_per_packet_median"] for k, v in rows.items()})
     if args.out:
         write_json(args.out, result)
-
-
-def _versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for pkg in ("grpcio", "grpclib", "h2", "hpack", "uvloop", "protobuf"):
-        try:
-            out[pkg] = version(pkg)
-        except PackageNotFoundError:
-            pass
-    return out
 
 
 if __name__ == "__main__":

@@ -27,22 +27,19 @@ and named in the result.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.raw_ws import Conn, frame, send_spread  # noqa: E402
-from benchmarks.server_process import children, cpu_s, free_port  # noqa: E402
+from benchmarks.layer_bench import (PACKET_S, RESULT_EVERY, Candidate, alternate, arguments, importable,  # noqa: E402
+                                    installed_versions, paced_window)  # fmt: skip
+from benchmarks.raw_ws import Conn, frame  # noqa: E402
+from benchmarks.server_process import children, cpu_s  # noqa: E402
 
-PACKET_S = 0.02
-RESULT_EVERY = 16
 READY = b'{"type":"ready"}'
 RESULT = b'{"type":"partial","text":"' + b"x" * 120 + b'","segment":0,"start_ms":0,"end_ms":1200}'
 CANDIDATES = ("uvicorn_sansio_uvloop", "uvicorn_sansio_asyncio", "uvicorn_wsproto_uvloop", "granian_uvloop",
@@ -175,58 +172,12 @@ async def paced(port: int, n: int, seconds: float, pid: int) -> dict:
     await asyncio.wait_for(asyncio.gather(*(c.ready.wait() for c in conns)), 30)
     packet = frame(np.random.default_rng(0).integers(-3000, 3000, int(16000 * PACKET_S), np.int16).tobytes(), 0x2)
     await asyncio.sleep(0.5)
-    c0, w0, me0 = tree_cpu_s(pid), time.time(), time.process_time()
-    sent, late = await send_spread(n, seconds, PACKET_S, lambda i, tick: conns[i].write(packet))
-    await asyncio.sleep(PACKET_S)
-    c1, w1, me1 = tree_cpu_s(pid), time.time(), time.process_time()
-    received = sum(sum(c.counts.values()) for c in conns)
+    r = await paced_window(lambda: tree_cpu_s(pid), n, seconds, lambda i, tick: conns[i].write(packet),
+                           lambda: sum(sum(c.counts.values()) for c in conns))  # fmt: skip
     for c in conns:
         c.close()
     await asyncio.sleep(0.3)
-    return {"packets": sent, "messages_received": received, "server_cpu_s": round(c1 - c0, 4),
-            "wall_s": round(w1 - w0, 3), "client_cpu_s": round(me1 - me0, 3), "ticks_late_by_over_one_packet": late}  # fmt: skip
-
-
-class Candidate:
-    """One candidate's server process, started once for all repeats."""
-
-    def __init__(self, name: str, idle_s: float) -> None:
-        self.name, self.port = name, free_port()
-        self.proc = subprocess.Popen([sys.executable, __file__, "--serve", name, "--port", str(self.port)],
-                                     cwd=Path(__file__).resolve().parent.parent)  # fmt: skip
-        self._wait_port()
-        time.sleep(1)
-        c0, w0 = tree_cpu_s(self.proc.pid), time.time()
-        time.sleep(idle_s)
-        self.idle_cores = (tree_cpu_s(self.proc.pid) - c0) / (time.time() - w0)
-
-    def _wait_port(self) -> None:
-        import socket
-
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
-                return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError(f"{self.name} did not listen on {self.port}")
-
-    def measure(self, streams: int, seconds: float) -> dict:
-        r = asyncio.run(paced(self.port, streams, seconds, self.proc.pid))
-        busy = r["server_cpu_s"] - self.idle_cores * r["wall_s"]
-        r["us_per_packet"] = round(1e6 * busy / max(r["packets"], 1), 1)
-        print(f"{self.name:24s} {r['packets']:7d} packets {r['messages_received']:5d} messages "
-              f"{r['us_per_packet']:7.1f} us/packet (client {r['client_cpu_s']:.2f} s, late ticks "
-              f"{r['ticks_late_by_over_one_packet']})", flush=True)  # fmt: skip
-        return r
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+    return r
 
 
 # ----------------------------------------------------------------------------- realtime decode
@@ -255,14 +206,7 @@ def decode_costs(number: int = 20000) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--serve", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
-    p.add_argument("--candidates", default=",".join(CANDIDATES))
-    p.add_argument("--streams", type=int, default=32)
-    p.add_argument("--seconds", type=float, default=5.0)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--idle-s", type=float, default=2.0)
+    p = arguments(__doc__, CANDIDATES)
     p.add_argument("--decode", action="store_true")
     p.add_argument("--notes", default=None)
     p.add_argument("--out", default=None)
@@ -274,44 +218,17 @@ def main() -> None:
 
     record = run_record()
     record["notes"] = args.notes
-    names, missing = [], {}
-    for name in args.candidates.split(","):
-        try:
-            __import__(NEEDS.get(name, "uvicorn"))
-            names.append(name)
-        except ImportError as e:
-            missing[name] = str(e)
-    cands = [Candidate(n, args.idle_s) for n in names]
-    rows: dict = {c.name: {"idle_cores": round(c.idle_cores, 4), "repeats": []} for c in cands}
-    try:
-        for rep in range(args.repeats):
-            for c in cands if rep % 2 == 0 else cands[::-1]:
-                rows[c.name]["repeats"].append(c.measure(args.streams, args.seconds))
-    finally:
-        for c in cands:
-            c.stop()
-    for row in rows.values():
-        row["us_per_packet_median"] = float(np.median([r["us_per_packet"] for r in row["repeats"]]))
+    names, missing = importable(args.candidates, lambda name: NEEDS.get(name, "uvicorn"))
+    rows = alternate(lambda name: Candidate(name, args.idle_s, __file__, paced, tree_cpu_s, 24), names, args)
     result = {"run": record, "streams": args.streams, "seconds": args.seconds, "packet_ms": 1000 * PACKET_S,
               "result_every_packets": RESULT_EVERY, "candidates": rows, "skipped": missing,
-              "versions": _versions()}  # fmt: skip
+              "versions": installed_versions(("uvicorn", "websockets", "wsproto", "granian", "picows", "uvloop",
+                                              "msgspec", "orjson", "pybase64"))}  # fmt: skip
     if args.decode:
         result["realtime_append_decode_us"] = decode_costs()
     print({k: v["us_per_packet_median"] for k, v in rows.items()}, result.get("realtime_append_decode_us"))
     if args.out:
         write_json(args.out, result)
-
-
-def _versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for pkg in ("uvicorn", "websockets", "wsproto", "granian", "picows", "uvloop", "msgspec", "orjson", "pybase64"):
-        try:
-            out[pkg] = version(pkg)
-        except PackageNotFoundError:
-            pass
-    return out
 
 
 if __name__ == "__main__":

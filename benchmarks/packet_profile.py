@@ -16,7 +16,7 @@ from collections import Counter
 
 PHASES = (  # (function, file substring) -> phase; the first match from the leaf up wins
     (("data_received", "protocols/"), "packet in: transport + WebSocket frames"),
-    (("on_ws_frame", "picows_listener.py"), "packet in: transport + WebSocket frames"),
+    (("on_ws_frame", "picows_connection.py"), "packet in: transport + WebSocket frames"),
     (("data_received", "grpc_h2.py"), "packet in: transport + HTTP/2 frames"),
     (("_receive_loop", "ws_socket.py"), "packet in: session, decode, ring write"),
     (("_receive", "riva_grpc.py"), "packet in: session, decode, ring write"),

@@ -173,7 +173,7 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
 
     def send_receive_event_to_app(self) -> None:
         """A whole message: handed to the app's socket in this callback when nothing is queued
-        and it takes it (picows_listener.py's hand-over: no task wake-up, and no pause and resume
+        and it takes it (picows_connection.py's hand-over: no task wake-up, and no pause and resume
         of reading, which uvicorn does for every queued message); else queued, as uvicorn does."""
         if self.take_frame is not None and self.queue.empty() and not self.close_sent:
             data = self.frames[0] if len(self.frames) == 1 else b"".join(self.frames)

@@ -5,7 +5,7 @@ task, the send task, the idle clock's timer, and the close code, chosen from the
 at this edge.
 
   receive task: frames -> wire.on_text / on_bytes -> session.push / end_input (never writes);
-                through our listeners (picows_listener.py, uvicorn_protocols.py) a data frame
+                through our listeners (picows_connection.py, uvicorn_protocols.py) a data frame
                 that finds the task parked is handled in the transport's callback instead
                 (take_frame), the same code with no task switch
   send task:    session.next_event() (messages, results, the Failure) -> wire's frames -> close

@@ -18,6 +18,11 @@ worker process and with no asyncio:
     its stream queue its bytes from then on, and is counted in `short_sends`.
 The opening exchange is the load generator's own (load_level.open_ws_stream,
 load_realtime.configure), run on a blocking socket before the pacing starts.
+Protocols: "ws" (float32 frames), "realtime" (/v1/realtime appends of PCM16 at the items' 16 kHz),
+"realtime24k" (the same at 24 kHz, OpenAI's rate: the shape the OpenAI SDK, pipecat and livekit
+send, 20 ms of base64 PCM16 an append, which the server resamples; the items are resampled once,
+here, before the frames are built), "grpc" (blast_grpc.py). The plan and the records count audio
+in the items' 16 kHz samples whatever the wire's rate.
 Rejected: asyncio with prebuilt frames (a loop iteration and a callback per ready socket: what
 load_picows.py does, about 60 µs a packet) and parsing each message as it arrives (the same work,
 inside the pacer's time).
@@ -48,6 +53,17 @@ from benchmarks.raw_ws import SPREAD_S, frame
 PACKET_SAMPLES = APPEND_SAMPLES  # 20 ms at 16 kHz, both protocols
 RECV_BYTES = 1 << 16
 DONE_MARKERS = {"ws": b'"type":"done"', "realtime": b"transcription.completed"}  # early exit only; parsed after
+SDK_RATE = 24000  # /v1/realtime's audio/pcm rate in OpenAI's API: what its SDK, pipecat and livekit send
+# protocol -> the wire whose opening, end and server messages it has (the rate is the only difference)
+WIRES = {"realtime24k": "realtime"}
+
+
+def wire_of(protocol: str) -> str:
+    return WIRES.get(protocol, protocol)
+
+
+def wire_rate(protocol: str) -> int:
+    return SDK_RATE if protocol == "realtime24k" else SAMPLE_RATE
 
 
 @dataclass
@@ -88,10 +104,22 @@ def packet_frames(audio: np.ndarray, protocol: str, num_packets: int, packet_sam
         from benchmarks import blast_grpc
 
         return blast_grpc.packet_frames(audio, num_packets, packet_samples)
+    if protocol == "realtime24k":
+        audio, packet_samples = at_sdk_rate(audio, num_packets * packet_samples), packet_samples * SDK_RATE // SAMPLE_RATE
     parts = [audio[k * packet_samples : (k + 1) * packet_samples] for k in range(num_packets)]
-    if protocol == "realtime":
+    if wire_of(protocol) == "realtime":
         return [frame(append_message(as_pcm16(p)).encode(), 0x1) for p in parts]
     return [frame(p.astype(np.float32).tobytes(), 0x2) for p in parts]
+
+
+def at_sdk_rate(audio: np.ndarray, num_samples: int) -> np.ndarray:
+    """The first `num_samples` of 16 kHz `audio` at 24 kHz (soxr, as packet_clients.speech does),
+    zero-padded to whole packets where the resampler's output falls a sample short."""
+    import soxr
+
+    n = num_samples * SDK_RATE // SAMPLE_RATE
+    out = soxr.resample(audio[:num_samples].astype(np.float32), SAMPLE_RATE, SDK_RATE).astype(np.float32)[:n]
+    return np.pad(out, (0, n - len(out)))
 
 
 def split_frames(buf: bytes) -> tuple[list[tuple[int, bytes]], bytes]:
@@ -118,11 +146,12 @@ class OpeningSocket:
     """A blocking socket with the `send(str)` and `recv()` the load generator's protocol steps
     use, so the opening exchange is theirs; `run_sync` drives them (they never wait on a loop)."""
 
-    def __init__(self, port: int, path: str) -> None:
+    def __init__(self, port: int, path: str, token: str | None = None) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=60)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         key = base64.b64encode(os.urandom(16)).decode()
-        self.sock.sendall((f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
+        auth = f"Authorization: Bearer {token}\r\n" if token else ""
+        self.sock.sendall((f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n{auth}"
                            f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode())  # fmt: skip
         data = b""
         while b"\r\n\r\n" not in data:
@@ -175,12 +204,13 @@ def open_stream(port: int, protocol: str, worker: int, item: LoadItem,
 
         return blast_grpc.open_stream(port, worker, item, _SHARED.get("chunk_ms"))
     rec = StreamRecord(worker, item.item_id, len(item.audio) / SAMPLE_RATE, opened=time.time())
+    token = _SHARED.get("token")
     try:
-        if protocol == "realtime":
-            ws = OpeningSocket(port, "/v1/realtime" + realtime_query(context_right))
-            ok = run_sync(configure(ws, rec))
+        if wire_of(protocol) == "realtime":
+            ws = OpeningSocket(port, "/v1/realtime" + realtime_query(context_right), token)
+            ok = run_sync(configure(ws, rec, wire_rate(protocol)))
         else:
-            ws = OpeningSocket(port, "/ws")
+            ws = OpeningSocket(port, "/ws", token)
             ok = run_sync(open_ws_stream(ws, rec, stream_config(worker, item, False, context_right)))
     except OSError as e:
         rec.error = f"connect: {e!r}"[:120]
@@ -324,7 +354,7 @@ def end_frame(protocol: str) -> bytes:
         from benchmarks import blast_grpc
 
         return blast_grpc.END_FRAME
-    return frame((COMMIT_MESSAGE if protocol == "realtime" else END_MESSAGE).encode(), 0x1)
+    return frame((COMMIT_MESSAGE if wire_of(protocol) == "realtime" else END_MESSAGE).encode(), 0x1)
 
 
 def done_marker(protocol: str) -> bytes:
@@ -332,7 +362,7 @@ def done_marker(protocol: str) -> bytes:
         from benchmarks import blast_grpc
 
         return blast_grpc.DONE_MARKER
-    return DONE_MARKERS[protocol]
+    return DONE_MARKERS[wire_of(protocol)]
 
 
 # ----------------------------------------------------------------------------- one level
@@ -362,7 +392,7 @@ def fill_records(recs: list[StreamRecord], sent: Sent, plan: Plan, t0: float, pr
         for i, parts in chunks.items():
             blast_grpc.read_stream(recs[i], parts)
         chunks = {}
-    read = read_realtime_message if protocol == "realtime" else read_ws_message
+    read = read_realtime_message if wire_of(protocol) == "realtime" else read_ws_message
     for i, parts in chunks.items():
         buf = b""
         for t, data in parts:
@@ -436,16 +466,19 @@ def measure_level_blast(port: int, protocol: str, items: list[LoadItem], num_str
                         num_workers: int = 1, context_right: int | None = None, max_drift: float = 20.0,
                         max_send_lateness_ms: float = 10.0, tail_s: float = 30.0,
                         realtime: bool = False, on_start=lambda t0: None,
-                        chunk_ms: float | None = None, packet_samples: int = PACKET_SAMPLES) -> tuple[dict, LevelRun]:  # fmt: skip
+                        chunk_ms: float | None = None, packet_samples: int = PACKET_SAMPLES,
+                        token: str | None = None) -> tuple[dict, LevelRun]:  # fmt: skip
     """One level through the blast sender, summarised and judged as load_workers.measure_level
     does; `on_start(t0)` is called in this process with the pacing's start time; `chunk_ms`: the
     served mode's chunk (gRPC only: Riva's calls are not told it, /ws's `ready` says it); `packet_samples`:
-    each packet's audio (20 ms by default, the voice agents' size). A send the kernel
+    each packet's audio (20 ms by default, the voice agents' size, in the items' 16 kHz samples);
+    `token`: the server's bearer token, where it asks for one. A send the kernel
     did not take whole makes a level that passed `server_behind`: the front end stopped reading."""
     num_workers = max(1, min(num_workers, num_streams))
     ensure_fd_limit(-(-num_streams // num_workers))
     ctx = mp.get_context("fork")  # the children inherit the items and the frames' inputs
-    _SHARED.update(items=items, realtime=realtime, chunk_ms=chunk_ms, packet_samples=packet_samples, barrier=ctx.Barrier(num_workers + 1, timeout=600), start=ctx.Value("d", 0.0))
+    _SHARED.update(items=items, realtime=realtime, chunk_ms=chunk_ms, packet_samples=packet_samples, token=token,
+                   barrier=ctx.Barrier(num_workers + 1, timeout=600), start=ctx.Value("d", 0.0))  # fmt: skip
     out = ctx.SimpleQueue()
     procs = [ctx.Process(target=_worker, args=(w, list(range(w, num_streams, num_workers)), port, protocol,
                                                num_packets, context_right, tail_s, out))
@@ -467,8 +500,8 @@ def measure_level_blast(port: int, protocol: str, items: list[LoadItem], num_str
         raise RuntimeError(f"blast worker failed: {failed[0]!r}")
     reports = sorted((r for r, _ in results), key=lambda r: r.worker)
     run = LevelRun([r for rep in reports for r in rep.records], reports)
-    level = summarise_run(run, items, num_streams, num_packets * packet_samples / SAMPLE_RATE, protocol)
-    level["client"] = "blast"
+    level = summarise_run(run, items, num_streams, num_packets * packet_samples / SAMPLE_RATE, wire_of(protocol))
+    level["client"], level["wire_rate"] = "blast", wire_rate(protocol)
     judge(level, run.chunk_ms, max_drift, max_send_lateness_ms)
     extras = [x for _, x in sorted(results, key=lambda rx: rx[0].worker)]
     level["sender"] = extras

@@ -246,21 +246,32 @@ def table_packet_cost_uvicorn_frames_blast() -> str:
 
 # ----------------------------------------------------------------------------- /v1/realtime at the SDK's shape
 # packet_cost_streams.py --client blast --pin, 256 streams, run after run: /v1/realtime appends of
-# 20 ms base64 PCM16 at 24 kHz through both listeners, /ws beside them in the same server
-REALTIME24K_FILES = ("packet_cost_streams_blast_realtime24k_cpu.json",)
+# 20 ms base64 PCM16 at 24 kHz through both listeners, /ws beside them in the same server; then the
+# same appends at 24 and at 16 kHz (no resampling) through picows, /ws beside them
+REALTIME24K_FILE = "packet_cost_streams_blast_realtime24k_cpu.json"
+REALTIME24K_VS16K_FILE = "packet_cost_streams_blast_realtime24k_vs16k_cpu.json"
 REALTIME24K_PATHS = {
     "realtime24k_uvicorn": "/v1/realtime append, 20 ms base64 PCM16 at 24 kHz (the SDK's), uvicorn (--port)",
     "realtime24k_picows": "/v1/realtime append, 20 ms base64 PCM16 at 24 kHz (the SDK's), picows (--fast-ws-port)",
     "ws_uvicorn": "/ws, 20 ms float32 frames, uvicorn (--port), for comparison",
     "ws_picows": "/ws, 20 ms float32 frames, picows (--fast-ws-port), for comparison",
+    "realtime_picows": "/v1/realtime append, 20 ms base64 PCM16 at 16 kHz (no resampling), picows (--fast-ws-port), for comparison",
 }
 
 
 def table_packet_cost_streams_blast_realtime24k() -> str:
+    return _realtime24k_table(REALTIME24K_FILE)
+
+
+def table_packet_cost_streams_blast_realtime24k_vs16k() -> str:
+    return _realtime24k_table(REALTIME24K_VS16K_FILE)
+
+
+def _realtime24k_table(name: str) -> str:
     """Per path: every run's cell (in the order they ran, `;` apart), the streams whose final tokens
-    equal their item's reference (/v1/realtime: its own at one stream per item; /ws: /ws's), the
-    median of the valid runs and the target's word."""
-    runs = {name: read(name) for name in REALTIME24K_FILES if (page_results.RESULTS / name).exists()}
+    equal their item's reference (/v1/realtime at 24 kHz: its own at one stream per item; the
+    others: /ws's), the median of the valid runs and the target's word."""
+    runs = {name: read(name)}
     rows = [r for d in runs.values() for r in d["rows"]]
     target, levels = next(iter(runs.values()))["target_us_per_packet"], sorted({r["streams"] for r in rows})
     out = ["| path (1 front end, pinned, paced 20 ms packets, blast sender) | " + " | ".join(f"{n:,} streams, each run" for n in levels)

@@ -18,6 +18,11 @@ worker process and with no asyncio:
     its stream queue its bytes from then on, and is counted in `short_sends`.
 The opening exchange is the load generator's own (load_level.open_ws_stream,
 load_realtime.configure), run on a blocking socket before the pacing starts.
+Protocols: "ws" (float32 frames), "realtime" (/v1/realtime appends of PCM16 at the items' 16 kHz),
+"realtime24k" (the same at 24 kHz, OpenAI's rate: the shape the OpenAI SDK, pipecat and livekit
+send, 20 ms of base64 PCM16 an append, which the server resamples; the items are resampled once,
+here, before the frames are built), "grpc" (blast_grpc.py). The plan and the records count audio
+in the items' 16 kHz samples whatever the wire's rate.
 Rejected: asyncio with prebuilt frames (a loop iteration and a callback per ready socket: what
 load_picows.py does, about 60 µs a packet) and parsing each message as it arrives (the same work,
 inside the pacer's time).
@@ -39,7 +44,8 @@ import numpy as np
 
 from benchmarks.blast_opening import open_stream
 from benchmarks.blast_pacer import Pacer, Sent
-from benchmarks.blast_wire import PACKET_SAMPLES, Plan, make_plan, packet_frames, server_frame, split_frames
+from benchmarks.blast_wire import (PACKET_SAMPLES, Plan, at_sdk_rate, end_frame, make_plan, packet_frames, server_frame,
+                                   split_frames, wire_of, wire_rate)
 from benchmarks.common import SAMPLE_RATE
 from benchmarks.load_items import LoadItem
 from benchmarks.load_level import StreamRecord, read_ws_message
@@ -47,7 +53,8 @@ from benchmarks.load_realtime import read_realtime_message
 from benchmarks.load_workers import LevelRun, WorkerReport, ensure_fd_limit, judge, summarise_run
 
 # what tests and the load tools use of the sender, from its modules (blast_wire, blast_pacer)
-__all__ = ["PACKET_SAMPLES", "Pacer", "make_plan", "measure_level_blast", "packet_frames", "server_frame", "split_frames"]
+__all__ = ["PACKET_SAMPLES", "Pacer", "at_sdk_rate", "end_frame", "make_plan", "measure_level_blast", "packet_frames",
+           "server_frame", "split_frames", "wire_of"]
 
 # ----------------------------------------------------------------------------- one level
 
@@ -76,7 +83,7 @@ def fill_records(recs: list[StreamRecord], sent: Sent, plan: Plan, t0: float, pr
         for i, parts in chunks.items():
             blast_grpc.read_stream(recs[i], parts)
         chunks = {}
-    read = read_realtime_message if protocol == "realtime" else read_ws_message
+    read = read_realtime_message if wire_of(protocol) == "realtime" else read_ws_message
     for i, parts in chunks.items():
         buf = b""
         for t, data in parts:
@@ -121,7 +128,8 @@ def _pace_lanes(index: int, lanes: list[int], port: int, protocol: str, num_pack
     packet_samples = _SHARED["packet_samples"]
     priority = realtime_priority() if _SHARED["realtime"] else "normal"
     # the lane, as load_level passes it: the /ws config's id is unique per stream
-    opened = [open_stream(port, protocol, lane, items[lane % len(items)], context_right, _SHARED.get("chunk_ms"))
+    opened = [open_stream(port, protocol, lane, items[lane % len(items)], context_right, _SHARED.get("chunk_ms"),
+                          _SHARED.get("token"))
               for lane in lanes]  # fmt: skip
     socks, recs, leftovers = (list(x) for x in zip(*opened)) if opened else ([], [], [])
     item_of = [lane % len(items) for lane in lanes]
@@ -151,16 +159,19 @@ def measure_level_blast(port: int, protocol: str, items: list[LoadItem], num_str
                         num_workers: int = 1, context_right: int | None = None, max_drift: float = 20.0,
                         max_send_lateness_ms: float = 10.0, tail_s: float = 30.0,
                         realtime: bool = False, on_start=lambda t0: None,
-                        chunk_ms: float | None = None, packet_samples: int = PACKET_SAMPLES) -> tuple[dict, LevelRun]:  # fmt: skip
+                        chunk_ms: float | None = None, packet_samples: int = PACKET_SAMPLES,
+                        token: str | None = None) -> tuple[dict, LevelRun]:  # fmt: skip
     """One level through the blast sender, summarised and judged as load_workers.measure_level
     does; `on_start(t0)` is called in this process with the pacing's start time; `chunk_ms`: the
     served mode's chunk (gRPC only: Riva's calls are not told it, /ws's `ready` says it); `packet_samples`:
-    each packet's audio (20 ms by default, the voice agents' size). A send the kernel
+    each packet's audio (20 ms by default, the voice agents' size, in the items' 16 kHz samples);
+    `token`: the server's bearer token, where it asks for one. A send the kernel
     did not take whole makes a level that passed `server_behind`: the front end stopped reading."""
     num_workers = max(1, min(num_workers, num_streams))
     ensure_fd_limit(-(-num_streams // num_workers))
     ctx = mp.get_context("fork")  # the children inherit the items and the frames' inputs
-    _SHARED.update(items=items, realtime=realtime, chunk_ms=chunk_ms, packet_samples=packet_samples, barrier=ctx.Barrier(num_workers + 1, timeout=600), start=ctx.Value("d", 0.0))
+    _SHARED.update(items=items, realtime=realtime, chunk_ms=chunk_ms, packet_samples=packet_samples, token=token,
+                   barrier=ctx.Barrier(num_workers + 1, timeout=600), start=ctx.Value("d", 0.0))  # fmt: skip
     out = ctx.SimpleQueue()
     procs = [ctx.Process(target=_worker, args=(w, list(range(w, num_streams, num_workers)), port, protocol,
                                                num_packets, context_right, tail_s, out))
@@ -182,8 +193,8 @@ def measure_level_blast(port: int, protocol: str, items: list[LoadItem], num_str
         raise RuntimeError(f"blast worker failed: {failed[0]!r}")
     reports = sorted((r for r, _ in results), key=lambda r: r.worker)
     run = LevelRun([r for rep in reports for r in rep.records], reports)
-    level = summarise_run(run, items, num_streams, num_packets * packet_samples / SAMPLE_RATE, protocol)
-    level["client"] = "blast"
+    level = summarise_run(run, items, num_streams, num_packets * packet_samples / SAMPLE_RATE, wire_of(protocol))
+    level["client"], level["wire_rate"] = "blast", wire_rate(protocol)
     judge(level, run.chunk_ms, max_drift, max_send_lateness_ms)
     extras = [x for _, x in sorted(results, key=lambda rx: rx[0].worker)]
     level["sender"] = extras

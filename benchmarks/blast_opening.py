@@ -10,7 +10,7 @@ import os
 import socket
 import time
 
-from benchmarks.blast_wire import RECV_BYTES, server_frame, split_frames
+from benchmarks.blast_wire import RECV_BYTES, server_frame, split_frames, wire_of, wire_rate
 from benchmarks.common import SAMPLE_RATE
 from benchmarks.load_items import LoadItem
 from benchmarks.load_level import StreamRecord, open_ws_stream, stream_config
@@ -21,11 +21,12 @@ class OpeningSocket:
     """A blocking socket with the `send(str)` and `recv()` the load generator's protocol steps
     use, so the opening exchange is theirs; `run_sync` drives them (they never wait on a loop)."""
 
-    def __init__(self, port: int, path: str) -> None:
+    def __init__(self, port: int, path: str, token: str | None = None) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=60)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         key = base64.b64encode(os.urandom(16)).decode()
-        self.sock.sendall((f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
+        auth = f"Authorization: Bearer {token}\r\n" if token else ""
+        self.sock.sendall((f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n{auth}"
                            f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode())  # fmt: skip
         data = b""
         while b"\r\n\r\n" not in data:
@@ -63,20 +64,21 @@ def run_sync(coro):
 
 
 def open_stream(port: int, protocol: str, worker: int, item: LoadItem, context_right: int | None,
-                chunk_ms: float | None = None) -> tuple[socket.socket | None, StreamRecord, bytes]:  # fmt: skip
+                chunk_ms: float | None = None, token: str | None = None) -> tuple[socket.socket | None, StreamRecord, bytes]:  # fmt: skip
     """One stream opened; (non-blocking socket or None if refused, its record, bytes already
-    read past the opening); `chunk_ms`: gRPC only (measure_level_blast's)."""
+    read past the opening); `chunk_ms`: gRPC only (measure_level_blast's); `token`: the server's bearer
+    token, where it asks for one (WebSocket paths)."""
     if protocol == "grpc":
         from benchmarks import blast_grpc
 
         return blast_grpc.open_stream(port, worker, item, chunk_ms)
     rec = StreamRecord(worker, item.item_id, len(item.audio) / SAMPLE_RATE, opened=time.time())
     try:
-        if protocol == "realtime":
-            ws = OpeningSocket(port, "/v1/realtime" + realtime_query(context_right))
-            ok = run_sync(configure(ws, rec))
+        if wire_of(protocol) == "realtime":
+            ws = OpeningSocket(port, "/v1/realtime" + realtime_query(context_right), token)
+            ok = run_sync(configure(ws, rec, wire_rate(protocol)))
         else:
-            ws = OpeningSocket(port, "/ws")
+            ws = OpeningSocket(port, "/ws", token)
             ok = run_sync(open_ws_stream(ws, rec, stream_config(worker, item, False, context_right)))
     except OSError as e:
         rec.error = f"connect: {e!r}"[:120]

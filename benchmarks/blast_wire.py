@@ -17,6 +17,17 @@ from benchmarks.raw_ws import SPREAD_S, frame
 PACKET_SAMPLES = APPEND_SAMPLES  # 20 ms at 16 kHz, both protocols
 RECV_BYTES = 1 << 16
 DONE_MARKERS = {"ws": b'"type":"done"', "realtime": b"transcription.completed"}  # early exit only; parsed after
+SDK_RATE = 24000  # /v1/realtime's audio/pcm rate in OpenAI's API: what its SDK, pipecat and livekit send
+# protocol -> the wire whose opening, end and server messages it has (the rate is the only difference)
+WIRES = {"realtime24k": "realtime"}
+
+
+def wire_of(protocol: str) -> str:
+    return WIRES.get(protocol, protocol)
+
+
+def wire_rate(protocol: str) -> int:
+    return SDK_RATE if protocol == "realtime24k" else SAMPLE_RATE
 
 
 @dataclass
@@ -57,10 +68,22 @@ def packet_frames(audio: np.ndarray, protocol: str, num_packets: int, packet_sam
         from benchmarks import blast_grpc
 
         return blast_grpc.packet_frames(audio, num_packets, packet_samples)
+    if protocol == "realtime24k":
+        audio, packet_samples = at_sdk_rate(audio, num_packets * packet_samples), packet_samples * SDK_RATE // SAMPLE_RATE
     parts = [audio[k * packet_samples : (k + 1) * packet_samples] for k in range(num_packets)]
-    if protocol == "realtime":
+    if wire_of(protocol) == "realtime":
         return [frame(append_message(as_pcm16(p)).encode(), 0x1) for p in parts]
     return [frame(p.astype(np.float32).tobytes(), 0x2) for p in parts]
+
+
+def at_sdk_rate(audio: np.ndarray, num_samples: int) -> np.ndarray:
+    """The first `num_samples` of 16 kHz `audio` at 24 kHz (soxr, as packet_clients.speech does),
+    zero-padded to whole packets where the resampler's output falls a sample short."""
+    import soxr
+
+    n = num_samples * SDK_RATE // SAMPLE_RATE
+    out = soxr.resample(audio[:num_samples].astype(np.float32), SAMPLE_RATE, SDK_RATE).astype(np.float32)[:n]
+    return np.pad(out, (0, n - len(out)))
 
 
 def split_frames(buf: bytes) -> tuple[list[tuple[int, bytes]], bytes]:
@@ -93,7 +116,7 @@ def end_frame(protocol: str) -> bytes:
         from benchmarks import blast_grpc
 
         return blast_grpc.END_FRAME
-    return frame((COMMIT_MESSAGE if protocol == "realtime" else END_MESSAGE).encode(), 0x1)
+    return frame((COMMIT_MESSAGE if wire_of(protocol) == "realtime" else END_MESSAGE).encode(), 0x1)
 
 
 def done_marker(protocol: str) -> bytes:
@@ -101,4 +124,4 @@ def done_marker(protocol: str) -> bytes:
         from benchmarks import blast_grpc
 
         return blast_grpc.DONE_MARKER
-    return DONE_MARKERS[protocol]
+    return DONE_MARKERS[wire_of(protocol)]

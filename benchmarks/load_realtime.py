@@ -66,9 +66,11 @@ def append_message(pcm: np.ndarray) -> str:
     return json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm.tobytes()).decode()})
 
 
-async def configure(ws, rec: StreamRecord) -> bool:
+async def configure(ws, rec: StreamRecord, rate: int = SAMPLE_RATE) -> bool:
+    """The session set up as the guide does: transcription, `turn_detection: null`, PCM16 at `rate`
+    (16 kHz here; blast.py's SDK shape asks for OpenAI's 24 kHz, which the server resamples)."""
     created = json.loads(await ws.recv())
-    session = {"type": "transcription", "audio": {"input": {"format": {"type": "audio/pcm", "rate": SAMPLE_RATE},
+    session = {"type": "transcription", "audio": {"input": {"format": {"type": "audio/pcm", "rate": rate},
                                                             "turn_detection": None}}}  # fmt: skip
     await ws.send(json.dumps({"type": "session.update", "session": session}))
     updated = json.loads(await ws.recv())

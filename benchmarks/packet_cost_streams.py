@@ -42,7 +42,10 @@ this session's processes the CPU ahead of the other sessions' (see set_autogroup
 Paths: ws_uvicorn (/ws through --port), ws_picows (/ws through --fast-ws-port), realtime_picows
 (/v1/realtime `input_audio_buffer.append`, base64 PCM16 in JSON, through --fast-ws-port; the load
 generator's realtime streams are 16 kHz: no resampling, unlike packet_cost.py's 24 kHz path);
-with `--client blast` only, grpc_fastgrpc and grpc_aio (Riva StreamingRecognize, 20 ms PCM16 per
+with `--client blast` only, realtime24k_uvicorn and realtime24k_picows (/v1/realtime at the OpenAI SDK's
+shape: 20 ms appends of base64 PCM16 at 24 kHz, resampled by the server, through --port and
+--fast-ws-port; their oracle is what that path gives each item with one stream per item, before the
+levels, beside /ws's: blast_items), and grpc_fastgrpc and grpc_aio (Riva StreamingRecognize, 20 ms PCM16 per
 request, interim results, through --fast-grpc-port and --grpc-port: benchmarks/blast_grpc.py, one
 connection per stream; their oracle is /ws's final text as characters, Riva's results carrying no
 token ids).
@@ -80,6 +83,9 @@ PATHS = {
     "ws_uvicorn": ("ws", "uvicorn", "/ws"),
     "ws_picows": ("ws", "picows", "/ws"),
     "realtime_picows": ("realtime", "picows", "/v1/realtime"),
+    # /v1/realtime at the SDK's 24 kHz (blast only: the load generator's realtime streams are 16 kHz)
+    "realtime24k_uvicorn": ("realtime24k", "uvicorn", "/v1/realtime"),
+    "realtime24k_picows": ("realtime24k", "picows", "/v1/realtime"),
     # Riva StreamingRecognize, PCM16 (blast only: benchmarks/blast_grpc.py): our HTTP/2, grpc.aio
     "grpc_fastgrpc": ("grpc", "fastgrpc", "StreamingRecognize"),
     "grpc_aio": ("grpc", "grpcaio", "StreamingRecognize"),
@@ -132,10 +138,14 @@ def measure(server: Server, fe_pids: list[int], idle_cores: float, path: str, n:
         items = args.blast_items
         if protocol == "grpc":  # Riva's finals carry text: the oracle is /ws's final characters (blast_items)
             items = [dataclasses.replace(it, oracle=args.blast_words.get(it.item_id)) for it in items]
+        elif protocol in args.blast_oracles:  # resampled by the server: that path's own tokens at 8 streams
+            items = [dataclasses.replace(it, oracle=args.blast_oracles[protocol].get(it.item_id)) for it in items]
         level, run = blast.measure_level_blast(port, protocol, items, n, args.blast_packets,
                                                num_workers=args.workers, context_right=args.context_right,
                                                max_send_lateness_ms=args.max_lateness_ms, realtime=args.sender_fifo,
                                                on_start=start_window, chunk_ms=args.chunk_ms)  # fmt: skip
+    elif protocol not in ("ws", "realtime"):
+        raise ValueError(f"{path} is for --client blast only")
     else:
         duration_s = args.ramp_s + args.settle_s + args.window_s
         items = make_items("synth", 8, seconds=(duration_s + 3, duration_s + 5))  # longer than the run: one item per lane
@@ -239,8 +249,8 @@ def main() -> None:
     args = p.parse_args()
     load_picows.WS_PACKET_MS = PACKET_MS  # before the workers fork
     one = np.zeros(blast.PACKET_SAMPLES, np.float32)  # a frame's length: the same for every packet of a protocol
-    grpc = any(PATHS[p][0] == "grpc" for p in args.paths.split(","))
-    protocols = ("ws", "realtime", "grpc") if grpc else ("ws", "realtime")
+    protocols = {"ws", "realtime"} | {PATHS[p][0] for p in args.paths.split(",")}
+    grpc = "grpc" in protocols
     args.packet_bytes = {proto: len(blast.packet_frames(one, proto, 1)[0]) for proto in protocols}
     record = run_record() | {"notes": args.notes, "autogroup": set_autogroup_nice(args.autogroup_nice),
                              "server_tree_commit": _tree_commit(args.tree)}  # at the start: the code that runs, not what is there at the end
@@ -273,7 +283,7 @@ def main() -> None:
                     write_json(args.out, {"run": record, "model": args.model, "context_right": args.context_right,
                                           "packet_ms": PACKET_MS, "target_us_per_packet": 25,
                                           "idle_frontend_cores": round(idle, 4), "rows": rows, "reference": reference,
-                                          "settings": {k: v for k, v in vars(args).items() if k not in ("notes", "out", "blast_items", "packet_bytes", "blast_words")}})  # fmt: skip
+                                          "settings": {k: v for k, v in vars(args).items() if k not in ("notes", "out", "blast_items", "packet_bytes", "blast_words", "blast_oracles")}})  # fmt: skip
                 wait_streams_closed(server)
     finally:
         server.stop()
@@ -308,8 +318,26 @@ def blast_items(server: Server, args) -> dict:
     args.blast_words = {r.item_id: characters(" ".join(f["text"] for f in r.finals)) for r in run.records if r.error is None}
     args.chunk_ms = run.chunk_ms
     print(f"reference: {len(by_item)} items, {sum(map(len, by_item.values()))} tokens, {level['verdict']}", flush=True)
-    return {"streams": len(items), "verdict": level["verdict"], "tokens_per_item": {k: len(v) for k, v in by_item.items()},
-            "seconds_per_item": num_packets * PACKET_MS / 1000}  # fmt: skip
+    reference = {"streams": len(items), "verdict": level["verdict"], "tokens_per_item": {k: len(v) for k, v in by_item.items()},
+                 "seconds_per_item": num_packets * PACKET_MS / 1000}  # fmt: skip
+    args.blast_oracles = {}
+    if any(PATHS[p][0] == "realtime24k" for p in args.paths.split(",")):
+        reference["realtime24k"] = resampled_reference(server, items, num_packets, by_item, args)
+    return reference
+
+
+def resampled_reference(server: Server, items: list, num_packets: int, ws_tokens: dict, args) -> dict:
+    """/v1/realtime at 24 kHz's tokens for each item, one stream per item through --fast-ws-port:
+    the oracle of its levels (the server's resampler stands between the items and the model, so its
+    tokens need not be /ws's at 16 kHz); how many of them equal /ws's is kept beside."""
+    level, run = blast.measure_level_blast(server.fast_port, "realtime24k", items, len(items), num_packets,
+                                           context_right=args.context_right, realtime=args.sender_fifo)  # fmt: skip
+    tokens = {r.item_id: r.token_ids for r in run.records if r.error is None}
+    args.blast_oracles["realtime24k"] = tokens
+    same = sum(tokens[k] == ws_tokens.get(k) for k in tokens)
+    print(f"reference at 24 kHz: {len(tokens)} items, {same} equal to /ws's, {level['verdict']}", flush=True)
+    return {"verdict": level["verdict"], "tokens_per_item": {k: len(v) for k, v in tokens.items()},
+            "items_equal_to_ws": same}
 
 
 def measure_or_error(server: Server, fe_pids: list[int], idle_cores: float, path: str, n: int, args) -> dict:

@@ -242,3 +242,61 @@ def table_packet_cost_uvicorn_frames_blast() -> str:
                         for tree, v in sorted(by_tree.items()))  # fmt: skip
     rows.append(f"\nMedians of the valid runs: {medians}.")
     return "\n".join(rows) + source(list(runs), [run_info(d) for d in runs.values()])
+
+
+# ----------------------------------------------------------------------------- /v1/realtime at the SDK's shape
+# packet_cost_streams.py --client blast --pin, 256 streams, run after run: /v1/realtime appends of
+# 20 ms base64 PCM16 at 24 kHz through both listeners, /ws beside them in the same server; then the
+# same appends at 24 and at 16 kHz (no resampling) through picows, /ws beside them
+REALTIME24K_FILE = "packet_cost_streams_blast_realtime24k_cpu.json"
+REALTIME24K_VS16K_FILE = "packet_cost_streams_blast_realtime24k_vs16k_cpu.json"
+REALTIME24K_PATHS = {
+    "realtime24k_uvicorn": "/v1/realtime append, 20 ms base64 PCM16 at 24 kHz (the SDK's), uvicorn (--port)",
+    "realtime24k_picows": "/v1/realtime append, 20 ms base64 PCM16 at 24 kHz (the SDK's), picows (--fast-ws-port)",
+    "ws_uvicorn": "/ws, 20 ms float32 frames, uvicorn (--port), for comparison",
+    "ws_picows": "/ws, 20 ms float32 frames, picows (--fast-ws-port), for comparison",
+    "realtime_picows": "/v1/realtime append, 20 ms base64 PCM16 at 16 kHz (no resampling), picows (--fast-ws-port), for comparison",
+}
+
+
+def _by_median(valid: list[float], target: float) -> str:
+    """The target's word from the median of the valid runs (one run within it among several over
+    it is this machine's spread, not the target met), with how many runs were within it."""
+    if not valid:
+        return "no valid run"
+    word = "met" if statistics.median(valid) <= target else "**missed**"
+    return f"{word} by the median; {sum(v <= target for v in valid)} of {len(valid)} valid runs within it"
+
+
+def table_packet_cost_streams_blast_realtime24k() -> str:
+    return _realtime24k_table(REALTIME24K_FILE)
+
+
+def table_packet_cost_streams_blast_realtime24k_vs16k() -> str:
+    return _realtime24k_table(REALTIME24K_VS16K_FILE)
+
+
+def _realtime24k_table(name: str) -> str:
+    """Per path: every run's cell (in the order they ran, `;` apart), the streams whose final tokens
+    equal their item's reference (/v1/realtime at 24 kHz: its own at one stream per item; the
+    others: /ws's), the median of the valid runs and the target's word by that median."""
+    runs = {name: read(name)}
+    rows = [r for d in runs.values() for r in d["rows"]]
+    target, levels = next(iter(runs.values()))["target_us_per_packet"], sorted({r["streams"] for r in rows})
+    out = ["| path (1 front end, pinned, paced 20 ms packets, blast sender) | " + " | ".join(f"{n:,} streams, each run" for n in levels)
+           + " | median of the valid runs | streams whose finals equal the reference | target |",
+           "|---|" + "---|" * len(levels) + "---|---|---|"]  # fmt: skip
+    for path, name in REALTIME24K_PATHS.items():
+        mine = [r for r in rows if r["path"] == path]
+        if not mine:
+            continue
+        cells = ["; ".join(_blast_cell(r) for r in mine if r["streams"] == n) or "-" for n in levels]
+        valid = [r["us_per_packet_all_in"] for r in mine if r["valid"]]
+        median = f"{statistics.median(valid):.1f} µs ({len(valid)} of {len(mine)} runs)" if valid else f"none valid (0 of {len(mine)})"
+        same = ", ".join(f"{r['quality'].get('token_identical_streams', '-')}/{r['quality'].get('streams_compared', '-')}"
+                         for r in mine if r.get("quality"))  # fmt: skip
+        out.append(f"| {name} | " + " | ".join(cells) + f" | {median} | {same or '-'} | {target} µs: {_by_median(valid, target)} |")
+    refs = [d["reference"]["realtime24k"] for d in runs.values() if (d.get("reference") or {}).get("realtime24k")]
+    out += [f"\nThe 24 kHz reference (one stream per item, before the levels): {r['items_equal_to_ws']} of "
+            f"{len(r['tokens_per_item'])} items' tokens equal to /ws's at 16 kHz." for r in refs]
+    return "\n".join(out) + source(list(runs), [run_info(d) for d in runs.values()])

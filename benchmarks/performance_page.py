@@ -39,6 +39,8 @@ from benchmarks.packet_cost_table import (  # noqa: E402
     table_packet_cost_handover,
     table_packet_cost_streams,
     table_packet_cost_streams_blast,
+    table_packet_cost_streams_blast_realtime24k,
+    table_packet_cost_streams_blast_realtime24k_vs16k,
     table_packet_cost_uvicorn_frames,
     table_packet_cost_uvicorn_frames_blast,
 )
@@ -66,6 +68,8 @@ TABLES = {  # marker name -> the function that renders it
     "packet-cost-uvicorn-frames": table_packet_cost_uvicorn_frames,
     "packet-cost-uvicorn-frames-blast": table_packet_cost_uvicorn_frames_blast,
     "packet-cost-streams-blast-grpc": table_packet_cost_streams_blast_grpc,
+    "packet-cost-streams-blast-realtime24k": table_packet_cost_streams_blast_realtime24k,
+    "packet-cost-streams-blast-realtime24k-vs16k": table_packet_cost_streams_blast_realtime24k_vs16k,
     "demo-wer": page_quality.table_demo_wer, "boost-benefit": page_quality.table_boost_benefit,
     "boost-cost": page_quality.table_boost_cost, "overload": page_quality.table_overload, "fuzz": page_quality.table_fuzz,
 }

@@ -50,6 +50,20 @@ def test_realtime_frames_are_appends_of_base64_pcm16():
         assert base64.b64decode(msg["audio"]) == as_pcm16(audio[k * 320 : (k + 1) * 320]).tobytes()
 
 
+def test_realtime24k_frames_are_appends_of_24_khz_pcm16_the_sdks_shape():
+    """The OpenAI SDK's shape: 20 ms an append at 24 kHz (480 samples, 960 bytes), the items'
+    16 kHz audio resampled once; the plan still counts 16 kHz samples (320 a packet)."""
+    audio = _audio()
+    frames = _parse(b"".join(blast.packet_frames(audio, "realtime24k", 5)))
+    wire = np.concatenate([np.frombuffer(base64.b64decode(json.loads(bytes(f.data))["audio"]), "<i2") for f in frames])
+    assert [f.opcode for f in frames] == [Opcode.TEXT] * 5
+    assert all(json.loads(bytes(f.data))["type"] == "input_audio_buffer.append" for f in frames)
+    assert len(wire) == 5 * 480 and np.array_equal(wire, as_pcm16(blast.at_sdk_rate(audio, 5 * 320)))
+    back = wire.astype(np.float32)[::3] / 32768  # every third 24 kHz sample is a 16 kHz instant
+    assert np.corrcoef(back[10:-10], audio[::2][10 : len(back) - 10])[0, 1] > 0.9
+    assert blast.wire_of("realtime24k") == "realtime" and blast.end_frame("realtime24k") == blast.end_frame("realtime")
+
+
 def test_the_plan_sends_every_packet_once_in_order_spread_over_the_interval():
     plan = blast.make_plan(num_streams=23, num_packets=4)
     assert plan.groups == 10  # 20 ms packets, a tick every 2 ms

@@ -164,11 +164,12 @@ class AudioArena:
     size, in place of an array per stream. Why: numpy asks the kernel for transparent huge pages
     for arrays of 4 MiB and more, so a chunk's copy into its stream's row and the copy of its
     segment into the feature input walk 2 MiB pages; a 64 kB array of a stream's own sits on 4 kB
-    pages, and at thousands of streams each such copy misses the TLB (measured on this VM, 16,000
-    rows of 64 kB, one 80 ms chunk into each: 4.6 -> 2.1 us per copy). Rows come in blocks of
-    BLOCK_BYTES as streams open and stay for the next streams (the memory peaks where the open
-    streams did, as before; a slot per row would hold a row per slot and chunk mode). Owned by the
-    engine's loop thread, as the buffers."""
+    pages, and at thousands of streams each such copy misses the TLB (a micro-benchmark on a 2-core
+    EPYC VM, not committed: 16,000 rows of 64 kB, an 80 ms chunk into each, about half the time per
+    copy, the gain gone with numpy's huge pages off; the engine core: docs/performance.md, host work).
+    Rows come in blocks of BLOCK_BYTES as streams open and are kept for the next streams: the arena
+    holds the rows of its peak of open streams (the rejected alternative, a row per slot, would hold
+    one per slot and chunk mode). Owned by the engine's loop thread, as the buffers."""
 
     BLOCK_BYTES = 32 << 20
 

@@ -13,7 +13,7 @@ STEP_TARGETS = {"sherpa": 1.2, "pipeline": 1.5}  # engine over peer at B=32
 HOST_TARGET_US = 10.0  # host CPU per stream-step
 HOST_TARGET_OVERLAPPED_US = 17.0  # issue 46: at 80 ms, the overlapped loop
 # One before/after pair of trees, its 80 ms and 1120 ms levels run apart (benchmarks/host_bench_ab.py).
-HOST_AB_FILES = ["host_bench_ab_issue46_gc_cpu.json", "host_bench_ab_issue46_gc_1120_cpu.json"]
+HOST_AB_FILES = ["host_bench_ab_issue46_arena_cpu.json", "host_bench_ab_issue46_arena_1120_cpu.json"]
 FRONTEND_TARGET_US, TWO_FRONTENDS_TARGET = 50.0, 1.8
 STEP_FILES = ("step_fastconformer-l_r1_cpu_fp32.json", "step_fastconformer-l_r13_cpu_fp32.json",
               "step_demo_r3_cpu_fp32.json", "step_demo_r13_cpu_fp32.json")

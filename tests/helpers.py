@@ -99,6 +99,7 @@ def assert_engine_empty(engine: LocalEngine | Engine) -> None:
     assert engine.num_open_streams == 0 and engine.slots.num_free == engine.num_slots
     assert not engine.slots.held.any() and not engine.pool.boosted.any()
     assert not engine.loop_stream_ids and engine.check_accounting() == 0
+    assert engine.audio_arena.num_in_use == 0  # every buffer's row given back (engine/frontend.py AudioArena)
 
 
 def new_engine(m, num_slots: int = 8, endpoint: EndpointConfig | None = None, max_queue_delay_s: float = 0.0,

@@ -1,13 +1,14 @@
 """A stream's sample buffer (engine/frontend.py AudioBuffer) at real-time pace: a discard copies
 nothing, a full buffer keeps only what is still needed, and a buffer sized by the engine for its
 stream's chunk mode never reallocates (issue 46: at 1120 ms the old one grew from 16,000 samples
-and copied each chunk's audio again when it compacted)."""
+and copied each chunk's audio again when it compacted). The engine's buffers live on rows of its
+AudioArena, given back at release and taken by the next streams."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from nemo_serve.engine.frontend import AudioBuffer
+from nemo_serve.engine.frontend import AudioArena, AudioBuffer
 
 from . import helpers
 
@@ -57,3 +58,36 @@ def test_an_engine_stream_at_real_time_pace_never_reallocates_its_buffer():
     assert steps >= 3 and engine.stats.stream_steps >= steps
     engine.abort(stream)
     engine.iterate()
+
+
+def test_a_released_buffer_gives_its_row_back_and_reads_no_later_stream():
+    arena = AudioArena()
+    row = arena.take(4000)
+    assert row.base.nbytes >= 4 << 20  # a block numpy maps on huge pages (AudioArena's docstring)
+    a = AudioBuffer(4000, storage=row)
+    a.extend((np.ones(3000, np.float32),), arrived=0.0)
+    assert arena.num_in_use == 1 and a.release_storage() is row and a.release_storage() is None
+    arena.give_back(row)
+    b = AudioBuffer(4000, storage=arena.take(4000))
+    assert np.shares_memory(b._data, row) and arena.num_in_use == 1  # the row, reused
+    b.extend((np.full(3000, 2.0, np.float32),), arrived=0.0)
+    assert np.array_equal(_segment(a, 0, 3000), np.zeros(3000, np.float32))  # forgotten, not b's samples
+    assert np.array_equal(_segment(b, 0, 3000), np.full(3000, 2.0, np.float32))
+
+
+def test_streams_on_reused_rows_decode_as_alone():
+    """Two slots, three streams: the third opens once the first two are released, on a row one of
+    them wrote; its tokens equal its own run on a fresh engine (helpers.drive checks the arena is
+    empty at the end through assert_engine_empty)."""
+    m = helpers.model()
+    audios = helpers.utterances(3)
+    alone = helpers.drive(helpers.new_engine(m, num_slots=1), [audios[2]]).tokens(0)
+    engine = helpers.new_engine(m, num_slots=2)
+    arena, taken = engine.engine.audio_arena, []
+    take = arena.take
+    arena.take = lambda capacity: taken.append(take(capacity)) or taken[-1]
+    driven = helpers.drive(engine, audios, start_tick=[0, 0, 1 + max(len(a) for a in audios[:2]) // 1600])
+    assert len(taken) == 3 and not np.shares_memory(taken[0], taken[1])
+    assert np.shares_memory(taken[2], taken[0]) or np.shares_memory(taken[2], taken[1])  # a used row
+    assert alone and driven.tokens(2) == alone
+    helpers.assert_engine_empty(engine)

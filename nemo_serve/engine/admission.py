@@ -106,7 +106,7 @@ class AdmissionMixin:
             frame_s=self.geometry.encoder_frame_s,
             context_right=options.context_right,
             phrases=request,
-            audio=AudioBuffer(self._audio_capacity(self.model.geometries[options.context_right])),
+            audio=self._audio_buffer(self._audio_capacity(self.model.geometries[options.context_right])),
         )
         if options.diarization is not None:  # before the slot is taken: a refusal must leave nothing held
             self.diarizer.check_open(stream.stream_id)
@@ -125,6 +125,10 @@ class AdmissionMixin:
         self.forced_ends.open(slot)
         self._num_phrases += len(request.phrases)
         return stream
+
+    def _audio_buffer(self, capacity: int) -> AudioBuffer:
+        """A new stream's buffer on a row of the arena (engine/frontend.py AudioArena)."""
+        return AudioBuffer(capacity, storage=self.audio_arena.take(capacity))
 
     def _audio_capacity(self, g) -> int:
         """Samples a stream's buffer holds (engine/frontend.py AudioBuffer): two chunks (or a first
@@ -221,6 +225,9 @@ class AdmissionMixin:
         if s.biasing_id != NO_BIASING:
             self.pool.biasing.release(s.biasing_id)
         self.slots.give_back(s)
+        storage = s.audio.release_storage()  # its step, if any, read its samples at launch
+        if storage is not None:
+            self.audio_arena.give_back(storage)
         self._num_phrases -= len(s.phrases.phrases) if s.phrases else 0
         released = ReleasedStream(s.stream_id, s.slot)
         if s.diarized and not aborted:

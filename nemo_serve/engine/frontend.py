@@ -38,12 +38,15 @@ class AudioBuffer:
     """One stream's raw samples, owned by the engine's loop thread (no lock: whoever takes audio
     from the network hands it to that thread first, core/engine_core.py)."""
 
-    def __init__(self, capacity: int = 16000) -> None:
+    def __init__(self, capacity: int = 16000, storage: np.ndarray | None = None) -> None:
         """`capacity`: samples the buffer holds before it first compacts or grows (the engine sizes
-        it for the stream's chunk mode, so a steady stream never reallocates)."""
+        it for the stream's chunk mode, so a steady stream never reallocates). `storage`: a
+        float32 row of that size to hold them (the engine's AudioArena; its old contents are never
+        read), given back with `release_storage`; None: an array of its own."""
         # Samples [offset, offset + _used) are held in _data[:_used]; those before `kept_from` are
         # no longer needed (discard_before) and are dropped when the space is next wanted.
-        self._data = np.zeros(capacity, dtype=np.float32)
+        self._data = np.zeros(capacity, dtype=np.float32) if storage is None else storage
+        self._storage = storage  # the arena's row, kept even if the buffer outgrows it
         self._used = 0
         self.offset = 0  # global index of _data[0]
         self.kept_from = 0  # global index of the first sample still needed
@@ -53,6 +56,16 @@ class AudioBuffer:
         # (global sample end, arrival time) per packet taken in, for latency accounting.
         self._arrival_ends: list[int] = []
         self._arrival_times: list[float] = []
+
+    def release_storage(self) -> np.ndarray | None:
+        """The stream is gone: hand back the arena's row (None if the buffer has none). The samples
+        are forgotten (a later read gives zeros, a later extend an array of the buffer's own), so
+        the row's next stream is never read through this buffer."""
+        storage, self._storage = self._storage, None
+        if storage is not None:
+            self._data, self._used = np.zeros(0, dtype=np.float32), 0
+            self.offset = self.kept_from = self.num_samples
+        return storage
 
     def finish(self, at: float | None = None) -> None:
         """End of input; `at`: when it reached the server (default now). Idempotent."""
@@ -144,6 +157,43 @@ class AudioBuffer:
         i = bisect_left(self._arrival_ends, self.kept_from)
         if i > 1:
             del self._arrival_ends[: i - 1], self._arrival_times[: i - 1]
+
+
+class AudioArena:
+    """Storage for the engine's stream buffers: rows of a few large arrays, a free list per row
+    size, in place of an array per stream. Why: numpy asks the kernel for transparent huge pages
+    for arrays of 4 MiB and more, so a chunk's copy into its stream's row and the copy of its
+    segment into the feature input walk 2 MiB pages; a 64 kB array of a stream's own sits on 4 kB
+    pages, and at thousands of streams each such copy misses the TLB (a micro-benchmark on a 2-core
+    EPYC VM, not committed: 16,000 rows of 64 kB, an 80 ms chunk into each, about half the time per
+    copy, the gain gone with numpy's huge pages off; the engine core: docs/performance.md, host work).
+    Rows come in blocks of BLOCK_BYTES as streams open and are kept for the next streams: the arena
+    holds the rows of its peak of open streams (the rejected alternative, a row per slot, would hold
+    one per slot and chunk mode). Owned by the engine's loop thread, as the buffers."""
+
+    BLOCK_BYTES = 32 << 20
+
+    def __init__(self) -> None:
+        self._free: dict[int, list[np.ndarray]] = {}  # row size (samples) -> rows not in use
+        self.num_rows = 0  # rows made, in use or free
+
+    def take(self, capacity: int) -> np.ndarray:
+        """A float32 row of `capacity` samples (its contents are left over: AudioBuffer reads only
+        what it wrote)."""
+        free = self._free.setdefault(capacity, [])
+        if not free:
+            block = np.zeros((max(1, self.BLOCK_BYTES // (4 * capacity)), capacity), dtype=np.float32)
+            free.extend(block[::-1])  # rows taken in address order
+            self.num_rows += len(block)
+        return free.pop()
+
+    def give_back(self, row: np.ndarray) -> None:
+        self._free[row.size].append(row)
+
+    @property
+    def num_in_use(self) -> int:
+        """Rows held by streams' buffers (0 once every stream is released: tests' engine-empty check)."""
+        return self.num_rows - sum(map(len, self._free.values()))
 
 
 class FeatureExtractor:

@@ -53,7 +53,7 @@ from .ring_cache import make_slot_pool
 from .endpoint import EndpointConfig
 from .eou import EouTokens
 from .forced_ends import ForcedEnds
-from .frontend import FeatureExtractor
+from .frontend import AudioArena, FeatureExtractor
 from .publish import PublishMixin
 from .scheduler import Group, Scheduler
 from .outputs import IterationOutput, ReleasedStream, StepStats
@@ -140,6 +140,7 @@ class Engine(AdmissionMixin, AccountingMixin, CollectMixin, PublishMixin):
         self.encodable = encodable_characters(model.vocabulary)
         self._num_phrases = 0  # boosted phrases of the open streams (--max-phrases-total)
         self.features = FeatureExtractor.for_model(model)
+        self.audio_arena = AudioArena()  # the streams' sample buffers (engine/frontend.py)
         self.detok = Detokenizer(model.vocabulary, model.is_bpe)
         self.hop_s = self.geometry.hop_samples / self.geometry.sample_rate
         self.model_info = ModelInfo(

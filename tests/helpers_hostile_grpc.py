@@ -250,10 +250,15 @@ def finals_with_words(responses) -> list[tuple]:
             for response in responses for r in response.results if r.is_final]  # fmt: skip
 
 
-def neighbour(server, wav: Path, paced: bool) -> list[tuple]:
-    """A well-behaved client, riva.client unchanged: the file at real-time pace (or at once)."""
-    service = riva.ASRService(riva.Auth(uri=f"127.0.0.1:{server.grpc_port}", metadata_args=[list(METADATA[0])]))
+def neighbour(server, wav: Path, paced: bool, options: list | None = None, idle_s: float = 0) -> list[tuple]:
+    """A well-behaved client, riva.client unchanged: the file at real-time pace (or at once), on a
+    channel with grpcio `options`, connected `idle_s` before the call."""
+    auth = riva.Auth(uri=f"127.0.0.1:{server.grpc_port}", metadata_args=[list(METADATA[0])], options=options or [])
+    service = riva.ASRService(auth)
     try:
+        if idle_s:
+            grpc.channel_ready_future(auth.channel).result(timeout=10)
+            time.sleep(idle_s)
         cfg = riva.StreamingRecognitionConfig(config=riva.RecognitionConfig(
             encoding=riva.AudioEncoding.LINEAR_PCM, language_code="en-US", enable_word_time_offsets=True),
             interim_results=True)  # fmt: skip

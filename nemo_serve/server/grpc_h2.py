@@ -19,13 +19,17 @@ gRPC needs of HTTP/2 is here (RFC 9113; gRPC's PROTOCOL-HTTP2.md):
                  while the transport is over its high-water mark the connection is not read, so
                  a client that never reads cannot make us queue answers (PING, SETTINGS acks);
                  a window past 2^31-1: FLOW_CONTROL_ERROR, an increment of 0: PROTOCOL_ERROR
-  SETTINGS/PING  acked; keepalive PINGs every --ping-interval-s, no ack in --ping-timeout-s: dropped
+  SETTINGS/PING  acked, over MAX_SETTINGS_PER_S / MAX_PINGS_PER_S a second: GOAWAY ENHANCE_YOUR_CALM;
+                 keepalive PINGs every --ping-interval-s, no ack in --ping-timeout-s: dropped
+  empty frames   DATA without a byte or END_STREAM, empty CONTINUATIONs, header blocks with no
+                 fields: over MAX_EMPTY_FRAMES in a row, GOAWAY ENHANCE_YOUR_CALM
   RST_STREAM     from the client cancels the call's handler; ours ends a stream we refuse; over
-                 MAX_RESETS_PER_S of either a second (rapid reset): GOAWAY ENHANCE_YOUR_CALM
+                 MAX_RESETS_PER_S of either a second (rapid reset): GOAWAY ENHANCE_YOUR_CALM; on
+                 a stream never opened: GOAWAY PROTOCOL_ERROR
   GOAWAY         on a connection error (the client's protocol violation) and at shutdown
 
 Here the connection's frame dispatch (frames in, a call's stream opened, its status and end);
-its windows and the transport's backpressure are h2_flow.py's, its guards (rapid reset, the
+its windows and the transport's backpressure are h2_flow.py's, its guards (rapid reset, floods, the
 preface deadline, keepalive, GOAWAY) h2_guards.py's, both mixins of H2Connection; a call's stream
 (message assembly, windows, sends) is grpc_stream.py's, the wire's constants and small pieces
 h2_frames.py's. Owner of every stream and window: the event loop. What a call does is fast_grpc.py's.
@@ -42,7 +46,6 @@ import hpack
 from .grpc_stream import H2Stream
 from .h2_flow import FlowControl
 from .h2_frames import (
-    ACK,
     CANCEL,
     COMPRESSION_ERROR,
     CONNECTION_WINDOW,
@@ -193,13 +196,12 @@ class H2Connection(FlowControl, ConnectionGuards, asyncio.Protocol):
         elif kind == WINDOW_UPDATE:
             self._window_update(sid, payload)
         elif kind == PING:
-            if len(payload) != 8 or sid:
-                raise ProtocolViolation(FRAME_SIZE_ERROR, "a PING of the wrong size or on a stream")
-            if not flags & ACK:
-                self.write(frame(PING, ACK, 0, bytes(payload)))
-            else:
-                self.ping_due = False
+            self._peer_ping(flags, sid, payload)
         elif kind == RST_STREAM:
+            if len(payload) != 4:
+                raise ProtocolViolation(FRAME_SIZE_ERROR, "RST_STREAM of a bad length")
+            if sid % 2 == 0 or sid > self.last_stream_id:  # never opened (RFC 9113 5.1; we push none)
+                raise ProtocolViolation(PROTOCOL_ERROR, f"RST_STREAM on idle stream {sid}")
             stream = self.streams.get(sid)
             if stream is not None:
                 self._count_reset()
@@ -212,6 +214,10 @@ class H2Connection(FlowControl, ConnectionGuards, asyncio.Protocol):
 
     def _data(self, flags: int, sid: int, payload: bytearray) -> None:
         n = len(payload)
+        if n:
+            self.empty_frames = 0
+        elif not flags & END_STREAM:
+            self._count_empty()
         self.unacked += n
         if self.unacked >= CONNECTION_WINDOW // 4:
             self.write(window_update(0, self.unacked))
@@ -241,6 +247,8 @@ class H2Connection(FlowControl, ConnectionGuards, asyncio.Protocol):
         self._add_block(payload, flags)
 
     def _add_block(self, payload: bytearray, flags: int) -> None:
+        if not payload and not flags & END_HEADERS:
+            self._count_empty()
         self.block += payload
         self.block_frames += 1
         if len(self.block) > MAX_HEADER_BLOCK:
@@ -253,6 +261,10 @@ class H2Connection(FlowControl, ConnectionGuards, asyncio.Protocol):
             self._header_block(self.block_stream, headers, self.block_end_stream)
 
     def _header_block(self, sid: int, headers: list, end_stream: bool) -> None:
+        if headers:
+            self.empty_frames = 0
+        else:
+            self._count_empty()
         stream = self.streams.get(sid)
         if stream is not None:  # trailers from the client: only END_STREAM matters
             if not end_stream:

@@ -69,6 +69,7 @@ class FlowControl:
             raise ProtocolViolation(PROTOCOL_ERROR, "SETTINGS on a stream")
         if flags & ACK:
             return
+        self.settings_frames.spend(self.loop.time())  # each is acked: a flood's budget, h2_guards.py
         if len(payload) % 6:
             raise ProtocolViolation(FRAME_SIZE_ERROR, "SETTINGS of a bad length")
         initial_window = self.peer_initial_window

@@ -20,6 +20,16 @@ MAX_STREAMS = 100  # concurrent calls per connection (SETTINGS_MAX_CONCURRENT_ST
 # ENHANCE_YOUR_CALM: HTTP/2 rapid reset (CVE-2023-44487) costs a call's start for a few bytes. An
 # honest client cancels a call at a time; grpc-java allows 200 per 30 s, we allow 200 a second.
 MAX_RESETS_PER_S = 200
+# Frames that cost us work and carry nothing a call needs (the 2019 HTTP/2 DoS family), per
+# connection, before GOAWAY ENHANCE_YOUR_CALM; a client that reads its answers is otherwise
+# bounded only by its own bandwidth. grpcio's keepalive (grpc.keepalive_time_ms, at most one
+# outstanding) and BDP pings come a few a second at most; SETTINGS a few per connection.
+MAX_PINGS_PER_S = 100  # CVE-2019-9512; debug data "too_many_pings", which grpc clients back off on
+MAX_SETTINGS_PER_S = 100  # CVE-2019-9515: each is acked
+# CVE-2019-9518: empty DATA frames without END_STREAM, empty CONTINUATIONs, header blocks with no
+# fields, in a row (a DATA frame with a payload or a header block with fields starts the count
+# again); netty's default, 10. No gRPC client sends one but to end its stream.
+MAX_EMPTY_FRAMES = 10
 MAX_BLOCK_FRAMES = 16  # HEADERS + CONTINUATION frames in one header block (16 KiB fits in 2)
 STREAM_WINDOW = 65535  # a stream's receive window: messages its handler has not taken
 CONNECTION_WINDOW = 16 << 20  # credited as bytes arrive: stream windows bound what is buffered

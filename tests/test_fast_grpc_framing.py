@@ -6,6 +6,7 @@ tests/test_riva_grpc.py (test_fast_door_*); hostile clients, tests/test_hostile_
 from __future__ import annotations
 
 import asyncio
+import socket
 import struct
 from types import SimpleNamespace
 
@@ -14,8 +15,9 @@ import pytest
 hpack = pytest.importorskip("hpack")
 grpc = pytest.importorskip("grpc")
 
-from nemo_serve.server import h2_frames  # noqa: E402
+from nemo_serve.server import h2_frames, h2_guards  # noqa: E402
 from nemo_serve.server.fast_grpc import FastGrpcServer  # noqa: E402
+from nemo_serve.server.grpc_h2 import H2Connection  # noqa: E402
 
 from .helpers_server import free_port  # noqa: E402
 
@@ -255,5 +257,49 @@ def test_keepalive_pings_and_the_preface_deadline():
                     pass
         finally:
             await server.stop(0.1)
+
+    asyncio.run(main())
+
+
+def test_a_client_that_never_reads_stops_being_read(monkeypatch):
+    """PINGs, each answered, from a client that never reads, with the PING budget lifted (so the
+    flood is not cut by GOAWAY): the server stops reading the connection once its transport is
+    over the high-water mark, so what it has queued stays under that mark plus one read's answers
+    (a PING's ack is its size; asyncio reads at most 256 KiB at once) and most of the flood stays
+    unread in the client. A real H2Connection on asyncio's real transport over a socketpair (unix
+    socket buffers do not autotune as loopback TCP's do). Seen failing with pause_writing's
+    pause_reading taken out: the whole 2.04 MB flood read, 2.04 MB of acks queued (128 KB with it,
+    364 KB of the flood sent before the server stopped reading)."""
+    monkeypatch.setattr(h2_guards, "MAX_PINGS_PER_S", 1 << 30)
+    one_read = 256 * 1024  # asyncio's selector transport: max_size of one recv
+
+    async def main():
+        settings = SimpleNamespace(max_message_bytes=MAX_MESSAGE, header_timeout_s=5.0, ping_interval_s=0,
+                                   ping_timeout_s=5.0)  # fmt: skip
+        server = FastGrpcServer({}, settings)
+        ours, theirs = socket.socketpair()
+        theirs.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        theirs.setblocking(False)
+        loop = asyncio.get_running_loop()
+        transport, conn = await loop.connect_accepted_socket(lambda: H2Connection(server), ours)
+        try:
+            flood = h2_frames.PREFACE + frame(h2_frames.SETTINGS, 0, 0) + frame(h2_frames.PING, 0, 0, b"flooding") * 120_000
+            sent, stalled_at = 0, loop.time()
+            while sent < len(flood) and loop.time() - stalled_at < 0.3:  # until the server stops reading
+                try:
+                    sent += theirs.send(flood[sent : sent + 65536])
+                    stalled_at = loop.time()
+                except BlockingIOError:
+                    await asyncio.sleep(0.01)
+                await asyncio.sleep(0)
+            high = transport.get_write_buffer_limits()[1]
+            queued = transport.get_write_buffer_size()
+            assert not transport.is_reading() and queued <= high + one_read, (queued, sent)
+            assert sent < len(flood) // 2, (sent, len(flood))
+        finally:
+            transport.abort()
+            theirs.close()
+            await asyncio.sleep(0)
+        assert not server.connections and not conn.streams
 
     asyncio.run(main())

@@ -338,6 +338,9 @@ BAD = {  # name -> (the frames after the preface, GOAWAY's code)
     "RST_STREAM on an idle stream": (lambda c: c.headers(1) + h2_frame(h2.RST_STREAM, 0, 3, b"\0\0\0\x08"),
                                      h2.PROTOCOL_ERROR),  # fmt: skip
     "RST_STREAM on stream 0": (lambda c: h2_frame(h2.RST_STREAM, 0, 0, b"\0\0\0\x08"), h2.PROTOCOL_ERROR),
+    "PRIORITY on stream 0": (lambda c: h2_frame(h2.PRIORITY, 0, 0, b"\0\0\0\x01\x10"), h2.PROTOCOL_ERROR),
+    "PRIORITY of a bad length on an idle stream": (lambda c: h2_frame(h2.PRIORITY, 0, 1, b"\0\0\0\x03"),
+                                                   h2.FRAME_SIZE_ERROR),  # fmt: skip
     "connection window past 2^31-1": (lambda c: h2_frame(h2.WINDOW_UPDATE, 0, 0, WINDOW), h2.FLOW_CONTROL_ERROR),
     "connection WINDOW_UPDATE of 0": (lambda c: h2_frame(h2.WINDOW_UPDATE, 0, 0, b"\0\0\0\0"), h2.PROTOCOL_ERROR),
     "SETTINGS_INITIAL_WINDOW_SIZE past 2^31-1": (
@@ -356,7 +359,7 @@ def test_a_bad_frame_is_goaway_with_its_code(server, beside, name):
     CONTINUATIONs were taken), "connection WINDOW_UPDATE of 0" (ignored), "stream windows past
     2^31-1 by SETTINGS" (no check: the window went to 2^31); the SETTINGS flood (1,000 acks), empty
     DATA frames and header blocks with no fields (taken, 1,000 calls answered UNIMPLEMENTED),
-    RST_STREAM on an idle stream or stream 0 (ignored)."""
+    RST_STREAM on an idle stream or stream 0, PRIORITY on stream 0 or of a bad length (ignored)."""
     wire, code = BAD[name]
     c = RawH2(server.grpc_port)
     c.send(wire(c))
@@ -365,16 +368,19 @@ def test_a_bad_frame_is_goaway_with_its_code(server, beside, name):
     no_leak_beside(server)
 
 
-def test_a_stream_window_past_2_31_is_that_streams_error(server, beside):
-    """WINDOW_UPDATE taking one stream's window past 2^31-1 (or of 0): RST_STREAM on that stream
-    (FLOW_CONTROL_ERROR, PROTOCOL_ERROR), the connection serving on. Seen failing without the
-    check: no RST_STREAM (the window grew to 2^32)."""
+def test_a_stream_error_resets_only_its_stream(server, beside):
+    """WINDOW_UPDATE taking one stream's window past 2^31-1 (or of 0), a PRIORITY frame of a
+    length other than 5 (RFC 9113 6.3): RST_STREAM on that stream (FLOW_CONTROL_ERROR,
+    PROTOCOL_ERROR, FRAME_SIZE_ERROR), the connection serving on. Seen failing without the checks:
+    no RST_STREAM (the window grew to 2^32; the PRIORITY frame ignored)."""
     c = RawH2(server.grpc_port)
     c.send(c.headers(1) + h2_frame(h2.WINDOW_UPDATE, 0, 1, WINDOW)
-           + c.headers(3) + h2_frame(h2.WINDOW_UPDATE, 0, 3, b"\0\0\0\0"))
-    c.frames(lambda fs: ended(1)(fs) and ended(3)(fs))
+           + c.headers(3) + h2_frame(h2.WINDOW_UPDATE, 0, 3, b"\0\0\0\0")
+           + c.headers(5) + h2_frame(h2.PRIORITY, 0, 5, b"\0\0\0\x01\x10\0"))
+    c.frames(lambda fs: ended(1)(fs) and ended(3)(fs) and ended(5)(fs))
     resets = {f[2]: int.from_bytes(f[3], "big") for f in c.seen if f[0] == h2.RST_STREAM}
-    assert resets == {1: h2.FLOW_CONTROL_ERROR, 3: h2.PROTOCOL_ERROR} and not is_goaway(c.seen), c.seen
+    expected = {1: h2.FLOW_CONTROL_ERROR, 3: h2.PROTOCOL_ERROR, 5: h2.FRAME_SIZE_ERROR}
+    assert resets == expected and not is_goaway(c.seen), c.seen
     c.close()
     no_leak_beside(server)
 

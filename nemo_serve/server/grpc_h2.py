@@ -26,6 +26,9 @@ gRPC needs of HTTP/2 is here (RFC 9113; gRPC's PROTOCOL-HTTP2.md):
   RST_STREAM     from the client cancels the call's handler; ours ends a stream we refuse; over
                  MAX_RESETS_PER_S of either a second (rapid reset): GOAWAY ENHANCE_YOUR_CALM; on
                  a stream never opened: GOAWAY PROTOCOL_ERROR
+  PRIORITY       ignored (no priority tree); on stream 0: GOAWAY PROTOCOL_ERROR; of a length other
+                 than 5: RST_STREAM FRAME_SIZE_ERROR on its stream (counted as a reset), GOAWAY
+                 FRAME_SIZE_ERROR on a stream never opened (RFC 9113 6.3, 6.4)
   GOAWAY         on a connection error (the client's protocol violation) and at shutdown
 
 Here the connection's frame dispatch (frames in, a call's stream opened, its status and end);
@@ -67,6 +70,7 @@ from .h2_frames import (
     PADDED,
     PING,
     PREFACE,
+    PRIORITY,
     PRIORITY_FLAG,
     PROTOCOL_ERROR,
     PUSH_PROMISE,
@@ -208,9 +212,29 @@ class H2Connection(FlowControl, ConnectionGuards, asyncio.Protocol):
                 self.close_stream(stream)
         elif kind == GOAWAY:
             self.going_away = True
+        elif kind == PRIORITY:
+            self._priority(sid, payload)
         elif kind == PUSH_PROMISE:
             raise ProtocolViolation(PROTOCOL_ERROR, "PUSH_PROMISE from a client")
-        # PRIORITY and unknown frame types: ignored (RFC 9113 5.5)
+        # unknown frame types: ignored (RFC 9113 5.5)
+
+    def _priority(self, sid: int, payload: bytearray) -> None:
+        """A PRIORITY frame: checked, then ignored (we keep no priority tree, RFC 9113 5.3.2)."""
+        if sid == 0:
+            raise ProtocolViolation(PROTOCOL_ERROR, "PRIORITY on stream 0")
+        if len(payload) == 5:
+            return
+        # A stream error (RFC 9113 6.3), but an idle stream may not be reset (6.4): there, the
+        # connection's error, as 5.4.1 allows. Each RST_STREAM is an answer, so a flood of them is
+        # bounded by the reset budget, as a PING flood is by its own.
+        if sid % 2 == 0 or sid > self.last_stream_id:
+            raise ProtocolViolation(FRAME_SIZE_ERROR, f"PRIORITY of {len(payload)} bytes on idle stream {sid}")
+        self._count_reset()
+        stream = self.streams.get(sid)
+        if stream is not None:
+            self._reset(stream, FRAME_SIZE_ERROR)
+        else:  # a stream already closed: RST_STREAM is still allowed there
+            self.write(frame(RST_STREAM, 0, sid, FRAME_SIZE_ERROR.to_bytes(4, "big")))
 
     def _data(self, flags: int, sid: int, payload: bytearray) -> None:
         n = len(payload)

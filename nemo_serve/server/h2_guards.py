@@ -1,8 +1,9 @@
 """The HTTP/2 connection's guards against clients that flood or stall it (--fast-grpc-port), and
 how a connection ends:
 
-  rapid reset    streams reset by the client or refused by us, over MAX_RESETS_PER_S of either a
-                 second: GOAWAY ENHANCE_YOUR_CALM (CVE-2023-44487)
+  rapid reset    streams reset by the client or refused by us (or reset for a PRIORITY frame of a
+                 bad length), over MAX_RESETS_PER_S of these a second: GOAWAY ENHANCE_YOUR_CALM
+                 (CVE-2023-44487)
   floods         from a client that reads its answers (2019's HTTP/2 DoS family), GOAWAY
                  ENHANCE_YOUR_CALM past: MAX_PINGS_PER_S PINGs a second (CVE-2019-9512; debug
                  data "too_many_pings", as grpc-core's), MAX_SETTINGS_PER_S SETTINGS a second
@@ -77,7 +78,7 @@ class ConnectionGuards:
         self.ping_due = False
 
     def _count_reset(self) -> None:
-        """A stream reset by the client or refused by us; over MAX_RESETS_PER_S: GOAWAY."""
+        """A stream reset by the client, refused by us or reset for a bad PRIORITY; over MAX_RESETS_PER_S: GOAWAY."""
         self.resets.spend(self.loop.time())
 
     def _count_empty(self) -> None:

@@ -5,7 +5,8 @@ backlog, error and close frame. In the pytest process, after hundreds of tests, 
 Python's cyclic collector over the heap they left can take longer than that (a 10-million-object
 heap: 3 s in one pass on this machine), so the client's timing depended on which tests ran before
 it: 1006 in 4 of 8 full runs, never alone. A fresh interpreter has a small heap, as a real client
-does. Run as `python -m tests.drain_clients PORT WS_URL SERVER_PID LOG_PATH`; prints one JSON line.
+does (it imports no NeMo: the audio it loops comes in a .npy file). Run as
+`python -m tests.drain_clients PORT WS_URL SERVER_PID LOG_PATH AUDIO_NPY`; prints one JSON line.
 """
 
 from __future__ import annotations
@@ -18,15 +19,17 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from .helpers_ws import never_reading_client
 
 
-async def scenario(port: int, ws_url: str, server_pid: int, log_path: Path) -> dict:
+async def scenario(port: int, ws_url: str, server_pid: int, log_path: Path, audio: np.ndarray) -> dict:
     from websockets.exceptions import ConnectionClosed
 
     events: list = []
-    a, a_send = await never_reading_client(port, ws_url, 400)
-    b, b_send = await never_reading_client(port, ws_url, 400)
+    a, a_send = await never_reading_client(port, ws_url, 400, audio)
+    b, b_send = await never_reading_client(port, ws_url, 400, audio)
     await asyncio.wait({a_send, b_send}, timeout=30)  # every frame taken: the model is on it
     events.append(("senders done", a_send.done(), b_send.done()))
     await asyncio.sleep(3.0)  # results pile up behind the full socket buffers
@@ -52,5 +55,5 @@ async def scenario(port: int, ws_url: str, server_pid: int, log_path: Path) -> d
 
 
 if __name__ == "__main__":
-    port, url, pid, log = sys.argv[1:5]
-    print(json.dumps(asyncio.run(scenario(int(port), url, int(pid), Path(log)))), flush=True)
+    port, url, pid, log, audio = sys.argv[1:6]
+    print(json.dumps(asyncio.run(scenario(int(port), url, int(pid), Path(log), np.load(audio)))), flush=True)

@@ -12,7 +12,6 @@ import time
 
 import numpy as np
 
-from . import helpers
 from .helpers_server import TOKEN
 
 # The limits both suites give the server: pings off (so nothing but our own limits frees a stalled
@@ -48,12 +47,14 @@ async def messages_until_close(ws, timeout_s: float | None = None) -> list[dict]
 
 
 def speech(n: int, seed: int = 1) -> np.ndarray:
+    from . import helpers  # NeMo's import: not in a client process that only streams (drain_clients.py)
+
     return np.concatenate(helpers.utterances(n, seed=seed)).astype("<f4")
 
 
-async def never_reading_client(port: int, ws_url: str, seconds_of_audio: int):
+async def never_reading_client(port: int, ws_url: str, seconds_of_audio: int, audio: np.ndarray | None = None):
     """A client with a tiny receive buffer that streams audio as fast as it may and never reads.
-    Returns (the connection, its sender task)."""
+    `audio`: what it loops (default speech(6)). Returns (the connection, its sender task)."""
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     s.connect(("127.0.0.1", port))
@@ -61,7 +62,7 @@ async def never_reading_client(port: int, ws_url: str, seconds_of_audio: int):
     ws = await ws_connect(ws_url, sock=s)
     ws.transport.pause_reading()
     await ws.send(json.dumps({"type": "config", "endpointing": {"enabled": False}}))
-    audio = speech(6)
+    audio = speech(6) if audio is None else audio
 
     async def send():
         for i in range(0, seconds_of_audio * 16000, 16000):

@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from benchmarks.fuzz_server import fuzz
@@ -157,8 +158,11 @@ def test_drain_sends_1012_and_exits_on_time_with_stalled_clients():
         exited_at: list[float] = []
         waiter = threading.Thread(target=lambda: (srv.proc.wait(120), exited_at.append(time.monotonic())), daemon=True)
         waiter.start()
-        cmd = [sys.executable, "-m", "tests.drain_clients", str(srv.port), srv.ws_url, str(srv.proc.pid), str(srv.log_path)]
+        audio = srv.log_path.with_suffix(".speech.npy")
+        np.save(audio, speech(6))
+        cmd = [sys.executable, "-m", "tests.drain_clients", str(srv.port), srv.ws_url, str(srv.proc.pid), str(srv.log_path), str(audio)]
         child = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent.parent)
+        audio.unlink()
         waiter.join(40)
     assert child.returncode == 0, child.stderr[-3000:]
     out = json.loads(child.stdout.strip().splitlines()[-1])

@@ -64,7 +64,7 @@ async def asgi_app(scope, receive, send) -> None:
     await send({"type": "websocket.accept"})
     await send({"type": "websocket.send", "text": READY.decode()})
     n = 0
-    while (msg := await receive())["type"] == "websocket.receive":
+    while (await receive())["type"] == "websocket.receive":
         n += 1
         if n % RESULT_EVERY == 0:
             await send({"type": "websocket.send", "text": RESULT.decode()})

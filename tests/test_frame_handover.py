@@ -1,6 +1,6 @@
 """The two transports' hand-over of a data frame to the app's socket (ws_socket.WsSocket.take_frame)
 in their frame callbacks: uvicorn's protocol (server/uvicorn_protocols.py) and picows's connection
-(server/picows_listener.py), driven directly with frames, no socket. What each promises: a frame
+(server/picows_connection.py), driven directly with frames, no socket. What each promises: a frame
 goes to the handler only with nothing queued ahead of it (order kept), a declined frame is queued
 as before, invalid UTF-8 never reaches the handler, and no handler means the queue as before."""
 

@@ -2,8 +2,8 @@
 how a connection ends:
 
   rapid reset    streams reset by the client or refused by us (or reset for a PRIORITY frame of a
-                 bad length), over MAX_RESETS_PER_S of these a second: GOAWAY ENHANCE_YOUR_CALM
-                 (CVE-2023-44487)
+                 bad length or making its stream depend on itself), over MAX_RESETS_PER_S of these
+                 a second: GOAWAY ENHANCE_YOUR_CALM (CVE-2023-44487)
   floods         from a client that reads its answers (2019's HTTP/2 DoS family), GOAWAY
                  ENHANCE_YOUR_CALM past: MAX_PINGS_PER_S PINGs a second (CVE-2019-9512; debug
                  data "too_many_pings", as grpc-core's), MAX_SETTINGS_PER_S SETTINGS a second

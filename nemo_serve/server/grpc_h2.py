@@ -26,8 +26,9 @@ gRPC needs of HTTP/2 is here (RFC 9113; gRPC's PROTOCOL-HTTP2.md):
   RST_STREAM     from the client cancels the call's handler; ours ends a stream we refuse; over
                  MAX_RESETS_PER_S of either a second (rapid reset): GOAWAY ENHANCE_YOUR_CALM; on
                  a stream never opened: GOAWAY PROTOCOL_ERROR
-  errors         calls answered with an error status (an unknown method: UNIMPLEMENTED at once),
-                 over MAX_ERROR_STREAMS_PER_S a second: GOAWAY ENHANCE_YOUR_CALM
+  errors         calls answered with an error at once, no handler run (an unknown method, not a
+                 gRPC request: UNIMPLEMENTED), over MAX_ERROR_STREAMS_PER_S a second: GOAWAY
+                 ENHANCE_YOUR_CALM
   PRIORITY       ignored (no priority tree); on stream 0: GOAWAY PROTOCOL_ERROR; of a length other
                  than 5, or making its stream depend on itself: RST_STREAM FRAME_SIZE_ERROR /
                  PROTOCOL_ERROR on its stream, open or closed (counted as a reset), GOAWAY with the
@@ -141,7 +142,6 @@ class H2Connection(FlowControl, ConnectionGuards, asyncio.Protocol):
         if self.buf or not self.preface_seen:
             buf = self.buf
             buf += data
-        self.reading = True
         try:
             if not self.preface_seen:
                 if len(buf) < len(PREFACE):
@@ -175,8 +175,6 @@ class H2Connection(FlowControl, ConnectionGuards, asyncio.Protocol):
             self.fail(e.code, str(e))
         except hpack.HPACKError as e:
             self.fail(COMPRESSION_ERROR, f"bad header block: {type(e).__name__}")
-        finally:
-            self.reading = False
 
     def connection_lost(self, exc) -> None:
         if self.timer is not None:
@@ -342,8 +340,8 @@ class H2Connection(FlowControl, ConnectionGuards, asyncio.Protocol):
         response), then the stream is closed; a stream still owed data is reset instead."""
         if stream.closed:
             return
-        if code:  # past the budget: the connection's end, this call unanswered (connection_lost ends it)
-            self._count_error()
+        if code and stream.task is None:  # answered at once, no handler (an unknown method): its budget
+            self._count_error()  # past it, raised: data_received's GOAWAY, this call unanswered
         if stream.out:  # the client never granted the window for what we owe it: no status can follow
             self._reset(stream, CANCEL)
             return

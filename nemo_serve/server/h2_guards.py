@@ -8,8 +8,8 @@ how a connection ends:
                  ENHANCE_YOUR_CALM past: MAX_PINGS_PER_S PINGs a second (CVE-2019-9512; debug
                  data "too_many_pings", as grpc-core's), MAX_SETTINGS_PER_S SETTINGS a second
                  (CVE-2019-9515), MAX_EMPTY_FRAMES empty frames in a row (CVE-2019-9518),
-                 MAX_ERROR_STREAMS_PER_S calls answered with an error status a second (a flood
-                 of calls to an unknown method, each answered UNIMPLEMENTED at once). PRIORITY
+                 MAX_ERROR_STREAMS_PER_S calls answered with an error at once, no handler run, a
+                 second (calls to an unknown method, each answered UNIMPLEMENTED). PRIORITY
                  frames (CVE-2019-9513) and WINDOW_UPDATEs cost only their dispatch: we keep no
                  priority tree, and a WINDOW_UPDATE moves one number (test_hostile_h2.py times them)
   preface        no HTTP/2 preface within --header-timeout-s: the connection dropped
@@ -76,8 +76,7 @@ class ConnectionGuards:
         self.pings = Budget(MAX_PINGS_PER_S, "too_many_pings")  # grpc-core's words: grpc clients back off
         self.settings_frames = Budget(MAX_SETTINGS_PER_S, f"over {MAX_SETTINGS_PER_S} SETTINGS in a second")
         self.error_streams = Budget(MAX_ERROR_STREAMS_PER_S,
-                                    f"over {MAX_ERROR_STREAMS_PER_S} calls answered with an error in a second")  # fmt: skip
-        self.reading = False  # in data_received: a budget's end is raised there, else the connection failed at once
+                                    f"over {MAX_ERROR_STREAMS_PER_S} calls to no method in a second")  # fmt: skip
         self.empty_frames = 0  # in a row; a DATA frame with a payload or a header block with fields: 0
         self.going_away = False
         self.timer: asyncio.TimerHandle | None = None  # the preface deadline, then keepalive pings
@@ -88,14 +87,8 @@ class ConnectionGuards:
         self.resets.spend(self.loop.time())
 
     def _count_error(self) -> None:
-        """A call answered with an error status; past MAX_ERROR_STREAMS_PER_S a second: GOAWAY. Raised
-        when the answer came from a frame (the read stops there), else (a handler's end) failed here."""
-        try:
-            self.error_streams.spend(self.loop.time())
-        except ProtocolViolation as e:
-            if self.reading:
-                raise
-            self.fail(e.code, str(e))
+        """A call answered with an error at once, no handler run; past MAX_ERROR_STREAMS_PER_S a second: GOAWAY."""
+        self.error_streams.spend(self.loop.time())
 
     def _count_empty(self) -> None:
         """An empty frame that does not end its stream (CVE-2019-9518); past MAX_EMPTY_FRAMES in a row: GOAWAY."""

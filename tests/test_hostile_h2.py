@@ -207,7 +207,7 @@ def test_ping_and_settings_floods_from_a_client_that_never_reads(server, beside)
     answers piled up in the transport (memory grew by 187 MB in the 3 s, 32 MB sent). Now the
     budgets end the connection (GOAWAY ENHANCE_YOUR_CALM) within its first read, so this no longer
     isolates pause_reading: a flood of calls to an unknown method, each answered, did not fail
-    without it (a few MB of answers in 3 s). test_fast_grpc_framing.py's
+    without it either (a few MB of answers in 3 s, before that flood had its own budget). test_fast_grpc_framing.py's
     test_a_client_that_never_reads_stops_being_read isolates it, with the budgets lifted."""
     rss_mb = memory_mb(server)
     c = RawH2(server.grpc_port, rcvbuf=4096)

@@ -207,7 +207,7 @@ def test_ping_and_settings_floods_from_a_client_that_never_reads(server, beside)
     answers piled up in the transport (memory grew by 187 MB in the 3 s, 32 MB sent). Now the
     budgets end the connection (GOAWAY ENHANCE_YOUR_CALM) within its first read, so this no longer
     isolates pause_reading: a flood of calls to an unknown method, each answered, did not fail
-    without it (a few MB of answers in 3 s). test_fast_grpc_framing.py's
+    without it either (a few MB of answers in 3 s, before that flood had its own budget). test_fast_grpc_framing.py's
     test_a_client_that_never_reads_stops_being_read isolates it, with the budgets lifted."""
     rss_mb = memory_mb(server)
     c = RawH2(server.grpc_port, rcvbuf=4096)
@@ -335,6 +335,10 @@ BAD = {  # name -> (the frames after the preface, GOAWAY's code)
     "empty DATA frames": (lambda c: c.headers(1) + h2_frame(h2.DATA, 0, 1, b"") * 1000, h2.ENHANCE_YOUR_CALM),
     "header blocks with no fields": (lambda c: b"".join(h2_frame(h2.HEADERS, h2.END_HEADERS, sid, b"")
                                                         for sid in range(1, 2001, 2)), h2.ENHANCE_YOUR_CALM),  # fmt: skip
+    "calls to an unknown method": (lambda c: b"".join(c.headers(sid, method="Missing") for sid in range(1, 2001, 2)),
+                                   h2.ENHANCE_YOUR_CALM),  # fmt: skip
+    "PRIORITY making an idle stream depend on itself": (lambda c: h2_frame(h2.PRIORITY, 0, 1, b"\0\0\0\x01\x10"),
+                                                        h2.PROTOCOL_ERROR),  # fmt: skip
     "RST_STREAM on an idle stream": (lambda c: c.headers(1) + h2_frame(h2.RST_STREAM, 0, 3, b"\0\0\0\x08"),
                                      h2.PROTOCOL_ERROR),  # fmt: skip
     "RST_STREAM on stream 0": (lambda c: h2_frame(h2.RST_STREAM, 0, 0, b"\0\0\0\x08"), h2.PROTOCOL_ERROR),
@@ -359,7 +363,9 @@ def test_a_bad_frame_is_goaway_with_its_code(server, beside, name):
     CONTINUATIONs were taken), "connection WINDOW_UPDATE of 0" (ignored), "stream windows past
     2^31-1 by SETTINGS" (no check: the window went to 2^31); the SETTINGS flood (1,000 acks), empty
     DATA frames and header blocks with no fields (taken, 1,000 calls answered UNIMPLEMENTED),
-    RST_STREAM on an idle stream or stream 0, PRIORITY on stream 0 or of a bad length (ignored)."""
+    RST_STREAM on an idle stream or stream 0, PRIORITY on stream 0 or of a bad length (ignored);
+    calls to an unknown method (1,000 answered UNIMPLEMENTED), PRIORITY making an idle stream
+    depend on itself (ignored)."""
     wire, code = BAD[name]
     c = RawH2(server.grpc_port)
     c.send(wire(c))

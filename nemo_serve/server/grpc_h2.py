@@ -26,9 +26,14 @@ gRPC needs of HTTP/2 is here (RFC 9113; gRPC's PROTOCOL-HTTP2.md):
   RST_STREAM     from the client cancels the call's handler; ours ends a stream we refuse; over
                  MAX_RESETS_PER_S of either a second (rapid reset): GOAWAY ENHANCE_YOUR_CALM; on
                  a stream never opened: GOAWAY PROTOCOL_ERROR
+  errors         calls answered with an error at once, no handler run (an unknown method, not a
+                 gRPC request: UNIMPLEMENTED), over MAX_ERROR_STREAMS_PER_S a second: GOAWAY
+                 ENHANCE_YOUR_CALM
   PRIORITY       ignored (no priority tree); on stream 0: GOAWAY PROTOCOL_ERROR; of a length other
-                 than 5: RST_STREAM FRAME_SIZE_ERROR on its stream (counted as a reset), GOAWAY
-                 FRAME_SIZE_ERROR on a stream never opened (RFC 9113 6.3, 6.4)
+                 than 5, or making its stream depend on itself: RST_STREAM FRAME_SIZE_ERROR /
+                 PROTOCOL_ERROR on its stream, open or closed (counted as a reset), GOAWAY with the
+                 code on a stream never opened (RFC 9113 6.3, 5.3.1, 6.4); a HEADERS whose
+                 priority makes its stream depend on itself: GOAWAY PROTOCOL_ERROR (nghttp2's)
   GOAWAY         on a connection error (the client's protocol violation) and at shutdown
 
 Here the connection's frame dispatch (frames in, a call's stream opened, its status and end);
@@ -222,19 +227,25 @@ class H2Connection(FlowControl, ConnectionGuards, asyncio.Protocol):
         """A PRIORITY frame: checked, then ignored (we keep no priority tree, RFC 9113 5.3.2)."""
         if sid == 0:
             raise ProtocolViolation(PROTOCOL_ERROR, "PRIORITY on stream 0")
-        if len(payload) == 5:
-            return
-        # A stream error (RFC 9113 6.3), but an idle stream may not be reset (6.4): there, the
-        # connection's error, as 5.4.1 allows. Each RST_STREAM is an answer, so a flood of them is
-        # bounded by the reset budget, as a PING flood is by its own.
+        if len(payload) != 5:  # RFC 9113 6.3
+            self._stream_error(sid, FRAME_SIZE_ERROR, f"PRIORITY of {len(payload)} bytes")
+        elif int.from_bytes(payload[:4], "big") & 0x7FFFFFFF == sid:  # RFC 9113 5.3.1
+            self._stream_error(sid, PROTOCOL_ERROR, "PRIORITY making a stream depend on itself")
+
+    def _stream_error(self, sid: int, code: int, why: str) -> None:
+        """A stream error (RFC 9113 5.4.2) for a frame that may name a stream in any state:
+        RST_STREAM on an open or closed stream (a closed one stays closed: nothing is opened), the
+        connection's error on an idle one, which may not be reset (6.4; 5.4.1 allows it). Each
+        RST_STREAM is an answer, so a flood of them is bounded by the reset budget, as a PING
+        flood is by its own."""
         if sid % 2 == 0 or sid > self.last_stream_id:
-            raise ProtocolViolation(FRAME_SIZE_ERROR, f"PRIORITY of {len(payload)} bytes on idle stream {sid}")
+            raise ProtocolViolation(code, f"{why} on idle stream {sid}")
         self._count_reset()
         stream = self.streams.get(sid)
         if stream is not None:
-            self._reset(stream, FRAME_SIZE_ERROR)
-        else:  # a stream already closed: RST_STREAM is still allowed there
-            self.write(frame(RST_STREAM, 0, sid, FRAME_SIZE_ERROR.to_bytes(4, "big")))
+            self._reset(stream, code)
+        else:
+            self.write(frame(RST_STREAM, 0, sid, code.to_bytes(4, "big")))
 
     def _data(self, flags: int, sid: int, payload: bytearray) -> None:
         n = len(payload)
@@ -265,6 +276,11 @@ class H2Connection(FlowControl, ConnectionGuards, asyncio.Protocol):
         if flags & PADDED:
             payload = unpad(payload)
         if flags & PRIORITY_FLAG:
+            # A stream error by RFC 9113 5.3.1; the connection's here, as nghttp2's (grpc-core skips
+            # the 5 bytes unread): the block must be decoded either way for HPACK's table, and a
+            # client that sends it is not a gRPC client.
+            if int.from_bytes(payload[:4], "big") & 0x7FFFFFFF == sid:
+                raise ProtocolViolation(PROTOCOL_ERROR, f"HEADERS making stream {sid} depend on itself")
             payload = payload[5:]
         self.block, self.block_stream, self.block_end_stream = bytearray(), sid, bool(flags & END_STREAM)
         self.block_frames = 0
@@ -324,6 +340,8 @@ class H2Connection(FlowControl, ConnectionGuards, asyncio.Protocol):
         response), then the stream is closed; a stream still owed data is reset instead."""
         if stream.closed:
             return
+        if code and stream.task is None:  # answered at once, no handler (an unknown method): its budget
+            self._count_error()  # past it, raised: data_received's GOAWAY, this call unanswered
         if stream.out:  # the client never granted the window for what we owe it: no status can follow
             self._reset(stream, CANCEL)
             return

@@ -20,6 +20,13 @@ MAX_STREAMS = 100  # concurrent calls per connection (SETTINGS_MAX_CONCURRENT_ST
 # ENHANCE_YOUR_CALM: HTTP/2 rapid reset (CVE-2023-44487) costs a call's start for a few bytes. An
 # honest client cancels a call at a time; grpc-java allows 200 per 30 s, we allow 200 a second.
 MAX_RESETS_PER_S = 200
+# Calls answered with an error at once, no handler run (an unknown method, a request that is not
+# gRPC: UNIMPLEMENTED), per connection per second, before GOAWAY ENHANCE_YOUR_CALM: each costs a
+# stream's start and an answer for a few bytes, as a reset stream does, and no other budget counts
+# it (benchmarks/h2_error_flood.py). Calls a handler answers with an error (INVALID_ARGUMENT) are
+# not counted: an honest client's sequential calls end so faster than 200 a second (the fuzz of
+# test_hostile_grpc.py did, on a budget that counted them).
+MAX_ERROR_STREAMS_PER_S = 200
 # Frames that cost us work and carry nothing a call needs (the 2019 HTTP/2 DoS family), per
 # connection, before GOAWAY ENHANCE_YOUR_CALM; a client that reads its answers is otherwise
 # bounded only by its own bandwidth. grpcio's keepalive (grpc.keepalive_time_ms, at most one

@@ -2,12 +2,14 @@
 how a connection ends:
 
   rapid reset    streams reset by the client or refused by us (or reset for a PRIORITY frame of a
-                 bad length), over MAX_RESETS_PER_S of these a second: GOAWAY ENHANCE_YOUR_CALM
-                 (CVE-2023-44487)
+                 bad length or making its stream depend on itself), over MAX_RESETS_PER_S of these
+                 a second: GOAWAY ENHANCE_YOUR_CALM (CVE-2023-44487)
   floods         from a client that reads its answers (2019's HTTP/2 DoS family), GOAWAY
                  ENHANCE_YOUR_CALM past: MAX_PINGS_PER_S PINGs a second (CVE-2019-9512; debug
                  data "too_many_pings", as grpc-core's), MAX_SETTINGS_PER_S SETTINGS a second
-                 (CVE-2019-9515), MAX_EMPTY_FRAMES empty frames in a row (CVE-2019-9518). PRIORITY
+                 (CVE-2019-9515), MAX_EMPTY_FRAMES empty frames in a row (CVE-2019-9518),
+                 MAX_ERROR_STREAMS_PER_S calls answered with an error at once, no handler run, a
+                 second (calls to an unknown method, each answered UNIMPLEMENTED). PRIORITY
                  frames (CVE-2019-9513) and WINDOW_UPDATEs cost only their dispatch: we keep no
                  priority tree, and a WINDOW_UPDATE moves one number (test_hostile_h2.py times them)
   preface        no HTTP/2 preface within --header-timeout-s: the connection dropped
@@ -32,6 +34,7 @@ from .h2_frames import (
     FRAME_SIZE_ERROR,
     GOAWAY,
     MAX_EMPTY_FRAMES,
+    MAX_ERROR_STREAMS_PER_S,
     MAX_PINGS_PER_S,
     MAX_RESETS_PER_S,
     MAX_SETTINGS_PER_S,
@@ -72,6 +75,8 @@ class ConnectionGuards:
         self.resets = Budget(MAX_RESETS_PER_S, f"over {MAX_RESETS_PER_S} streams reset in a second")
         self.pings = Budget(MAX_PINGS_PER_S, "too_many_pings")  # grpc-core's words: grpc clients back off
         self.settings_frames = Budget(MAX_SETTINGS_PER_S, f"over {MAX_SETTINGS_PER_S} SETTINGS in a second")
+        self.error_streams = Budget(MAX_ERROR_STREAMS_PER_S,
+                                    f"over {MAX_ERROR_STREAMS_PER_S} calls to no method in a second")  # fmt: skip
         self.empty_frames = 0  # in a row; a DATA frame with a payload or a header block with fields: 0
         self.going_away = False
         self.timer: asyncio.TimerHandle | None = None  # the preface deadline, then keepalive pings
@@ -80,6 +85,10 @@ class ConnectionGuards:
     def _count_reset(self) -> None:
         """A stream reset by the client, refused by us or reset for a bad PRIORITY; over MAX_RESETS_PER_S: GOAWAY."""
         self.resets.spend(self.loop.time())
+
+    def _count_error(self) -> None:
+        """A call answered with an error at once, no handler run; past MAX_ERROR_STREAMS_PER_S a second: GOAWAY."""
+        self.error_streams.spend(self.loop.time())
 
     def _count_empty(self) -> None:
         """An empty frame that does not end its stream (CVE-2019-9518); past MAX_EMPTY_FRAMES in a row: GOAWAY."""

@@ -33,7 +33,8 @@ gRPC needs of HTTP/2 is here (RFC 9113; gRPC's PROTOCOL-HTTP2.md):
                  than 5, or making its stream depend on itself: RST_STREAM FRAME_SIZE_ERROR /
                  PROTOCOL_ERROR on its stream, open or closed (counted as a reset), GOAWAY with the
                  code on a stream never opened (RFC 9113 6.3, 5.3.1, 6.4); a HEADERS whose
-                 priority makes its stream depend on itself: GOAWAY PROTOCOL_ERROR (nghttp2's)
+                 priority makes its stream depend on itself: GOAWAY PROTOCOL_ERROR (nghttp2's), one too
+                 short for its priority: GOAWAY FRAME_SIZE_ERROR
   GOAWAY         on a connection error (the client's protocol violation) and at shutdown
 
 Here the connection's frame dispatch (frames in, a call's stream opened, its status and end);
@@ -276,6 +277,8 @@ class H2Connection(FlowControl, ConnectionGuards, asyncio.Protocol):
         if flags & PADDED:
             payload = unpad(payload)
         if flags & PRIORITY_FLAG:
+            if len(payload) < 5:  # too small for its mandatory fields (RFC 9113 4.2): the connection's error, as nghttp2's
+                raise ProtocolViolation(FRAME_SIZE_ERROR, f"HEADERS of {len(payload)} bytes with the PRIORITY flag")
             # A stream error by RFC 9113 5.3.1; the connection's here, as nghttp2's (grpc-core skips
             # the 5 bytes unread): the block must be decoded either way for HPACK's table, and a
             # client that sends it is not a gRPC client.

@@ -149,7 +149,10 @@ class FastWsListener:
         return connection
 
     def _scope(self, request, url, client) -> dict:
-        headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in request.headers.items()]
+        # The bytes as they came: picows decodes names as ASCII and values as ASCII with
+        # surrogateescape (a byte past 0x7f is a lone surrogate, which latin-1 cannot encode: a
+        # forged secret with a '\xb2' in it answered 500 with the codec's message, issue 45's defect 4)
+        headers = [(k.lower().encode("ascii"), v.encode("ascii", "surrogateescape")) for k, v in request.headers.items()]
         return {"type": "websocket", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
                 "scheme": "wss" if self.settings.tls else "ws", "path": url.path, "raw_path": url.path.encode(),
                 "query_string": url.query.encode("latin-1"), "root_path": "", "headers": headers,

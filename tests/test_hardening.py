@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 from benchmarks.fuzz_server import fuzz
-from benchmarks.raw_ws import frame
+from benchmarks.raw_ws import frame as client_frame
 from nemo_serve.oracle import oracle_transcribe
 from nemo_serve.server.ws_socket import CLOSE_TIMEOUT_S
 
@@ -293,7 +293,7 @@ def test_odd_json_types_get_1008_not_1011(hard, listener):
 
 def _raw_frame(payload: bytes, opcode: int, fin: bool = True, rsv: int = 0) -> bytes:
     """A masked client frame with any FIN and reserved bits (websockets' client refuses to send these)."""
-    f = bytearray(frame(payload, opcode))
+    f = bytearray(client_frame(payload, opcode))
     f[0] = (0x80 if fin else 0) | rsv | opcode
     return bytes(f)
 
@@ -317,7 +317,7 @@ def test_framing_errors_close_1002_and_a_close_among_data_frees_the_slot(hard, l
     of the type before it, a reserved bit was audio). A close with no status is answered with none
     (picows answered code 0, which no client accepts); a close in the same write as audio, with
     frames after it, frees the slot."""
-    config = frame(json.dumps({"type": "config", "encoding": "pcm_s16le"}).encode(), 0x1)
+    config = client_frame(json.dumps({"type": "config", "encoding": "pcm_s16le"}).encode(), 0x1)
 
     async def one(frames: list[bytes]) -> tuple[int | None, str]:
         async with ws_connect(hard.ws_base(listener) + "/ws") as ws:
@@ -333,6 +333,53 @@ def test_framing_errors_close_1002_and_a_close_among_data_frees_the_slot(hard, l
 
     got = dict(zip(FRAMING, asyncio.run(scenario())))
     assert got == {name: expected for name, (_, expected) in FRAMING.items()}, got
+    hard.assert_no_leak()
+
+
+def _group_rss_mb(pgid: int) -> float:
+    """The resident memory of every process of the server (its process group: start_server's session)."""
+    total_kib = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid:  # pgrp, the fifth field of /proc/PID/stat
+                status = (stat.parent / "status").read_text()
+                total_kib += int(status.split("VmRSS:", 1)[1].split()[0])
+        except (OSError, IndexError, ValueError):
+            pass  # a process that ended meanwhile
+    return total_kib / 1024
+
+
+@pytest.mark.parametrize("listener", LISTENERS)
+def test_ping_flood_from_a_client_that_never_reads_is_bounded(hard, listener):
+    """A client that sends pings as fast as it can and never reads its pongs: the pongs piled up in
+    the transport's buffer, 1.6 GB in 2 s through picows (which answers pings before our code sees
+    them), 75 MB through uvicorn. Now picows's connection stops reading while writes are paused
+    (TCP pushes back: the flood stalls), and uvicorn's drops the pongs of a client that does not
+    read (RFC 6455 lets it answer only the latest ping): the server grows by a few MB at most."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.settimeout(5)
+        s.connect(("127.0.0.1", hard.ws_port(listener)))
+        s.sendall(("GET /ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                   "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+                   f"Authorization: Bearer {TOKEN}\r\n\r\n").encode())  # fmt: skip
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += s.recv(1)
+        assert head.startswith(b"HTTP/1.1 101"), head
+        before = _group_rss_mb(hard.proc.pid)
+        pings = _raw_frame(b"p" * 125, 0x9) * 512
+        s.settimeout(0.5)
+        sent, t0 = 0, time.monotonic()
+        try:
+            while time.monotonic() - t0 < 2:
+                s.sendall(pings)
+                sent += len(pings)
+        except TimeoutError:
+            pass  # the server stopped reading: the flood stalls
+        grown = _group_rss_mb(hard.proc.pid) - before
+    assert grown < 40, f"{listener}: {sent >> 20} MB of pings grew the server by {grown:.0f} MB"
     hard.assert_no_leak()
 
 

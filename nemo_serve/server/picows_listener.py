@@ -132,7 +132,17 @@ class FastWsListener:
 
     def route(self, request, client: tuple[str, int]):
         """The answer to an upgrade request under the caps: 404 off the routes, the app's
-        handshake refusal as its HTTP status, else the connection (101)."""
+        handshake refusal as its HTTP status, else the connection (101). A failure here is ours:
+        logged with its traceback and answered 500 with a generic reason, as uvicorn answers an
+        app that fails before accepting (picows would answer 500 with the exception's text and
+        log nothing, which hid a defect from every "no traceback in the log" check)."""
+        try:
+            return self._route(request, client)
+        except Exception:  # noqa: BLE001 - any failure answering the upgrade
+            log.exception("fast-ws upgrade request from %s failed", client[0])
+            return _error_response(500, "internal server error")
+
+    def _route(self, request, client: tuple[str, int]):
         url = urlsplit(request.path.decode("latin-1"))
         if url.path not in ROUTES:
             return None  # picows answers 404

@@ -9,8 +9,8 @@ re-implemented on picows's callbacks:
   - slow readers: a send waits while the transport is paused, so the session's --send-timeout-s
     notices a client that stopped reading;
   - backpressure: the socket is not read while MAX_INBOX messages wait for the app (picows itself
-    would read and buffer without bound), so the session's MAX_AHEAD_S reaches the client; nor
-    while writes are paused (a client that does not read the pongs picows answers its pings with);
+    would read and buffer without bound), so the session's MAX_AHEAD_S reaches the client;
+  - pings: answered here, and only while the client takes what it is sent (as uvicorn_protocols.py);
   - abort (`scope["extensions"]["nemo_serve.connection"]["abort"]`);
   - keepalive: picows_keepalive.py;
   - a data frame that finds the app's socket idle (its receive task parked, nothing queued) is
@@ -56,8 +56,7 @@ class AppConnection(Keepalive, WSListener):
         self.arrived: asyncio.Future | None = None  # the app's receive, waiting for the inbox
         self.writable = asyncio.Event()
         self.writable.set()
-        self.read_paused = False  # MAX_INBOX messages wait for the app
-        self.socket_paused = False  # the socket is not read: read_paused, or writes are paused
+        self.read_paused = False
         self.fragments: list[bytes] = []
         self.fragment_opcode = None
         self.gone = False
@@ -80,7 +79,15 @@ class AppConnection(Keepalive, WSListener):
             self._on_close_frame(transport, frame)
             return
         if kind not in _DATA_FRAMES:
-            if kind == WSMsgType.PONG:  # pings are answered by picows
+            if kind == WSMsgType.PING:
+                # Not picows's auto-pong (off: picows_listener.py), which answered every ping: a
+                # client that sent pings as fast as it could and never read piled the pongs up in
+                # the transport's buffer, 1.6 GB in 2 s (test_hardening's ping flood). While writes
+                # are paused the pong is dropped (RFC 6455 5.5.3 lets an endpoint answer only the
+                # latest ping); reading goes on, so the client's close is still heard at once.
+                if self.writable.is_set():
+                    transport.send_pong(frame.get_payload_as_bytes())
+            elif kind == WSMsgType.PONG:
                 self._on_pong(frame.get_payload_as_bytes())
             return
         if self.gone:
@@ -154,17 +161,10 @@ class AppConnection(Keepalive, WSListener):
         self._stop_keepalive()
 
     def pause_writing(self) -> None:
-        # The client does not take what it is sent: it is not read either until it does (TCP pushes
-        # back on it). picows answers every ping itself: a client that sent pings as fast as it
-        # could and never read piled the pongs up here, 1.6 GB in 2 s (test_hardening's ping flood).
-        # Its session's send timeout and idle clock go on, so a client that never reads again still
-        # ends in bounded time.
         self.writable.clear()
-        self._set_reading()
 
     def resume_writing(self) -> None:
         self.writable.set()
-        self._set_reading()
 
     def take_frames(self, handler) -> None:
         """The app's hook (scope extension "take_frames"): data frames go to `handler(data) -> bool`
@@ -178,7 +178,7 @@ class AppConnection(Keepalive, WSListener):
             await self.arrived
         if self.read_paused and len(self.inbox) <= MAX_INBOX // 2 and not self.gone:
             self.read_paused = False
-            self._set_reading()
+            self.transport.underlying_transport.resume_reading()
         return self.inbox.popleft()
 
     async def send(self, message: dict) -> None:
@@ -211,21 +211,11 @@ class AppConnection(Keepalive, WSListener):
 
     def _push(self, message: dict) -> None:
         self.inbox.append(message)
-        if len(self.inbox) >= MAX_INBOX and not self.read_paused:
+        if len(self.inbox) >= MAX_INBOX and not self.read_paused and self.transport is not None:
             self.read_paused = True
-            self._set_reading()
+            self.transport.underlying_transport.pause_reading()
         if self.arrived is not None and not self.arrived.done():
             self.arrived.set_result(None)
-
-    def _set_reading(self) -> None:
-        """Read the socket unless the app's inbox is full or the client takes nothing we send."""
-        paused = self.read_paused or not self.writable.is_set()
-        if paused != self.socket_paused and self.transport is not None:
-            self.socket_paused = paused
-            if paused:
-                self.transport.underlying_transport.pause_reading()
-            else:
-                self.transport.underlying_transport.resume_reading()
 
     def _push_disconnect(self, code: int) -> None:
         if not any(m["type"] == "websocket.disconnect" for m in self.inbox):

@@ -68,7 +68,8 @@ class UpgradeProtocol(WSProtocol):
         super().__init__(None, None, False, self._on_request, logging.getLogger("picows.server"), True,
                          None,  # picows's handshake timeout: the deadline below answers instead
                          False, 20, 20, WSAutoPingStrategy.PING_WHEN_IDLE,  # auto-ping off: AppConnection pings
-                         True, s.max_message_bytes, None, 16 * 1024)  # fmt: skip
+                         False,  # auto-pong off: AppConnection answers pings while the client reads
+                         s.max_message_bytes, None, 16 * 1024)  # fmt: skip
         self.fast, self.limits = listener, listener.limits
         self.tcp = None
         self.client = ("", 0)

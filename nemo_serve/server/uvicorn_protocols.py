@@ -239,8 +239,9 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
         """websockets queued the pong: written only while the client takes what it is sent. A
         client that sent pings as fast as it could and never read piled the pongs up in the
         transport's buffer (75 MB in 2 s, test_hardening's ping flood); RFC 6455 5.5.3 lets an
-        endpoint answer only the latest ping. (picows_connection.py stops reading instead: picows
-        answers pings before our code sees them.)"""
+        endpoint answer only the latest ping. picows_connection.py answers pings by the same rule.
+        Whatever else websockets queued with the pong (a close's echo in the same read) is dropped
+        with it while writes are paused; handle_close closes the transport either way."""
         output = self.conn.data_to_send()
         if self.writable.is_set():
             self.transport.write(b"".join(output))

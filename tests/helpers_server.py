@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
@@ -32,6 +33,14 @@ TEST_MODEL = os.environ.get("NEMO_SERVE_TEST_MODEL", "builtin:tiny-hybrid")
 PROMPT_TEST_MODEL = os.environ.get("NEMO_SERVE_TEST_PROMPT_MODEL", "builtin:tiny-prompt")  # has language prompts
 TOKEN = "e2e-secret-token"
 STARTUP_TIMEOUT_S = float(os.environ.get("NEMO_SERVE_TEST_STARTUP_S", "600"))  # NeMo import + model build on 2 busy cores
+
+
+# The WebSocket listeners a hostile suite runs against, on one server started with fast_ws=True:
+# uvicorn (--port) and picows (--fast-ws-port; skipped where the optional picows is not installed).
+LISTENERS = [
+    "uvicorn",
+    pytest.param("picows", marks=pytest.mark.skipif(importlib.util.find_spec("picows") is None, reason="no picows")),
+]
 
 
 # The shared server (e2e and browser tests): small limits so that the limit tests are quick.
@@ -74,6 +83,18 @@ class ServerProcess:
     token: str | None
     log_path: Path
     cafile: Path | None = None  # set when the server speaks TLS (its self-signed certificate)
+    fast_port: int | None = None  # --fast-ws-port (picows), when started with fast_ws=True
+
+    def ws_port(self, listener: str) -> int:
+        """The port of one WebSocket listener (LISTENERS): "uvicorn" is --port, "picows" --fast-ws-port."""
+        if listener == "uvicorn":
+            return self.port
+        assert listener == "picows" and self.fast_port is not None, (listener, self.fast_port)
+        return self.fast_port
+
+    def ws_base(self, listener: str) -> str:
+        """ws://127.0.0.1:PORT of one WebSocket listener (no path)."""
+        return f"{'wss' if self.cafile else 'ws'}://127.0.0.1:{self.ws_port(listener)}"
 
     @property
     def http_url(self) -> str:
@@ -147,11 +168,16 @@ def self_signed_certificate(folder: Path) -> tuple[Path, Path] | None:
 
 @contextlib.contextmanager
 def start_server(
-    *args: str, token: str | None = TOKEN, model: str = TEST_MODEL, tls: bool = False, env: dict | None = None
+    *args: str, token: str | None = TOKEN, model: str = TEST_MODEL, tls: bool = False, env: dict | None = None,
+    fast_ws: bool = False,
 ) -> Iterator[ServerProcess]:
     """`tls=True`: serve https/wss with a fresh self-signed certificate (plain where no openssl).
-    `env`: extra NEMO_SERVE_* variables (settings as the environment gives them)."""
+    `env`: extra NEMO_SERVE_* variables (settings as the environment gives them). `fast_ws=True`:
+    the picows listener too (--fast-ws-port on a free port, `fast_port`) where picows is installed."""
     port = free_port()
+    fast_port = free_port() if fast_ws and importlib.util.find_spec("picows") else None
+    if fast_port is not None:
+        args = (*args, "--fast-ws-port", str(fast_port))
     log_path = Path(tempfile.mkstemp(prefix="nemo-serve-e2e-", suffix=".log")[1])
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
     if token:
@@ -162,7 +188,7 @@ def start_server(
         cmd += ["--ssl-certfile", str(pair[0]), "--ssl-keyfile", str(pair[1])]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    server = ServerProcess(proc, port, token, log_path, cafile=pair[0] if pair else None)
+    server = ServerProcess(proc, port, token, log_path, cafile=pair[0] if pair else None, fast_port=fast_port)
     try:
         _wait_ready(server)
         yield server

@@ -73,6 +73,7 @@ def test_uvicorn_without_a_handler_or_with_invalid_utf8_queues_as_before():
 class PicowsFrame:
     def __init__(self, kind, payload: bytes) -> None:
         self.msg_type, self.payload, self.fin = kind, payload, True
+        self.rsv1 = self.rsv2 = self.rsv3 = 0  # picows_connection checks them (no extension: 1002)
 
     def get_payload_as_bytes(self) -> bytes:
         return self.payload

@@ -3,6 +3,14 @@ small fuzz run. The real `nemo-serve` process, with its own small limits given t
 environment (NEMO_SERVE_*): pings off (so nothing but our own limits frees a stalled
 client), a 2 s send timeout, a 1 s header timeout, 10 connections per address and 24 in
 all, one allowed foreign Origin, and an info-level log that the tests read.
+
+The server serves /ws on both WebSocket listeners, uvicorn (--port) and picows (--fast-ws-port):
+what bad messages do to a session (odd JSON types, a non-ASCII reason, the seeded fuzz) runs
+against both (`listener`), since each hands frames and closes to the session its own way. The rest
+stays on --port: HTTP routes and uvicorn's access lines (secrets, the 408 of an HTTP request); the
+caps, the request deadline, origins and a client that never reads are the listener's own and run
+against both ports in test_picows_listener.py; a long segment's partials and the drain are the
+session's and the server's, whichever listener carries them.
 """
 
 from __future__ import annotations
@@ -10,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -20,12 +29,13 @@ import numpy as np
 import pytest
 
 from benchmarks.fuzz_server import fuzz
+from benchmarks.raw_ws import frame as client_frame
 from nemo_serve.oracle import oracle_transcribe
 from nemo_serve.server.ws_socket import CLOSE_TIMEOUT_S
 
 from . import helpers
-from .helpers_server import TEST_MODEL, TOKEN, raw_session, start_server
-from .helpers_ws import HOSTILE_ENV, never_reading_client, seconds_until_closed, seconds_until_slot_freed, speech, ws_connect
+from .helpers_server import LISTENERS, TEST_MODEL, TOKEN, raw_session, start_server
+from .helpers_ws import HOSTILE_ENV, messages_until_close, never_reading_client, seconds_until_closed, seconds_until_slot_freed, speech, ws_connect
 
 PER_IP = 10
 TOTAL = 24
@@ -40,7 +50,7 @@ HARD_ARGS = ("--num-slots", "3", "--idle-timeout-s", "20", "--log-level", "info"
 
 @pytest.fixture(scope="module")
 def hard():
-    with start_server(*HARD_ARGS, env=HARD_ENV) as s:
+    with start_server(*HARD_ARGS, env=HARD_ENV, fast_ws=True) as s:
         yield s
     assert "Traceback" not in s.log(), s.log()[-4000:]
 
@@ -251,13 +261,15 @@ def test_connection_caps_per_address_and_total(hard):
 # ----------------------------------------------------------------------------- 5, 6 bad messages
 
 
-def test_non_ascii_reason_closes_with_1008(hard):
+@pytest.mark.parametrize("listener", LISTENERS)
+def test_non_ascii_reason_closes_with_1008(hard, listener):
     """Defect 5: the close reason was cut to 120 characters, 200+ bytes: an abnormal close."""
-    messages, code = asyncio.run(raw_session(hard.ws_url, [json.dumps({"type": "é" * 100})]))
+    messages, code = asyncio.run(raw_session(hard.ws_base(listener) + "/ws", [json.dumps({"type": "é" * 100})]))
     assert messages[-1]["type"] == "error" and code == 1008, (messages, code)
 
 
-def test_odd_json_types_get_1008_not_1011(hard):
+@pytest.mark.parametrize("listener", LISTENERS)
+def test_odd_json_types_get_1008_not_1011(hard, listener):
     """Defect 6: unhashable `type` values and integers past 4,300 digits raised inside the
     server: 1011 and a traceback."""
     frames = [
@@ -268,11 +280,106 @@ def test_odd_json_types_get_1008_not_1011(hard):
     ]
 
     async def scenario():
-        return [await raw_session(hard.ws_url, [f]) for f in frames]
+        return [await raw_session(hard.ws_base(listener) + "/ws", [f]) for f in frames]
 
     for frame, (messages, code) in zip(frames, asyncio.run(scenario())):
         assert code == 1008 and messages[-1]["type"] == "error", (frame[:40], messages, code)
         assert len(messages[-1]["reason"]) < 300
+    hard.assert_no_leak()
+
+
+# ----------------------------------------------------------------------------- framing, a close among data
+
+
+def _raw_frame(payload: bytes, opcode: int, fin: bool = True, rsv: int = 0) -> bytes:
+    """A masked client frame with any FIN and reserved bits (websockets' client refuses to send these)."""
+    f = bytearray(client_frame(payload, opcode))
+    f[0] = (0x80 if fin else 0) | rsv | opcode
+    return bytes(f)
+
+
+_AUDIO = _raw_frame(np.zeros(1600, "<i2").tobytes(), 0x2)
+FRAMING = {  # frames written after a config, in one write: (close code, reason) the client gets
+    "continuation-first": ([_raw_frame(np.zeros(1600, "<i2").tobytes(), 0x0)], (1002, "unexpected continuation frame")),
+    "data-frame-inside-a-fragmented-message": (
+        [_raw_frame(b'{"type": ', 0x1, fin=False), _raw_frame(b'{"type": "end"}', 0x1)], (1002, "expected a continuation frame")),
+    "reserved-bit": ([_raw_frame(np.zeros(1600, "<i2").tobytes(), 0x2, rsv=0x40)], (1002, "reserved bits must be 0")),
+    "close-without-status": ([_raw_frame(b"", 0x8)], (1005, "")),
+    "close-among-audio": ([_AUDIO] * 3 + [_raw_frame(struct.pack("!H", 1000), 0x8)] + [_AUDIO] * 2, (1000, "")),
+}
+
+
+@pytest.mark.parametrize("listener", LISTENERS)
+def test_framing_errors_close_1002_and_a_close_among_data_frees_the_slot(hard, listener):
+    """Frames that break RFC 6455 (a continuation with no message begun, a data frame inside a
+    fragmented message, a reserved bit with no extension) close 1002 with websockets' reasons on
+    both listeners (picows passed all three to the session: a stray continuation became a message
+    of the type before it, a reserved bit was audio). A close with no status is answered with none
+    (picows answered code 0, which no client accepts); a close in the same write as audio, with
+    frames after it, frees the slot."""
+    config = client_frame(json.dumps({"type": "config", "encoding": "pcm_s16le"}).encode(), 0x1)
+
+    async def one(frames: list[bytes]) -> tuple[int | None, str]:
+        async with ws_connect(hard.ws_base(listener) + "/ws") as ws:
+            ws.transport.write(config + b"".join(frames))
+            try:
+                await messages_until_close(ws, 5)
+            except TimeoutError:
+                return None, "no close in 5 s"
+            return ws.close_code, ws.close_reason
+
+    async def scenario():
+        return [await one(frames) for frames, _ in FRAMING.values()]
+
+    got = dict(zip(FRAMING, asyncio.run(scenario())))
+    assert got == {name: expected for name, (_, expected) in FRAMING.items()}, got
+    hard.assert_no_leak()
+
+
+def _group_rss_mb(pgid: int) -> float:
+    """The resident memory of every process of the server (its process group: start_server's session)."""
+    total_kib = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid:  # pgrp, the fifth field of /proc/PID/stat
+                status = (stat.parent / "status").read_text()
+                total_kib += int(status.split("VmRSS:", 1)[1].split()[0])
+        except (OSError, IndexError, ValueError):
+            pass  # a process that ended meanwhile
+    return total_kib / 1024
+
+
+@pytest.mark.parametrize("listener", LISTENERS)
+def test_ping_flood_from_a_client_that_never_reads_is_bounded(hard, listener):
+    """A client that sends pings as fast as it can and never reads its pongs: the pongs piled up in
+    the transport's buffer, 1.6 GB in 2 s through picows (its auto-pong answered every ping), 75 MB
+    through uvicorn. Now both listeners answer a ping only while writes are not paused (RFC 6455
+    lets an endpoint answer only the latest ping) and go on reading (a close is heard at once):
+    the server grows by a few MB at most."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.settimeout(5)
+        s.connect(("127.0.0.1", hard.ws_port(listener)))
+        s.sendall(("GET /ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                   "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+                   f"Authorization: Bearer {TOKEN}\r\n\r\n").encode())  # fmt: skip
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += s.recv(1)
+        assert head.startswith(b"HTTP/1.1 101"), head
+        before = _group_rss_mb(hard.proc.pid)
+        pings = _raw_frame(b"p" * 125, 0x9) * 512
+        s.settimeout(0.5)
+        sent, t0 = 0, time.monotonic()
+        try:
+            while time.monotonic() - t0 < 2:
+                s.sendall(pings)
+                sent += len(pings)
+        except TimeoutError:
+            pass  # the server stopped reading: the flood stalls
+        grown = _group_rss_mb(hard.proc.pid) - before
+    assert grown < 40, f"{listener}: {sent >> 20} MB of pings grew the server by {grown:.0f} MB"
     hard.assert_no_leak()
 
 
@@ -384,10 +491,11 @@ def test_tls_start_up_errors_are_one_line_exit_2(tmp_path):
 # ----------------------------------------------------------------------------- fuzz
 
 
-def test_hostile_input_fuzz_small(hard):
-    """A few hundred fuzzed frames (benchmarks/fuzz_server.py runs the long version)."""
+@pytest.mark.parametrize("listener", LISTENERS)
+def test_hostile_input_fuzz_small(hard, listener):
+    """A few hundred fuzzed frames on each listener (benchmarks/fuzz_server.py runs the long version)."""
     start = len(hard.log())
-    stats = asyncio.run(fuzz(hard.ws_url, 300, seed=14, token=TOKEN, concurrency=2))
+    stats = asyncio.run(fuzz(hard.ws_base(listener) + "/ws", 300, seed=14, token=TOKEN, concurrency=2))
     assert stats.messages >= 300 and stats.cases >= 50
     assert stats.crashes == 0 and stats.abnormal == 0 and stats.hangs == 0, stats.as_dict()
     assert not stats.client_errors, stats.as_dict()

@@ -3,7 +3,10 @@ one regression test per defect, scripted bad inputs, a seeded fuzz, churn with e
 connection ends, a /ws neighbour compared token for token, slots and memory checked after.
 
 One real `nemo-serve` process for the module: 3 slots, pings off, a 2 s send timeout and a
-debug-level log (the level at which client secrets used to be written).
+debug-level log (the level at which client secrets used to be written), serving /v1/realtime on
+both WebSocket listeners: uvicorn (--port) and picows (--fast-ws-port). The tests of what a
+session does with its input run against both (`listener`), since each listener hands frames,
+closes and back-pressure to the session its own way; a test that stays on one says why.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from nemo_serve.client import StreamingClient
 from nemo_serve.server.auth import mint_client_secret
 
 from . import helpers
-from .helpers_server import TOKEN, start_server
+from .helpers_server import LISTENERS, TOKEN, start_server
 from .helpers_ws import messages_until_close
 
 NUM_SLOTS = 3
@@ -35,7 +38,7 @@ RATE = 16000
 
 @pytest.fixture(scope="module")
 def rt():
-    with start_server(*ARGS, env=ENV) as s:
+    with start_server(*ARGS, env=ENV, fast_ws=True) as s:
         yield s
     assert "Traceback" not in s.log(), s.log()[-4000:]
 
@@ -47,11 +50,11 @@ def speech() -> np.ndarray:
     return np.clip(np.round(audio * 32768.0), -32768, 32767).astype("<i2")
 
 
-def _connect(server, uri_suffix: str = "", **kw):
+def _connect(server, uri_suffix: str = "", listener: str = "uvicorn", **kw):
     from websockets.asyncio.client import connect
 
     kw.setdefault("additional_headers", {"Authorization": f"Bearer {TOKEN}"})
-    url = f"ws://127.0.0.1:{server.port}/v1/realtime{uri_suffix}"
+    url = f"{server.ws_base(listener)}/v1/realtime{uri_suffix}"
     return connect(url, proxy=None, compression=None, max_size=None, ping_interval=None, **kw)
 
 
@@ -67,9 +70,9 @@ def _append(pcm: np.ndarray) -> str:
 COMMIT = json.dumps({"type": "input_audio_buffer.commit"})
 
 
-async def _ws_tokens(server, pcm: np.ndarray, opened: asyncio.Event | None = None) -> list[int]:
+async def _ws_tokens(server, pcm: np.ndarray, opened: asyncio.Event | None = None, listener: str = "uvicorn") -> list[int]:
     """A /ws stream of `pcm` in 100 ms packets: its final tokens (`opened` set once it holds its slot)."""
-    async with StreamingClient(server.ws_url, sample_rate=RATE, encoding="pcm_s16le", token=TOKEN) as c:
+    async with StreamingClient(server.ws_base(listener) + "/ws", sample_rate=RATE, encoding="pcm_s16le", token=TOKEN) as c:
         if opened is not None:
             opened.set()
         for i in range(0, len(pcm), RATE // 10):
@@ -94,7 +97,9 @@ def test_minted_client_secrets_never_reach_the_debug_log(rt):
     header lines carried minted client secrets (the server token was redacted, they were not).
     Two secrets minted by the real POST, each used the way its client uses it: neither, nor its
     MAC, appears in the log. First in the module: the log keeps 20 lines of a kind, then 2 per
-    second, and the header lines checked for must not be the ones rate-limited away."""
+    second, and the header lines checked for must not be the ones rate-limited away. On --port
+    only: the header lines are uvicorn's websockets protocol's; picows's logger goes through the
+    same filter (logsafe.install, on the root handler), which redacts a secret by its shape."""
     import httpx
 
     def mint() -> str:
@@ -132,9 +137,9 @@ def _masked(payload: bytes, opcode: int = 1) -> bytes:
     return bytes([0x80 | opcode]) + size + mask + body
 
 
-def _raw_realtime(server) -> socket.socket:
+def _raw_realtime(server, listener: str) -> socket.socket:
     """A raw socket past the /v1/realtime upgrade (its 101 read, nothing after it)."""
-    s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    s = socket.create_connection(("127.0.0.1", server.ws_port(listener)), timeout=10)
     s.sendall(("GET /v1/realtime HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
                f"Authorization: Bearer {TOKEN}\r\n\r\n").encode())  # fmt: skip
@@ -147,7 +152,8 @@ def _raw_realtime(server) -> socket.socket:
 
 @pytest.mark.parametrize("num_appends", [1, 10])
 @pytest.mark.parametrize("one_write", [True, False], ids=["one-write", "update-first"])
-def test_clean_close_right_after_appends_frees_the_slot(rt, speech, num_appends, one_write):
+@pytest.mark.parametrize("listener", LISTENERS)
+def test_clean_close_right_after_appends_frees_the_slot(rt, speech, num_appends, one_write, listener):
     """Defect 1: default server VAD, session.update at 16 kHz, 100 ms appends, then close 1000 at
     once. The appends and the close arrive together: the send of session.updated fails, run()
     aborts its streams, and the receive task, cancelled as its frame arrived, still handled the
@@ -156,7 +162,7 @@ def test_clean_close_right_after_appends_frees_the_slot(rt, speech, num_appends,
     frames = b"".join(_masked(_append(speech[i * 1600 : (i + 1) * 1600]).encode()) for i in range(num_appends))
     frames += _masked(struct.pack(">H", 1000), opcode=8)
     for _ in range(5):
-        with _raw_realtime(rt) as s:
+        with _raw_realtime(rt, listener) as s:
             if one_write:
                 s.sendall(_masked(_update().encode()) + frames)
             else:
@@ -172,18 +178,19 @@ def test_clean_close_right_after_appends_frees_the_slot(rt, speech, num_appends,
 # ----------------------------------------------------------------------------- defect 6: one session, every slot
 
 
-def test_commit_burst_leaves_slots_for_a_neighbour(rt, speech):
+@pytest.mark.parametrize("listener", LISTENERS)
+def test_commit_burst_leaves_slots_for_a_neighbour(rt, speech, listener):
     """Defect 6: back-to-back (append 0.5 s, commit) took every slot (a /ws client got 503). A
     session holds at most its current item and the one it is finishing: the burst's items all
     complete, a /ws neighbour gets a slot and its tokens equal its tokens on a quiet server."""
     neighbour = speech[: 4 * RATE]
-    quiet = asyncio.run(_ws_tokens(rt, neighbour))
+    quiet = asyncio.run(_ws_tokens(rt, neighbour, listener=listener))
     num_commits = 40
     half = RATE // 2
 
     async def burst(started: asyncio.Event) -> list[dict]:
         events: list[dict] = []
-        async with _connect(rt) as ws:
+        async with _connect(rt, listener=listener) as ws:
             await ws.recv()
             await ws.send(_update(audio={"input": {"format": {"type": "audio/pcm", "rate": RATE}, "turn_detection": None}}))
 
@@ -209,7 +216,7 @@ def test_commit_burst_leaves_slots_for_a_neighbour(rt, speech):
         await started.wait()
         await asyncio.sleep(0.2)
         free = min(await asyncio.to_thread(lambda: [rt.readyz()["free_slots"] for _ in range(5)]))
-        tokens = await _ws_tokens(rt, neighbour)
+        tokens = await _ws_tokens(rt, neighbour, listener=listener)
         return await task, tokens, free
 
     events, tokens, free = asyncio.run(both())
@@ -223,11 +230,11 @@ def test_commit_burst_leaves_slots_for_a_neighbour(rt, speech):
 # ----------------------------------------------------------------------------- defect 4: forged secrets
 
 
-def _handshake(server, path: str, extra_headers: bytes = b"") -> tuple[int, bytes]:
+def _handshake(server, path: str, extra_headers: bytes = b"", listener: str = "uvicorn") -> tuple[int, bytes]:
     """A raw WebSocket upgrade (any bytes in the headers): the status and the body."""
     request = (f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n").encode()  # fmt: skip
-    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+    with socket.create_connection(("127.0.0.1", server.ws_port(listener)), timeout=10) as s:
         s.sendall(request + extra_headers + b"\r\n")
         data = b""
         while b"\r\n\r\n" not in data or len(data) < data.find(b"\r\n\r\n") + 4 + 10:
@@ -249,14 +256,15 @@ def _handshake(server, path: str, extra_headers: bytes = b"") -> tuple[int, byte
     ],
     ids=["latin1-digit", "query-unicode-digit", "5000-digits", "subprotocol-5000-digits", "query-5000-digits"],
 )
-def test_forged_client_secret_is_401_not_500(rt, path, header):
+@pytest.mark.parametrize("listener", LISTENERS)
+def test_forged_client_secret_is_401_not_500(rt, path, header, listener):
     """Defect 4: str.isdigit() accepts '²' and int() refuses it (or 5,000 digits): a 500 with a
     traceback before authentication. Now 401 with the short reason."""
-    status, data = _handshake(rt, path, header)
+    status, data = _handshake(rt, path, header, listener)
     assert status == 401, data[:300]
     assert b"missing or wrong bearer token" in data
     expired, _ = mint_client_secret(TOKEN, now=time.time() - 3600)
-    assert _handshake(rt, "/v1/realtime", f"Authorization: Bearer {expired}\r\n".encode())[0] == 401
+    assert _handshake(rt, "/v1/realtime", f"Authorization: Bearer {expired}\r\n".encode(), listener)[0] == 401
 
 
 # ----------------------------------------------------------------------------- scripted bad inputs (defect 9)
@@ -287,7 +295,8 @@ SCRIPT = [  # (frame, what the error message must say)
 ]
 
 
-def test_scripted_bad_inputs_get_short_errors_in_the_clients_terms(rt, speech):
+@pytest.mark.parametrize("listener", LISTENERS)
+def test_scripted_bad_inputs_get_short_errors_in_the_clients_terms(rt, speech, listener):
     """Defect 9: each bad event gets one `error` event that says what was wrong in the client's
     terms, at most a few hundred characters (a 4,000-character value is cut, never echoed
     whole); an unknown turn_detection type or transcription model is refused (they were
@@ -295,7 +304,7 @@ def test_scripted_bad_inputs_get_short_errors_in_the_clients_terms(rt, speech):
     update naming OpenAI's model, an append and a commit transcribe."""
 
     async def run() -> list[dict]:
-        async with _connect(rt) as ws:
+        async with _connect(rt, listener=listener) as ws:
             await ws.recv()
             errors = []
             for frame, _ in SCRIPT:
@@ -324,12 +333,13 @@ def test_scripted_bad_inputs_get_short_errors_in_the_clients_terms(rt, speech):
 
 
 @pytest.mark.parametrize("value", ["%C2%B2", BIG, "abc", "-1"])
-def test_bad_context_right_in_the_url_is_refused_with_the_served_modes(rt, value):
+@pytest.mark.parametrize("listener", LISTENERS)
+def test_bad_context_right_in_the_url_is_refused_with_the_served_modes(rt, value, listener):
     """Defect 9: `?context_right=abc` answered `invalid literal for int() with base 10: 'abc'`, and
     a 4,000-digit value int()'s digit-limit error. Now: error, close 1008, the served modes."""
 
     async def run() -> tuple[list[dict], int, str]:
-        async with _connect(rt, uri_suffix=f"?context_right={value}") as ws:
+        async with _connect(rt, uri_suffix=f"?context_right={value}", listener=listener) as ws:
             return await messages_until_close(ws), ws.close_code, ws.close_reason
 
     events, code, reason = asyncio.run(run())
@@ -374,8 +384,9 @@ def _fuzz_events(rng: np.random.Generator, pcm: np.ndarray, n: int) -> list:
     return frames
 
 
-def test_seeded_fuzz_of_json_events(rt, speech):
-    """400 frames in 8 sessions (seed 45): every answer is a protocol event, a fatal one closes
+@pytest.mark.parametrize("listener", LISTENERS)
+def test_seeded_fuzz_of_json_events(rt, speech, listener):
+    """400 frames in 8 sessions (seed 45) on each listener: every answer is a protocol event, a fatal one closes
     1008 (never 1011), the server log holds no traceback (module fixture) and every slot comes
     back."""
     rng = np.random.default_rng(45)
@@ -385,7 +396,7 @@ def test_seeded_fuzz_of_json_events(rt, speech):
         from websockets.exceptions import ConnectionClosed
 
         events = []
-        async with _connect(rt) as ws:
+        async with _connect(rt, listener=listener) as ws:
             try:
                 for f in frames:
                     await ws.send(f)
@@ -412,7 +423,7 @@ def test_seeded_fuzz_of_json_events(rt, speech):
 # ----------------------------------------------------------------------------- churn, neighbour, memory
 
 
-async def _churn_once(rt, speech, how: str, rng: np.random.Generator) -> None:
+async def _churn_once(rt, speech, how: str, rng: np.random.Generator, listener: str) -> None:
     """A session streaming audio with commits, its results flowing, ended by `how` mid-stream.
 
     With 3 slots, the neighbour's and two churn sessions' (each may hold two: the item being
@@ -424,7 +435,7 @@ async def _churn_once(rt, speech, how: str, rng: np.random.Generator) -> None:
 
     for _ in range(100):
         try:
-            await _churn_connected(rt, speech, how, rng)
+            await _churn_connected(rt, speech, how, rng, listener)
             return
         except InvalidStatus as e:
             if e.response.status_code != 503:
@@ -433,8 +444,8 @@ async def _churn_once(rt, speech, how: str, rng: np.random.Generator) -> None:
     raise AssertionError("a churn session was refused for 10 s: slots did not come back")
 
 
-async def _churn_connected(rt, speech, how: str, rng: np.random.Generator) -> None:
-    async with _connect(rt) as ws:
+async def _churn_connected(rt, speech, how: str, rng: np.random.Generator, listener: str) -> None:
+    async with _connect(rt, listener=listener) as ws:
         await ws.recv()
         await ws.send(_update())
         for i in range(int(rng.integers(2, 12))):
@@ -457,12 +468,13 @@ async def _churn_connected(rt, speech, how: str, rng: np.random.Generator) -> No
             await ws.close()
 
 
-def test_churn_with_a_neighbour_compared_token_for_token(rt, speech):
+@pytest.mark.parametrize("listener", LISTENERS)
+def test_churn_with_a_neighbour_compared_token_for_token(rt, speech, listener):
     """40 sessions ended by RST, FIN, a half frame or a clean close while the server sends, two at
-    a time, beside a /ws neighbour: its tokens equal a quiet run; every slot comes back; the
-    front end's and the core's RSS grow by less than 150 MB."""
+    a time, beside a /ws neighbour on the same listener: its tokens equal a quiet run; every slot
+    comes back; the front end's and the core's RSS grow by less than 150 MB."""
     neighbour = speech[: 6 * RATE]
-    quiet = asyncio.run(_ws_tokens(rt, neighbour))
+    quiet = asyncio.run(_ws_tokens(rt, neighbour, listener=listener))
     pids = [rt.readyz()["pid"]] + [c["pid"] for c in rt.readyz()["cores"]]
     before = [_rss_kib(p) for p in pids]
     rng = np.random.default_rng(7)
@@ -473,11 +485,11 @@ def test_churn_with_a_neighbour_compared_token_for_token(rt, speech):
     async def churn() -> None:
         await opened.wait()  # the neighbour holds its slot before the churn can take them all
         for i in range(0, 40, 2):
-            await asyncio.gather(*[_churn_once(rt, speech, ways[(i + k) % 4], rng) for k in range(2)])
+            await asyncio.gather(*[_churn_once(rt, speech, ways[(i + k) % 4], rng, listener) for k in range(2)])
 
     async def both() -> list[int]:
         task = asyncio.create_task(churn())
-        tokens = await _ws_tokens(rt, neighbour, opened)
+        tokens = await _ws_tokens(rt, neighbour, opened, listener)
         await task
         return tokens
 

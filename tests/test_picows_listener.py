@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import signal
 import socket
 import time
@@ -437,3 +438,28 @@ def test_a_ping_timeout_longer_than_the_interval_is_accepted():
         return UpgradeProtocol(SimpleNamespace(settings=settings, limits=None))
 
     assert asyncio.run(construct()) is not None
+
+
+def test_a_failure_in_the_upgrade_answer_is_logged_and_500_without_its_text(caplog):
+    """picows answers an exception from the listener factory with HTTP 500 carrying the exception's
+    text, and logs nothing: a forged secret's non-ASCII header byte did that (test_hostile_realtime),
+    invisible to every "no traceback in the log" check. The listener answers it itself: the
+    traceback in the server log, a 500 with a generic JSON reason to the client."""
+    from types import SimpleNamespace
+
+    from multidict import CIMultiDict
+
+    from nemo_serve.server.picows_listener import FastWsListener
+
+    def refusal(conn):
+        raise ValueError("secret detail of a server bug")
+
+    app = SimpleNamespace(state=SimpleNamespace(handshake_refusal=refusal))
+    listener = FastWsListener(app, None, SimpleNamespace(max_message_bytes=1 << 20, tls=False))
+    request = SimpleNamespace(path=b"/ws", headers=CIMultiDict({"Host": "127.0.0.1"}))
+    with caplog.at_level(logging.ERROR, logger="nemo_serve.connections"):
+        answer = listener.route(request, ("127.0.0.1", 5))
+    head = bytes(answer.response.to_bytes())
+    assert head.startswith(b"HTTP/1.1 500") and answer.listener is None, head
+    assert b"secret detail" not in head and b"internal server error" in head, head
+    assert "secret detail of a server bug" in caplog.text and "Traceback" in caplog.text, caplog.text

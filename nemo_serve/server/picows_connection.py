@@ -4,10 +4,13 @@ the drain are the code the uvicorn listener runs. What uvicorn's protocol does f
 re-implemented on picows's callbacks:
   - frame and message size: --max-message-bytes per frame (picows closes with 1009) and per message
     reassembled from fragments (closed here with 1009), text that is not UTF-8: 1007;
+  - the framing rules picows does not check (reserved bits, continuation order): 1002, and a
+    close frame with no status answered with none;
   - slow readers: a send waits while the transport is paused, so the session's --send-timeout-s
     notices a client that stopped reading;
   - backpressure: the socket is not read while MAX_INBOX messages wait for the app (picows itself
     would read and buffer without bound), so the session's MAX_AHEAD_S reaches the client;
+  - pings: answered here, and only while the client takes what it is sent (as uvicorn_protocols.py);
   - abort (`scope["extensions"]["nemo_serve.connection"]["abort"]`);
   - keepalive: picows_keepalive.py;
   - a data frame that finds the app's socket idle (its receive task parked, nothing queued) is
@@ -28,6 +31,8 @@ from .picows_keepalive import Keepalive
 
 log = logging.getLogger("nemo_serve.connections")
 
+CLOSE_NO_STATUS = 1005  # what the app hears of a close frame with no status code (as under uvicorn)
+CLOSE_PROTOCOL_ERROR = 1002
 CLOSE_INVALID_DATA = 1007
 CLOSE_TOO_BIG = 1009
 CLOSE_WAIT_S = 1.0  # after our close frame, how long the client has to answer before the drop
@@ -35,6 +40,7 @@ CLOSE_WAIT_S = 1.0  # after our close frame, how long the client has to answer b
 # taken, the socket is not read until it takes them (as uvicorn's protocol pauses while its queue
 # is full), so the session's backpressure (MAX_AHEAD_S) reaches the client through TCP.
 MAX_INBOX = 16
+_DATA_FRAMES = (WSMsgType.BINARY, WSMsgType.TEXT, WSMsgType.CONTINUATION)  # a tuple: identity first, no Enum hash
 
 
 class AppConnection(Keepalive, WSListener):
@@ -70,27 +76,52 @@ class AppConnection(Keepalive, WSListener):
     def on_ws_frame(self, transport, frame) -> None:
         kind = frame.msg_type
         if kind == WSMsgType.CLOSE:
-            code = frame.get_close_code()
-            self._push_disconnect(int(code.value if hasattr(code, "value") else code))
-            if not transport.is_close_frame_sent:
-                transport.send_close(code)
-            transport.disconnect()
+            self._on_close_frame(transport, frame)
             return
-        if kind not in (WSMsgType.BINARY, WSMsgType.TEXT, WSMsgType.CONTINUATION):
-            if kind == WSMsgType.PONG:  # pings are answered by picows
+        if kind not in _DATA_FRAMES:
+            if kind == WSMsgType.PING:
+                # Not picows's auto-pong (off: picows_listener.py), which answered every ping: a
+                # client that sent pings as fast as it could and never read piled the pongs up in
+                # the transport's buffer, 1.6 GB in 2 s (test_hardening's ping flood). While writes
+                # are paused the pong is dropped (RFC 6455 5.5.3 lets an endpoint answer only the
+                # latest ping); reading goes on, so the client's close is still heard at once.
+                if self.writable.is_set():
+                    transport.send_pong(frame.get_payload_as_bytes())
+            elif kind == WSMsgType.PONG:
                 self._on_pong(frame.get_payload_as_bytes())
             return
-        if kind != WSMsgType.CONTINUATION:
-            self.fragment_opcode, self.fragments = kind, []
+        if self.gone:
+            return  # our close is sent: nothing more reaches the app
+        # RFC 6455 framing that picows leaves to us: websockets (under uvicorn) closes 1002 with
+        # these reasons; picows gave a stray continuation the type of the message before it, and a
+        # reserved bit's frame was audio.
+        if frame.rsv1 or frame.rsv2 or frame.rsv3:  # no extension is negotiated
+            self._fail(CLOSE_PROTOCOL_ERROR, "reserved bits must be 0")
+            return
+        if kind == WSMsgType.CONTINUATION:
+            if self.fragment_opcode is None:
+                self._fail(CLOSE_PROTOCOL_ERROR, "unexpected continuation frame")
+                return
+        elif self.fragment_opcode is not None:
+            self._fail(CLOSE_PROTOCOL_ERROR, "expected a continuation frame")
+            return
+        elif frame.fin:  # a whole message in one frame (picows checked its size)
+            self._on_message(kind, frame.get_payload_as_bytes())
+            return
+        else:
+            self.fragment_opcode = kind
         self.fragments.append(frame.get_payload_as_bytes())
         if sum(map(len, self.fragments)) > self.listener.max_message_bytes:
             self._fail(CLOSE_TOO_BIG, "message too big")
             return
         if not frame.fin:
             return
-        data = self.fragments[0] if len(self.fragments) == 1 else b"".join(self.fragments)
-        self.fragments = []
-        if self.fragment_opcode == WSMsgType.TEXT:
+        kind, data = self.fragment_opcode, b"".join(self.fragments)
+        self.fragment_opcode, self.fragments = None, []
+        self._on_message(kind, data)
+
+    def _on_message(self, kind, data: bytes) -> None:
+        if kind == WSMsgType.TEXT:
             try:
                 text = data.decode()
             except UnicodeDecodeError:
@@ -100,6 +131,23 @@ class AppConnection(Keepalive, WSListener):
                 self._push({"type": "websocket.receive", "text": text})
         elif not self._handed_over(data):
             self._push({"type": "websocket.receive", "bytes": data})
+
+    def _on_close_frame(self, transport, frame) -> None:
+        """The client's close (picows checked its code and reason): the app hears its code, the
+        answer echoes it. A close with no status: 1005 to the app and an answer with none, as
+        websockets does (picows's NO_INFO is 0, and send_close always writes a code: the answer
+        carried 0, which no client accepts)."""
+        if frame.payload_size < 2:
+            self._push_disconnect(CLOSE_NO_STATUS)
+            if not transport.is_close_frame_sent:
+                transport.send(WSMsgType.CLOSE, b"")
+        else:
+            code = frame.get_close_code()
+            self._push_disconnect(int(code.value if hasattr(code, "value") else code))
+            if not transport.is_close_frame_sent:
+                transport.send_close(code)
+        self.gone = True  # nothing is sent after the answer
+        transport.disconnect()
 
     def _handed_over(self, data: bytes | str) -> bool:
         """The frame handled now by the app's socket, in this callback (no task switch): only with

@@ -68,7 +68,8 @@ class UpgradeProtocol(WSProtocol):
         super().__init__(None, None, False, self._on_request, logging.getLogger("picows.server"), True,
                          None,  # picows's handshake timeout: the deadline below answers instead
                          False, 20, 20, WSAutoPingStrategy.PING_WHEN_IDLE,  # auto-ping off: AppConnection pings
-                         True, s.max_message_bytes, None, 16 * 1024)  # fmt: skip
+                         False,  # auto-pong off: AppConnection answers pings while the client reads
+                         s.max_message_bytes, None, 16 * 1024)  # fmt: skip
         self.fast, self.limits = listener, listener.limits
         self.tcp = None
         self.client = ("", 0)
@@ -132,7 +133,17 @@ class FastWsListener:
 
     def route(self, request, client: tuple[str, int]):
         """The answer to an upgrade request under the caps: 404 off the routes, the app's
-        handshake refusal as its HTTP status, else the connection (101)."""
+        handshake refusal as its HTTP status, else the connection (101). A failure here is ours:
+        logged with its traceback and answered 500 with a generic reason, as uvicorn answers an
+        app that fails before accepting (picows would answer 500 with the exception's text and
+        log nothing, which hid a defect from every "no traceback in the log" check)."""
+        try:
+            return self._route(request, client)
+        except Exception:  # noqa: BLE001 - any failure answering the upgrade
+            log.exception("fast-ws upgrade request from %s failed", client[0])
+            return _error_response(500, "internal server error")
+
+    def _route(self, request, client: tuple[str, int]):
         url = urlsplit(request.path.decode("latin-1"))
         if url.path not in ROUTES:
             return None  # picows answers 404
@@ -149,7 +160,10 @@ class FastWsListener:
         return connection
 
     def _scope(self, request, url, client) -> dict:
-        headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in request.headers.items()]
+        # The bytes as they came: picows decodes names as ASCII and values as ASCII with
+        # surrogateescape (a byte past 0x7f is a lone surrogate, which latin-1 cannot encode: a
+        # forged secret with a '\xb2' in it answered 500 with the codec's message, issue 45's defect 4)
+        headers = [(k.lower().encode("ascii"), v.encode("ascii", "surrogateescape")) for k, v in request.headers.items()]
         return {"type": "websocket", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
                 "scheme": "wss" if self.settings.tls else "ws", "path": url.path, "raw_path": url.path.encode(),
                 "query_string": url.query.encode("latin-1"), "root_path": "", "headers": headers,

@@ -5,7 +5,7 @@ request, a lingering close).
 The one module that uses uvicorn's private API: it subclasses `HttpToolsProtocol` and
 `WebSocketsSansIOProtocol` (the latter first shipped in uvicorn 0.35), overrides their hooks and
 reads and writes their internals (`conn`, `queue`, `frames`, `curr_msg_data_type`, `close_sent`,
-`close_timer`, `read_paused`, `handshake_initiated`, `handshake_complete`, `scope`, `cycle`,
+`close_timer`, `read_paused`, `writable`, `handshake_initiated`, `handshake_complete`, `scope`, `cycle`,
 `send_receive_event_to_app`, `handle_bytes`, `handle_text`). So the installed uvicorn is
 checked at import against the range these were tested with (UVICORN_VERSIONS; pyproject.toml
 pins the same, and tests/test_private_apis.py checks both): a newer uvicorn fails here with one
@@ -234,6 +234,17 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
 
     def _take_frames(self, handler) -> None:
         self.take_frame = handler
+
+    def handle_ping(self) -> None:
+        """websockets queued the pong: written only while the client takes what it is sent. A
+        client that sent pings as fast as it could and never read piled the pongs up in the
+        transport's buffer (75 MB in 2 s, test_hardening's ping flood); RFC 6455 5.5.3 lets an
+        endpoint answer only the latest ping. picows_connection.py answers pings by the same rule.
+        Whatever else websockets queued with the pong (a close's echo in the same read) is dropped
+        with it while writes are paused; handle_close closes the transport either way."""
+        output = self.conn.data_to_send()
+        if self.writable.is_set():
+            self.transport.write(b"".join(output))
 
     def data_received(self, data: bytes) -> None:
         if self._lingering:  # discarded: the close frame is out, the close is timed

@@ -383,6 +383,43 @@ def test_ping_flood_from_a_client_that_never_reads_is_bounded(hard, listener):
     hard.assert_no_leak()
 
 
+def test_pipelined_requests_from_a_client_that_never_reads_are_bounded(hard):
+    """Pipelined `GET /readyz` sent as fast as a client could, its answers never read: uvicorn parsed
+    every read whole and queued each request in it, resuming reading at each answer, so the server
+    grew by 720 MB in 3 s (440 MB with /metrics). Now a read is parsed a slice at a time and the rest
+    held, reading paused, while a request waits for the one before it (uvicorn_protocols._feed).
+    A client that reads gets every pipelined answer, in order; one that leaves while an answer is
+    stalled ends that answer without a traceback (the fixture's check)."""
+    request = f"GET /readyz HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode()
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.settimeout(5)
+        s.connect(("127.0.0.1", hard.port))
+        before = _group_rss_mb(hard.proc.pid)
+        burst = request * 4096
+        s.settimeout(0.5)
+        sent, t0 = 0, time.monotonic()
+        try:
+            while time.monotonic() - t0 < 2:
+                s.sendall(burst)
+                sent += len(burst)
+        except TimeoutError:
+            pass  # the server stopped reading: the flood stalls
+        grown = _group_rss_mb(hard.proc.pid) - before
+    assert grown < 40, f"{sent >> 20} MB of pipelined requests grew the server by {grown:.0f} MB"
+    with socket.create_connection(("127.0.0.1", hard.port), timeout=10) as s:  # a client that reads
+        n = 300  # several slices' worth, and a /healthz among them
+        s.sendall(request * (n // 2) + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n" + request * (n // 2 - 1))
+        answers = b""
+        while answers.count(b"HTTP/1.1 200") < n:
+            chunk = s.recv(1 << 16)
+            assert chunk, f"closed after {answers.count(b'HTTP/1.1 200')} of {n} answers"
+            answers += chunk
+    bodies = answers.split(b"HTTP/1.1 200")[1:]
+    assert len(bodies) == n and b'"status":"ok"' in bodies[n // 2] and b'"ready"' in bodies[n // 2 + 1]
+    hard.assert_no_leak()
+
+
 # ----------------------------------------------------------------------------- 7 long segments
 
 

@@ -4,12 +4,13 @@ request, a lingering close).
 
 The one module that uses uvicorn's private API: it subclasses `HttpToolsProtocol` and
 `WebSocketsSansIOProtocol` (the latter first shipped in uvicorn 0.35), overrides their hooks and
-reads and writes their internals (`conn`, `queue`, `frames`, `curr_msg_data_type`, `close_sent`,
-`close_timer`, `read_paused`, `writable`, `handshake_initiated`, `handshake_complete`, `scope`, `cycle`,
-`send_receive_event_to_app`, `handle_bytes`, `handle_text`). So the installed uvicorn is
-checked at import against the range these were tested with (UVICORN_VERSIONS; pyproject.toml
-pins the same, and tests/test_private_apis.py checks both): a newer uvicorn fails here with one
-clear message.
+reads and writes their internals (`flow` and its FlowControl, `pipeline`, `on_response_complete`,
+`conn`, `queue`, `frames`, `curr_msg_data_type`, `close_sent`, `close_timer`, `read_paused`,
+`writable`, `handshake_initiated`, `handshake_complete`, `scope`, `cycle` and its `disconnected`,
+`response_complete`, `message_event`, `send_receive_event_to_app`, `handle_bytes`, `handle_text`).
+So the installed uvicorn is checked at import against the range these were tested with
+(UVICORN_VERSIONS; pyproject.toml pins the same, and tests/test_private_apis.py checks both): a
+newer uvicorn fails here with one clear message.
 
 It also reads the websockets protocol's parser state (`conn.state`, `conn.parser` and the generators
 it waits in, `conn.reader`, `conn.current_size`, `conn.extensions`, `conn.debug`, `conn.parser_exc`,
@@ -41,6 +42,7 @@ from .connections import (
 UVICORN_VERSIONS = ("0.35", "0.55")  # >=, <: tested with 0.54 (env/cpu.lock.txt)
 require("uvicorn", *UVICORN_VERSIONS, uses="protocol classes (websockets_sansio_impl, httptools_impl)")
 
+from uvicorn.protocols.http.flow_control import FlowControl  # noqa: E402
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol  # noqa: E402
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol  # noqa: E402
 from websockets import __version__ as websockets_version  # noqa: E402
@@ -55,6 +57,20 @@ _DATA_FRAME_OPCODES = {0x81: Opcode.TEXT, 0x82: Opcode.BINARY}
 _AT_EOF_CODE = StreamReader.at_eof.__code__
 
 log = logging.getLogger("nemo_serve.connections")
+# Bytes of a read parsed at a time (HttpProtocol._feed): at most this many bytes of pipelined
+# requests (a few hundred of the smallest) are parsed and queued ahead of their answers.
+PARSE_SLICE_BYTES = 4096
+
+
+class _HeldFlow(FlowControl):
+    """uvicorn's flow control, except that reading stays paused while HttpProtocol holds unparsed
+    bytes: uvicorn resumes reading at every answer and every body read, pipelined requests waiting."""
+
+    held = False
+
+    def resume_reading(self) -> None:
+        if not self.held:
+            super().resume_reading()
 
 
 class HttpProtocol(HttpToolsProtocol):
@@ -66,11 +82,15 @@ class HttpProtocol(HttpToolsProtocol):
         self._refusal: str | None = None
         self._refused_request = b""
         self._headers_done = False  # of the request being read
+        self._mid_request = False  # a request begun, not complete
         self._probe = False  # served beyond the caps (connections.py): probe requests only
         self._probe_only = ""  # the refusal of a non-probe request on a probe's connection
+        self._held = b""  # read, not yet parsed: the requests after a pipelined one (_feed)
+        self._answering = None  # the cycle whose app runs (uvicorn's `cycle` is the last one parsed)
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
+        self.flow = _HeldFlow(transport)
         self._refusal = self.limits.limiter.acquire(transport, self.client[0] if self.client else "")
         if self._refusal is None:
             bound_send_buffer(transport)
@@ -79,11 +99,17 @@ class HttpProtocol(HttpToolsProtocol):
     def connection_lost(self, exc) -> None:
         self._disarm()
         self.limits.limiter.release(self.transport)
+        answering = self._answering
+        if answering is not None and not answering.response_complete:
+            # uvicorn tells only the last parsed cycle: a pipelined one's app, answering while the
+            # client left, wrote on the closed transport (a RuntimeError traceback) instead of ending
+            answering.disconnected = True
+            answering.message_event.set()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         if self._refusal is None:
-            super().data_received(data)
+            self._feed(data)
             return
         self._refused_request += data  # read the request, so that the answer is not reset away
         if b"\r\n\r\n" in self._refused_request or len(self._refused_request) > MAX_REFUSED_REQUEST_BYTES:
@@ -99,11 +125,45 @@ class HttpProtocol(HttpToolsProtocol):
         self._refusal, self._probe = None, True
         request, self._refused_request = self._refused_request, b""
         self._arm(self.limits.header_timeout_s)
-        super().data_received(request)
+        self._feed(request)
+
+    def _feed(self, data: bytes) -> None:
+        """uvicorn parses a whole read (up to 256 kB) at once and queues every pipelined request
+        in it, resuming reading at each answer: a client that pipelined `GET /readyz` as fast as it
+        could and never read grew the server by 720 MB in 3 s (test_hardening's pipelining flood).
+        Here a read is parsed PARSE_SLICE_BYTES at a time, and once a request waits for the answer
+        before it the rest is held unparsed, reading paused, until the queue is answered
+        (on_response_complete): a connection holds one read and the requests of one slice. Bytes
+        after an upgrade request or a refusal are dropped, as uvicorn drops them."""
+        if self._held:  # read before the pause took effect
+            self._held += data
+            return
+        view, pos = memoryview(data), 0
+        while pos < len(data) and not self.pipeline:
+            if self.transport.is_closing() or self.transport.get_protocol() is not self:
+                return
+            super().data_received(view[pos : pos + PARSE_SLICE_BYTES])
+            pos += PARSE_SLICE_BYTES
+        if pos < len(data) and not self.transport.is_closing():
+            self._held = bytes(view[pos:])
+            self.flow.held = True
+            self.flow.pause_reading()
+            self._disarm()  # a request cut at the slice waits on us, not on the client: re-armed when fed
+
+    def on_response_complete(self) -> None:
+        self._answering = self.pipeline[-1][0] if self.pipeline else None  # the one uvicorn starts next
+        super().on_response_complete()
+        if self._held and not self.pipeline and not self.transport.is_closing():
+            held, self._held = self._held, b""
+            self.flow.held = False
+            self.flow.resume_reading()  # as uvicorn does before parsing on; _feed pauses again if need be
+            if self._mid_request:
+                self._arm(self.limits.header_timeout_s)
+            self._feed(held)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._headers_done = False
+        self._headers_done, self._mid_request = False, True
         if self._deadline is None:  # a later keep-alive request: its own deadline
             self._arm(self.limits.header_timeout_s)
 
@@ -114,9 +174,12 @@ class HttpProtocol(HttpToolsProtocol):
             self._answer(503, "Service Unavailable", self._probe_only)
             return
         super().on_headers_complete()
+        if not self.pipeline:  # uvicorn started its app at once (queued: on_response_complete starts it)
+            self._answering = self.cycle
 
     def on_message_complete(self) -> None:
         self._disarm()
+        self._mid_request = False
         super().on_message_complete()
 
     def handle_websocket_upgrade(self) -> None:

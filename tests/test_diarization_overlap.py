@@ -130,12 +130,15 @@ def test_an_abort_while_the_diarizer_step_is_in_flight_loses_nothing_else():
         engine.iterate()
         if tick >= 8 and not aborted_in_flight and any(
                 s.stream_id == handles[0].stream_id for step in runner.in_flight for s in step.streams):  # fmt: skip
+            aborted = runner.streams[handles[0].stream_id]
+            kept_before_abort = aborted.preds.num_frames
             engine.abort(handles[0])
             aborted_in_flight = True
         if results[1] and results[1][-1].done:
             engine.iterate()
             break
     assert aborted_in_flight
+    assert aborted.preds.num_frames == kept_before_abort  # its rows of the step in flight were dropped at collect
     assert _speakers(results[1]) == _speakers(seq_results[1])
     assert not runner.in_flight
     _assert_empty(engine)

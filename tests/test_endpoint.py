@@ -63,7 +63,9 @@ def test_frames_needed_is_the_fewest_frames_passing_the_float_test():
     for _ in range(3000):
         frame_s = float(rng.uniform(0.005, 0.2))
         k = int(rng.integers(1, 400))
-        min_s = float(np.nextafter(k * frame_s, [np.inf, -np.inf, 0.0][int(rng.integers(0, 3))]))
+        # one ulp above, one below, or the product itself (where min_s / frame_s can round above k,
+        # so ceil is one too many: the loop down; nextafter towards 0.0 was the one below again)
+        min_s = float([np.nextafter(k * frame_s, np.inf), np.nextafter(k * frame_s, -np.inf), k * frame_s][int(rng.integers(0, 3))])
         scan = next(x for x in range(0, k + 3) if x * frame_s >= min_s)
         assert frames_needed(min_s, frame_s) == scan, (min_s, frame_s)
 

@@ -56,6 +56,9 @@ def test_uvicorn_hands_frames_over_in_order_and_queues_what_is_declined():
     p.queue.put_nowait({"type": "websocket.receive", "bytes": b"queued"})
     p.handle_bytes(Frame(Opcode.BINARY, b"\x04"))  # behind a queued message: queued too
     assert take.got[-1] == b"\x03" and [p.queue.get_nowait()["bytes"] for _ in range(2)] == [b"queued", b"\x04"]
+    p.close_sent = True  # the app closed: a late frame is dropped, as uvicorn drops it (neither handed nor queued)
+    p.handle_bytes(Frame(Opcode.BINARY, b"\x05"))
+    assert take.got[-1] == b"\x03" and p.queue.empty()
 
 
 def test_uvicorn_without_a_handler_or_with_invalid_utf8_queues_as_before():

@@ -72,6 +72,17 @@ def test_decision_keeps_a_path_whose_gate_failed_and_leaves_unmeasured_ones_open
     assert no_overlap["overlapped loop"] == "unresolved" and no_overlap["ring KV layout"] == "switch"
     late_overlap = _verdicts(_decision_records(overlap_kept=1000))
     assert late_overlap["overlapped loop"] == "keep"
+    # graph vs eager differing on the ring pool keeps the ring layout (only it)
+    bad_graph = _decision_records()
+    next(r for r in bad_graph if r["kind"] == "validate").update(ok=False, graph_vs_eager={"first_difference": "step 3"})
+    bad_graph_v = _verdicts(bad_graph)
+    assert bad_graph_v["ring KV layout"] == "keep" and bad_graph_v["fused epilogues"] == "switch", bad_graph_v
+    # a mode only the reference measured leaves the candidate open (the overlap phase's 80 ms alone does not)
+    cand_320 = {"kind": "capacity", "chunk_ms": 320, "epilogues": "fused"}
+    ref_only = [r for r in _decision_records() if any(r.get(k) != v for k, v in cand_320.items())]
+    ref_only_v = _verdicts(ref_only)
+    assert ref_only_v["fused epilogues"] == ref_only_v["ring KV layout"] == "unresolved", ref_only_v
+    assert ref_only_v["overlapped loop"] == "switch", ref_only_v
 
 
 def test_decision_reads_a_selftest_stopped_at_its_time_box_as_not_measured():

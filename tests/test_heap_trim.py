@@ -105,14 +105,24 @@ def test_a_busy_loop_is_not_trimmed_until_it_is_quiet():
             time.sleep(0.02)  # a callback that holds the loop, as a burst of packets would
             await asyncio.sleep(0)
 
-    async def probe_while_busy() -> tuple[bool, bool]:
+    libc = _Libc(has_trim=True)
+
+    async def probe_while_busy() -> tuple[bool, bool, int]:
+        trimming = asyncio.ensure_future(heap_trim.trim_periodically(0.05, libc.loader))
         hog = asyncio.ensure_future(busy_for(2.0))
         busy = await heap_trim.wait_until_idle(probe_s=0.01, max_tries=5)
         await hog
+        calls_while_busy = libc.calls  # the periodic task's own probes saw the busy loop too
         quiet = await heap_trim.wait_until_idle(probe_s=0.01, max_tries=50)
-        return busy, quiet
+        for _ in range(100):  # then it trims at the first quiet moment
+            if libc.calls:
+                break
+            await asyncio.sleep(0.01)
+        trimming.cancel()
+        return busy, quiet, calls_while_busy
 
-    assert asyncio.run(probe_while_busy()) == (False, True)
+    assert asyncio.run(probe_while_busy()) == (False, True, 0)
+    assert libc.calls >= 1
 
 
 def test_the_setting_defaults_on_and_turns_off_from_flag_or_environment():

@@ -69,15 +69,16 @@ def test_audio_published_before_the_core_sleeps_is_found_by_its_second_look():
     async def run():
         with _core_and_front_end() as (shared, proc, client):
             h = _open(proc, client, "s-1")
-            client.push(h, sequence("s-1", 0, 800))  # the core is awake: no Wake
-            assert shared.core_asleep[0] == 0
-            t0 = time.monotonic()
-            proc.sleep(LONG_SLEEP_S)  # nothing in its inbox: only the look at the positions ends it
-            slept_s = time.monotonic() - t0
-            assert slept_s < LONG_SLEEP_S / 10, f"the core slept {slept_s:.2f} s with audio in a ring"
-            assert shared.core_asleep[0] == 0  # awake again: front ends send no Wake now
-            proc.iterate_once()
-            assert proc.core._read_end[h.slot] == 800 and int(shared.read_end[h.slot]) == 800
+            for start, n in ((0, 800), (800, 1)):  # a single waiting sample counts too
+                client.push(h, sequence("s-1", start, n))  # the core is awake: no Wake
+                assert shared.core_asleep[0] == 0
+                t0 = time.monotonic()
+                proc.sleep(LONG_SLEEP_S)  # nothing in its inbox: only the look at the positions ends it
+                slept_s = time.monotonic() - t0
+                assert slept_s < LONG_SLEEP_S / 10, f"the core slept {slept_s:.2f} s with {n} samples in a ring"
+                assert shared.core_asleep[0] == 0  # awake again: front ends send no Wake now
+                proc.iterate_once()
+                assert proc.core._read_end[h.slot] == start + n and int(shared.read_end[h.slot]) == start + n
 
     asyncio.run(run())
 

@@ -93,3 +93,23 @@ def test_a_cancel_from_elsewhere_is_not_taken_for_the_clock(tiny):
 
     session, failure = _run(tiny, {"idle_timeout_s": 30}, body)
     assert failure is None
+
+
+def test_a_deadline_passed_between_reads_fails_the_next_read(tiny, caplog):
+    """The idle clock rings while the call handles its last message (no read waits): the next read
+    returns None and the call fails idle, and the timer's callback raised nothing (asyncio only logs
+    an exception in a callback: a ring that cancelled a reader that was not there passed unseen)."""
+
+    async def message():
+        return b"audio"
+
+    async def body(session, clock):
+        first = await clock.read(message)
+        await asyncio.sleep(0.4)  # past the 0.2 s idle deadline, no read waiting
+        return first, await clock.read(asyncio.Event().wait), await _next(session)
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        session, (first, late, event) = _run(tiny, {"idle_timeout_s": 0.2}, body)
+    assert first == b"audio" and late is None
+    assert isinstance(event, Failure) and event.label == "idle_timeout"
+    assert not [r for r in caplog.records if r.name == "asyncio"], caplog.text

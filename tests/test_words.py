@@ -65,6 +65,9 @@ def test_word_end_stops_at_the_next_word_on_a_shared_frame():
     # the stream's last frame may reach past the audio the model consumed: no word ends after it
     clipped = words([det.piece(t) for t in ids], [f * FRAME_S for f in frames], FRAME_S, audio_end_s=0.76)
     assert [w.end for w in clipped] == [pytest.approx(x) for x in (0.48, 0.56, 0.76, 0.76)]
+    # audio ending where a word starts: no room to clip it, it keeps its frame (never end <= start)
+    at_start = words([det.piece(t) for t in ids], [f * FRAME_S for f in frames], FRAME_S, audio_end_s=0.72)
+    assert all(w.end > w.start for w in at_start), at_start
 
 
 def test_character_vocabulary_words_split_on_the_space_token():

@@ -5,6 +5,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
+from .helpers_riva import riva_server  # noqa: E402,F401 - one --grpc-port server for the two Riva files
 from .helpers_server import shared_server  # noqa: E402,F401 - one nemo-serve process for e2e and browser tests
 
 torch.set_num_threads(1)

@@ -48,6 +48,18 @@ def shared_server():
         yield s
 
 
+@pytest.fixture(scope="session")
+def diarizing_server():
+    """One server with the toy diarizer and a --grpc-port for test_diarization_protocols.py and
+    test_diarization_server.py (each started its own: a server start apiece, mostly NeMo's import in
+    the engine core). Four slots: test_diarization_server.py opens four streams at once.
+    Registered in conftest.py."""
+    grpc_port = free_port()
+    with start_server("--grpc-port", str(grpc_port), "--num-slots", "4", "--diarizer", "builtin:tiny-sortformer") as s:
+        s.grpc_port = grpc_port
+        yield s
+
+
 @pytest.fixture(name="server")
 def leak_checked_server(shared_server):
     """`server` in a test module that imports this: the shared server, and after each test the

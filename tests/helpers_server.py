@@ -60,6 +60,17 @@ def diarizing_server():
         yield s
 
 
+@pytest.fixture(scope="session")
+def demo_pair_server():
+    """The demo model on two slots, default settings otherwise, for the NVIDIA realtime client's
+    runs in test_forced_ends_after_endpoint.py (one stream; it started its own on one slot) and
+    test_nim_sessions.py (two at once; its own on two slots). Registered in conftest.py."""
+    from nemo_serve.model import DEMO_MODEL_PATH
+
+    with start_server("--num-slots", "2", model=str(DEMO_MODEL_PATH)) as s:
+        yield s
+
+
 @pytest.fixture(name="server")
 def leak_checked_server(shared_server):
     """`server` in a test module that imports this: the shared server, and after each test the

@@ -23,7 +23,6 @@ import pytest
 import soundfile
 
 import nemo_serve
-from nemo_serve.model import DEMO_MODEL_PATH
 from nemo_serve.server.audio import AudioError
 from nemo_serve.server.auth import CLIENT_SECRET_TTL_S, mint_client_secret, valid_client_secret
 from nemo_serve.server.wav_stream import WavStreamDecoder
@@ -66,7 +65,7 @@ def test_nvidia_realtime_client_prints_and_saves_the_whole_utterance_on_every_bu
     assert sum(bool(t) for t in expected.values()) >= len(UTTERANCES) - 2, expected  # the model says something
 
 
-def test_after_trailing_silence_the_client_still_prints_and_saves_the_utterance(tmp_path):
+def test_after_trailing_silence_the_client_still_prints_and_saves_the_utterance(tmp_path, demo_pair_server):
     """The trained demo model, two utterances each followed by 3 s of silence: the endpointer
     closes the utterance (the client logs it as an interim), the silence until the end is an
     empty last item, and the client's final must still be the utterance, not empty. Before: it
@@ -77,10 +76,10 @@ def test_after_trailing_silence_the_client_still_prints_and_saves_the_utterance(
         pcm, rate = soundfile.read(UTTERANCES[k], dtype="int16")
         files.append(tmp_path / f"{k:03d}_silence.wav")
         soundfile.write(files[-1], np.concatenate([pcm, np.zeros(3 * rate, "int16")]), rate, subtype="PCM_16")
-    with start_server("--num-slots", "2", model=str(DEMO_MODEL_PATH)) as srv:
-        ws = {f.name: asyncio.run(ws_finals(srv, f)) for f in files}
-        runs = asyncio.run(nvidia_client_runs(srv, files, tmp_path, concurrency=2))
-        srv.assert_no_leak()
+    srv = demo_pair_server  # the demo model's shared server on two slots (helpers_server.py)
+    ws = {f.name: asyncio.run(ws_finals(srv, f)) for f in files}
+    runs = asyncio.run(nvidia_client_runs(srv, files, tmp_path, concurrency=2))
+    srv.assert_no_leak()
     for name, (rc, shown, saved) in runs.items():
         utterance = [t for t in ws[name] if t][-1]
         assert ws[name][-1] == "" and f"Interim Transcript: {utterance}" in shown, (ws[name], shown[-800:])

@@ -20,6 +20,15 @@ def pytest_configure(config):
 
 import pytest  # noqa: E402
 
+from .helpers_server import release_after  # noqa: E402
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After the test's own teardown (leak checks included): stop the shared servers it was the last user of."""
+    yield
+    release_after(item)
+
 
 @pytest.fixture(autouse=True)
 def _grad_mode_is_left_as_found():

@@ -14,7 +14,7 @@ import soundfile
 import nemo_serve
 from nemo_serve.client import StreamingClient
 
-from .helpers_server import TOKEN, free_port, start_server
+from .helpers_server import TOKEN, free_port, start_shared, stop_shared
 
 
 UTTERANCES = sorted((Path(nemo_serve.__file__).parent / "assets" / "demo" / "utterances").glob("*.wav"))
@@ -29,10 +29,11 @@ def riva_server():
     call), and --fast-grpc-port too where hpack is installed (test_riva_grpc.py's fast door)."""
     grpc_port, fast_port = free_port(), free_port() if importlib.util.find_spec("hpack") else None
     fast = ("--fast-grpc-port", str(fast_port)) if fast_port else ()
-    with start_server("--grpc-port", str(grpc_port), *fast, "--num-slots", str(RIVA_NUM_SLOTS), "--context-right", "all",
-                      "--idle-timeout-s", "3") as s:  # fmt: skip
-        s.grpc_port, s.fast_grpc_port = grpc_port, fast_port
-        yield s
+    s = start_shared("riva_server", "--grpc-port", str(grpc_port), *fast, "--num-slots", str(RIVA_NUM_SLOTS),
+                     "--context-right", "all", "--idle-timeout-s", "3")  # fmt: skip
+    s.grpc_port, s.fast_grpc_port = grpc_port, fast_port
+    yield s
+    stop_shared("riva_server")
 
 
 def ws_finals(server, wav: Path, context_right: int | None = None, endpointing: dict | None = None,

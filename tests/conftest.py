@@ -9,6 +9,7 @@ from .helpers_riva import riva_server  # noqa: E402,F401 - one --grpc-port serve
 from .helpers_server import shared_server  # noqa: E402,F401 - one nemo-serve process for e2e and browser tests
 from .helpers_server import diarizing_server  # noqa: E402,F401 - one for the two diarization server files
 from .helpers_server import demo_pair_server  # noqa: E402,F401 - the demo model for two files' client runs
+from .helpers_server import tokenless_server  # noqa: E402,F401 - no token: the load generator's and a NIM session's
 
 torch.set_num_threads(1)
 

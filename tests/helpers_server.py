@@ -104,6 +104,19 @@ def demo_pair_server():
     stop_shared("demo_pair_server")
 
 
+TOKENLESS_CONTEXT_RIGHT = 1  # 160 ms chunks: several packets per short load item (test_loadgen.py's MODE)
+
+
+@pytest.fixture(scope="session")
+def tokenless_server():
+    """No auth token, 160 ms chunks (context right 1), eight slots: test_loadgen.py's load levels
+    (its generator's lanes) and test_nim_sessions.py's tokenless NIM session (it started its own on
+    one slot, default mode: it compares the client's tokens with /ws's on the same server).
+    Registered in conftest.py."""
+    yield start_shared("tokenless_server", "--context-right", str(TOKENLESS_CONTEXT_RIGHT), "--num-slots", "8", token=None)
+    stop_shared("tokenless_server")
+
+
 @pytest.fixture(name="server")
 def leak_checked_server(shared_server):
     """`server` in a test module that imports this: the shared server, and after each test the

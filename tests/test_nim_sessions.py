@@ -27,7 +27,7 @@ from nemo_serve.server.audio import AudioError
 from nemo_serve.server.auth import CLIENT_SECRET_TTL_S, mint_client_secret, valid_client_secret
 from nemo_serve.server.wav_stream import WavStreamDecoder
 
-from .helpers_server import SHARED_NUM_SLOTS, TOKEN, finals_tokens_and_text, start_server, ws_pcm16_finals
+from .helpers_server import SHARED_NUM_SLOTS, TOKEN, finals_tokens_and_text, ws_pcm16_finals
 from .helpers_server import leak_checked_server  # noqa: F401 - this module's `server` fixture
 from .helpers_nim import nvidia_client_runs, riva_args, run_riva_client
 
@@ -225,20 +225,21 @@ def test_openai_beta_sdk_mints_a_secret_and_streams_with_it_as_its_api_key(serve
     assert [t for e in completed for t in e["nemo_serve"]["token_ids"]] == asyncio.run(ws_tokens(server, path))
 
 
-def test_without_a_server_token_the_session_has_no_secret_and_the_client_connects_without_one():
+def test_without_a_server_token_the_session_has_no_secret_and_the_client_connects_without_one(tokenless_server):
     """NIM's legacy flow: `client_secret: null`, and NVIDIA's client opens the socket with no
-    subprotocol; the stream is the same."""
+    subprotocol; the stream is the same. (On the tokenless server test_loadgen.py uses too:
+    helpers_server.py.)"""
     pytest.importorskip("riva.client.realtime")
-    with start_server("--num-slots", "1", token=None) as srv:
-        answer = httpx.post(srv.http_url + SESSIONS, json={}, trust_env=False, timeout=10)
-        assert answer.status_code == 200 and answer.json()["client_secret"] is None
-        path = UTTERANCES[7]
-        expected = asyncio.run(ws_tokens(srv, path, token=None))
-        events, client = asyncio.run(run_riva_client(riva_args(srv, mint_api_key=None), path))
-        assert client.websocket.subprotocol is None
-        completed = [e for e in events if e["type"] == f"{TRANSCRIPTION}.completed"]
-        assert [t for e in completed for t in e["nemo_serve"]["token_ids"]] == expected and expected
-        srv.assert_no_leak()
+    srv = tokenless_server
+    answer = httpx.post(srv.http_url + SESSIONS, json={}, trust_env=False, timeout=10)
+    assert answer.status_code == 200 and answer.json()["client_secret"] is None
+    path = UTTERANCES[7]
+    expected = asyncio.run(ws_tokens(srv, path, token=None))
+    events, client = asyncio.run(run_riva_client(riva_args(srv, mint_api_key=None), path))
+    assert client.websocket.subprotocol is None
+    completed = [e for e in events if e["type"] == f"{TRANSCRIPTION}.completed"]
+    assert [t for e in completed for t in e["nemo_serve"]["token_ids"]] == expected and expected
+    srv.assert_no_leak()
 
 
 def test_a_wav_header_of_many_small_chunks_is_read_once(server):

@@ -5,7 +5,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
+from .helpers_riva import riva_server  # noqa: E402,F401 - one --grpc-port server for the two Riva files
 from .helpers_server import shared_server  # noqa: E402,F401 - one nemo-serve process for e2e and browser tests
+from .helpers_server import diarizing_server  # noqa: E402,F401 - one for the two diarization server files
+from .helpers_server import demo_pair_server  # noqa: E402,F401 - the demo model for two files' client runs
+from .helpers_server import tokenless_server  # noqa: E402,F401 - no token: the load generator's and a NIM session's
 
 torch.set_num_threads(1)
 
@@ -16,6 +20,15 @@ def pytest_configure(config):
 
 
 import pytest  # noqa: E402
+
+from .helpers_server import release_after  # noqa: E402
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After the test's own teardown (leak checks included): stop the shared servers it was the last user of."""
+    yield
+    release_after(item)
 
 
 @pytest.fixture(autouse=True)

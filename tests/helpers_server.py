@@ -57,6 +57,75 @@ def shared_server():
         yield s
 
 
+# Servers that a few files share (the session fixtures below and helpers_riva.riva_server) stop
+# after the last test that asks for them, not at the session's end: each holds about 1 GB (engine
+# core, front end) that later files may need. conftest.py's teardown hook calls release_after.
+_SHARED_STACKS: dict[str, contextlib.ExitStack] = {}
+
+
+def start_shared(fixture_name: str, *args: str, **kwargs) -> "ServerProcess":
+    """start_server(*args, **kwargs) for the session fixture `fixture_name`, stopped by release_after."""
+    stack = contextlib.ExitStack()
+    _SHARED_STACKS[fixture_name] = stack
+    return stack.enter_context(start_server(*args, **kwargs))
+
+
+def stop_shared(fixture_name: str) -> None:
+    """Stop it now if it still runs (a session fixture's teardown: the session ended first)."""
+    stack = _SHARED_STACKS.pop(fixture_name, None)
+    if stack is not None:
+        stack.close()
+
+
+def release_after(item) -> None:
+    """After `item`'s teardown: stop each shared server that no later test of the session asks for."""
+    if not _SHARED_STACKS:
+        return
+    items = item.session.items
+    later = items[items.index(item) + 1 :] if item in items else []
+    for name in list(_SHARED_STACKS):
+        if not any(name in it.fixturenames for it in later):
+            stop_shared(name)
+
+
+@pytest.fixture(scope="session")
+def diarizing_server():
+    """One server with the toy diarizer and a --grpc-port for test_diarization_protocols.py and
+    test_diarization_server.py (each started its own: a server start apiece, mostly NeMo's import in
+    the engine core). Four slots: test_diarization_server.py opens four streams at once.
+    Registered in conftest.py."""
+    grpc_port = free_port()
+    s = start_shared("diarizing_server", "--grpc-port", str(grpc_port), "--num-slots", "4",
+                     "--diarizer", "builtin:tiny-sortformer")  # fmt: skip
+    s.grpc_port = grpc_port
+    yield s
+    stop_shared("diarizing_server")
+
+
+@pytest.fixture(scope="session")
+def demo_pair_server():
+    """The demo model on two slots, default settings otherwise, for the NVIDIA realtime client's
+    runs in test_forced_ends_after_endpoint.py (one stream; it started its own on one slot) and
+    test_nim_sessions.py (two at once; its own on two slots). Registered in conftest.py."""
+    from nemo_serve.model import DEMO_MODEL_PATH
+
+    yield start_shared("demo_pair_server", "--num-slots", "2", model=str(DEMO_MODEL_PATH))
+    stop_shared("demo_pair_server")
+
+
+TOKENLESS_CONTEXT_RIGHT = 1  # 160 ms chunks: several packets per short load item (test_loadgen.py's MODE)
+
+
+@pytest.fixture(scope="session")
+def tokenless_server():
+    """No auth token, 160 ms chunks (context right 1), eight slots: test_loadgen.py's load levels
+    (its generator's lanes) and test_nim_sessions.py's tokenless NIM session (it started its own on
+    one slot, default mode: it compares the client's tokens with /ws's on the same server).
+    Registered in conftest.py."""
+    yield start_shared("tokenless_server", "--context-right", str(TOKENLESS_CONTEXT_RIGHT), "--num-slots", "8", token=None)
+    stop_shared("tokenless_server")
+
+
 @pytest.fixture(name="server")
 def leak_checked_server(shared_server):
     """`server` in a test module that imports this: the shared server, and after each test the

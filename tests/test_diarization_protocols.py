@@ -34,11 +34,10 @@ DIARIZE = "gpt-4o-transcribe-diarize"
 
 
 @pytest.fixture(scope="module")
-def server():
-    grpc_port = free_port()
-    with start_server("--grpc-port", str(grpc_port), "--num-slots", "3", "--diarizer", "builtin:tiny-sortformer") as s:
-        s.grpc_port = grpc_port
-        yield s
+def server(diarizing_server):
+    """The toy diarizer's server with a --grpc-port, shared with test_diarization_server.py
+    (helpers_server.py; 4 slots, it had 3: no test here fills them)."""
+    return diarizing_server
 
 
 @pytest.fixture(scope="module")

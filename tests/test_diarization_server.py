@@ -19,7 +19,7 @@ from nemo_serve.diarization.load import DEFAULT_SETTING
 from nemo_serve.diarization.reference import nemo_chunks, nemo_reference_preds, stream_features
 from nemo_serve.diarization.settings import MODEL_CARD_SETTINGS, apply_settings
 from tests import helpers
-from tests.helpers_server import raw_session, start_server
+from tests.helpers_server import raw_session
 
 
 def _frames(audio: np.ndarray) -> list:
@@ -34,20 +34,22 @@ def _oracle_speakers(audio: np.ndarray, times_s: list[float], max_speakers: int)
     return [int(np.argmax(probs[min(int(t / frame_s + 1e-6), len(probs) - 1), :max_speakers])) for t in times_s]
 
 
-def test_ws_diarized_stream_beside_a_plain_one(shared_server):
+def test_ws_diarized_stream_beside_a_plain_one(shared_server, diarizing_server):
+    """On the toy diarizer's server shared with test_diarization_protocols.py (helpers_server.py:
+    --num-slots 4 --diarizer builtin:tiny-sortformer, as this test started its own, and a --grpc-port)."""
     audio = helpers.utterances(1, seed=7)[0]
     diarized = json.dumps({"type": "config", "diarization": {"max_speakers": 2}})
     end = json.dumps({"type": "end"})
-    with start_server("--num-slots", "4", "--diarizer", "builtin:tiny-sortformer") as server:
+    server = diarizing_server
 
-        async def both():
-            return await asyncio.gather(raw_session(server.ws_url, [diarized, *_frames(audio), end]),
-                                        raw_session(server.ws_url, [*_frames(audio), end]),
-                                        raw_session(server.ws_url, [json.dumps({"type": "config", "diarization": {"max_speakers": 5}})]),
-                                        raw_session(server.ws_url, [diarized, end]))  # fmt: skip
+    async def both():
+        return await asyncio.gather(raw_session(server.ws_url, [diarized, *_frames(audio), end]),
+                                    raw_session(server.ws_url, [*_frames(audio), end]),
+                                    raw_session(server.ws_url, [json.dumps({"type": "config", "diarization": {"max_speakers": 5}})]),
+                                    raw_session(server.ws_url, [diarized, end]))  # fmt: skip
 
-        (with_speakers, code), (plain, plain_code), (bad, _), (no_audio, _) = asyncio.run(both())
-        server.assert_no_leak()
+    (with_speakers, code), (plain, plain_code), (bad, _), (no_audio, _) = asyncio.run(both())
+    server.assert_no_leak()
     assert code == plain_code == 1000, (with_speakers[-3:], plain[-3:])
     finals = [m for m in with_speakers if m["type"] == "final"]
     plain_finals = [m for m in plain if m["type"] == "final"]

@@ -25,7 +25,6 @@ from nemo_serve.server.wire import NormalClose
 
 from . import helpers
 from .helpers_nim import riva_args, run_riva_client
-from .helpers_server import start_server
 from .helpers_session import context as _ctx
 from .helpers_session import until_slots_free as _until_free
 from .test_forced_ends import _idle, _run_to_done
@@ -168,7 +167,7 @@ def test_nim_session_forced_in_the_silence_after_the_endpoint_hides_no_item(demo
     helpers.assert_engine_empty(engine)
 
 
-def test_nvidia_client_forcing_in_the_silence_after_the_endpoint_keeps_the_utterance(tmp_path):
+def test_nvidia_client_forcing_in_the_silence_after_the_endpoint_keeps_the_utterance(tmp_path, demo_pair_server):
     """NVIDIA's realtime client unchanged against the real server (demo model, server VAD by
     default): the utterance, silence, force_eou 3.6 s into it (a client forcing at its file's end).
     Its final is the utterance (/ws's), its items the utterance and the silence after it (segments
@@ -178,10 +177,10 @@ def test_nvidia_client_forcing_in_the_silence_after_the_endpoint_keeps_the_utter
     pcm = _speech_then_silence()
     path = tmp_path / "speech_then_silence.wav"
     soundfile.write(path, pcm, RATE, subtype="PCM_16")
-    with start_server("--num-slots", "1", model=str(DEMO_MODEL_PATH)) as srv:
-        utterance = [t for t in asyncio.run(ws_finals(srv, path)) if t]
-        events, client = asyncio.run(run_riva_client(riva_args(srv), path, force_eou_at=_forced_sample(pcm) // PACKET - 1))
-        srv.assert_no_leak()
+    srv = demo_pair_server  # the demo model's shared server (helpers_server.py: two slots, this test uses one)
+    utterance = [t for t in asyncio.run(ws_finals(srv, path)) if t]
+    events, client = asyncio.run(run_riva_client(riva_args(srv), path, force_eou_at=_forced_sample(pcm) // PACKET - 1))
+    srv.assert_no_leak()
     completed = [e for e in events if e["type"] == f"{TRANSCRIPTION}.completed"]
     assert len(utterance) == 1 and client.final_transcript == utterance[0], (utterance, client.final_transcript)
     assert [(e["nemo_serve"]["segment"], e["transcript"]) for e in completed] == [(0, utterance[0]), (1, utterance[0])]

@@ -19,9 +19,9 @@ from benchmarks.load_level import CLIENTS  # noqa: E402
 from benchmarks.load_realtime import APPEND_SAMPLES, on_pcm16_grid  # noqa: E402
 from benchmarks.load_workers import Stall, judge, measure_level  # noqa: E402
 
-from .helpers_server import TEST_MODEL, start_server  # noqa: E402
+from .helpers_server import TEST_MODEL, TOKENLESS_CONTEXT_RIGHT  # noqa: E402
 
-MODE = 1  # 160 ms chunks: several packets per short item
+MODE = TOKENLESS_CONTEXT_RIGHT  # 160 ms chunks: several packets per short item (the shared server's)
 # Generous: this 2-core machine is shared by eight sessions (a descheduled worker was seen 478 ms late
 # at a load average of 17); the stall below makes the first packet after each block ~1.4 s late.
 HONEST_BOUND_MS = 1000.0
@@ -30,11 +30,12 @@ LEVEL_S = 2.0
 
 
 @pytest.fixture(scope="module")
-def served():
+def served(tokenless_server):
+    """The tokenless server (helpers_server.py: --context-right MODE, eight slots, no token; shared
+    with test_nim_sessions.py, which runs after this file) and the items with their oracle tokens."""
     items = make_items("synth", 4, (2.5, 3.5))
     attach_oracle(items, TEST_MODEL, MODE)
-    with start_server("--context-right", str(MODE), "--num-slots", "8", token=None) as server:
-        yield server, items
+    return tokenless_server, items
 
 
 @pytest.fixture(scope="module")

@@ -23,12 +23,11 @@ import pytest
 import soundfile
 
 import nemo_serve
-from nemo_serve.model import DEMO_MODEL_PATH
 from nemo_serve.server.audio import AudioError
 from nemo_serve.server.auth import CLIENT_SECRET_TTL_S, mint_client_secret, valid_client_secret
 from nemo_serve.server.wav_stream import WavStreamDecoder
 
-from .helpers_server import SHARED_NUM_SLOTS, TOKEN, finals_tokens_and_text, start_server, ws_pcm16_finals
+from .helpers_server import SHARED_NUM_SLOTS, TOKEN, finals_tokens_and_text, ws_pcm16_finals
 from .helpers_server import leak_checked_server  # noqa: F401 - this module's `server` fixture
 from .helpers_nim import nvidia_client_runs, riva_args, run_riva_client
 
@@ -66,7 +65,7 @@ def test_nvidia_realtime_client_prints_and_saves_the_whole_utterance_on_every_bu
     assert sum(bool(t) for t in expected.values()) >= len(UTTERANCES) - 2, expected  # the model says something
 
 
-def test_after_trailing_silence_the_client_still_prints_and_saves_the_utterance(tmp_path):
+def test_after_trailing_silence_the_client_still_prints_and_saves_the_utterance(tmp_path, demo_pair_server):
     """The trained demo model, two utterances each followed by 3 s of silence: the endpointer
     closes the utterance (the client logs it as an interim), the silence until the end is an
     empty last item, and the client's final must still be the utterance, not empty. Before: it
@@ -77,10 +76,10 @@ def test_after_trailing_silence_the_client_still_prints_and_saves_the_utterance(
         pcm, rate = soundfile.read(UTTERANCES[k], dtype="int16")
         files.append(tmp_path / f"{k:03d}_silence.wav")
         soundfile.write(files[-1], np.concatenate([pcm, np.zeros(3 * rate, "int16")]), rate, subtype="PCM_16")
-    with start_server("--num-slots", "2", model=str(DEMO_MODEL_PATH)) as srv:
-        ws = {f.name: asyncio.run(ws_finals(srv, f)) for f in files}
-        runs = asyncio.run(nvidia_client_runs(srv, files, tmp_path, concurrency=2))
-        srv.assert_no_leak()
+    srv = demo_pair_server  # the demo model's shared server on two slots (helpers_server.py)
+    ws = {f.name: asyncio.run(ws_finals(srv, f)) for f in files}
+    runs = asyncio.run(nvidia_client_runs(srv, files, tmp_path, concurrency=2))
+    srv.assert_no_leak()
     for name, (rc, shown, saved) in runs.items():
         utterance = [t for t in ws[name] if t][-1]
         assert ws[name][-1] == "" and f"Interim Transcript: {utterance}" in shown, (ws[name], shown[-800:])
@@ -226,20 +225,21 @@ def test_openai_beta_sdk_mints_a_secret_and_streams_with_it_as_its_api_key(serve
     assert [t for e in completed for t in e["nemo_serve"]["token_ids"]] == asyncio.run(ws_tokens(server, path))
 
 
-def test_without_a_server_token_the_session_has_no_secret_and_the_client_connects_without_one():
+def test_without_a_server_token_the_session_has_no_secret_and_the_client_connects_without_one(tokenless_server):
     """NIM's legacy flow: `client_secret: null`, and NVIDIA's client opens the socket with no
-    subprotocol; the stream is the same."""
+    subprotocol; the stream is the same. (On the tokenless server test_loadgen.py uses too:
+    helpers_server.py.)"""
     pytest.importorskip("riva.client.realtime")
-    with start_server("--num-slots", "1", token=None) as srv:
-        answer = httpx.post(srv.http_url + SESSIONS, json={}, trust_env=False, timeout=10)
-        assert answer.status_code == 200 and answer.json()["client_secret"] is None
-        path = UTTERANCES[7]
-        expected = asyncio.run(ws_tokens(srv, path, token=None))
-        events, client = asyncio.run(run_riva_client(riva_args(srv, mint_api_key=None), path))
-        assert client.websocket.subprotocol is None
-        completed = [e for e in events if e["type"] == f"{TRANSCRIPTION}.completed"]
-        assert [t for e in completed for t in e["nemo_serve"]["token_ids"]] == expected and expected
-        srv.assert_no_leak()
+    srv = tokenless_server
+    answer = httpx.post(srv.http_url + SESSIONS, json={}, trust_env=False, timeout=10)
+    assert answer.status_code == 200 and answer.json()["client_secret"] is None
+    path = UTTERANCES[7]
+    expected = asyncio.run(ws_tokens(srv, path, token=None))
+    events, client = asyncio.run(run_riva_client(riva_args(srv, mint_api_key=None), path))
+    assert client.websocket.subprotocol is None
+    completed = [e for e in events if e["type"] == f"{TRANSCRIPTION}.completed"]
+    assert [t for e in completed for t in e["nemo_serve"]["token_ids"]] == expected and expected
+    srv.assert_no_leak()
 
 
 def test_a_wav_header_of_many_small_chunks_is_read_once(server):

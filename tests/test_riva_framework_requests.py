@@ -14,18 +14,16 @@ import grpc
 import pytest
 import soundfile
 
-from .helpers_server import free_port, start_server
 from .helpers_riva import UTTERANCES, ws_text
 
 riva = pytest.importorskip("riva.client")
 
 
 @pytest.fixture(scope="module")
-def server():
-    grpc_port = free_port()
-    with start_server("--grpc-port", str(grpc_port), "--num-slots", "2") as s:
-        s.grpc_port = grpc_port
-        yield s
+def server(riva_server):
+    """The Riva files' shared server (helpers_riva.py; it started its own with --grpc-port and
+    --num-slots 2 before): /ws's finals below come from the same server, in its default mode."""
+    return riva_server
 
 PIPECAT_FUNCTION_ID = "bb0837de-8c7b-481f-9ec8-ef5663e9c1fa"  # NVIDIA's hosted nemotron-asr-streaming
 LIVEKIT_MODEL = "parakeet-1.1b-en-US-asr-streaming-silero-vad-sortformer"  # livekit's default model

@@ -9,7 +9,6 @@ same samples.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import signal
 import threading
 import time
@@ -23,24 +22,20 @@ import soundfile
 from nemo_serve.client import StreamingClient
 
 from .helpers_server import TOKEN, free_port, start_server
-from .helpers_riva import UTTERANCES, ws_finals, ws_finals_of, ws_text
+from .helpers_riva import RIVA_NUM_SLOTS, UTTERANCES, ws_finals, ws_finals_of, ws_text
 
 riva = pytest.importorskip("riva.client")
 from riva.client.proto import riva_asr_pb2 as rasr  # noqa: E402
 
 CHUNK_FRAMES = 1600  # transcribe_file.py's default --file-streaming-chunk
-NUM_SLOTS = 2
+NUM_SLOTS = RIVA_NUM_SLOTS
 
 
 @pytest.fixture(scope="module")
-def server():
-    """With --fast-grpc-port too where hpack is installed: the fast door's tests at the end."""
-    grpc_port, fast_port = free_port(), free_port() if importlib.util.find_spec("hpack") else None
-    fast = ("--fast-grpc-port", str(fast_port)) if fast_port else ()
-    with start_server("--grpc-port", str(grpc_port), *fast, "--num-slots", str(NUM_SLOTS), "--context-right", "all",
-                      "--idle-timeout-s", "3") as s:  # fmt: skip
-        s.grpc_port, s.fast_grpc_port = grpc_port, fast_port
-        yield s
+def server(riva_server):
+    """The Riva files' shared server (helpers_riva.py): with --fast-grpc-port too where hpack is
+    installed (the fast door's tests at the end), --idle-timeout-s 3, every trained mode."""
+    return riva_server
 
 
 @pytest.fixture

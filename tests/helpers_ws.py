@@ -23,6 +23,23 @@ HOSTILE_ENV = {
 }
 
 
+def raw_upgrade(port: int, path: str, timeout_s: float = 10.0, rcvbuf: int | None = None) -> socket.socket:
+    """A raw socket past a WebSocket upgrade to `path` (its 101 read, nothing after it)."""
+    s = socket.socket()
+    if rcvbuf is not None:  # before connect: the window the server sees
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    s.settimeout(timeout_s)
+    s.connect(("127.0.0.1", port))
+    s.sendall((f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+               "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+               f"Authorization: Bearer {TOKEN}\r\n\r\n").encode())  # fmt: skip
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += s.recv(1)
+    assert head.startswith(b"HTTP/1.1 101"), head
+    return s
+
+
 def ws_connect(url: str, **kw):
     """websockets' client with the test token, no proxy, no compression, no size limit, no pings."""
     from websockets.asyncio.client import connect

@@ -35,7 +35,8 @@ from nemo_serve.server.ws_socket import CLOSE_TIMEOUT_S
 
 from . import helpers
 from .helpers_server import LISTENERS, TEST_MODEL, TOKEN, raw_session, start_server
-from .helpers_ws import HOSTILE_ENV, messages_until_close, never_reading_client, seconds_until_closed, seconds_until_slot_freed, speech, ws_connect
+from .helpers_ws import (HOSTILE_ENV, messages_until_close, never_reading_client, raw_upgrade, seconds_until_closed,
+                         seconds_until_slot_freed, speech, ws_connect)
 
 PER_IP = 10
 TOTAL = 24
@@ -336,6 +337,20 @@ def test_framing_errors_close_1002_and_a_close_among_data_frees_the_slot(hard, l
     hard.assert_no_leak()
 
 
+def _flood_without_reading(s: socket.socket, burst: bytes, pgid: int) -> tuple[int, float]:
+    """`burst` sent again and again for 2 s, nothing read: (bytes sent, MB the server grew by)."""
+    before = _group_rss_mb(pgid)
+    s.settimeout(0.5)
+    sent, t0 = 0, time.monotonic()
+    try:
+        while time.monotonic() - t0 < 2:
+            s.sendall(burst)
+            sent += len(burst)
+    except TimeoutError:
+        pass  # the server stopped reading: the flood stalls
+    return sent, _group_rss_mb(pgid) - before
+
+
 def _group_rss_mb(pgid: int) -> float:
     """The resident memory of every process of the server (its process group: start_server's session)."""
     total_kib = 0
@@ -357,28 +372,8 @@ def test_ping_flood_from_a_client_that_never_reads_is_bounded(hard, listener):
     through uvicorn. Now both listeners answer a ping only while writes are not paused (RFC 6455
     lets an endpoint answer only the latest ping) and go on reading (a close is heard at once):
     the server grows by a few MB at most."""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        s.settimeout(5)
-        s.connect(("127.0.0.1", hard.ws_port(listener)))
-        s.sendall(("GET /ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                   "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
-                   f"Authorization: Bearer {TOKEN}\r\n\r\n").encode())  # fmt: skip
-        head = b""
-        while b"\r\n\r\n" not in head:
-            head += s.recv(1)
-        assert head.startswith(b"HTTP/1.1 101"), head
-        before = _group_rss_mb(hard.proc.pid)
-        pings = _raw_frame(b"p" * 125, 0x9) * 512
-        s.settimeout(0.5)
-        sent, t0 = 0, time.monotonic()
-        try:
-            while time.monotonic() - t0 < 2:
-                s.sendall(pings)
-                sent += len(pings)
-        except TimeoutError:
-            pass  # the server stopped reading: the flood stalls
-        grown = _group_rss_mb(hard.proc.pid) - before
+    with raw_upgrade(hard.ws_port(listener), "/ws", timeout_s=5, rcvbuf=4096) as s:
+        sent, grown = _flood_without_reading(s, _raw_frame(b"p" * 125, 0x9) * 512, hard.proc.pid)
     assert grown < 40, f"{listener}: {sent >> 20} MB of pings grew the server by {grown:.0f} MB"
     hard.assert_no_leak()
 
@@ -395,17 +390,7 @@ def test_pipelined_requests_from_a_client_that_never_reads_are_bounded(hard):
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         s.settimeout(5)
         s.connect(("127.0.0.1", hard.port))
-        before = _group_rss_mb(hard.proc.pid)
-        burst = request * 4096
-        s.settimeout(0.5)
-        sent, t0 = 0, time.monotonic()
-        try:
-            while time.monotonic() - t0 < 2:
-                s.sendall(burst)
-                sent += len(burst)
-        except TimeoutError:
-            pass  # the server stopped reading: the flood stalls
-        grown = _group_rss_mb(hard.proc.pid) - before
+        sent, grown = _flood_without_reading(s, request * 4096, hard.proc.pid)
     assert grown < 40, f"{sent >> 20} MB of pipelined requests grew the server by {grown:.0f} MB"
     with socket.create_connection(("127.0.0.1", hard.port), timeout=10) as s:  # a client that reads
         n = 300  # several slices' worth, and a /healthz among them

@@ -28,7 +28,7 @@ from nemo_serve.server.auth import mint_client_secret
 
 from . import helpers
 from .helpers_server import LISTENERS, TOKEN, start_server
-from .helpers_ws import messages_until_close
+from .helpers_ws import messages_until_close, raw_upgrade
 
 NUM_SLOTS = 3
 ENV = {"NEMO_SERVE_PING_INTERVAL_S": "0", "NEMO_SERVE_SEND_TIMEOUT_S": "2"}
@@ -139,15 +139,7 @@ def _masked(payload: bytes, opcode: int = 1) -> bytes:
 
 def _raw_realtime(server, listener: str) -> socket.socket:
     """A raw socket past the /v1/realtime upgrade (its 101 read, nothing after it)."""
-    s = socket.create_connection(("127.0.0.1", server.ws_port(listener)), timeout=10)
-    s.sendall(("GET /v1/realtime HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-               "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
-               f"Authorization: Bearer {TOKEN}\r\n\r\n").encode())  # fmt: skip
-    head = b""
-    while b"\r\n\r\n" not in head:
-        head += s.recv(1)
-    assert head.startswith(b"HTTP/1.1 101"), head
-    return s
+    return raw_upgrade(server.ws_port(listener), "/v1/realtime")
 
 
 @pytest.mark.parametrize("num_appends", [1, 10])

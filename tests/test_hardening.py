@@ -34,6 +34,7 @@ from nemo_serve.oracle import oracle_transcribe
 from nemo_serve.server.ws_socket import CLOSE_TIMEOUT_S
 
 from . import helpers
+from .helpers_hostile_files import multipart, upload_head, wav_bytes
 from .helpers_server import LISTENERS, TEST_MODEL, TOKEN, raw_session, start_server
 from .helpers_ws import (HOSTILE_ENV, messages_until_close, never_reading_client, raw_upgrade, seconds_until_closed,
                          seconds_until_slot_freed, speech, ws_connect)
@@ -402,6 +403,29 @@ def test_pipelined_requests_from_a_client_that_never_reads_are_bounded(hard):
             answers += chunk
     bodies = answers.split(b"HTTP/1.1 200")[1:]
     assert len(bodies) == n and b'"status":"ok"' in bodies[n // 2] and b'"ready"' in bodies[n // 2 + 1]
+    hard.assert_no_leak()
+
+
+def test_a_pipelined_request_that_stalls_behind_a_slow_answer_gets_its_408_after_that_answer(hard):
+    """A file transcription (several seconds of work) and, pipelined behind it, a request cut off
+    mid-headers: the cut request's 1 s deadline fell while the file was still being transcribed, and
+    its 408 went out first, so the client read it as the file's answer (the file's 200 was dropped).
+    Now a pipelined request's deadline waits for the answer before it: the file's whole 200, then the
+    408, then the close. Seen failing without that wait (the first bytes were the 408)."""
+    audio = (np.tile(speech(12), 10) * 32767).astype("<i2")  # about 6 minutes: seconds of work on this toy model
+    body = multipart({"file": ("a.wav", wav_bytes(audio), "audio/wav")})
+    with socket.create_connection(("127.0.0.1", hard.port), timeout=60) as s:
+        t0 = time.monotonic()
+        s.sendall(upload_head(len(body)) + body + b"GET /readyz HTTP/1.1\r\nHo")
+        got, first_s = b"", None
+        while chunk := s.recv(1 << 16):
+            first_s = time.monotonic() - t0 if first_s is None else first_s
+            got += chunk
+    assert got.startswith(b"HTTP/1.1 200"), got[:200]
+    assert first_s > 1.5, f"the file's answer took {first_s:.2f} s: the 1 s deadline never fell during it"
+    answer, _, rest = got.partition(b"\r\n\r\n")
+    length = int(next(line.split(b":")[1] for line in answer.split(b"\r\n") if line.lower().startswith(b"content-length")))
+    assert b'"text"' in rest[:length] and rest[length:].startswith(b"HTTP/1.1 408"), got[-300:]
     hard.assert_no_leak()
 
 

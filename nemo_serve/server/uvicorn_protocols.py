@@ -87,6 +87,7 @@ class HttpProtocol(HttpToolsProtocol):
         self._probe_only = ""  # the refusal of a non-probe request on a probe's connection
         self._held = b""  # read, not yet parsed: the requests after a pipelined one (_feed)
         self._answering = None  # the cycle whose app runs (uvicorn's `cycle` is the last one parsed)
+        self._deadline_after_answer = False  # a pipelined request's deadline, waiting for the answer before it
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
@@ -153,6 +154,9 @@ class HttpProtocol(HttpToolsProtocol):
     def on_response_complete(self) -> None:
         self._answering = self.pipeline[-1][0] if self.pipeline else None  # the one uvicorn starts next
         super().on_response_complete()
+        if self._deadline_after_answer and not self.transport.is_closing():
+            self._deadline_after_answer = False
+            self._arm(self.limits.header_timeout_s)  # the stalled request's own deadline, from now
         if self._held and not self.pipeline and not self.transport.is_closing():
             held, self._held = self._held, b""
             self.flow.held = False
@@ -199,6 +203,12 @@ class HttpProtocol(HttpToolsProtocol):
         self._deadline = None
         if self._refusal is not None:
             self._answer(503, "Service Unavailable", self._refusal)
+            return
+        earlier = self._answering
+        if earlier is not None and not earlier.response_complete and not (self._headers_done and earlier is self.cycle):
+            # A pipelined request stalled behind an answer still in progress: a 408 now would land in
+            # that answer, or be taken for it. Its deadline starts again once that answer is complete.
+            self._deadline_after_answer = True
             return
         if self.limits.limiter.metrics is not None:
             self.limits.limiter.metrics.refusals.labels(reason="header_timeout").inc()

@@ -15,7 +15,8 @@ itself (measured in issue 17: sockets beyond `max_ongoing_requests` wait in the 
 
 - routing: `MostFreeSlotsRouter` offers every replica as one rank, so Ray picks the one with the
   fewest ongoing requests among those that accept: with the same slots everywhere, the one with
-  the most free slots (Ray's default samples two replicas and can miss the free one);
+  the most free slots (Ray's default samples two replicas and can miss the free one), probing
+  them all whenever its queue-length cache lacks one (else it passes over that one);
 - refusal at once: `max_ongoing_requests` is the slots plus headroom, so when every replica is full
   the socket still reaches one, and nemo-serve's own admission answers 503 at the handshake (or
   1013) at once instead of the proxy queueing it; no `max_queued_requests`;
@@ -59,11 +60,25 @@ SHUTDOWN_MARGIN_S = 5.0  # Ray's kill deadline past the wait and the drain: the 
 
 class MostFreeSlotsRouter(FIFOMixin, RequestRouter):
     """Every replica in one rank: Ray then takes the replica with the fewest ongoing requests (open
-    sockets) among those that accept. Replicas have the same slots, so that is the most free slots."""
+    sockets) among those that accept. Replicas have the same slots, so that is the most free slots.
+
+    Ray compares only the replicas its queue-length cache holds, and probes the others in the
+    background: a replica that is new, or whose probe missed its deadline, was passed over while a
+    cached one took stream after stream until its slots ran out and it refused them (CI saw a
+    stream refused while the other replica had a free slot). So when any candidate is
+    missing from the cache, every candidate's entry is dropped and Ray probes them all together, and
+    a probe may take half a second (Ray's default 0.1 s: a busy replica answers late on CI)."""
+
+    queue_len_response_deadline_s = 0.5
+    max_queue_len_response_deadline_s = 2.0
 
     async def choose_replicas(
         self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
     ) -> list[list[RunningReplica]]:
+        cache = self.replica_queue_len_cache
+        if any(cache.get(r.replica_id) is None for r in candidate_replicas):
+            for r in candidate_replicas:
+                cache.invalidate_key(r.replica_id)
         return [list(candidate_replicas)] if candidate_replicas else []
 
 

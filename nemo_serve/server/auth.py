@@ -1,7 +1,8 @@
 """Who may use the server: the bearer token, and the short-lived client secrets minted from it.
 
-  bearer token   `Authorization: Bearer TOKEN` (or `?token=TOKEN`, for browsers: JavaScript cannot
-                 set WebSocket headers) on every route that takes audio; compared in constant time.
+  bearer token   `Authorization: Bearer TOKEN` (or `Token TOKEN`, Deepgram's clients; or
+                 `?token=TOKEN`, for browsers: JavaScript cannot set WebSocket headers) on every
+                 route that takes audio; compared in constant time.
   client secret  what `POST /v1/realtime/transcription_sessions` hands out (nim_sessions.py) to a
                  caller that presented the token: a secret that opens one /v1/realtime socket
                  within CLIENT_SECRET_TTL_S, so the long-lived token need not travel to the
@@ -34,9 +35,13 @@ MAX_EXPIRY_DIGITS = 12  # a Unix time in seconds has 10 until the year 2286
 
 
 def given_token(conn: HTTPConnection) -> str:
-    """The bearer token the request carries (header, else `?token=`), or ""."""
-    header = conn.headers.get("authorization", "")
-    return header[7:].strip() if header[:7].lower() == "bearer " else conn.query_params.get("token", "")
+    """The bearer token the request carries (header, else `?token=`), or "". The header's scheme
+    is `Bearer`, or `Token`: what Deepgram's clients send their key with (its SDK, pipecat's and
+    livekit's Deepgram plugins), so that they reach /v1/listen unchanged."""
+    scheme, _, value = conn.headers.get("authorization", "").partition(" ")
+    if scheme.lower() in ("bearer", "token"):
+        return value.strip()
+    return conn.query_params.get("token", "")
 
 
 def authorized(conn: HTTPConnection, token: str | None) -> bool:

@@ -62,7 +62,7 @@ def test_sdk_transcribe_file_gives_the_tokens_text_and_words_of_the_other_routes
         raw = dg.listen.v1.media.with_raw_response.transcribe_file(
             request=data, model="nova-3", language="en", punctuate=True, smart_format=True, utterances=True,
             keywords=["hello:2"], keyterm=["nemo"], numerals=True, filler_words=True, tag=["t1", "t2"],
-            profanity_filter=False, sentiment=False,
+            profanity_filter=False, sentiment=False, summarize=False, redact="false",
         )  # fmt: skip
         got = raw.data
         assert type(got).__name__ == "ListenV1Response", got  # not the callback's "accepted" shape
@@ -161,6 +161,9 @@ def test_refusals_are_deepgram_errors_the_sdk_raises(server):
     assert not problems, problems
     r = httpx.post(f"{server.http_url}/v1/listen", content=b"\0" * (26 << 20), headers=head, trust_env=False, timeout=30)
     assert r.status_code == 413 and "--max-file-bytes" in r.json()["err_msg"], r.text
+    r = httpx.post(f"{server.http_url}/v1/listen", content=wav, headers={**head, "Origin": "https://elsewhere.example"},
+                   trust_env=False, timeout=30)  # fmt: skip
+    assert r.status_code == 403 and "--allowed-origins" in r.json()["err_msg"], r.text  # a page elsewhere: /ws's rule
 
 
 def test_full_server_answers_503_with_the_ws_reason(server):

@@ -12,7 +12,8 @@ words[{word, start, end, confidence, punctuated_word}]}, results.utterances with
                   pauses; utt_split is not used), each with its token ids (nemo-serve's extension)
   diarize         true: a speaker per word and per utterance (a --diarizer server; 400 without)
   context_right   nemo-serve's: the latency mode, as /ws takes it
-  refused (400): features that add output or a promise this server does not keep (REFUSED):
+  refused (400), given any value but `false`: features that add output or a promise this
+                  server does not keep (REFUSED):
                   remote audio (a JSON body {"url": ...}: this server fetches nothing), callback,
                   summaries, topics, intents, sentiment, entities, search, redaction,
                   replacement, paragraphs, multichannel, profanity filtering
@@ -29,6 +30,7 @@ carries the request id in `dg-request-id`, as Deepgram's do.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import importlib.metadata
 import string
@@ -88,7 +90,7 @@ def add_prerecorded_routes(app: FastAPI, ctx: ServerContext, origin_refusal: Cal
         return JSONResponse(body, headers={"dg-request-id": request_id})
 
 
-async def _transcribe(request: Request, ctx: ServerContext, decoding, request_id: str) -> dict:
+async def _transcribe(request: Request, ctx: ServerContext, decoding: asyncio.Semaphore, request_id: str) -> dict:
     if not authorized(request, ctx.settings.auth_token):
         ctx.metrics.refusals.labels(reason="unauthorized").inc()
         raise RequestError(401, "missing or wrong API key (Authorization: Token KEY)")
@@ -112,7 +114,8 @@ async def _transcribe(request: Request, ctx: ServerContext, decoding, request_id
 def _options(query, ctx: ServerContext) -> dict:
     """The parameters that mean something here, checked; 400 for a refused or bad one."""
     for name, why in REFUSED.items():
-        if name in query and (name not in FLAGS or _flag(query, name)):
+        asked = _flag(query, name) if name in FLAGS else any(v.strip().lower() != "false" for v in query.getlist(name))
+        if asked:  # `false` asks for nothing (summarize=false), so it passes
             raise RequestError(400, f"{name}: {why} (nemo-serve speaks Deepgram's transcript, words and utterances)")
     model = ctx.model
     diarize = _flag(query, "diarize")

@@ -20,6 +20,7 @@ import httpx
 import numpy as np
 import pytest
 
+from . import helpers
 from .helpers_hostile_files import (NEIGHBOUR_S, NEIGHBOUR_SEED, Neighbour, churn, flac_of_unknown_length, fuzz,
                                     http_on, listen, listen_head, multipart, mutate, paced_neighbour, post, raw_send,
                                     rss_kb, short_speech, silent_flac, smallest_mode, upload_head, wav_bytes,
@@ -364,6 +365,9 @@ def _chunked_until_answered(port: int, max_mib: int) -> tuple[int, bytes]:
         return mib, reply
 
 
+GONE_WHILE_TRANSCRIBED = 'nemo_serve_stream_errors_total{reason="client_gone"}'
+
+
 def test_listen_refuses_early_and_survives_hostile_bodies_beside_a_neighbour(srv, quiet):
     """/v1/listen beside a paced /ws neighbour: 401 and 413 before the body; a chunked body cut
     at the cap; a stalled upload 408, dropped ones quiet; scripted bad audio, a wide bomb refused
@@ -381,6 +385,9 @@ def test_listen_refuses_early_and_survives_hostile_bodies_beside_a_neighbour(srv
             problems.append(f"stalled: {took_s:.1f} s, {reply[:200]!r}")
         raw_send(srv.port, half, then="fin")
         raw_send(srv.port, half, then="rst")
+        gone_before = srv.metric(GONE_WHILE_TRANSCRIBED)
+        speech = wav_bytes((np.concatenate(helpers.utterances(12, seed=46)) * 32767).astype("<i2"))
+        raw_send(srv.port, listen_head(len(speech)) + speech, then="fin")  # the whole body, then gone
         for name, (body, status, words) in _listen_cases().items():
             r = listen(srv, body)
             if r.status_code != status or (status != 200 and words not in r.json()["err_msg"]):
@@ -401,6 +408,7 @@ def test_listen_refuses_early_and_survives_hostile_bodies_beside_a_neighbour(srv
     log = srv.log()[start:]
     assert "Traceback" not in log and "ERROR" not in log, log[-3000:]
     srv.assert_no_leak()
+    assert srv.metric(GONE_WHILE_TRANSCRIBED) == gone_before + 1  # its stream ended at once, its slot came back
 
 
 def _listen_fuzz(srv, num: int, seed: int) -> dict[int, int]:

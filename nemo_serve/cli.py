@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "scheme://host[:port], or '*' (default: same-origin, plus clients that send no Origin)")
     lim = p.add_argument_group("limits")
     lim.add_argument("--max-message-bytes", type=int, help="largest WebSocket message (default 1 MiB)")
-    lim.add_argument("--max-file-bytes", type=int, help="largest file POST /v1/audio/transcriptions takes (default 25 MiB)")
+    lim.add_argument("--max-file-bytes", type=int, help="largest file POST /v1/audio/transcriptions and /v1/listen take (default 25 MiB)")
     lim.add_argument("--idle-timeout-s", type=float, help="close a stream that sends nothing for this long (30)")
     lim.add_argument("--ping-interval-s", type=float, help="keepalive ping period, 0 = off (20)")
     lim.add_argument("--ping-timeout-s", type=float, help="close when a ping gets no pong in this time (20)")

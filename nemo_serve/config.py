@@ -74,7 +74,7 @@ class Settings(BaseModel):
     header_timeout_s: PositiveSeconds = 10.0  # from connect (or a keep-alive request's first byte) to a whole request
     send_timeout_s: PositiveSeconds = 10.0  # a result the client's socket does not take in this time: closed
     max_message_bytes: Annotated[int, Field(ge=1024, le=1 << 30)] = 1 << 20  # sherpa-onnx's default
-    max_file_bytes: Annotated[int, Field(ge=1024, le=1 << 34)] = 25 << 20  # POST /v1/audio/transcriptions; OpenAI's limit
+    max_file_bytes: Annotated[int, Field(ge=1024, le=1 << 34)] = 25 << 20  # POST /v1/audio/transcriptions and /v1/listen; OpenAI's limit
     idle_timeout_s: PositiveSeconds = 30.0  # no message from the client while input is open
     ping_interval_s: Annotated[float, Field(ge=0, le=3600)] = 20.0  # 0: no keepalive pings
     ping_timeout_s: PositiveSeconds = 20.0

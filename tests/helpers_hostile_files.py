@@ -142,6 +142,22 @@ def upload_head(body_bytes: int, boundary: str = "XyZ", path: str = URL_PATH) ->
             f"Content-Type: multipart/form-data; boundary={boundary}\r\nContent-Length: {body_bytes}\r\n\r\n").encode()  # fmt: skip
 
 
+LISTEN_PATH = "/v1/listen"  # Deepgram's pre-recorded door: the raw file as the body
+
+
+def listen(server, content, query: str = "", token: str = TOKEN, content_type: str = "audio/wav",
+           timeout_s: float = 60.0) -> httpx.Response:  # fmt: skip
+    """POST /v1/listen as Deepgram's clients do (`content`: bytes, or an iterator: sent chunked)."""
+    headers = {"Authorization": f"Token {token}", "Content-Type": content_type}
+    return httpx.post(server.http_url + LISTEN_PATH + query, content=content, headers=headers, timeout=timeout_s,
+                      trust_env=False)  # fmt: skip
+
+
+def listen_head(body_bytes: int, token: str = TOKEN) -> bytes:
+    return (f"POST {LISTEN_PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Token {token}\r\n"
+            f"Content-Type: audio/wav\r\nContent-Length: {body_bytes}\r\n\r\n").encode()  # fmt: skip
+
+
 def multipart(fields: dict, boundary: str = "XyZ") -> bytes:
     """{name: bytes or (filename, bytes, content_type)} -> a multipart body."""
     out = b""

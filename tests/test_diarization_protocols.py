@@ -229,6 +229,27 @@ def test_file_diarized_json_refused_without_a_diarizer_and_known_speakers_refuse
     server.assert_no_leak()
 
 
+def test_deepgram_listen_diarize_gives_ws_speakers_per_word_and_utterance(server, conversation):
+    """POST /v1/listen?diarize=true (deepgram-sdk, deepgram_prerecorded.py): each word's `speaker`
+    is /ws's (0-based, as Deepgram numbers them), each utterance one speaker's run within an engine
+    segment; the transcript is a plain request's."""
+    from deepgram import DeepgramClient
+    from deepgram.environment import DeepgramClientEnvironment
+
+    base = server.http_url
+    env = DeepgramClientEnvironment(base=base, production=base, agent=base, agent_rest=base)
+    media = DeepgramClient(api_key=TOKEN, environment=env).listen.v1.media
+    got = media.transcribe_file(request=conversation.read_bytes(), diarize=True, utterances=True)
+    plain = media.transcribe_file(request=conversation.read_bytes())
+    reference = ws_diarized_finals(server, conversation, 4)  # all the diarizer's speakers, as the route asks
+    server.assert_no_leak()
+    alt = got.results.channels[0].alternatives[0]
+    assert [w.speaker for w in alt.words] == [w["speaker"] for f in reference for w in f["words"]]
+    runs = [("ABCDEFGH"[u.speaker], u.transcript, u.start, u.end) for u in got.results.utterances]
+    assert runs == speaker_runs(reference) and len({u.speaker for u in got.results.utterances}) > 1, runs
+    assert alt.transcript == plain.results.channels[0].alternatives[0].transcript
+
+
 def test_file_max_speakers_and_split_on_speaker_change_through_extra_body(server, conversation):
     """nemo-serve's two diarization fields, sent as OpenAI's SDK sends extra fields (extra_body):
     max_speakers 1 puts every word on speaker A; split_on_speaker_change cuts verbose_json segments

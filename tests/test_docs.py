@@ -43,7 +43,8 @@ def _anchors(markdown: str) -> set[str]:
 
 
 @pytest.mark.parametrize("page", ["README.md", "docs/server.md", "docs/performance.md", "docs/demo_model.md",
-                                  "docs/how_it_works.md", "docs/protocol.md", "docs/ray_serve.md", "benchmarks/README.md", "CHANGELOG.md"])
+                                  "docs/how_it_works.md", "docs/protocol.md", "docs/ray_serve.md", "docs/deepgram_prerecorded.md",
+                                  "benchmarks/README.md", "CHANGELOG.md"])
 def test_relative_links_resolve(page):
     path = ROOT / page
     text = path.read_text()

@@ -11,6 +11,8 @@ helpers_hostile_files.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import select
 import socket
 import time
 
@@ -18,9 +20,11 @@ import httpx
 import numpy as np
 import pytest
 
+from . import helpers
 from .helpers_hostile_files import (NEIGHBOUR_S, NEIGHBOUR_SEED, Neighbour, churn, flac_of_unknown_length, fuzz,
-                                    http_on, multipart, paced_neighbour, post, raw_send, rss_kb, short_speech,
-                                    silent_flac, smallest_mode, upload_head, wav_bytes, wav_header)
+                                    http_on, listen, listen_head, multipart, mutate, paced_neighbour, post, raw_send,
+                                    rss_kb, short_speech, silent_flac, smallest_mode, upload_head, wav_bytes,
+                                    wav_header)
 from .helpers_server import TOKEN, start_server
 
 TOTAL = 12
@@ -287,3 +291,138 @@ def test_a_header_that_does_not_know_its_length_is_decoded_up_to_the_limit(srv):
     assert "goes on past 900.0 s" in long.json()["error"]["message"], long.text
     assert (rss_kb(pid) - peak_before) / 1024 < 100
     srv.assert_no_leak()
+
+
+# ----------------------------------------------------------------------------- Deepgram's door: POST /v1/listen
+# The same limits on its raw body (deepgram_prerecorded.py), in Deepgram's error shape.
+
+
+def _listen_cases() -> dict[str, tuple[bytes, int, str]]:
+    """name -> (body, status, words the err_msg must hold): test_scripted_bad_uploads' audio."""
+    wav = wav_bytes(short_speech())
+    return {
+        "zero bytes": (b"", 400, "empty"),
+        "text, not audio": (b"hello, this is not audio " * 40, 400, "cannot decode the file as audio"),
+        "RIFF then garbage": (b"RIFF\0\0\0\0WAVEfmt " + bytes(range(256)) * 4, 400, "cannot decode"),
+        "headerless PCM": (np.zeros(8000, "<i2").tobytes(), 400, "cannot decode"),
+        "rate 1 Hz in the header": (wav_header(rate=1), 400, "sample rate is 1 Hz"),
+        "300 channels": (wav_header(channels=300, data=b"\0" * 6000), 400, "300 channels"),
+        "NaN samples": (wav_bytes(np.full(1600, np.nan, "float32"), subtype="FLOAT"), 400, "NaN"),
+        "data size 4 GB, 3 kB there": (wav_header(data_bytes=0xFFFFFFFF), 200, ""),
+        "truncated WAV": (wav[: len(wav) // 2], 200, ""),
+        "wide bomb (8 x 48 kHz, 4 min)": (silent_flac(240, 8, 48000), 413, "8 channels at 48000 Hz"),
+    }
+
+
+def _listen_refusals_before_the_body(srv) -> list[str]:
+    """Answered from the head alone, at once: a wrong key (401) and a body declared over
+    --max-file-bytes (413), neither body sent; a chunked body refused once it passes the cap
+    (25 MiB), not read to its end."""
+    problems = []
+    for name, head, want in (("wrong key", listen_head(10 << 20, token="wrong"), b"HTTP/1.1 401"),
+                             ("10 GB declared", listen_head(10 << 30), b"HTTP/1.1 413")):  # fmt: skip
+        took_s, reply = _first_reply(srv.port, head)
+        if not reply.startswith(want) or b'"err_msg"' not in reply or took_s > 1.0:
+            problems.append(f"{name}: {took_s:.1f} s, {reply[:200]!r}")
+    mib_sent, reply = _chunked_until_answered(srv.port, max_mib=64)
+    if not reply.startswith(b"HTTP/1.1 413") or b"--max-file-bytes" not in reply or mib_sent > 40:
+        problems.append(f"chunked: answered after {mib_sent} MiB: {reply[:200]!r}")
+    return problems
+
+
+def _first_reply(port: int, payload: bytes, wait_s: float = 3.0) -> tuple[float, bytes]:
+    """(seconds until the answer's head and body came, the answer): the server may keep the
+    connection open after it, for the body the head announced, until the request deadline."""
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(payload)
+        s.settimeout(wait_s)
+        t0, reply = time.monotonic(), b""
+        with contextlib.suppress(TimeoutError, ConnectionResetError):
+            while b"}" not in reply and (chunk := s.recv(65536)):
+                reply += chunk
+        return time.monotonic() - t0, reply
+
+
+def _chunked_until_answered(port: int, max_mib: int) -> tuple[int, bytes]:
+    """A chunked body of 1 MiB chunks, sent until the server answers; (MiB sent, the answer)."""
+    head = (f"POST /v1/listen HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Token {TOKEN}\r\n"
+            "Content-Type: audio/wav\r\nTransfer-Encoding: chunked\r\n\r\n").encode()  # fmt: skip
+    chunk = b"100000\r\n" + bytes(1 << 20) + b"\r\n"
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(head)
+        s.settimeout(3)
+        mib = 0
+        while mib < max_mib and not select.select([s], [], [], 0)[0]:
+            try:
+                s.sendall(chunk)
+            except (BrokenPipeError, ConnectionResetError, TimeoutError):
+                break
+            mib += 1
+        reply = b""
+        with contextlib.suppress(TimeoutError, ConnectionResetError):
+            while b"}" not in reply and (more := s.recv(65536)):  # the head and the JSON body may come apart
+                reply += more
+        return mib, reply
+
+
+GONE_WHILE_TRANSCRIBED = 'nemo_serve_stream_errors_total{reason="client_gone"}'
+
+
+def test_listen_refuses_early_and_survives_hostile_bodies_beside_a_neighbour(srv, quiet):
+    """/v1/listen beside a paced /ws neighbour: 401 and 413 before the body; a chunked body cut
+    at the cap; a stalled upload 408, dropped ones quiet; scripted bad audio, a wide bomb refused
+    from its header, a FLAC bomb decoded in bounded memory, a remote-audio JSON body; 120
+    mutated files with no 5xx. The neighbour keeps every token, no slot stays taken, the log
+    holds no traceback."""
+    start = len(srv.log())
+    pid = srv.readyz()["pid"]
+    peak_before = rss_kb(pid)
+    with paced_neighbour(srv) as n:
+        problems = _listen_refusals_before_the_body(srv)
+        half = listen_head(64000) + wav_bytes(short_speech())[:3000]
+        took_s, reply = raw_send(srv.port, half)
+        if not reply.startswith(b"HTTP/1.1 408") or not 1.5 < took_s < 4:
+            problems.append(f"stalled: {took_s:.1f} s, {reply[:200]!r}")
+        raw_send(srv.port, half, then="fin")
+        raw_send(srv.port, half, then="rst")
+        gone_before = srv.metric(GONE_WHILE_TRANSCRIBED)
+        speech = wav_bytes((np.concatenate(helpers.utterances(12, seed=46)) * 32767).astype("<i2"))
+        raw_send(srv.port, listen_head(len(speech)) + speech, then="fin")  # the whole body, then gone
+        for name, (body, status, words) in _listen_cases().items():
+            r = listen(srv, body)
+            if r.status_code != status or (status != 200 and words not in r.json()["err_msg"]):
+                problems.append(f"{name}: {r.status_code} (want {status}): {r.text[:300]}")
+        r = listen(srv, b'{"url": "http://169.254.169.254/latest"}', content_type="application/json")
+        if r.status_code != 400 or "fetches nothing" not in r.json()["err_msg"]:
+            problems.append(f"remote audio: {r.status_code} {r.text[:200]}")
+        bomb = listen(srv, silent_flac(120, 4, 48000), timeout_s=120)  # 23 M samples in 30 kB
+        statuses = _listen_fuzz(srv, 120, seed=46)
+        n.hurry()
+    growth_mb = (rss_kb(pid) - peak_before) / 1024
+    print(f"/v1/listen: bomb peak RSS +{growth_mb:.0f} MB, neighbour's longest gap {n.max_gap_s():.2f} s, fuzz {statuses}")
+    assert not problems, "\n".join(problems)
+    assert bomb.status_code == 200 and bomb.json()["results"]["channels"][0]["alternatives"][0]["transcript"] == ""
+    assert growth_mb < 80 and n.max_gap_s() < 1.5, (growth_mb, n.max_gap_s())
+    assert set(statuses) <= {200, 400, 413} and statuses.get(400, 0) > 20, statuses
+    assert n.tokens == quiet
+    log = srv.log()[start:]
+    assert "Traceback" not in log and "ERROR" not in log, log[-3000:]
+    srv.assert_no_leak()
+    assert srv.metric(GONE_WHILE_TRANSCRIBED) == gone_before + 1  # its stream ended at once, its slot came back
+
+
+def _listen_fuzz(srv, num: int, seed: int) -> dict[int, int]:
+    """`num` mutated WAV / FLAC / mu-law bodies to /v1/listen (fuzz()'s files, no multipart); status -> count."""
+    rng = np.random.default_rng(seed)
+    speech = short_speech()[:4800]
+    bases = [wav_bytes(speech), wav_bytes(np.stack([speech, speech[::-1]], axis=1), 44100, "FLAC"),
+             wav_bytes(speech, 8000, "WAV", "ULAW")]  # fmt: skip
+    statuses: dict[int, int] = {}
+    with httpx.Client(base_url=srv.http_url, headers={"Authorization": f"Token {TOKEN}"}, timeout=30,
+                      trust_env=False) as client:  # fmt: skip
+        for _ in range(num):
+            r = client.post("/v1/listen", content=mutate(bases[int(rng.integers(len(bases)))], rng))
+            statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
+            if r.status_code >= 500:
+                raise AssertionError(f"{r.status_code}: {r.text[:500]}")
+    return statuses

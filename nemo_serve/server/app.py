@@ -3,6 +3,7 @@
   WS  /ws (and /, for sherpa-onnx clients)  one stream per socket (ws_socket.py, ws_format.py)
   WS  /v1/realtime  OpenAI Realtime transcription, GA and beta dialects (realtime.py)
   POST /v1/audio/transcriptions  OpenAI's file transcription, through the engine (transcriptions.py)
+  POST /v1/listen  Deepgram's pre-recorded transcription, on the same machinery (deepgram_prerecorded.py)
   POST /v1/realtime/transcription_sessions  NIM's session bootstrap before /v1/realtime (nim_sessions.py)
   GET /healthz   200 while an engine core serves
   GET /readyz    200 with free and total slots; 503 when full, draining or no engine core serves
@@ -38,6 +39,7 @@ from starlette.requests import HTTPConnection
 
 from .auth import accepted_subprotocol, authorized, realtime_authorized
 from .context import Refused, ServerContext
+from .deepgram_prerecorded import add_prerecorded_routes
 from .logsafe import preview
 from .protocol import CLOSE_PROTOCOL_ERROR, CLOSE_TRY_AGAIN_LATER, ErrorMessage, close_reason
 from .nim_sessions import add_nim_session_routes
@@ -159,6 +161,7 @@ def create_app(ctx: ServerContext, drain_on_shutdown: bool = False, on_shutdown:
     app.add_api_websocket_route("/v1/realtime", stream)  # OpenAI Realtime transcription (realtime.py)
     # A browser page may POST a multipart form cross-origin without a preflight: same Origin rule as the sockets
     add_transcription_routes(app, ctx, origin_refusal=lambda conn: _origin_refusal(conn, allowed_origins, loopback_only))
+    add_prerecorded_routes(app, ctx, origin_refusal=lambda conn: _origin_refusal(conn, allowed_origins, loopback_only))
     add_nim_session_routes(app, ctx)
     return app
 

@@ -113,7 +113,7 @@ class ServerMetrics:
         self.mode_streams = Counter("nemo_serve_mode_streams", "Streams admitted, by chunk mode", ["context_right"], registry=r)
         self.refusals = Counter("nemo_serve_refusals", "Connections refused, by reason", ["reason"], registry=r)
         self.stream_errors = Counter("nemo_serve_stream_errors", "Streams ended by an error, by reason", ["reason"], registry=r)
-        self.file_transcriptions = Counter("nemo_serve_file_transcriptions", "POST /v1/audio/transcriptions requests, by HTTP status",
+        self.file_transcriptions = Counter("nemo_serve_file_transcriptions", "File transcriptions (POST /v1/audio/transcriptions and /v1/listen), by HTTP status",
                                            ["status"], registry=r)  # fmt: skip
         refusal_reasons = ("no_free_slot", "draining", "unauthorized", "origin", "connection_limit", "header_timeout", "engine_failed",
                            "overloaded")

@@ -35,12 +35,14 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 
+import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.datastructures import FormData, UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import ClientDisconnect
 
+from ..engine.results import StreamResult
 from . import transcript_formats as fmt
 from .auth import authorized
 from .context import Refused, ServerContext
@@ -71,7 +73,7 @@ class RequestError(Exception):
 
 def add_transcription_routes(app: FastAPI, ctx: ServerContext, origin_refusal: Callable[[Request], str | None]) -> None:
     """`origin_refusal`: why a browser's Origin is refused (app.py's rule for the sockets), or None."""
-    decoding = asyncio.Semaphore(MAX_CONCURRENT_DECODES)  # binds to the serving loop on first use
+    decoding = file_decoding(app)
 
     @app.post("/v1/audio/transcriptions")
     async def transcriptions(request: Request) -> Response:
@@ -103,21 +105,43 @@ async def _transcribe(request: Request, ctx: ServerContext, decoding: asyncio.Se
         data = await upload.read()
     finally:
         await form.close()
+    samples, duration_s = await decode_upload(data, ctx, decoding)
+    finals = await transcribe_samples(ctx, request, samples, duration_s, options["language"], options["context_right"],
+                                      options["diarization"])  # fmt: skip
+    ctx.metrics.file_transcriptions.labels(status="200").inc()
+    return _render(finals, duration_s, options)
+
+
+def file_decoding(app: FastAPI) -> asyncio.Semaphore:
+    """The front end's decoding permits, one set per app whatever route uploads the file (this one,
+    Deepgram's /v1/listen): MAX_CONCURRENT_DECODES bounds the decoding memory of both together."""
+    decoding = getattr(app.state, "file_decoding", None)
+    if decoding is None:
+        decoding = app.state.file_decoding = asyncio.Semaphore(MAX_CONCURRENT_DECODES)  # binds to the loop on first use
+    return decoding
+
+
+async def decode_upload(data: bytes, ctx: ServerContext, decoding: asyncio.Semaphore) -> tuple[np.ndarray, float]:
+    """(samples at the model's rate, duration in s); RequestError 413 past --max-stream-s or the
+    decoding budget (from the header, before decoding), 400 for audio that cannot be used."""
     try:
         async with decoding:  # off the event loop: an hour of audio takes seconds to decode
-            samples, duration_s = await asyncio.to_thread(decode_file, data, ctx.model.geometry.sample_rate,
-                                                          ctx.settings.max_stream_s)  # fmt: skip
+            return await asyncio.to_thread(decode_file, data, ctx.model.geometry.sample_rate, ctx.settings.max_stream_s)
     except FileTooLong as e:
         raise RequestError(413, str(e), param="file", code="audio_too_long") from None
     except FileAudioError as e:
         raise RequestError(400, str(e), param="file", code="invalid_audio") from None
-    job = FileTranscription(ctx, options["language"], options["context_right"], options["diarization"])
+
+
+async def transcribe_samples(ctx: ServerContext, request: Request, samples: np.ndarray, duration_s: float,
+                             language: str | None, context_right: int | None,
+                             diarization: dict | None) -> list[StreamResult]:  # fmt: skip
+    """The file's finals through the engine as one stream; RequestError with the failure's status."""
+    job = FileTranscription(ctx, language, context_right, diarization)
     try:
-        finals = await job.run(samples, timeout_s=duration_s + TIMEOUT_MARGIN_S, receive=request.receive)
+        return await job.run(samples, timeout_s=duration_s + TIMEOUT_MARGIN_S, receive=request.receive)
     except TranscriptionFailed as e:
         raise RequestError(e.status, e.reason, code=e.label) from None
-    ctx.metrics.file_transcriptions.labels(status="200").inc()
-    return _render(finals, duration_s, options)
 
 
 def _options(form: FormData, query, ctx: ServerContext) -> dict:
@@ -141,7 +165,7 @@ def _options(form: FormData, query, ctx: ServerContext) -> dict:
         "response_format": response_format,
         "language": language,
         "language_label": language or given_language or model.default_language or "unknown",
-        "context_right": _context_right(raw_mode, model.modes) if raw_mode else None,
+        "context_right": context_right_option(raw_mode, model.modes) if raw_mode else None,
         "diarization": diarization,
     }
 
@@ -179,7 +203,7 @@ def _flag(form: FormData, name: str) -> bool:
     return value == "true"
 
 
-def _context_right(raw: str, served: tuple[int, ...]) -> int:
+def context_right_option(raw: str, served: tuple[int, ...]) -> int:
     """The latency mode asked for (protocol.mode_number: checked as text before int())."""
     mode = mode_number(raw.strip())
     if mode is None or mode not in served:

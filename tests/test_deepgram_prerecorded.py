@@ -61,7 +61,7 @@ def test_sdk_transcribe_file_gives_the_tokens_text_and_words_of_the_other_routes
         data = path.read_bytes()
         raw = dg.listen.v1.media.with_raw_response.transcribe_file(
             request=data, model="nova-3", language="en", punctuate=True, smart_format=True, utterances=True,
-            keywords=["hello:2"], keyterm=["nemo"], numerals=True, filler_words=True, tag=["t1", "t2"],
+            numerals=True, filler_words=True, tag=["t1", "t2"],
             profanity_filter=False, sentiment=False, summarize=False, redact="false",
         )  # fmt: skip
         got = raw.data
@@ -127,7 +127,33 @@ REFUSED_QUERIES = [
     ("detect_entities=true", "entity"), ("paragraphs=true", "paragraphs"), ("intents=true", "intent"),
     ("diarize=true", "no diarizer loaded"), ("utterances=maybe", "utterances 'maybe': use true or false"),
     ("context_right=5", "context_right '5' is not a latency mode served here"),
+    ("keywords=alarm:0", "(suppression) is not supported"), ("keywords=alarm:-3", "(suppression) is not supported"),
+    ("keywords=alarm:x", "must be a number"), ("keywords=alarm:2&keywords=nine:3", "one intensifier for all"),
+    ("keywords=alarm&keywords=nine:3", "got 1, 3"), ("keywords=alarm:11", "boost must be a number in (0, 10]"),
+    ("keyterm=%E4%B8%AD%E6%96%87", "cannot spell"),
 ]  # fmt: skip
+
+
+def test_keywords_and_keyterms_boost_as_ws_phrases_do(server):
+    """Deepgram's `keywords=TERM:INTENSIFIER` and `keyterm=PHRASE`, through the SDK, are /ws's
+    `phrases` and `boost`: the same tokens. The phrases are words of the test model's own
+    transcripts of other files ("gl do": 006.wav's); boosted by 5 they enter this file's
+    transcript, which they are not in unboosted, so a route that ignored keywords fails here."""
+    path = UTTERANCES[0]
+    data, dg = path.read_bytes(), sdk(server)
+
+    def listen(**options) -> tuple[list[int], str]:
+        got = dg.listen.v1.media.transcribe_file(request=data, utterances=True, **options).results
+        return [t for u in got.utterances for t in u.token_ids], got.channels[0].alternatives[0].transcript
+
+    plain = listen()
+    assert plain == ws_tokens(server, path) and "gl do" not in plain[1], plain
+    boosted = listen(keywords=["gl do:5"])
+    assert boosted == ws_tokens(server, path, phrases=["gl do"], boost=5.0), boosted
+    assert "gl do" in boosted[1], boosted
+    both = listen(keyterm=["gl do"], keywords=["eemp proovee:5"])  # a keyterm takes the keywords' weight
+    assert both == ws_tokens(server, path, phrases=["gl do", "eemp proovee"], boost=5.0), both
+    assert both[0] not in (plain[0], boosted[0])
 
 
 def test_refusals_are_deepgram_errors_the_sdk_raises(server):

@@ -12,12 +12,13 @@ words[{word, start, end, confidence, punctuated_word}]}, results.utterances with
                   pauses; utt_split is not used), each with its token ids (nemo-serve's extension)
   diarize         true: a speaker per word and per utterance (a --diarizer server; 400 without)
   context_right   nemo-serve's: the latency mode, as /ws takes it
+  keywords, keyterm  phrase boosting, as /ws's `phrases` and `boost` (deepgram_keywords.py)
   refused (400), given any value but `false`: features that add output or a promise this
                   server does not keep (REFUSED):
                   remote audio (a JSON body {"url": ...}: this server fetches nothing), callback,
                   summaries, topics, intents, sentiment, entities, search, redaction,
                   replacement, paragraphs, multichannel, profanity filtering
-  accepted, ignored: the rest (model, punctuate, smart_format, numerals, keywords, keyterm, ...):
+  accepted, ignored: the rest (model, punctuate, smart_format, numerals, ...):
                   one model, whose output is what it is; unknown ones too (a newer SDK's)
 
 Order of checks, cheapest first, as /v1/audio/transcriptions': Origin (403), token (401),
@@ -45,6 +46,7 @@ from starlette.requests import ClientDisconnect
 from ..engine.results import StreamResult
 from .auth import authorized
 from .context import Refused, ServerContext
+from .deepgram_keywords import keyword_phrases
 from .logsafe import preview
 from .realtime_protocol import RealtimeError, model_language
 from .transcriptions import RequestError, context_right_option, decode_upload, file_decoding, transcribe_samples
@@ -105,7 +107,7 @@ async def _transcribe(request: Request, ctx: ServerContext, decoding: asyncio.Se
     data = await _read_body(request, ctx.settings.max_file_bytes)
     samples, duration_s = await decode_upload(data, ctx, decoding)
     finals = await transcribe_samples(ctx, request, samples, duration_s, options["language"], options["context_right"],
-                                      options["diarization"])  # fmt: skip
+                                      options["diarization"], phrases=options["phrases"], boost=options["boost"])  # fmt: skip
     about = {"request_id": request_id, "sha256": hashlib.sha256(data).hexdigest(), "duration": duration_s,
              "model": ctx.model.name, "tags": options["tags"]}  # fmt: skip
     return response_body(finals, about, utterances=options["utterances"])
@@ -127,7 +129,13 @@ def _options(query, ctx: ServerContext) -> dict:
     except RealtimeError as e:
         raise RequestError(400, str(e)) from None
     raw_mode = query.get("context_right")
+    try:
+        boosting = keyword_phrases(query, ctx.settings.phrase_limits, model.vocabulary, model.is_bpe)
+    except ValueError as e:
+        raise RequestError(400, str(e)) from None
     return {
+        "phrases": list(boosting.phrases) if boosting else None,
+        "boost": boosting.boost if boosting else None,
         "language": language,
         "context_right": context_right_option(raw_mode, model.modes) if raw_mode else None,
         "diarization": {"max_speakers": model.num_speakers, "split_on_speaker_change": False} if diarize else None,

@@ -45,8 +45,10 @@ def http_status(f: Failure) -> int:
 
 class FileTranscription:
     def __init__(self, ctx: ServerContext, language: str | None, context_right: int | None,
-                 diarization: dict | None = None) -> None:  # fmt: skip
+                 diarization: dict | None = None, phrases: list[str] | None = None,
+                 boost: float | None = None) -> None:  # fmt: skip
         self.ctx = ctx
+        self.phrases = {"phrases": phrases, "boost": boost} if phrases else {}  # boosting, checked at open
         self.diarization = diarization  # the engine's option (engine/speakers.py); None: no speakers
         self.language = language
         self.context_right = context_right
@@ -60,7 +62,8 @@ class FileTranscription:
         message is the client's disconnect, which stops the decoding at once (rejected: decoding
         on for nobody, up to a minute for an hour of audio)."""
         s = self.session
-        if not s.open(self.context_right, interim_results=False, language=self.language, diarization=self.diarization):
+        if not s.open(self.context_right, interim_results=False, language=self.language, diarization=self.diarization,
+                      **self.phrases):  # fmt: skip
             raise _failed(s.failure)
         self.ctx.add(s)
         gone = asyncio.create_task(_disconnect(receive), name="file-client-watch")

@@ -134,10 +134,11 @@ async def decode_upload(data: bytes, ctx: ServerContext, decoding: asyncio.Semap
 
 
 async def transcribe_samples(ctx: ServerContext, request: Request, samples: np.ndarray, duration_s: float,
-                             language: str | None, context_right: int | None,
-                             diarization: dict | None) -> list[StreamResult]:  # fmt: skip
-    """The file's finals through the engine as one stream; RequestError with the failure's status."""
-    job = FileTranscription(ctx, language, context_right, diarization)
+                             language: str | None, context_right: int | None, diarization: dict | None,
+                             **phrase_options) -> list[StreamResult]:  # fmt: skip
+    """The file's finals through the engine as one stream; RequestError with the failure's status.
+    `phrase_options`: phrases and boost (phrase boosting), where the route takes them."""
+    job = FileTranscription(ctx, language, context_right, diarization, **phrase_options)
     try:
         return await job.run(samples, timeout_s=duration_s + TIMEOUT_MARGIN_S, receive=request.receive)
     except TranscriptionFailed as e:

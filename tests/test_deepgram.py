@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import importlib.util
 import logging
 
 import numpy as np
@@ -24,6 +25,19 @@ from nemo_serve.client import StreamingClient
 from . import helpers
 from .helpers_server import LISTENERS, TOKEN
 
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # its parent package is missing
+        return False
+
+
+# Both clients come with the `frameworks` extra (CI installs it); elsewhere the tests say why they skip.
+needs_sdk = pytest.mark.skipif(not _installed("deepgram"), reason="deepgram-sdk not installed (frameworks extra)")
+needs_livekit = pytest.mark.skipif(not _installed("livekit.plugins.deepgram"),
+                                   reason="livekit-plugins-deepgram not installed (frameworks extra)")  # fmt: skip
 RATE = 16000
 PACKET = RATE // 10  # 100 ms
 QUIET_S = 1.5  # livekit: no event for this long after its end of input ends the session
@@ -102,6 +116,7 @@ async def _until(condition) -> None:
         await asyncio.sleep(0.02)
 
 
+@needs_sdk
 @pytest.mark.parametrize("listener", LISTENERS)
 def test_sdk_live_client_matches_ws(deepgram_server, pcm, ws_finals, listener):
     """deepgram-sdk 7.16's AsyncV1SocketClient: every message parses as its typed model, the
@@ -129,6 +144,7 @@ def test_sdk_live_client_matches_ws(deepgram_server, pcm, ws_finals, listener):
     deepgram_server.assert_no_leak()
 
 
+@needs_sdk
 @pytest.mark.parametrize("listener", LISTENERS)
 def test_sdk_finalize_gives_a_final_from_finalize(deepgram_server, pcm, ws_finals, listener):
     """A Finalize mid-stream: a final with from_finalize true (is_final, not speech_final) for
@@ -174,6 +190,7 @@ async def _livekit_session(base_url: str, pcm: np.ndarray) -> list:
     return events
 
 
+@needs_livekit
 @pytest.mark.parametrize("listener", LISTENERS)
 def test_livekit_speech_stream_matches_ws(deepgram_server, pcm, ws_finals, listener, caplog):
     """livekit's SpeechStream (its defaults: interim results, vad_events, endpointing 25 ms):
@@ -191,3 +208,23 @@ def test_livekit_speech_stream_matches_ws(deepgram_server, pcm, ws_finals, liste
     assert agents_stt.SpeechEventType.START_OF_SPEECH in kinds and agents_stt.SpeechEventType.END_OF_SPEECH in kinds
     assert not [r for r in caplog.records if r.name.startswith("livekit.plugins.deepgram")], caplog.text
     deepgram_server.assert_no_leak()
+
+
+def test_endpointing_only_lengthens_the_servers_pause():
+    """endpointing=N ms: rule 2 (and rule 1) become N where longer than the server's, else the
+    server's rules stand (Deepgram's few-ms default would split at nearly every word);
+    endpointing=false: rules 1 and 2 and EOU endings off, rule 3 kept. The SDK's True/False parse."""
+    from nemo_serve.engine.endpoint import EndpointConfig
+    from nemo_serve.server.deepgram_live import endpoint_config, parse_options
+
+    base = EndpointConfig()
+    query = {"encoding": "linear16", "sample_rate": "16000"}
+    assert endpoint_config(base, parse_options(query)) == base
+    assert endpoint_config(base, parse_options({**query, "endpointing": "25"})) == base
+    longer = endpoint_config(base, parse_options({**query, "endpointing": "3000"}))
+    assert (longer.rule1_min_trailing_silence_s, longer.rule2_min_trailing_silence_s) == (3.0, 3.0)
+    off = endpoint_config(base, parse_options({**query, "endpointing": "false", "interim_results": "True"}))
+    assert off.rule2_min_trailing_silence_s == off.rule1_min_trailing_silence_s == 3600.0 and not off.eou
+    assert off.rule3_min_utterance_length_s == base.rule3_min_utterance_length_s and off.enabled
+    assert parse_options({**query, "interim_results": "True"}).interim_results
+    assert endpoint_config(EndpointConfig.off(), parse_options({**query, "endpointing": "3000"})) == EndpointConfig.off()

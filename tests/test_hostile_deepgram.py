@@ -111,6 +111,47 @@ def test_bad_query_is_400_before_a_slot(deepgram_server, listener):
     assert deepgram_server.metric(series) - before == len(BAD_QUERIES)
 
 
+# ----------------------------------------------------------------------------- scripted inputs
+
+CLOSE = json.dumps({"type": "CloseStream"})
+SCRIPTS = {  # name -> (frames, after the audio packet; the message types expected in order; close code)
+    "closestream-first": ([CLOSE], ["Metadata"], 1000),
+    "empty-binary-closes": ([b""], ["Results", "Metadata"], 1000),
+    "configure-refused": ([json.dumps({"type": "Configure", "keyterms": ["x"]}), CLOSE],
+                          ["ConfigureFailure", "Results", "Metadata"], 1000),
+    "not-json": (["hello"], ["Error"], 1008),
+    "unknown-type": ([json.dumps({"type": "Flush"})], ["Error"], 1008),
+    "no-type": ([json.dumps([1, 2])], ["Error"], 1008),
+    "odd-bytes": ([b"\x00\x01\x02"], ["Error"], 1008),
+    "deep-json": (["[" * 100_000], ["Error"], 1008),
+}
+
+
+@pytest.mark.parametrize("name", list(SCRIPTS))
+@pytest.mark.parametrize("listener", LISTENERS)
+def test_scripted_inputs_get_deepgrams_answers(deepgram_server, pcm, name, listener):
+    """Each scripted input after 0.5 s of audio (none before "closestream-first"): the message
+    types expected (consecutive Results as one), an Error as a DataError with a short
+    description, the close code."""
+    frames, expected, code = SCRIPTS[name]
+
+    async def run() -> tuple[list[dict], int]:
+        async with _connect(deepgram_server, listener, "?encoding=linear16&sample_rate=16000") as ws:
+            if name != "closestream-first":
+                await ws.send(pcm[: RATE // 2].tobytes())
+            for f in frames:
+                await ws.send(f)
+            return await messages_until_close(ws, 30), ws.close_code
+
+    messages, close_code = asyncio.run(run())
+    types = [m["type"] for m in messages]
+    assert [t for i, t in enumerate(types) if t != "Results" or types[i - 1 : i] != ["Results"]] == expected, types
+    assert close_code == code, (close_code, messages)
+    for e in (m for m in messages if m["type"] == "Error"):
+        assert e["variant"] == "DataError" and 0 < len(e["description"]) <= 200, e
+    deepgram_server.assert_no_leak()
+
+
 # ----------------------------------------------------------------------------- abrupt ends
 
 

@@ -21,8 +21,7 @@ import pytest
 
 from . import helpers
 from .helpers_server import DEEPGRAM_NUM_SLOTS, LISTENERS, TOKEN
-from .helpers_ws import messages_until_close, raw_upgrade, ws_connect
-from .test_hostile_realtime import _handshake, _masked
+from .helpers_ws import masked_frame, messages_until_close, raw_handshake, raw_upgrade, ws_connect
 
 RATE = 16000
 PACKET = RATE // 10
@@ -76,7 +75,7 @@ def _rss_kib(pid: int) -> int:
 def test_missing_or_wrong_key_is_401_before_accept(deepgram_server, header, listener):
     """No key or a wrong one: HTTP 401 with the reason, no upgrade; a bad query too (auth first)."""
     for path in ("/v1/listen" + QUERY, "/v1/listen?encoding=mulaw"):
-        status, data = _handshake(deepgram_server, path, header, listener)
+        status, data = raw_handshake(deepgram_server, path, header, listener)
         assert status == 401, data[:300]
         assert b"missing or wrong bearer token" in data
 
@@ -103,7 +102,7 @@ def test_bad_query_is_400_before_a_slot(deepgram_server, listener):
     series = 'nemo_serve_refusals_total{reason="bad_request"}'
     before = deepgram_server.metric(series)
     for name, (query, reason) in BAD_QUERIES.items():
-        status, data = _handshake(deepgram_server, "/v1/listen" + query, f"Authorization: Token {TOKEN}\r\n".encode(),
+        status, data = raw_handshake(deepgram_server, "/v1/listen" + query, f"Authorization: Token {TOKEN}\r\n".encode(),
                                   listener)  # fmt: skip
         assert status == 400 and reason in data, (name, data[:400])
         ready = deepgram_server.readyz()
@@ -160,16 +159,16 @@ def test_scripted_inputs_get_deepgrams_answers(deepgram_server, pcm, name, liste
 def test_abrupt_disconnect_leaks_no_slot(deepgram_server, pcm, how, listener):
     """1 s of audio in one write (with CloseStream where `how` says), then the connection cut:
     TCP RST, FIN without a close frame, or a close frame at once; five times: every slot comes back."""
-    audio = b"".join(_masked(pcm[i : i + PACKET].tobytes(), opcode=2) for i in range(0, RATE, PACKET))
+    audio = b"".join(masked_frame(pcm[i : i + PACKET].tobytes(), opcode=2) for i in range(0, RATE, PACKET))
     if how.endswith("after-closestream"):
-        audio += _masked(json.dumps({"type": "CloseStream"}).encode())
+        audio += masked_frame(json.dumps({"type": "CloseStream"}).encode())
     for _ in range(5):
         with _upgrade_when_admitted(deepgram_server, listener) as s:
             s.sendall(audio)
             if how.startswith("rst"):
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             elif how.startswith("close"):
-                s.sendall(_masked(struct.pack(">H", 1000), opcode=8))
+                s.sendall(masked_frame(struct.pack(">H", 1000), opcode=8))
     deepgram_server.assert_no_leak(timeout_s=10)
 
 

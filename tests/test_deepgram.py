@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import hashlib
 import importlib.util
+import json
 import logging
 
 import numpy as np
@@ -157,6 +158,37 @@ def test_sdk_finalize_gives_a_final_from_finalize(deepgram_server, pcm, ws_final
     assert len(forced) == 1 and not forced[0].speech_final and forced[0].channel.alternatives[0].transcript
     text = "".join(m.channel.alternatives[0].transcript for m in finals)
     assert text.replace(" ", "") == "".join(ws_finals).replace(" ", "")
+    deepgram_server.assert_no_leak()
+
+
+@pytest.mark.parametrize("listener", LISTENERS)
+def test_every_finalize_is_answered(deepgram_server, pcm, listener):
+    """As Deepgram answers each Finalize with a from_finalize final: after speech, the forced
+    final (with text); after silence with nothing said since the last final, an empty one once
+    the engine passed the point; right before CloseStream, one before Metadata. No speech_final
+    on a final without text."""
+    from .helpers_ws import messages_until_close, ws_connect
+
+    finalize, silence = json.dumps({"type": "Finalize"}), np.zeros(2 * RATE, "<i2").tobytes()
+
+    async def run() -> list[dict]:
+        url = deepgram_server.ws_base(listener) + "/v1/listen?encoding=linear16&sample_rate=16000"
+        async with ws_connect(url, additional_headers={"Authorization": f"Token {TOKEN}"}) as ws:
+            for frames in ([pcm.tobytes(), finalize, silence, silence], [finalize, silence], [finalize]):
+                for f in frames:
+                    await ws.send(f)
+                await asyncio.sleep(0.5)
+            await ws.send(json.dumps({"type": "CloseStream"}))
+            return await messages_until_close(ws, 30)
+
+    messages = asyncio.run(run())
+    forced = [m for m in messages if m["type"] == "Results" and m["from_finalize"]]
+    assert len(forced) == 3 and all(m["is_final"] and not m["speech_final"] for m in forced), forced
+    assert forced[0]["channel"]["alternatives"][0]["transcript"], forced[0]
+    assert [m["channel"]["alternatives"][0]["transcript"] for m in forced[1:]] == ["", ""], forced
+    assert not any(m["speech_final"] for m in messages if m["type"] == "Results"
+                   and not m["channel"]["alternatives"][0]["transcript"].strip())  # fmt: skip
+    assert messages[-1]["type"] == "Metadata"
     deepgram_server.assert_no_leak()
 
 

@@ -8,8 +8,8 @@ StreamSession; the socket, its tasks and close codes are ws_socket.py's, as for 
   binary frame                 -> linear16 decoded and resampled (audio.py), session.push
   {"type": "KeepAlive"}        -> nothing (the frame itself moved the idle clock)
   {"type": "Finalize"}         -> session.force_final after the whole chunks sent before it: that
-                                  final is sent with from_finalize true (none if nothing was said
-                                  since the last final)
+                                  final is sent with from_finalize true; where nothing was said
+                                  since the last final, an empty one (Deepgram answers each)
   {"type": "CloseStream"}, or an empty binary frame (Deepgram's legacy close)
                                -> session.end_input: the remaining finals, Metadata, close 1000
   {"type": "Configure"}        -> ConfigureFailure (no mid-stream keyterms or features here)
@@ -33,6 +33,7 @@ import importlib.metadata
 import json
 import logging
 import uuid
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -185,7 +186,11 @@ class DeepgramFormat:
         self.audio_hash = hashlib.sha256()  # Metadata's sha256: of the audio bytes received
         self.num_samples = 0  # model-rate samples pushed (where a Finalize closes the segment)
         self.cursor_s = 0.0  # where the last is_final Results ended (the next one starts there)
-        self.num_finalize = 0  # Finalize messages whose final is still owed (from_finalize)
+        # Where each Finalize not yet answered ends its segment (audio_processed_s of the step that
+        # reaches it). Deepgram answers every Finalize: with the forced final, or, where the engine
+        # publishes none (nothing said since the last final), an empty one once a later step shows
+        # the point passed.
+        self.finalize_at_s: deque[float] = deque()
         self.started_segment = -1  # the segment SpeechStarted was sent for
         self.closed_input = False  # CloseStream (or the empty frame) came
 
@@ -204,7 +209,8 @@ class DeepgramFormat:
                 # Finalize, however far the model has got (a plain force_final closed the segment
                 # at what the model had decoded: an empty final, the audio in the next one). The
                 # part chunk after them cannot be decoded while the stream goes on: next segment.
-                self.num_finalize += 1
+                self.finalize_at_s.append(s.ctx.model.whole_chunks_s(None, self.num_samples))
+                s.interim_results = True  # every step's progress, to see a point passed with no final
                 s.force_final(at_sample=self.num_samples)
         elif kind == "Configure":
             s.queue(_Frame({"type": "ConfigureFailure", "request_id": self.request_id,
@@ -265,39 +271,61 @@ class DeepgramFormat:
     def render(self, r: StreamResult) -> Rendered:
         """Engine result `r`: SpeechStarted (first tokens, vad_events), Results, UtteranceEnd
         (after an endpoint's final, utterance_end_ms); after the last one Metadata and close 1000."""
-        frames = []
+        frames = self._finalize_answers(r)
         if self.options.vad_events and r.token_ids and r.segment != self.started_segment:
             self.started_segment = r.segment
             frames.append(json.dumps({"type": "SpeechStarted", "channel": CHANNEL, "timestamp": r.token_times_s[0]}))
         observed = r.is_final or self.options.interim_results
         if observed:
-            frames.append(json.dumps(self._results(r)))
+            from_finalize = r.is_final and r.end_reason == "force_final" and bool(self.finalize_at_s)
+            if from_finalize:
+                self._answered()
+            frames.append(json.dumps(self._results(r, from_finalize)))
         if r.is_final and r.words and self.options.utterance_end_ms is not None and r.end_reason in _ENDPOINT_ENDS:
             frames.append(json.dumps({"type": "UtteranceEnd", "channel": CHANNEL, "last_word_end": r.words[-1].end}))
         if not r.done:
             return Rendered(frames, observed)
         return Rendered(frames + [json.dumps(self._metadata())], observed, close="")
 
-    def _results(self, r: StreamResult) -> dict:
+    def _finalize_answers(self, r: StreamResult) -> list[str]:
+        """Empty from_finalize finals for the Finalize points that a later step passed with no
+        forced final (strictly later: the step that reaches a point publishes its update before
+        the forced final), and for all left at the stream's end. Their window is empty: the
+        segment's text so far belongs to the next final."""
+        frames = []
+        while self.finalize_at_s and (r.done or (r.end_reason != "force_final"
+                                                 and r.audio_processed_s > self.finalize_at_s[0] + 1e-6)):  # fmt: skip
+            self._answered()
+            frames.append(json.dumps(self._message(self.cursor_s, self.cursor_s, True, False, True, "", [])))
+        return frames
+
+    def _answered(self) -> None:
+        self.finalize_at_s.popleft()
+        if not self.finalize_at_s:
+            self.session.interim_results = self.options.interim_results or self.options.vad_events
+
+    def _results(self, r: StreamResult, from_finalize: bool) -> dict:
         start = self.cursor_s
         end = max(start, r.audio_processed_s)
-        from_finalize = r.is_final and r.end_reason == "force_final" and self.num_finalize > 0
-        if from_finalize:
-            self.num_finalize -= 1
         if r.is_final:
             self.cursor_s = end
         words = [{"word": w.word, "start": w.start, "end": w.end, "confidence": 1.0 if w.confidence is None else w.confidence,
                   "punctuated_word": w.word} for w in r.words or ()]  # fmt: skip
+        speech_final = r.is_final and r.end_reason in _SPEECH_ENDS and bool(r.text.strip())  # no speech, no end of it
+        return self._message(start, end, r.is_final, speech_final, from_finalize, r.text, words)
+
+    def _message(self, start: float, end: float, is_final: bool, speech_final: bool, from_finalize: bool,
+                 transcript: str, words: list[dict]) -> dict:  # fmt: skip
         confidence = min((w["confidence"] for w in words), default=1.0)
         return {
             "type": "Results",
             "channel_index": CHANNEL,
             "duration": round(end - start, 3),
             "start": round(start, 3),
-            "is_final": r.is_final,
-            "speech_final": r.is_final and r.end_reason in _SPEECH_ENDS,
+            "is_final": is_final,
+            "speech_final": speech_final,
             "from_finalize": from_finalize,
-            "channel": {"alternatives": [{"transcript": r.text, "confidence": confidence, "words": words}]},
+            "channel": {"alternatives": [{"transcript": transcript, "confidence": confidence, "words": words}]},
             "metadata": {"request_id": self.request_id, "model_info": self.model_info, "model_uuid": self.model_uuid},
         }
 

@@ -17,6 +17,7 @@ import hashlib
 import importlib.util
 import json
 import logging
+import subprocess
 
 import numpy as np
 import pytest
@@ -260,3 +261,44 @@ def test_endpointing_only_lengthens_the_servers_pause():
     assert off.rule3_min_utterance_length_s == base.rule3_min_utterance_length_s and off.enabled
     assert parse_options({**query, "interim_results": "True"}).interim_results
     assert endpoint_config(EndpointConfig.off(), parse_options({**query, "endpointing": "3000"})) == EndpointConfig.off()
+
+
+@pytest.mark.parametrize("listener", LISTENERS)
+def test_pipecat_deepgram_service_matches_ws(deepgram_server, pcm, listener, tmp_path):
+    """pipecat 1.14's DeepgramSTTService, unchanged but for base_url, in the interpreter that has
+    pipecat (tests/framework_clients/pipecat_deepgram_stt.py; skipped without one): two turns,
+    each followed by the VAD stop its VADProcessor would send and 1 s of silence. Its
+    transcripts hold /ws's characters for the same session audio up to the end pipecat reads,
+    the Finalize after a turn marks a transcript finalized, interim transcripts arrive, no error."""
+    from .test_framework_clients import DRIVERS, framework_python
+
+    python = framework_python("pipecat.services.deepgram")
+    turns = [pcm[: len(pcm) // 2], pcm[len(pcm) // 2 :]]
+    paths = []
+    for k, turn in enumerate(turns):
+        paths.append(tmp_path / f"turn{k}.pcm")
+        paths[-1].write_bytes(turn.tobytes())
+    gap = np.zeros(RATE, "<i2")
+    session = np.concatenate([np.concatenate([t, gap]) for t in turns])
+
+    async def ws_text() -> str:
+        async with StreamingClient(deepgram_server.ws_base(listener) + "/ws", sample_rate=RATE, encoding="pcm_s16le",
+                                   token=TOKEN) as c:  # fmt: skip
+            await c.send_audio(session)
+            await c.end()
+            return "".join(m["text"] for m in [m async for m in c.messages()] if m["type"] == "final")
+
+    run = subprocess.run([python, str(DRIVERS / "pipecat_deepgram_stt.py"), deepgram_server.ws_base(listener), TOKEN,
+                          *map(str, paths)], capture_output=True, text=True, timeout=120)  # fmt: skip
+    lines = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    assert run.returncode == 0 and lines, run.stderr[-3000:]
+    assert not [x for x in lines if x.get("type") == "error"], lines
+    finals = [x for x in lines if "text" in x]
+    # A prefix of /ws's: pipecat cancels its connection task right after sending CloseStream (its
+    # _disconnect at EndFrame), so the finals of the tail decoded after it never reach the
+    # pipeline (Deepgram sends them too). At least the first turn's half of the text came.
+    text, ws = "".join(x["text"] for x in finals).replace(" ", ""), asyncio.run(ws_text()).replace(" ", "")
+    assert ws.startswith(text) and len(text) >= len(ws) // 2, (text, ws)
+    assert any(x["finalized"] for x in finals), finals
+    assert lines[-1]["interim"] > 0
+    deepgram_server.assert_no_leak()

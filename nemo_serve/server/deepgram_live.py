@@ -4,7 +4,7 @@ StreamSession; the socket, its tasks and close codes are ws_socket.py's, as for 
 
   URL query (DeepgramOptions)  checked at the handshake (app.handshake_refusal): a bad value is
                                HTTP 400 with the reason, before any slot or audio work
-  first frame of any kind      -> session.open (the slot: a Deepgram connection is its stream)
+  first frame but CloseStream  -> session.open (the slot: a Deepgram connection is its stream)
   binary frame                 -> linear16 decoded and resampled (audio.py), session.push
   {"type": "KeepAlive"}        -> nothing (the frame itself moved the idle clock)
   {"type": "Finalize"}         -> session.force_final after the whole chunks sent before it: that
@@ -15,8 +15,8 @@ StreamSession; the socket, its tasks and close codes are ws_socket.py's, as for 
   {"type": "Configure"}        -> ConfigureFailure (no mid-stream keyterms or features here)
   anything else                -> ProtocolError: an Error message, close 1008
   engine partial               -> Results is_final false (interim_results=true only)
-  engine final                 -> Results is_final true; speech_final true where the segment ended
-                                  at an endpoint or the end of input; UtteranceEnd after an
+  engine final                 -> Results is_final true; speech_final true where it has text and
+                                  ended at an endpoint or the end of input; UtteranceEnd after an
                                   endpoint's final with words (utterance_end_ms given)
   first tokens of a segment    -> SpeechStarted at the first token's time (vad_events=true)
 

@@ -10,6 +10,7 @@ from .helpers_server import shared_server  # noqa: E402,F401 - one nemo-serve pr
 from .helpers_server import diarizing_server  # noqa: E402,F401 - one for the two diarization server files
 from .helpers_server import demo_pair_server  # noqa: E402,F401 - the demo model for two files' client runs
 from .helpers_server import tokenless_server  # noqa: E402,F401 - no token: the load generator's and a NIM session's
+from .helpers_server import deepgram_server  # noqa: E402,F401 - /v1/listen's two files
 
 torch.set_num_threads(1)
 

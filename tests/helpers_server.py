@@ -113,6 +113,22 @@ def demo_pair_server():
     stop_shared("demo_pair_server")
 
 
+# Deepgram's /v1/listen (tests/test_deepgram.py and test_hostile_deepgram.py): both listeners, 3
+# slots, pings off and a 2 s send timeout (the hostile suite's slow readers), a debug-level log.
+DEEPGRAM_NUM_SLOTS = 3
+DEEPGRAM_ENV = {"NEMO_SERVE_PING_INTERVAL_S": "0", "NEMO_SERVE_SEND_TIMEOUT_S": "2"}
+
+
+@pytest.fixture(scope="session")
+def deepgram_server():
+    """One server for the two /v1/listen files (same settings). Registered in conftest.py."""
+    s = start_shared("deepgram_server", "--num-slots", str(DEEPGRAM_NUM_SLOTS), "--idle-timeout-s", "20",
+                     "--log-level", "debug", env=DEEPGRAM_ENV, fast_ws=True)  # fmt: skip
+    yield s
+    assert "Traceback" not in s.log(), s.log()[-4000:]
+    stop_shared("deepgram_server")
+
+
 TOKENLESS_CONTEXT_RIGHT = 1  # 160 ms chunks: several packets per short load item (test_loadgen.py's MODE)
 
 

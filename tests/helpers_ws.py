@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import struct
 import time
 
 import numpy as np
@@ -38,6 +39,31 @@ def raw_upgrade(port: int, path: str, timeout_s: float = 10.0, rcvbuf: int | Non
         head += s.recv(1)
     assert head.startswith(b"HTTP/1.1 101"), head
     return s
+
+
+def masked_frame(payload: bytes, opcode: int = 1) -> bytes:
+    """One client frame (masked, as RFC 6455 requires of clients)."""
+    mask = bytes([0x5A, 0xC3, 0x11, 0x7E])
+    n = len(payload)
+    size = bytes([0x80 | n]) if n < 126 else bytes([0x80 | 126]) + struct.pack(">H", n) if n < 65536 else (
+        bytes([0x80 | 127]) + struct.pack(">Q", n))  # fmt: skip
+    body = (np.frombuffer(payload, np.uint8) ^ np.resize(np.frombuffer(mask, np.uint8), n)).tobytes()
+    return bytes([0x80 | opcode]) + size + mask + body
+
+
+def raw_handshake(server, path: str, extra_headers: bytes = b"", listener: str = "uvicorn") -> tuple[int, bytes]:
+    """A raw WebSocket upgrade (any bytes in the headers): the status and the body."""
+    request = (f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+               "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n").encode()  # fmt: skip
+    with socket.create_connection(("127.0.0.1", server.ws_port(listener)), timeout=10) as s:
+        s.sendall(request + extra_headers + b"\r\n")
+        data = b""
+        while b"\r\n\r\n" not in data or len(data) < data.find(b"\r\n\r\n") + 4 + 10:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    return int(data.split(b" ", 2)[1]), data
 
 
 def ws_connect(url: str, **kw):

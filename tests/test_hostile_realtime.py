@@ -28,7 +28,7 @@ from nemo_serve.server.auth import mint_client_secret
 
 from . import helpers
 from .helpers_server import LISTENERS, TOKEN, start_server
-from .helpers_ws import messages_until_close, raw_upgrade
+from .helpers_ws import masked_frame, messages_until_close, raw_handshake, raw_upgrade
 
 NUM_SLOTS = 3
 ENV = {"NEMO_SERVE_PING_INTERVAL_S": "0", "NEMO_SERVE_SEND_TIMEOUT_S": "2"}
@@ -127,16 +127,6 @@ def test_minted_client_secrets_never_reach_the_debug_log(rt):
 # ----------------------------------------------------------------------------- defect 1: slot leak
 
 
-def _masked(payload: bytes, opcode: int = 1) -> bytes:
-    """One client frame (masked, as RFC 6455 requires of clients)."""
-    mask = bytes([0x5A, 0xC3, 0x11, 0x7E])
-    n = len(payload)
-    size = bytes([0x80 | n]) if n < 126 else bytes([0x80 | 126]) + struct.pack(">H", n) if n < 65536 else (
-        bytes([0x80 | 127]) + struct.pack(">Q", n))  # fmt: skip
-    body = (np.frombuffer(payload, np.uint8) ^ np.resize(np.frombuffer(mask, np.uint8), n)).tobytes()
-    return bytes([0x80 | opcode]) + size + mask + body
-
-
 def _raw_realtime(server, listener: str) -> socket.socket:
     """A raw socket past the /v1/realtime upgrade (its 101 read, nothing after it)."""
     return raw_upgrade(server.ws_port(listener), "/v1/realtime")
@@ -151,14 +141,14 @@ def test_clean_close_right_after_appends_frees_the_slot(rt, speech, num_appends,
     aborts its streams, and the receive task, cancelled as its frame arrived, still handled the
     append (asyncio.wait_for before 3.12 returns the frame instead of raising) and opened a
     stream nothing aborted. Five sessions each: every slot comes back."""
-    frames = b"".join(_masked(_append(speech[i * 1600 : (i + 1) * 1600]).encode()) for i in range(num_appends))
-    frames += _masked(struct.pack(">H", 1000), opcode=8)
+    frames = b"".join(masked_frame(_append(speech[i * 1600 : (i + 1) * 1600]).encode()) for i in range(num_appends))
+    frames += masked_frame(struct.pack(">H", 1000), opcode=8)
     for _ in range(5):
         with _raw_realtime(rt, listener) as s:
             if one_write:
-                s.sendall(_masked(_update().encode()) + frames)
+                s.sendall(masked_frame(_update().encode()) + frames)
             else:
-                s.sendall(_masked(_update().encode()))
+                s.sendall(masked_frame(_update().encode()))
                 time.sleep(0.05)
                 s.sendall(frames)
             with contextlib.suppress(OSError):
@@ -222,21 +212,6 @@ def test_commit_burst_leaves_slots_for_a_neighbour(rt, speech, listener):
 # ----------------------------------------------------------------------------- defect 4: forged secrets
 
 
-def _handshake(server, path: str, extra_headers: bytes = b"", listener: str = "uvicorn") -> tuple[int, bytes]:
-    """A raw WebSocket upgrade (any bytes in the headers): the status and the body."""
-    request = (f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-               "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n").encode()  # fmt: skip
-    with socket.create_connection(("127.0.0.1", server.ws_port(listener)), timeout=10) as s:
-        s.sendall(request + extra_headers + b"\r\n")
-        data = b""
-        while b"\r\n\r\n" not in data or len(data) < data.find(b"\r\n\r\n") + 4 + 10:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-    return int(data.split(b" ", 2)[1]), data
-
-
 @pytest.mark.parametrize(
     "path, header",
     [
@@ -252,11 +227,11 @@ def _handshake(server, path: str, extra_headers: bytes = b"", listener: str = "u
 def test_forged_client_secret_is_401_not_500(rt, path, header, listener):
     """Defect 4: str.isdigit() accepts '²' and int() refuses it (or 5,000 digits): a 500 with a
     traceback before authentication. Now 401 with the short reason."""
-    status, data = _handshake(rt, path, header, listener)
+    status, data = raw_handshake(rt, path, header, listener)
     assert status == 401, data[:300]
     assert b"missing or wrong bearer token" in data
     expired, _ = mint_client_secret(TOKEN, now=time.time() - 3600)
-    assert _handshake(rt, "/v1/realtime", f"Authorization: Bearer {expired}\r\n".encode(), listener)[0] == 401
+    assert raw_handshake(rt, "/v1/realtime", f"Authorization: Bearer {expired}\r\n".encode(), listener)[0] == 401
 
 
 # ----------------------------------------------------------------------------- scripted bad inputs (defect 9)

@@ -23,7 +23,8 @@ aiohttp = pytest.importorskip("aiohttp")
 from .helpers_server import TOKEN, free_port, start_server  # noqa: E402
 
 PING_S = 1.0  # not shorter: a loaded CI machine could hold back a pong (or its reading) that long
-ROUTES = {"/ws": {"type": "config"}, "/v1/realtime?intent=transcription": None}
+ROUTES = {"/ws": {"type": "config"}, "/v1/realtime?intent=transcription": None,
+          "/v1/listen?encoding=linear16&sample_rate=16000": {"type": "KeepAlive"}}  # Deepgram's: its KeepAlive is no pong
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 
   WS  /ws (and /, for sherpa-onnx clients)  one stream per socket (ws_socket.py, ws_format.py)
   WS  /v1/realtime  OpenAI Realtime transcription, GA and beta dialects (realtime.py)
+  WS  /v1/listen    Deepgram's live streaming protocol (deepgram_live.py)
   POST /v1/audio/transcriptions  OpenAI's file transcription, through the engine (transcriptions.py)
   POST /v1/listen  Deepgram's pre-recorded transcription, on the same machinery (deepgram_prerecorded.py)
   POST /v1/realtime/transcription_sessions  NIM's session bootstrap before /v1/realtime (nim_sessions.py)
@@ -37,6 +38,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.requests import HTTPConnection
 
+from . import deepgram_live
 from .auth import accepted_subprotocol, authorized, realtime_authorized
 from .context import Refused, ServerContext
 from .deepgram_prerecorded import add_prerecorded_routes
@@ -135,6 +137,11 @@ def create_app(ctx: ServerContext, drain_on_shutdown: bool = False, on_shutdown:
         if not allowed(conn, ctx.settings.auth_token):
             ctx.metrics.refusals.labels(reason="unauthorized").inc()
             return 401, "missing or wrong bearer token", CLOSE_PROTOCOL_ERROR
+        if conn.scope["path"] == "/v1/listen":  # Deepgram answers a bad parameter 400, before any audio
+            bad_query = deepgram_live.query_refusal(conn.query_params)
+            if bad_query is not None:
+                ctx.metrics.refusals.labels(reason="bad_request").inc()
+                return 400, bad_query, CLOSE_PROTOCOL_ERROR
         try:
             ctx.admit()  # at the handshake: a full server answers 503; the slot is taken at the first message
         except Refused as e:
@@ -153,12 +160,17 @@ def create_app(ctx: ServerContext, drain_on_shutdown: bool = False, on_shutdown:
             await ws.accept(subprotocol=accepted_subprotocol(ws))  # NIM's client offers `realtime`
             await WsSocket(ws, ctx, realtime_wire).run()
             return
+        if ws.scope["path"] == "/v1/listen":
+            await ws.accept()
+            await WsSocket(ws, ctx, deepgram_live.deepgram_wire).run()
+            return
         await ws.accept()
         await WsSocket(ws, ctx).run()
 
     app.add_api_websocket_route("/ws", stream)
     app.add_api_websocket_route("/", stream)  # sherpa-onnx clients connect to the root
     app.add_api_websocket_route("/v1/realtime", stream)  # OpenAI Realtime transcription (realtime.py)
+    app.add_api_websocket_route("/v1/listen", stream)  # Deepgram's live protocol (deepgram_live.py)
     # A browser page may POST a multipart form cross-origin without a preflight: same Origin rule as the sockets
     add_transcription_routes(app, ctx, origin_refusal=lambda conn: _origin_refusal(conn, allowed_origins, loopback_only))
     add_prerecorded_routes(app, ctx, origin_refusal=lambda conn: _origin_refusal(conn, allowed_origins, loopback_only))

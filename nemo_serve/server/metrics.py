@@ -116,7 +116,7 @@ class ServerMetrics:
         self.file_transcriptions = Counter("nemo_serve_file_transcriptions", "File transcriptions (POST /v1/audio/transcriptions and /v1/listen), by HTTP status",
                                            ["status"], registry=r)  # fmt: skip
         refusal_reasons = ("no_free_slot", "draining", "unauthorized", "origin", "connection_limit", "header_timeout", "engine_failed",
-                           "overloaded")
+                           "overloaded", "bad_request")
         for reason in refusal_reasons:  # export zeros, so rate() works from the start
             self.refusals.labels(reason=reason)
         self.connections = Gauge("nemo_serve_connections", "Open TCP connections (HTTP and WebSocket)", registry=r,

@@ -1,5 +1,5 @@
 """A second WebSocket listener (--fast-ws-port) on picows, serving the same app's streaming routes
-(/ws, /, /v1/realtime) with less CPU per packet than uvicorn's.
+(/ws, /, /v1/realtime, /v1/listen) with less CPU per packet than uvicorn's.
 
 Why (benchmarks/ws_layer_bench.py, ws_layer_cpu.json): per paced 20 ms packet, uvicorn + websockets
 sans-I/O cost the server process 34 µs of the same trivial app, picows 16 µs in its frame
@@ -55,7 +55,7 @@ from .picows_connection import AppConnection  # noqa: E402
 
 log = logging.getLogger("nemo_serve.connections")
 
-ROUTES = frozenset({"/ws", "/", "/v1/realtime"})
+ROUTES = frozenset({"/ws", "/", "/v1/realtime", "/v1/listen"})
 
 
 class UpgradeProtocol(WSProtocol):

@@ -1,6 +1,6 @@
-"""What a WebSocket wire format (ws_format.py for /ws, realtime.py for /v1/realtime) hands the
-one WebSocket transport (ws_socket.py): named here so that the formats need not import the
-transport, which imports them."""
+"""What a WebSocket wire format (ws_format.py for /ws, realtime.py for /v1/realtime,
+deepgram_live.py for /v1/listen) hands the one WebSocket transport (ws_socket.py): named here so
+that the formats need not import the transport, which imports them."""
 
 from __future__ import annotations
 

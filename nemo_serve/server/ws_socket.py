@@ -1,6 +1,6 @@
-"""Every WebSocket stream (/ws and /v1/realtime): a thin transport over its StreamSession
-(stream_session.py), whose wire format is ws_format.py's (/ws) or realtime.py's (/v1/realtime, a
-session whose engine streams are its items). What is here is the WebSocket's own: the receive
+"""Every WebSocket stream (/ws, /v1/realtime, /v1/listen): a thin transport over its StreamSession
+(stream_session.py), whose wire format is ws_format.py's (/ws), realtime.py's (/v1/realtime, a
+session whose engine streams are its items) or deepgram_live.py's (/v1/listen). What is here is the WebSocket's own: the receive
 task, the send task, the idle clock's timer, and the close code, chosen from the Failure's label
 at this edge.
 

@@ -86,14 +86,14 @@ SDK_OPTIONS = dict(model="nova-3-general", language="en", encoding="linear16", s
                    vad_events=True, utterance_end_ms=1000)  # fmt: skip
 
 
-async def _sdk_session(server, listener: str, pcm: np.ndarray, finalize_at: int | None = None) -> list:
+async def _sdk_session(server, listener: str, pcm: np.ndarray, finalize_at: int | None = None, **options) -> list:
     """The SDK's async live client: `pcm` in 100 ms packets (a Finalize after `finalize_at`
     samples), CloseStream, every parsed message until the server closes. The SDK's iteration
     ends quietly only at a normal close (websockets' ConnectionClosedOK: 1000 or 1001); any
     other close raises here."""
     from deepgram.listen.v1.types import ListenV1Results
 
-    async with _sdk_client(server, listener).listen.v1.connect(**SDK_OPTIONS) as conn:
+    async with _sdk_client(server, listener).listen.v1.connect(**{**SDK_OPTIONS, **options}) as conn:
         received: list = []
 
         async def read() -> None:
@@ -143,6 +143,30 @@ def test_sdk_live_client_matches_ws(deepgram_server, pcm, ws_finals, listener):
     assert metadata.duration == pytest.approx(len(pcm) / RATE, abs=1e-3)
     assert metadata.sha256 == hashlib.sha256(pcm.tobytes()).hexdigest()
     assert metadata.request_id == finals[0].metadata.request_id
+    deepgram_server.assert_no_leak()
+
+
+@needs_sdk
+def test_sdk_keywords_boost_as_ws_phrases_do(deepgram_server, pcm, ws_finals):
+    """keywords=TERM:INTENSIFIER and keyterm=PHRASE are /ws's `phrases` and `boost`
+    (deepgram_keywords.py): the SDK's finals equal /ws's with the same phrases, which differ from
+    the unboosted ones (so a route that ignored keywords fails here). The phrases are words of the
+    test model's own transcripts ("gl do", "eemp proovee")."""
+    from deepgram.listen.v1.types import ListenV1Results
+
+    async def ws_boosted() -> list[str]:
+        async with StreamingClient(deepgram_server.ws_base("uvicorn") + "/ws", sample_rate=RATE, encoding="pcm_s16le",
+                                   token=TOKEN, phrases=["gl do", "eemp proovee"], boost=5.0) as c:  # fmt: skip
+            for i in range(0, len(pcm), PACKET):
+                await c.send_audio(pcm[i : i + PACKET])
+            await c.end()
+            return [m["text"] for m in [m async for m in c.messages()] if m["type"] == "final"]
+
+    boosted = asyncio.run(ws_boosted())
+    assert boosted != ws_finals, "boosting changed nothing here: pick other phrases"
+    received = asyncio.run(_sdk_session(deepgram_server, "uvicorn", pcm, keyterm=["gl do"], keywords=["eemp proovee:5"]))
+    finals = [m.channel.alternatives[0].transcript for m in received if isinstance(m, ListenV1Results) and m.is_final]
+    assert finals == boosted
     deepgram_server.assert_no_leak()
 
 

@@ -92,6 +92,9 @@ BAD_QUERIES = {
     "endpointing-neg": ("?encoding=linear16&sample_rate=16000&endpointing=-5", b"endpointing='-5'"),
     "utterance-end-0": ("?encoding=linear16&sample_rate=16000&utterance_end_ms=0", b"utterance_end_ms='0'"),
     "punctuate-digit": ("?encoding=linear16&sample_rate=16000&punctuate=%C2%B2", b"punctuate="),
+    "keyword-suppress": ("?encoding=linear16&sample_rate=16000&keywords=gl:-2", b"(suppression) is not supported"),
+    "keywords-weights": ("?encoding=linear16&sample_rate=16000&keywords=gl:2&keywords=do:3", b"one intensifier"),
+    "keyterm-unspellable": ("?encoding=linear16&sample_rate=16000&keyterm=%E4%B8%AD", b"cannot spell"),
 }
 
 

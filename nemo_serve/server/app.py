@@ -138,7 +138,7 @@ def create_app(ctx: ServerContext, drain_on_shutdown: bool = False, on_shutdown:
             ctx.metrics.refusals.labels(reason="unauthorized").inc()
             return 401, "missing or wrong bearer token", CLOSE_PROTOCOL_ERROR
         if conn.scope["path"] == "/v1/listen":  # Deepgram answers a bad parameter 400, before any audio
-            bad_query = deepgram_live.query_refusal(conn.query_params)
+            bad_query = deepgram_live.query_refusal(conn.query_params, ctx)
             if bad_query is not None:
                 ctx.metrics.refusals.labels(reason="bad_request").inc()
                 return 400, bad_query, CLOSE_PROTOCOL_ERROR

@@ -3,7 +3,8 @@ so pipecat's DeepgramSTTService, and livekit-plugins-deepgram speak), as a wire 
 StreamSession; the socket, its tasks and close codes are ws_socket.py's, as for /ws.
 
   URL query (DeepgramOptions)  checked at the handshake (app.handshake_refusal): a bad value is
-                               HTTP 400 with the reason, before any slot or audio work
+                               HTTP 400 with the reason, before any slot or audio work;
+                               keywords / keyterm: the stream's phrase boosting (deepgram_keywords.py)
   first frame but CloseStream  -> session.open (the slot: a Deepgram connection is its stream)
   binary frame                 -> linear16 decoded and resampled (audio.py), session.push
   {"type": "KeepAlive"}        -> nothing (the frame itself moved the idle clock)
@@ -44,6 +45,7 @@ from ..engine.endpoint import EndpointConfig
 from ..engine.results import StreamResult
 from .audio import AudioDecoder
 from .context import ServerContext
+from .deepgram_keywords import keyword_phrases
 from .protocol import CLOSE_PROTOCOL_ERROR, ProtocolError
 from .stream_session import StreamSession
 from .wire import NormalClose, Rendered
@@ -143,13 +145,25 @@ def endpoint_config(base: EndpointConfig, options: DeepgramOptions) -> EndpointC
                    rule2_min_trailing_silence_s=max(base.rule2_min_trailing_silence_s, s))  # fmt: skip
 
 
-def query_refusal(query: Mapping[str, str]) -> str | None:
+def query_refusal(query, ctx: ServerContext) -> str | None:
     """Why the handshake's URL is refused (HTTP 400), or None."""
     try:
         parse_options(query)
+        stream_phrases(query, ctx)
     except ProtocolError as e:
         return str(e)
     return None
+
+
+def stream_phrases(query, ctx: ServerContext) -> dict:
+    """`keywords` and `keyterm` as the stream's phrase boosting (deepgram_keywords.py): the
+    phrases and boost to open the stream with ({}: none); ProtocolError for a bad one."""
+    model = ctx.model
+    try:
+        boosting = keyword_phrases(query, ctx.settings.phrase_limits, model.vocabulary, model.is_bpe)
+    except ValueError as e:
+        raise ProtocolError(str(e)) from None
+    return {"phrases": list(boosting.phrases), "boost": boosting.boost} if boosting else {}
 
 
 def deepgram_wire(ws, ctx: ServerContext, name: str, log: logging.Logger, on_drop) -> "DeepgramFormat":
@@ -174,8 +188,10 @@ class DeepgramFormat:
                  on_drop=None) -> None:  # fmt: skip
         self.session = StreamSession(ctx, name, log, flush_input=self._flush, on_drop=on_drop)
         self.config_error: str | None = None
+        self.phrases: dict = {}
         try:
             self.options = parse_options(query)
+            self.phrases = stream_phrases(query, ctx)
         except ProtocolError as e:  # refused at the handshake already on our listeners
             self.options, self.config_error = DeepgramOptions(), str(e)
         self.request_id = str(uuid.uuid4())
@@ -245,7 +261,7 @@ class DeepgramFormat:
         options, ctx = self.options, s.ctx
         # Partials also when only SpeechStarted needs them (render drops them then).
         if not s.open(interim_results=options.interim_results or options.vad_events,
-                      endpoint=endpoint_config(ctx.settings.endpoint_config, options).validated()):  # fmt: skip
+                      endpoint=endpoint_config(ctx.settings.endpoint_config, options).validated(), **self.phrases):  # fmt: skip
             return  # refused: the session is failing
         self.decoder = AudioDecoder(ENCODINGS["linear16"], options.sample_rate, ctx.model.geometry.sample_rate)
 

@@ -377,6 +377,29 @@ async def ws_pcm16_finals(server, pcm: np.ndarray, rate: int, token: str | None 
         return [m async for m in c.messages() if m["type"] == "final"]
 
 
+def post_with_every_slot_held(server, num_slots: int, path: str, **request) -> "httpx.Response":
+    """POST `path` (httpx's `request` arguments) while `num_slots` /ws streams hold every slot
+    (each has sent audio); they end after the answer."""
+    import httpx
+
+    from nemo_serve.client import StreamingClient
+
+    async def run() -> httpx.Response:
+        clients = [StreamingClient(server.ws_url, sample_rate=16000, encoding="pcm_s16le", token=TOKEN)
+                   for _ in range(num_slots)]  # fmt: skip
+        for c in clients:
+            await c.__aenter__()
+            await c.send_audio(np.zeros(1600, dtype="<i2"))
+        try:
+            async with httpx.AsyncClient(trust_env=False, timeout=10) as http:
+                return await http.post(f"{server.http_url}{path}", **request)
+        finally:
+            for c in clients:
+                await c.__aexit__(None, None, None)
+
+    return asyncio.run(run())
+
+
 def finals_tokens_and_text(finals: list[dict]) -> tuple[list[int], str]:
     """The token ids and the text of a stream's final messages."""
     return [t for f in finals for t in f["token_ids"]], " ".join(f["text"] for f in finals if f["text"])

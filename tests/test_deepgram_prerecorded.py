@@ -19,9 +19,8 @@ import pytest
 import soundfile
 
 import nemo_serve
-from nemo_serve.client import StreamingClient
 
-from .helpers_server import SHARED_NUM_SLOTS, TOKEN, finals_tokens_and_text, ws_pcm16_finals
+from .helpers_server import SHARED_NUM_SLOTS, TOKEN, finals_tokens_and_text, post_with_every_slot_held, ws_pcm16_finals
 from .helpers_server import leak_checked_server  # noqa: F401 - this module's `server` fixture
 
 deepgram = pytest.importorskip("deepgram")
@@ -196,21 +195,8 @@ def test_full_server_answers_503_with_the_ws_reason(server):
     """Same admission as /ws and the other file route: every slot held by /ws streams, a file is
     refused at once (Retry-After, /ws's reason); once they end it is served."""
 
-    async def hold_all_and_post() -> httpx.Response:
-        clients = [StreamingClient(server.ws_url, sample_rate=16000, encoding="pcm_s16le", token=TOKEN)
-                   for _ in range(SHARED_NUM_SLOTS)]  # fmt: skip
-        for c in clients:
-            await c.__aenter__()
-            await c.send_audio(np.zeros(1600, dtype="<i2"))
-        try:
-            async with httpx.AsyncClient(trust_env=False, timeout=10) as http:
-                return await http.post(f"{server.http_url}/v1/listen", content=UTTERANCES[0].read_bytes(),
-                                       headers={"Authorization": f"Token {TOKEN}"})  # fmt: skip
-        finally:
-            for c in clients:
-                await c.__aexit__(None, None, None)
-
-    r = asyncio.run(hold_all_and_post())
+    r = post_with_every_slot_held(server, SHARED_NUM_SLOTS, "/v1/listen", content=UTTERANCES[0].read_bytes(),
+                                  headers={"Authorization": f"Token {TOKEN}"})  # fmt: skip
     assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
     assert r.json()["err_msg"].startswith("no free slot (all 3 in use)") and r.json()["err_code"] == "Service Unavailable"
     server.wait_open_streams(0)

@@ -19,11 +19,11 @@ import pytest
 import soundfile
 
 import nemo_serve
-from nemo_serve.client import StreamingClient
 from nemo_serve.oracle import oracle_transcribe
 
 from . import helpers
 from .helpers_server import PROMPT_TEST_MODEL, SHARED_NUM_SLOTS, TOKEN, finals_tokens_and_text, start_server, ws_pcm16_finals
+from .helpers_server import post_with_every_slot_held
 from .helpers_server import leak_checked_server  # noqa: F401 - this module's `server` fixture
 
 openai = pytest.importorskip("openai")
@@ -173,21 +173,8 @@ def test_full_server_answers_503_with_the_ws_reason_and_counts_it(server):
     refused_before = server.metric('nemo_serve_refusals_total{reason="no_free_slot"}')
     ok_before = server.metric('nemo_serve_file_transcriptions_total{status="200"}')
 
-    async def hold_all_and_post() -> httpx.Response:
-        clients = [StreamingClient(server.ws_url, sample_rate=16000, encoding="pcm_s16le", token=TOKEN)
-                   for _ in range(SHARED_NUM_SLOTS)]  # fmt: skip
-        for c in clients:
-            await c.__aenter__()
-            await c.send_audio(np.zeros(1600, dtype="<i2"))
-        try:
-            async with httpx.AsyncClient(trust_env=False, timeout=10) as http:
-                return await http.post(f"{server.http_url}/v1/audio/transcriptions", headers=server.auth_headers,
-                                       files={"file": ("a.wav", UTTERANCES[0].read_bytes())})  # fmt: skip
-        finally:
-            for c in clients:
-                await c.__aexit__(None, None, None)
-
-    r = asyncio.run(hold_all_and_post())
+    r = post_with_every_slot_held(server, SHARED_NUM_SLOTS, "/v1/audio/transcriptions", headers=server.auth_headers,
+                                  files={"file": ("a.wav", UTTERANCES[0].read_bytes())})  # fmt: skip
     assert r.status_code == 503 and r.headers["retry-after"] == "1"
     assert r.json()["error"]["message"].startswith("no free slot (all 3 in use)")
     assert server.metric('nemo_serve_refusals_total{reason="no_free_slot"}') == refused_before + 1

@@ -70,7 +70,7 @@ def _package_version() -> str:
         return "unknown"
 
 
-_VERSION = _package_version()  # model_info.version: the server's (the model has none of its own)
+SERVER_VERSION = _package_version()  # model_info.version: the server's (the model has none of its own)
 
 
 @dataclass(frozen=True)
@@ -197,7 +197,7 @@ class DeepgramFormat:
         self.request_id = str(uuid.uuid4())
         self.created = datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
         self.model_uuid = str(uuid.uuid5(uuid.NAMESPACE_URL, "nemo-serve:" + ctx.model.name))
-        self.model_info = {"name": ctx.model.name, "version": _VERSION, "arch": "nemo-serve"}
+        self.model_info = {"name": ctx.model.name, "version": SERVER_VERSION, "arch": "nemo-serve"}
         self.decoder: AudioDecoder | None = None
         self.audio_hash = hashlib.sha256()  # Metadata's sha256: of the audio bytes received
         self.num_samples = 0  # model-rate samples pushed (where a Finalize closes the segment)

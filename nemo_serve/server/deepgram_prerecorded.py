@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import importlib.metadata
 import string
 import uuid
 from collections.abc import Callable
@@ -47,6 +46,7 @@ from ..engine.results import StreamResult
 from .auth import authorized
 from .context import Refused, ServerContext
 from .deepgram_keywords import keyword_phrases
+from .deepgram_live import SERVER_VERSION  # model_info's version: the server's (one model, as loaded)
 from .logsafe import preview
 from .realtime_protocol import RealtimeError, model_language
 from .transcriptions import RequestError, context_right_option, decode_upload, file_decoding, transcribe_samples
@@ -68,7 +68,6 @@ FLAGS = {"sentiment", "topics", "intents", "detect_entities", "paragraphs", "mul
 ERR_CODES = {400: "Bad Request", 401: "INVALID_AUTH", 403: "Forbidden", 413: "Payload Too Large",
              499: "Client Closed Request", 500: "Internal Server Error", 503: "Service Unavailable"}  # fmt: skip
 ARCH = "nemo-cache-aware-streaming"
-VERSION = importlib.metadata.version("nemo-serve")  # model_info's version: the server's (one model, as loaded)
 _WORD_EDGES = string.punctuation.replace("'", "") + "¿¡«»“”„"  # what Deepgram's `word` drops at its ends
 
 
@@ -181,7 +180,7 @@ def response_body(finals: list[StreamResult], about: dict, utterances: bool) -> 
         "transaction_key": "deprecated", "request_id": about["request_id"], "sha256": about["sha256"],
         "created": datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
         "duration": about["duration"], "channels": 1, "models": [model_id],
-        "model_info": {model_id: {"name": about["model"], "version": VERSION, "arch": ARCH}},
+        "model_info": {model_id: {"name": about["model"], "version": SERVER_VERSION, "arch": ARCH}},
     }  # fmt: skip
     if about["tags"]:
         metadata["tags"] = about["tags"]
